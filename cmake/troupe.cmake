@@ -1,0 +1,31 @@
+# Helpers shared by every troupe folder.
+
+# Warnings are errors on troupe's own code (not on dependencies).
+function(troupe_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-missing-field-initializers>)
+endfunction()
+
+# troupe_library(NAME SOURCES ... LINKS ...): one static library per folder, its headers included as
+# "engine/core/dtype.hpp" from the repository root.
+function(troupe_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LINKS;PRIVATE_LINKS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PUBLIC ${ARG_LINKS} PRIVATE ${ARG_PRIVATE_LINKS})
+  troupe_warnings(${name})
+endfunction()
+
+# troupe_test(NAME SOURCES ... LINKS ...): a GoogleTest executable whose tests ctest discovers.
+function(troupe_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LINKS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_LINKS} GTest::gtest_main GTest::gmock)
+  troupe_warnings(${name})
+  set(labels unit)
+  if(ARG_LABELS)
+    set(labels ${ARG_LABELS})
+  endif()
+  gtest_discover_tests(${name} PROPERTIES LABELS "${labels}" DISCOVERY_TIMEOUT 60
+                       WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+endfunction()

@@ -1,0 +1,88 @@
+#pragma once
+// The op set of the graph IR. It is small on purpose: elementwise maths, reductions, movement, two
+// matrix products (one over packed weights), row gather/scatter, and a few structured ops a kernel
+// needs whole (norms, rotary embedding, attention). Each op has exactly one meaning, the oracle's, and
+// one shape rule, `infer`, shared by the builder, the verifier and every lowering.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/core/dtype.hpp"
+#include "engine/core/result.hpp"
+#include "engine/core/shape.hpp"
+
+namespace troupe::graph {
+
+struct tensor_type {
+  dtype type = dtype::f32;
+  troupe::shape dims;
+  friend bool operator==(const tensor_type&, const tensor_type&) = default;
+  std::string str() const;  // "f32[4, 512]"
+};
+
+enum class op : std::uint8_t {
+  // Elementwise, one input; the output has the input's type. Float inputs only, except neg/abs.
+  neg, abs, exp, log, sqrt, rsqrt, recip, tanh, erf, sigmoid, silu, gelu_tanh,
+  // Elementwise, two inputs of one dtype, broadcast NumPy-style (trailing dimensions align).
+  add, sub, mul, div, maximum, minimum, pow,
+  // Comparisons: two inputs of one dtype, broadcast; the output is boolean.
+  equal, less, less_equal, greater,
+  // where(cond: boolean, a, b) with broadcasting of all three; a and b share a dtype.
+  where,
+  // cast(x) to attrs.to; float to integer rounds half to even and saturates.
+  cast,
+  // Reductions along attrs.axis (keepdim per attrs). softmax/log_softmax keep the shape; arg_max is i32.
+  reduce_sum, reduce_max, reduce_mean, softmax, log_softmax, arg_max,
+  // Movement. reshape to attrs.target (same element count); transpose by attrs.ints (a permutation);
+  // slice attrs.axis over [ints[0], ints[1]); concat along attrs.axis; broadcast to attrs.target.
+  reshape, transpose, slice, concat, broadcast,
+  // matmul(a [..., M, K], b [..., K, N]) -> [..., M, N]; batch dimensions equal; float, same dtype.
+  matmul,
+  // linear(x [..., K], w [N, K] in any stored format incl. GGUF blocks) -> [..., N] in x's dtype: x W^T.
+  linear,
+  // gather_rows(table [R, C] in any stored format, ids integer [...]) -> [..., C] (f32 for block tables,
+  // else the table's dtype). An id outside [0, R) is an error of the step, never a read out of bounds.
+  gather_rows,
+  // scatter_rows(dst [R, ...], ids integer [N], src [N, ...]) -> dst with row ids[i] replaced by src[i];
+  // a negative id skips its row (padding). Ids must be distinct.
+  scatter_rows,
+  // rms_norm(x [..., N], w [N]) = x / sqrt(mean(x^2) + eps) * w.
+  rms_norm,
+  // layer_norm(x [..., N], w [N], b [N]) = (x - mean) / sqrt(var + eps) * w + b.
+  layer_norm,
+  // rope(x [T, H, D], pos integer [T], inv_freq f32 [R/2]) rotates the first R dims of each head by
+  // angle pos * inv_freq (cos and sin scaled by attrs.scale); attrs.neox pairs (i, i + R/2), otherwise
+  // adjacent pairs (2i, 2i + 1). The remaining D - R dims pass through.
+  rope,
+  // attention(q [B, Hq, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv], allow boolean [B, Tq, Tk])
+  // -> [B, Hq, Tq, Dv]. Query head h reads kv head h / (Hq / Hkv). Scores are q.k * attrs.scale, then
+  // softcap * tanh(s / softcap) when attrs.softcap > 0; keys with allow false are excluded; a query
+  // with no allowed key yields zeros.
+  attention,
+};
+
+std::string_view op_name(op o);
+
+// Attributes of an equation. Only the fields an op's comment names are meaningful for it.
+struct op_attrs {
+  std::int64_t axis = 0;
+  bool keepdim = false;
+  bool neox = false;
+  dtype to = dtype::f32;
+  double eps = 0.0;
+  double scale = 1.0;
+  double softcap = 0.0;
+  std::vector<std::int64_t> ints;
+  troupe::shape target;
+  friend bool operator==(const op_attrs&, const op_attrs&) = default;
+};
+
+// The shape rule of every op: the output type for these input types and attributes, or why none.
+result<tensor_type, std::string> infer(op o, std::span<const tensor_type> inputs, const op_attrs& attrs);
+
+// Number of inputs an op takes; concat takes one or more (returns -1).
+int arity(op o);
+
+}  // namespace troupe::graph

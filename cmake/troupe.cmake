@@ -18,9 +18,11 @@ function(troupe_library name)
   troupe_warnings(${name})
 endfunction()
 
-# troupe_test(NAME SOURCES ... LINKS ...): a GoogleTest executable whose tests ctest discovers.
+# troupe_test(NAME SOURCES ... LINKS ... [LABELS ...] [FIXTURES ...]): a GoogleTest executable whose
+# tests ctest discovers. FIXTURES names ctest fixtures the tests need (e.g. `references`, the pinned
+# npm reference packages installed by scripts/install-references).
 function(troupe_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;LINKS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "SOURCES;LINKS;LABELS;FIXTURES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LINKS} GTest::gtest_main GTest::gmock)
   troupe_warnings(${name})
@@ -28,6 +30,11 @@ function(troupe_test name)
   if(ARG_LABELS)
     set(labels ${ARG_LABELS})
   endif()
-  gtest_discover_tests(${name} PROPERTIES LABELS "${labels}" DISCOVERY_TIMEOUT 60
-                       WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  if(ARG_FIXTURES)
+    gtest_discover_tests(${name} PROPERTIES LABELS "${labels}" FIXTURES_REQUIRED "${ARG_FIXTURES}"
+                         DISCOVERY_TIMEOUT 60 WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  else()
+    gtest_discover_tests(${name} PROPERTIES LABELS "${labels}" DISCOVERY_TIMEOUT 60
+                         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  endif()
 endfunction()

@@ -1,0 +1,31 @@
+#pragma once
+// A whole file mapped read-only into memory. Readers hand out tensor views into the mapping, so the
+// mapping is shared: it lives as long as the last reader or weight store that holds it. Changing the
+// file on disk while it is mapped is outside what a reader can defend against.
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <span>
+
+#include "engine/core/result.hpp"
+#include "engine/load/load_error.hpp"
+
+namespace troupe::load::detail {
+
+class mapped_file {
+ public:
+  static result<std::shared_ptr<const mapped_file>, load_error> open(const std::filesystem::path& path);
+
+  mapped_file(const mapped_file&) = delete;
+  mapped_file& operator=(const mapped_file&) = delete;
+  ~mapped_file();
+
+  std::span<const std::byte> bytes() const { return {static_cast<const std::byte*>(addr_), size_}; }
+
+ private:
+  mapped_file(void* addr, std::size_t size) : addr_(addr), size_(size) {}
+  void* addr_ = nullptr;  // null for an empty file, which cannot be mapped
+  std::size_t size_ = 0;
+};
+
+}  // namespace troupe::load::detail

@@ -1,0 +1,90 @@
+#include "engine/load/weight_store.hpp"
+
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "engine/load/safetensors.hpp"
+
+namespace troupe::load {
+
+std::string_view name(weight_format f) {
+  switch (f) {
+    case weight_format::safetensors: return "safetensors";
+    case weight_format::gguf: return "gguf";
+  }
+  return "unknown";
+}
+
+struct weight_store::impl {
+  weight_format format = weight_format::safetensors;
+  std::filesystem::path path;
+  // Whichever readers made the views below; they own the mappings.
+  std::optional<gguf_file> gguf;
+  std::vector<safetensors_file> shards;
+  std::map<std::string, tensor_view, std::less<>> tensors;
+  std::size_t total_bytes = 0;
+};
+
+namespace {
+
+// GGUF is told by its magic as well as its extension, so a renamed file still opens as what it is.
+bool looks_like_gguf(const std::filesystem::path& path) {
+  if (path.extension() == ".gguf") return true;
+  std::ifstream in(path, std::ios::binary);
+  char m[4] = {};
+  return in.read(m, 4) && std::memcmp(m, "GGUF", 4) == 0;
+}
+
+}  // namespace
+
+result<weight_store, load_error> weight_store::open(const std::filesystem::path& path) {
+  auto i = std::make_shared<impl>();
+  i->path = path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    auto dir = open_safetensors_dir(path);
+    if (!dir) return troupe::unexpected(std::move(dir.error()));
+    i->shards = dir->shards();
+    for (const auto& s : i->shards)
+      for (const auto& t : s.tensors()) i->tensors.emplace(t.name, t.view);
+  } else if (looks_like_gguf(path)) {
+    auto g = gguf_file::open(path);
+    if (!g) return troupe::unexpected(std::move(g.error()));
+    i->format = weight_format::gguf;
+    for (const auto& t : g->tensors()) i->tensors.emplace(t.name, t.view);
+    i->gguf = std::move(*g);
+  } else {
+    auto s = safetensors_file::open(path);
+    if (!s) return troupe::unexpected(std::move(s.error()));
+    for (const auto& t : s->tensors()) i->tensors.emplace(t.name, t.view);
+    i->shards.push_back(std::move(*s));
+  }
+  for (const auto& [n, v] : i->tensors) i->total_bytes += v.bytes();
+  return weight_store(std::move(i));
+}
+
+weight_format weight_store::format() const { return impl_->format; }
+const std::filesystem::path& weight_store::path() const { return impl_->path; }
+std::size_t weight_store::size() const { return impl_->tensors.size(); }
+std::size_t weight_store::total_bytes() const { return impl_->total_bytes; }
+
+std::optional<tensor_view> weight_store::find(std::string_view name) const {
+  const auto it = impl_->tensors.find(name);
+  if (it == impl_->tensors.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<std::string> weight_store::names() const {
+  std::vector<std::string> out;
+  out.reserve(impl_->tensors.size());
+  for (const auto& [n, v] : impl_->tensors) out.push_back(n);
+  return out;
+}
+
+std::optional<std::reference_wrapper<const gguf_file>> weight_store::gguf() const {
+  if (!impl_->gguf) return std::nullopt;
+  return std::cref(*impl_->gguf);
+}
+
+}  // namespace troupe::load

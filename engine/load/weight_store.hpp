@@ -1,0 +1,46 @@
+#pragma once
+// The tensors of one checkpoint, whatever its format: a .gguf file, a .safetensors file, or a Hugging
+// Face directory (one model.safetensors or shards with an index). Tensors keep their stored dtype and
+// bytes (zero copy). A weight_store is a cheap handle: copies share the mappings, and every view it hands
+// out stays valid while any copy lives. It does not interpret names; families map roles to names.
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/core/result.hpp"
+#include "engine/core/tensor.hpp"
+#include "engine/load/gguf.hpp"
+#include "engine/load/load_error.hpp"
+
+namespace troupe::load {
+
+enum class weight_format { safetensors, gguf };
+std::string_view name(weight_format f);
+
+class weight_store {
+ public:
+  static result<weight_store, load_error> open(const std::filesystem::path& path);
+
+  weight_format format() const;
+  const std::filesystem::path& path() const;
+
+  std::optional<tensor_view> find(std::string_view name) const;
+  std::vector<std::string> names() const;  // sorted
+  std::size_t size() const;                // the number of tensors
+  std::size_t total_bytes() const;         // of all tensor data as stored
+
+  // The GGUF file itself (metadata included) when the checkpoint is one.
+  std::optional<std::reference_wrapper<const gguf_file>> gguf() const;
+
+ private:
+  struct impl;
+  explicit weight_store(std::shared_ptr<const impl> i) : impl_(std::move(i)) {}
+  std::shared_ptr<const impl> impl_;
+};
+
+}  // namespace troupe::load

@@ -1,0 +1,192 @@
+#include "families/components/decoder.hpp"
+
+#include <cmath>
+#include <cstring>
+
+namespace troupe::families {
+
+using graph::op;
+using graph::value_id;
+
+value_id decoder_trace::projection(value_id x, const std::string& role, std::int32_t layer) {
+  auto& b = ctx_.b;
+  auto y = b.linear(x, ctx_.weight(role, layer));
+  if (ctx_.has(role + "_bias", layer)) y = b.add(y, ctx_.vector_f32(role + "_bias", layer));
+  return y;
+}
+
+value_id decoder_trace::read_index() {
+  if (read_index_.valid()) return read_index_;
+  auto& b = ctx_.b;
+  const auto m = ctx_.read_map();
+  // -1 marks an empty position: read slot 0 there; the mask excludes it.
+  read_index_ = b.where(b.binary(op::less_equal, b.scalar(0, dtype::i32), m), m, b.scalar(0, dtype::i32));
+  return read_index_;
+}
+
+// allow[r, t, j]: may token t of row r attend to key j? In a step, key j is the row's position j,
+// held at read_map[r, j] (-1: nothing there); in encode, key j is token j of the row itself.
+value_id decoder_trace::allow_mask(std::int64_t window) {
+  if (auto it = masks_.find(window); it != masks_.end()) return it->second;
+  auto& b = ctx_.b;
+  const auto& s = ctx_.shape();
+  const std::int64_t rows = s.rows(), T = s.tokens();
+  const auto qpos = b.reshape(ctx_.positions(), {rows, T, 1});
+  value_id kpos, valid;
+  if (ctx_.stateful()) {
+    const std::int64_t C = s.capacity();
+    tensor iota(dtype::i32, {C});
+    for (std::int64_t j = 0; j < C; ++j) iota.as<std::int32_t>()[j] = static_cast<std::int32_t>(j);
+    kpos = b.literal(std::move(iota), "key_positions");
+    valid = b.reshape(b.binary(op::less_equal, b.scalar(0, dtype::i32), ctx_.read_map()), {rows, 1, C});
+  } else {
+    kpos = b.reshape(ctx_.positions(), {rows, 1, T});
+    valid = b.reshape(b.binary(op::less, b.scalar(0, dtype::i32), ctx_.token_mask()), {rows, 1, T});
+  }
+  auto allow = b.binary(op::minimum, b.binary(op::less_equal, kpos, qpos), valid);  // causal and present
+  if (window > 0) {
+    // key j is visible to position p when p - j < window
+    const auto lo = b.sub(qpos, b.scalar(static_cast<double>(window), dtype::i32));
+    allow = b.binary(op::minimum, allow, b.binary(op::greater, kpos, lo));
+  }
+  b.label(allow, window > 0 ? "mask.window" + std::to_string(window) : "mask.causal");
+  return masks_[window] = allow;
+}
+
+value_id decoder_trace::rope_freqs(const rope_config& r) {
+  const auto key = std::make_pair(r.theta, r.dims);
+  if (auto it = ropes_.find(key); it != ropes_.end()) return it->second.first;
+  auto& b = ctx_.b;
+  const auto table = make_rope_table(r, ctx_.shape().capacity());
+  tensor t(dtype::f32, {static_cast<std::int64_t>(table.inv_freq.size())});
+  std::memcpy(t.data(), table.inv_freq.data(), t.bytes());
+  auto inv = b.literal(std::move(t), "rope.inv_freq");
+  if (ctx_.has("rope_freqs")) inv = b.div(inv, ctx_.vector_f32("rope_freqs"));
+  ropes_[key] = {inv, table.scale};
+  return inv;
+}
+
+value_id decoder_trace::attention(value_id x, std::int32_t layer, const attention_params& p) {
+  auto& b = ctx_.b;
+  const auto& s = ctx_.shape();
+  const std::int64_t rows = s.rows(), T = s.tokens(), N = rows * T, D = p.head_dim;
+  value_id q, k, v;
+  if (ctx_.has("attn_qkv", layer)) {
+    const auto qkv = projection(x, "attn_qkv", layer);
+    q = b.slice(qkv, 1, 0, p.heads * D);
+    k = b.slice(qkv, 1, p.heads * D, (p.heads + p.kv_heads) * D);
+    v = b.slice(qkv, 1, (p.heads + p.kv_heads) * D, (p.heads + 2 * p.kv_heads) * D);
+  } else {
+    q = projection(x, "attn_q", layer);
+    k = projection(x, "attn_k", layer);
+    v = projection(x, "attn_v", layer);
+  }
+  q = b.reshape(q, {N, p.heads, D});
+  k = b.reshape(k, {N, p.kv_heads, D});
+  v = b.reshape(v, {N, p.kv_heads, D});
+  if (p.qk_norm) {
+    q = b.rms_norm(q, ctx_.vector_f32("attn_q_norm", layer), p.norm_eps);
+    k = b.rms_norm(k, ctx_.vector_f32("attn_k_norm", layer), p.norm_eps);
+  }
+  if (p.rope.dims > 0) {
+    const auto inv = rope_freqs(p.rope);
+    const double scale = ropes_[{p.rope.theta, p.rope.dims}].second;
+    const bool interleaved = ctx_.stored(ctx_.has("attn_q", layer) ? "attn_q" : "attn_qkv", layer) == stored_as::rope_interleaved;
+    q = b.rope(q, ctx_.positions(), inv, !interleaved, scale);
+    k = b.rope(k, ctx_.positions(), inv, !interleaved, scale);
+  }
+  b.label(q, "q");
+  b.label(k, "k");
+
+  value_id keys, values;
+  std::int64_t Tk;
+  if (ctx_.stateful()) {
+    const std::int64_t S = s.kv_slots(), C = s.capacity();
+    const std::string kname = "kv.k." + std::to_string(layer), vname = "kv.v." + std::to_string(layer);
+    const auto kc = b.scatter_rows(b.state_input(kname, {dtype::f32, {S, p.kv_heads, D}}), ctx_.write_map(), k);
+    const auto vc = b.scatter_rows(b.state_input(vname, {dtype::f32, {S, p.kv_heads, D}}), ctx_.write_map(), v);
+    b.state_output(kname, kc);
+    b.state_output(vname, vc);
+    auto read = [&](value_id cache) {
+      const auto rows_of = b.gather_rows(b.reshape(cache, {S, p.kv_heads * D}), read_index());
+      return b.transpose(b.reshape(rows_of, {rows, C, p.kv_heads, D}), {0, 2, 1, 3});
+    };
+    keys = read(kc);
+    values = read(vc);
+    Tk = C;
+  } else {
+    keys = b.transpose(b.reshape(k, {rows, T, p.kv_heads, D}), {0, 2, 1, 3});
+    values = b.transpose(b.reshape(v, {rows, T, p.kv_heads, D}), {0, 2, 1, 3});
+    Tk = T;
+  }
+  (void)Tk;
+  const auto queries = b.transpose(b.reshape(q, {rows, T, p.heads, D}), {0, 2, 1, 3});
+  auto att = b.attention(queries, keys, values, allow_mask(p.sliding_window), p.scale, p.softcap);
+  att = b.reshape(b.transpose(att, {0, 2, 1, 3}), {N, p.heads * D});
+  const auto out = projection(att, "attn_output", layer);
+  b.label(out, "attn_out");
+  return out;
+}
+
+value_id decoder_trace::feed_forward(value_id x, std::int32_t layer, const ffn_params& p) {
+  auto& b = ctx_.b;
+  const op act = p.act == activation::silu ? op::silu : op::gelu_tanh;
+  value_id h;
+  if (!p.gated) {
+    h = b.unary(act, projection(x, "ffn_up", layer));
+  } else if (ctx_.has("ffn_gate_up", layer)) {
+    const auto gu = projection(x, "ffn_gate_up", layer);
+    const auto width = b.type_of(gu).dims.back() / 2;
+    const auto last = static_cast<std::int64_t>(b.type_of(gu).dims.rank()) - 1;
+    h = b.mul(b.unary(act, b.slice(gu, last, 0, width)), b.slice(gu, last, width, 2 * width));
+  } else {
+    h = b.mul(b.unary(act, projection(x, "ffn_gate", layer)), projection(x, "ffn_up", layer));
+  }
+  const auto out = projection(h, "ffn_down", layer);
+  b.label(out, "ffn_out");
+  return out;
+}
+
+value_id decoder_trace::standard_layer(value_id x, std::int32_t layer, const stack_params& p, const block_fn& mixer,
+                                       const block_fn& ffn) {
+  auto& b = ctx_.b;
+  b.push_scope("layers." + std::to_string(layer));
+  auto a = mixer(*this, b.rms_norm(x, ctx_.vector_f32("attn_norm", layer), p.norm_eps), layer);
+  if (p.sandwich_norms) a = b.rms_norm(a, ctx_.vector_f32("post_attention_norm", layer), p.norm_eps);
+  const auto h = b.add(x, a);
+  auto f = ffn(*this, b.rms_norm(h, ctx_.vector_f32("ffn_norm", layer), p.norm_eps), layer);
+  if (p.sandwich_norms) f = b.rms_norm(f, ctx_.vector_f32("post_ffw_norm", layer), p.norm_eps);
+  const auto out = b.add(h, f);
+  b.label(out, "out");
+  b.pop_scope();
+  return out;
+}
+
+void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer, const block_fn& ffn) {
+  auto& b = ctx_.b;
+  const auto& s = ctx_.shape();
+  const std::int64_t rows = s.rows(), T = s.tokens(), N = rows * T;
+  auto x = b.gather_rows(ctx_.weight("token_embd"), ctx_.token_ids());
+  if (b.type_of(x).type != dtype::f32) x = b.cast(x, dtype::f32);
+  if (p.embed_scale != 1.0) x = b.mul(x, b.scalar(p.embed_scale));
+  b.label(x, "embed");
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(p.layers) && b.ok(); ++l) x = standard_layer(x, l, p, mixer, ffn);
+  auto h = b.rms_norm(x, ctx_.vector_f32("output_norm"), p.norm_eps);
+  b.label(h, "output_norm");
+  if (!ctx_.stateful()) {
+    b.output("hidden", h);
+    return;
+  }
+  if (s.hidden_carry()) b.output("hidden", h);
+  if (s.logits() == logit_rows::last) h = b.reshape(b.slice(b.reshape(h, {rows, T, p.hidden}), 1, T - 1, T), {rows, p.hidden});
+  (void)N;
+  auto logits = b.linear(h, ctx_.weight(ctx_.has("output") ? "output" : "token_embd"));
+  if (p.final_softcap > 0) {
+    const auto cap = b.scalar(p.final_softcap);
+    logits = b.mul(b.unary(op::tanh, b.div(logits, cap)), cap);
+  }
+  b.label(logits, "logits");
+  b.output("logits", logits);
+}
+
+}  // namespace troupe::families

@@ -1,0 +1,78 @@
+#pragma once
+// The shared pieces of a decoder: grouped-query attention over the KV read and write maps (or, for
+// the encode program, over the row itself), gated and plain feed-forwards, and the residual pair
+// `standard_layer` / `standard_stack` almost every decoder repeats. Families pass their own mixer and
+// feed-forward as closures and choose options (sandwich norms, softcaps, embedding scale) by data.
+//
+// Weight roles read here: token_embd, output (absent when tied), output_norm, rope_freqs (optional
+// per-dimension divisors of the inverse frequencies, as llama.cpp stores Llama 3 scaling); per layer
+// attn_norm, attn_q, attn_k, attn_v or attn_qkv, attn_output, their *_bias, attn_q_norm, attn_k_norm,
+// post_attention_norm, ffn_norm, post_ffw_norm, ffn_gate, ffn_up or ffn_gate_up, ffn_down.
+#include <cstdint>
+#include <functional>
+#include <map>
+
+#include "families/components/rope.hpp"
+#include "families/components/trace_context.hpp"
+
+namespace troupe::families {
+
+struct attention_params {
+  std::int64_t heads = 0;
+  std::int64_t kv_heads = 0;
+  std::int64_t head_dim = 0;
+  double scale = 0.0;               // applied to q.k; usually 1 / sqrt(head_dim)
+  double softcap = 0.0;             // 0: none
+  std::int64_t sliding_window = 0;  // 0: attend to every earlier position
+  rope_config rope;                 // rope.dims 0: no rotary embedding
+  bool qk_norm = false;             // RMSNorm over each head of q and k (attn_q_norm, attn_k_norm)
+  double norm_eps = 1e-6;
+};
+
+enum class activation : std::uint8_t { silu, gelu_tanh };
+
+struct ffn_params {
+  std::int64_t width = 0;  // the intermediate size
+  activation act = activation::silu;
+  bool gated = true;  // act(gate(x)) * up(x); otherwise act(up(x))
+};
+
+struct stack_params {
+  std::int64_t vocab = 0;
+  std::int64_t hidden = 0;
+  std::int64_t layers = 0;
+  double norm_eps = 1e-6;
+  double embed_scale = 1.0;     // Gemma multiplies embeddings by sqrt(hidden)
+  double final_softcap = 0.0;   // 0: none
+  bool sandwich_norms = false;  // post_attention_norm after the mixer, post_ffw_norm after the ffn
+};
+
+// Per-step values every layer shares (masks, clamped read indices, rotary tables), built once.
+class decoder_trace {
+ public:
+  explicit decoder_trace(trace_context& ctx) : ctx_(ctx) {}
+  trace_context& ctx() { return ctx_; }
+
+  graph::value_id attention(graph::value_id x, std::int32_t layer, const attention_params& p);
+  graph::value_id feed_forward(graph::value_id x, std::int32_t layer, const ffn_params& p);
+
+  using block_fn = std::function<graph::value_id(decoder_trace&, graph::value_id, std::int32_t)>;
+  graph::value_id standard_layer(graph::value_id x, std::int32_t layer, const stack_params& p, const block_fn& mixer,
+                                 const block_fn& ffn);
+  // Embeds the tokens, runs every layer, applies the final norm and the head, and declares the
+  // program's outputs: `logits` (step) and `hidden` (encode, or a step with a hidden carry).
+  void standard_stack(const stack_params& p, const block_fn& mixer, const block_fn& ffn);
+
+ private:
+  graph::value_id projection(graph::value_id x, const std::string& role, std::int32_t layer);
+  graph::value_id allow_mask(std::int64_t window);
+  graph::value_id rope_freqs(const rope_config& r);
+  graph::value_id read_index();
+
+  trace_context& ctx_;
+  std::map<std::int64_t, graph::value_id> masks_;
+  std::map<std::pair<double, std::int64_t>, std::pair<graph::value_id, double>> ropes_;
+  graph::value_id read_index_;
+};
+
+}  // namespace troupe::families

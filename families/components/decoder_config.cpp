@@ -1,0 +1,136 @@
+#include "families/components/decoder_config.hpp"
+
+#include <cmath>
+
+namespace troupe::families {
+
+namespace {
+
+result<void, config_error> read_rope_scaling(const config_reader& r, decoder_basics& d) {
+  rope_config& rope = d.rope;
+  if (r.gguf()) {
+    const auto type = r.text("", "rope.scaling.type").value_or("none");
+    auto factor = r.number_or("", "rope.scaling.factor", 1.0);
+    if (!factor) return unexpected(factor.error());
+    auto orig = r.positive_or("", "rope.scaling.original_context_length", d.max_positions);
+    if (!orig) return unexpected(orig.error());
+    rope.factor = *factor;
+    rope.original_max_positions = *orig;
+    if (type == "none" || *factor == 1.0) rope.kind = rope_kind::none;
+    else if (type == "linear") rope.kind = rope_kind::linear;
+    else if (type == "yarn") rope.kind = rope_kind::yarn;
+    else return unexpected(r.error(r.key("", "rope.scaling.type"), "unsupported rope scaling '" + type + "'"));
+    return {};
+  }
+  if (!r.raw().has("rope_scaling")) return {};
+  auto type = r.text("rope_scaling.rope_type", "");
+  if (!type) type = r.text("rope_scaling.type", "");
+  const std::string t = type.value_or("default");
+  auto num = [&](const char* k, double fallback) { return r.number_or(std::string("rope_scaling.") + k, "", fallback); };
+  auto factor = num("factor", 1.0);
+  if (!factor) return unexpected(factor.error());
+  rope.factor = *factor;
+  auto orig = r.positive_or("rope_scaling.original_max_position_embeddings", "", d.max_positions);
+  if (!orig) return unexpected(orig.error());
+  rope.original_max_positions = *orig;
+  if (t == "default") {
+    rope.kind = rope_kind::none;
+  } else if (t == "linear") {
+    rope.kind = rope_kind::linear;
+  } else if (t == "dynamic") {
+    rope.kind = rope_kind::dynamic;
+  } else if (t == "yarn") {
+    rope.kind = rope_kind::yarn;
+    for (auto [key, field] : {std::pair{"beta_fast", &rope.beta_fast}, {"beta_slow", &rope.beta_slow}, {"attention_factor", &rope.attention_factor}}) {
+      auto v = num(key, *field);
+      if (!v) return unexpected(v.error());
+      *field = *v;
+    }
+  } else if (t == "llama3") {
+    rope.kind = rope_kind::llama3;
+    auto lo = num("low_freq_factor", 1.0), hi = num("high_freq_factor", 4.0);
+    if (!lo) return unexpected(lo.error());
+    if (!hi) return unexpected(hi.error());
+    if (*hi <= *lo) return unexpected(r.error("rope_scaling.high_freq_factor", "must exceed low_freq_factor"));
+    rope.low_freq_factor = *lo;
+    rope.high_freq_factor = *hi;
+  } else {
+    return unexpected(r.error("rope_scaling.rope_type", "unsupported rope scaling '" + t + "'"));
+  }
+  if (rope.kind != rope_kind::none && !(rope.factor > 0)) return unexpected(r.error("rope_scaling.factor", "must be positive"));
+  return {};
+}
+
+}  // namespace
+
+result<decoder_basics, config_error> read_decoder_basics(const config_reader& r, const load::weight_store& store) {
+  decoder_basics d;
+#define TROUPE_READ(dst, expr)                  \
+  do {                                          \
+    auto v_ = (expr);                           \
+    if (!v_) return unexpected(v_.error());     \
+    dst = *v_;                                  \
+  } while (0)
+  TROUPE_READ(d.hidden, r.positive("hidden_size", "embedding_length"));
+  TROUPE_READ(d.ffn, r.positive("intermediate_size", "feed_forward_length"));
+  TROUPE_READ(d.layers, r.positive("num_hidden_layers", "block_count"));
+  TROUPE_READ(d.heads, r.positive("num_attention_heads", "attention.head_count"));
+  TROUPE_READ(d.kv_heads, r.positive_or("num_key_value_heads", "attention.head_count_kv", d.heads));
+  TROUPE_READ(d.head_dim, r.positive_or("head_dim", "attention.key_length", d.hidden / d.heads));
+  TROUPE_READ(d.max_positions, r.positive_or("max_position_embeddings", "context_length", 4096));
+  TROUPE_READ(d.norm_eps, r.number_or("rms_norm_eps", "attention.layer_norm_rms_epsilon", 1e-6));
+  TROUPE_READ(d.rope.theta, r.number_or("rope_theta", "rope.freq_base", 10000.0));
+  if (r.gguf()) {
+    // GGUF keeps the vocabulary size in the embedding's shape (vocab_size is optional).
+    const auto embd = store.find("token_embd.weight");
+    if (!embd || embd->shape().rank() != 2) return unexpected(r.error("token_embd.weight", "missing: it gives the vocabulary size"));
+    d.vocab = embd->shape()[0];
+    d.tied = !store.find("output.weight");
+    TROUPE_READ(d.rope.dims, r.positive_or("", "rope.dimension_count", d.head_dim));
+  } else {
+    TROUPE_READ(d.vocab, r.positive("vocab_size", ""));
+    TROUPE_READ(d.tied, r.flag_or("tie_word_embeddings", "", false));
+    double partial = 1.0;
+    TROUPE_READ(partial, r.number_or("partial_rotary_factor", "", 1.0));
+    if (!(partial > 0 && partial <= 1)) return unexpected(r.error("partial_rotary_factor", "must be in (0, 1]"));
+    d.rope.dims = static_cast<std::int64_t>(static_cast<double>(d.head_dim) * partial);
+  }
+#undef TROUPE_READ
+  if (d.heads % d.kv_heads != 0)
+    return unexpected(r.error(r.key("num_key_value_heads", "attention.head_count_kv"),
+                              std::to_string(d.heads) + " attention heads are not a multiple of " + std::to_string(d.kv_heads) + " KV heads"));
+  if (d.rope.dims % 2 != 0 || d.rope.dims > d.head_dim)
+    return unexpected(r.error(r.key("partial_rotary_factor", "rope.dimension_count"), "the rotary width must be even and at most head_dim"));
+  if (!(d.norm_eps >= 0)) return unexpected(r.error(r.key("rms_norm_eps", "attention.layer_norm_rms_epsilon"), "must be non-negative"));
+  if (!(d.rope.theta > 0)) return unexpected(r.error(r.key("rope_theta", "rope.freq_base"), "must be positive"));
+  if (auto s = read_rope_scaling(r, d); !s) return unexpected(s.error());
+  return d;
+}
+
+dense_decoder_spec uniform_spec(const std::string& family, const decoder_basics& d, const config_reader& r) {
+  dense_decoder_spec s;
+  s.config.family = family;
+  s.config.vocab = d.vocab;
+  s.config.hidden = d.hidden;
+  s.config.layers = d.layers;
+  s.config.max_positions = d.max_positions;
+  s.config.bos_id = r.bos_id();
+  s.config.eos_ids = r.eos_ids();
+  s.config.kv_elems_per_token_per_layer = 2 * d.kv_heads * d.head_dim;
+  s.stack.vocab = d.vocab;
+  s.stack.hidden = d.hidden;
+  s.stack.layers = d.layers;
+  s.stack.norm_eps = d.norm_eps;
+  attention_params a;
+  a.heads = d.heads;
+  a.kv_heads = d.kv_heads;
+  a.head_dim = d.head_dim;
+  a.scale = 1.0 / std::sqrt(static_cast<double>(d.head_dim));
+  a.rope = d.rope;
+  a.norm_eps = d.norm_eps;
+  s.attention.assign(static_cast<std::size_t>(d.layers), a);
+  s.ffn.width = d.ffn;
+  return s;
+}
+
+}  // namespace troupe::families

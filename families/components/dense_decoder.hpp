@@ -1,0 +1,49 @@
+#pragma once
+// A dense decoder: `standard_stack` over `standard_layer` with the shared attention and feed-forward,
+// configured by data. Families whose layers are all of this kind (Llama, Mistral, Qwen 2/3, Gemma 2/3,
+// Phi-3) parse their configuration into a `dense_decoder_spec` and their name table into a weight map;
+// this class is the tracer they share. Per-layer attention parameters carry what varies by layer
+// (sliding window, rotary base).
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "families/components/decoder.hpp"
+#include "families/family_error.hpp"
+#include "families/model.hpp"
+
+namespace troupe::families {
+
+struct dense_decoder_spec {
+  model_config config;
+  stack_params stack;
+  std::vector<attention_params> attention;  // one per layer
+  ffn_params ffn;
+};
+
+class dense_decoder final : public model {
+ public:
+  dense_decoder(dense_decoder_spec spec, families::weight_map weights);
+
+  const model_config& config() const override { return spec_.config; }
+  const model_schema& schema() const override { return schema_; }
+  const families::weight_map& weights() const override { return weights_; }
+  const dense_decoder_spec& spec() const { return spec_; }
+
+ protected:
+  void trace_into(const step_spec& spec, graph::builder& b) const override;
+
+ private:
+  dense_decoder_spec spec_;
+  families::weight_map weights_;
+  model_schema schema_;
+};
+
+// The expected shape of each role of a dense decoder, from its spec (for weight_map::build).
+expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& spec);
+
+// Builds the weight map from `rules` and the model, or names the first bad weight.
+result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spec spec, const load::weight_store& store,
+                                                               std::span<const name_rule> rules);
+
+}  // namespace troupe::families

@@ -1,0 +1,96 @@
+#include "families/components/name_tables.hpp"
+
+namespace troupe::families {
+
+std::vector<name_rule> decoder_name_table(const name_table_options& o) {
+  std::vector<name_rule> t;
+  const stored_as norm = o.norms_minus_one ? stored_as::minus_one : stored_as::as_is;
+  const stored_as qk = o.qk_rope_interleaved ? stored_as::rope_interleaved : stored_as::as_is;
+  const presence qkv_bias = o.qkv_bias_required ? presence::required : presence::optional;
+  auto global = [&](const char* role, const char* key, presence p = presence::required, const char* tied = "", stored_as s = stored_as::as_is) {
+    t.push_back({role, false, key, p, tied, s});
+  };
+  auto layer = [&](const char* role, const char* key, presence p = presence::required, stored_as s = stored_as::as_is) {
+    t.push_back({role, true, key, p, "", s});
+  };
+
+  if (o.gguf) {
+    global("token_embd", "token_embd.weight");
+    global("output", "output.weight", presence::tied, "token_embd");
+    global("output_norm", "output_norm.weight");
+    global("rope_freqs", "rope_freqs.weight", presence::optional);
+    layer("attn_norm", "blk.{L}.attn_norm.weight");
+    if (o.fused) {
+      layer("attn_qkv", "blk.{L}.attn_qkv.weight");
+      layer("attn_qkv_bias", "blk.{L}.attn_qkv.bias", presence::optional);
+    } else {
+      layer("attn_q", "blk.{L}.attn_q.weight", presence::required, qk);
+      layer("attn_k", "blk.{L}.attn_k.weight", presence::required, qk);
+      layer("attn_v", "blk.{L}.attn_v.weight");
+      layer("attn_q_bias", "blk.{L}.attn_q.bias", qkv_bias, qk);
+      layer("attn_k_bias", "blk.{L}.attn_k.bias", qkv_bias, qk);
+      layer("attn_v_bias", "blk.{L}.attn_v.bias", qkv_bias);
+    }
+    layer("attn_output", "blk.{L}.attn_output.weight");
+    layer("attn_output_bias", "blk.{L}.attn_output.bias", presence::optional);
+    if (o.qk_norm) {
+      layer("attn_q_norm", "blk.{L}.attn_q_norm.weight");
+      layer("attn_k_norm", "blk.{L}.attn_k_norm.weight");
+    }
+    layer("ffn_norm", "blk.{L}.ffn_norm.weight");
+    if (o.sandwich_norms) {
+      layer("post_attention_norm", "blk.{L}.post_attention_norm.weight");
+      layer("post_ffw_norm", "blk.{L}.post_ffw_norm.weight");
+    }
+    if (o.fused) {
+      layer("ffn_gate_up", "blk.{L}.ffn_up.weight");  // llama.cpp keeps Phi-3's fused gate_up as ffn_up
+    } else {
+      layer("ffn_gate", "blk.{L}.ffn_gate.weight");
+      layer("ffn_up", "blk.{L}.ffn_up.weight");
+    }
+    layer("ffn_down", "blk.{L}.ffn_down.weight");
+    return t;
+  }
+
+  global("token_embd", "model.embed_tokens.weight");
+  global("output", "lm_head.weight", presence::tied, "token_embd");
+  global("output_norm", "model.norm.weight", presence::required, "", norm);
+  layer("attn_norm", "model.layers.{L}.input_layernorm.weight", presence::required, norm);
+  if (o.fused) {
+    layer("attn_qkv", "model.layers.{L}.self_attn.qkv_proj.weight");
+    layer("attn_qkv_bias", "model.layers.{L}.self_attn.qkv_proj.bias", presence::optional);
+  } else {
+    layer("attn_q", "model.layers.{L}.self_attn.q_proj.weight");
+    layer("attn_k", "model.layers.{L}.self_attn.k_proj.weight");
+    layer("attn_v", "model.layers.{L}.self_attn.v_proj.weight");
+    layer("attn_q_bias", "model.layers.{L}.self_attn.q_proj.bias", qkv_bias);
+    layer("attn_k_bias", "model.layers.{L}.self_attn.k_proj.bias", qkv_bias);
+    layer("attn_v_bias", "model.layers.{L}.self_attn.v_proj.bias", qkv_bias);
+  }
+  layer("attn_output", "model.layers.{L}.self_attn.o_proj.weight");
+  layer("attn_output_bias", "model.layers.{L}.self_attn.o_proj.bias", presence::optional);
+  if (o.qk_norm) {
+    layer("attn_q_norm", "model.layers.{L}.self_attn.q_norm.weight", presence::required, norm);
+    layer("attn_k_norm", "model.layers.{L}.self_attn.k_norm.weight", presence::required, norm);
+  }
+  if (o.sandwich_norms) {
+    layer("post_attention_norm", "model.layers.{L}.post_attention_layernorm.weight", presence::required, norm);
+    layer("ffn_norm", "model.layers.{L}.pre_feedforward_layernorm.weight", presence::required, norm);
+    layer("post_ffw_norm", "model.layers.{L}.post_feedforward_layernorm.weight", presence::required, norm);
+  } else {
+    layer("ffn_norm", "model.layers.{L}.post_attention_layernorm.weight", presence::required, norm);
+  }
+  if (o.fused) {
+    layer("ffn_gate_up", "model.layers.{L}.mlp.gate_up_proj.weight");
+  } else {
+    layer("ffn_gate", "model.layers.{L}.mlp.gate_proj.weight");
+    layer("ffn_up", "model.layers.{L}.mlp.up_proj.weight");
+  }
+  layer("ffn_down", "model.layers.{L}.mlp.down_proj.weight");
+  layer("ffn_gate_bias", "model.layers.{L}.mlp.gate_proj.bias", presence::optional);
+  layer("ffn_up_bias", "model.layers.{L}.mlp.up_proj.bias", presence::optional);
+  layer("ffn_down_bias", "model.layers.{L}.mlp.down_proj.bias", presence::optional);
+  return t;
+}
+
+}  // namespace troupe::families

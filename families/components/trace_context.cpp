@@ -1,0 +1,50 @@
+#include "families/components/trace_context.hpp"
+
+#include "families/model_schema.hpp"
+
+namespace troupe::families {
+
+trace_context::trace_context(graph::builder& builder, const weight_map& weights, const step_spec& s)
+    : b(builder), spec(s), weights_(weights) {}
+
+stored_as trace_context::stored(const std::string& role, std::int32_t layer) const {
+  const auto* e = weights_.find({role, layer});
+  return e ? e->stored : stored_as::as_is;
+}
+
+graph::value_id trace_context::weight(const std::string& role, std::int32_t layer) {
+  const graph::weight_role r{role, layer};
+  const auto* e = weights_.find(r);
+  if (!e) {
+    b.fail(graph::bad_declaration{"the weight map has no role " + r.str()});
+    return {};
+  }
+  return b.weight(r, {e->view.type(), e->view.shape()});
+}
+
+graph::value_id trace_context::vector_f32(const std::string& role, std::int32_t layer) {
+  auto w = weight(role, layer);
+  if (!b.ok()) return {};
+  if (b.type_of(w).type != dtype::f32) w = b.cast(w, dtype::f32);
+  if (stored(role, layer) == stored_as::minus_one) w = b.add(w, b.scalar(1.0));
+  return w;
+}
+
+namespace {
+graph::value_id declare(graph::builder& b, graph::value_id& cache, graph::slot_kind kind, const step_spec& spec) {
+  if (cache.valid()) return cache;
+  for (const auto& in : step_inputs(spec.program, spec.shape))
+    if (in.kind == kind) return cache = b.slot(kind, in.type);
+  b.fail(graph::bad_declaration{"program " + std::string(program_name(spec.program)) + " has no step input " +
+                                std::string(graph::slot_kind_name(kind))});
+  return {};
+}
+}  // namespace
+
+graph::value_id trace_context::token_ids() { return declare(b, token_ids_, graph::slot_kind::token_ids, spec); }
+graph::value_id trace_context::positions() { return declare(b, positions_, graph::slot_kind::positions, spec); }
+graph::value_id trace_context::write_map() { return declare(b, write_map_, graph::slot_kind::kv_write_map, spec); }
+graph::value_id trace_context::read_map() { return declare(b, read_map_, graph::slot_kind::kv_read_map, spec); }
+graph::value_id trace_context::token_mask() { return declare(b, token_mask_, graph::slot_kind::token_mask, spec); }
+
+}  // namespace troupe::families

@@ -1,0 +1,41 @@
+#pragma once
+// What every component reads while a family traces one step: the builder, the weight map (weights by
+// role, with their stored transforms undone), the step's shape and the step inputs, each declared once.
+#include <cstdint>
+#include <string>
+
+#include "engine/graph/builder.hpp"
+#include "families/step_shape.hpp"
+#include "families/weight_map.hpp"
+
+namespace troupe::families {
+
+class trace_context {
+ public:
+  trace_context(graph::builder& b, const weight_map& weights, const step_spec& spec);
+
+  graph::builder& b;
+  const step_spec& spec;
+  const step_shape& shape() const { return spec.shape; }
+  bool stateful() const { return spec.program == program::step; }
+
+  bool has(const std::string& role, std::int32_t layer = -1) const { return weights_.has({role, layer}); }
+  stored_as stored(const std::string& role, std::int32_t layer = -1) const;
+  // The role's weight as stored (any dtype, for linear and gather_rows); a missing role fails the trace.
+  graph::value_id weight(const std::string& role, std::int32_t layer = -1);
+  // A vector weight (norm scale, bias) as f32, with a stored `minus_one` undone.
+  graph::value_id vector_f32(const std::string& role, std::int32_t layer = -1);
+
+  // Step inputs (see model_schema.hpp), declared on first use.
+  graph::value_id token_ids();
+  graph::value_id positions();
+  graph::value_id write_map();
+  graph::value_id read_map();
+  graph::value_id token_mask();
+
+ private:
+  const weight_map& weights_;
+  graph::value_id token_ids_, positions_, write_map_, read_map_, token_mask_;
+};
+
+}  // namespace troupe::families

@@ -1,0 +1,15 @@
+#pragma once
+// The entries of the shipped families; `shipped()` (shipped.cpp) lists them in one place.
+#include "families/registry.hpp"
+
+namespace troupe::families {
+
+extern const family_entry llama_entry;
+extern const family_entry mistral_entry;
+extern const family_entry qwen2_entry;
+extern const family_entry qwen3_entry;
+extern const family_entry gemma2_entry;
+extern const family_entry gemma3_entry;
+extern const family_entry phi3_entry;
+
+}  // namespace troupe::families

@@ -1,0 +1,45 @@
+#pragma once
+// A model family's contract with the rest of troupe: its configuration, its schema, its weight map and
+// a tracer. `trace` is provided: it checks the step against the schema and the limits, admits the
+// token count, runs the family's `trace_into` and checks the graph carries exactly the declared
+// states. A family knows no backend, actor, placement or I/O.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/graph/builder.hpp"
+#include "families/model_schema.hpp"
+#include "families/step_shape.hpp"
+#include "families/weight_map.hpp"
+
+namespace troupe::families {
+
+// What the rest of troupe needs to know of a model without tracing it.
+struct model_config {
+  std::string family;        // "llama"
+  std::int64_t vocab = 0;    // rows of the logits
+  std::int64_t hidden = 0;
+  std::int64_t layers = 0;
+  std::int64_t max_positions = 0;
+  std::int32_t bos_id = -1;
+  std::vector<std::int32_t> eos_ids;
+  // KV bytes per token per layer at f32, for placement and capacity planning.
+  std::int64_t kv_elems_per_token_per_layer = 0;
+};
+
+class model {
+ public:
+  virtual ~model() = default;
+  virtual const model_config& config() const = 0;
+  virtual const model_schema& schema() const = 0;
+  virtual const families::weight_map& weights() const = 0;
+
+  result<graph::graph, graph::trace_error> trace(const step_spec& spec, const graph::trace_limits& limits = {}) const;
+
+ protected:
+  // The family's tracer body. Errors go into the builder (sticky); `trace` returns them.
+  virtual void trace_into(const step_spec& spec, graph::builder& b) const = 0;
+};
+
+}  // namespace troupe::families

@@ -1,0 +1,25 @@
+#include "families/model_handle.hpp"
+
+namespace troupe::families {
+
+result<load::raw_config, model_error> read_config(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto target = std::filesystem::is_directory(path, ec) ? path / "config.json" : path;
+  auto cfg = load::raw_config::open(target);
+  if (!cfg) return unexpected(model_error{cfg.error()});
+  return std::move(*cfg);
+}
+
+result<std::shared_ptr<const model_handle>, model_error> model_handle::load(const std::filesystem::path& path, const registry& reg) {
+  auto cfg = read_config(path);
+  if (!cfg) return unexpected(cfg.error());
+  auto family = reg.resolve(*cfg);  // before any tensor is opened
+  if (!family) return unexpected(model_error{family.error()});
+  auto store = load::weight_store::open(path);
+  if (!store) return unexpected(model_error{store.error()});
+  auto m = (*family)->build(*cfg, *store);
+  if (!m) return unexpected(m.error());
+  return std::shared_ptr<const model_handle>(new model_handle(path, *family, std::move(*cfg), std::move(*store), std::move(*m)));
+}
+
+}  // namespace troupe::families

@@ -1,0 +1,39 @@
+#pragma once
+// A loaded model: the family resolved from the configuration (before any weight is read), the weight
+// store, and the family's model built over it. Shared by reference: one handle can back several
+// drivers.
+#include <filesystem>
+#include <memory>
+
+#include "engine/load/raw_config.hpp"
+#include "engine/load/weight_store.hpp"
+#include "families/registry.hpp"
+
+namespace troupe::families {
+
+class model_handle {
+ public:
+  // A GGUF file, or a Hugging Face directory (config.json and one or many safetensors).
+  static result<std::shared_ptr<const model_handle>, model_error> load(const std::filesystem::path& path, const registry& reg);
+
+  const families::model& model() const { return *model_; }
+  const family_entry& family() const { return *family_; }
+  const load::raw_config& config() const { return config_; }
+  const load::weight_store& store() const { return store_; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  model_handle(std::filesystem::path p, const family_entry* f, load::raw_config c, load::weight_store s,
+               std::unique_ptr<families::model> m)
+      : path_(std::move(p)), family_(f), config_(std::move(c)), store_(std::move(s)), model_(std::move(m)) {}
+  std::filesystem::path path_;
+  const family_entry* family_;
+  load::raw_config config_;
+  load::weight_store store_;
+  std::unique_ptr<families::model> model_;
+};
+
+// The configuration of a checkpoint, read without its tensors.
+result<load::raw_config, model_error> read_config(const std::filesystem::path& path);
+
+}  // namespace troupe::families

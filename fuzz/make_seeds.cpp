@@ -1,0 +1,104 @@
+// Writes the seed corpora for the fuzz targets into OUT_DIR/<target>/: small valid files made with
+// troupe's own writers (so the seeds follow the formats as troupe reads them) and a few hand-written
+// headers and configs. scripts/fuzz runs it before fuzzing, so no seed is committed.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string_view>
+#include <vector>
+
+#include "engine/load/gguf.hpp"
+#include "engine/load/safetensors.hpp"
+
+namespace {
+
+using namespace troupe;
+using namespace troupe::load;
+
+bool write_file(const std::filesystem::path& p, const void* data, std::size_t n) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+  return static_cast<bool>(out);
+}
+bool write_text(const std::filesystem::path& p, std::string_view s) { return write_file(p, s.data(), s.size()); }
+
+std::vector<std::byte> bytes_of(std::size_t n) {
+  std::vector<std::byte> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((i * 37 + 11) & 0xff);
+  return out;
+}
+
+bool gguf_seeds(const std::filesystem::path& dir) {
+  const auto f32 = bytes_of(4 * 8), q4 = bytes_of(18 * 2), q8k = bytes_of(292), i16 = bytes_of(6);
+  bool ok = true;
+  for (const std::uint32_t version : {2u, 3u}) {
+    gguf_writer w({.version = version});
+    w.add("general.architecture", "llama");
+    w.add("llama.block_count", std::uint32_t{2});
+    w.add("llama.context_length", std::uint64_t{4096});
+    w.add("llama.rope.freq_base", 10000.0f);
+    w.add("u8", std::uint8_t{1});
+    w.add("i8", std::int8_t{-1});
+    w.add("u16", std::uint16_t{2});
+    w.add("i16", std::int16_t{-2});
+    w.add("i32", std::int32_t{-3});
+    w.add("i64", std::int64_t{-4});
+    w.add("f64", 0.5);
+    w.add("bool", true);
+    w.add("tokenizer.ggml.tokens", gguf_array{gguf_type::string, {"<s>", "a", "b"}});
+    w.add("tokenizer.ggml.scores", gguf_array{gguf_type::f32, {0.0f, -1.0f, -2.0f}});
+    w.add("nested", gguf_array{gguf_type::array, {gguf_array{gguf_type::u8, {std::uint8_t{1}}}}});
+    w.add_tensor("token_embd.weight", tensor_view(dtype::f32, {2, 4}, f32.data()));
+    w.add_tensor("blk.0.attn_q.weight", tensor_view(dtype::q4_0, {2, 32}, q4.data()));
+    w.add_tensor("blk.0.ffn.weight", tensor_view(dtype::q8_k, {1, 256}, q8k.data()));
+    w.add_tensor("scale", tensor_view(dtype::i16, {3}, i16.data()));
+    const auto b = w.serialize("seed");
+    ok = ok && b && write_file(dir / ("v" + std::to_string(version) + ".gguf"), b->data(), b->size());
+  }
+  gguf_writer aligned({.alignment = 64});
+  aligned.add("general.name", "aligned");
+  aligned.add_tensor("x", tensor_view(dtype::i16, {3}, i16.data()));
+  const auto b = aligned.serialize("seed");
+  return ok && b && write_file(dir / "aligned.gguf", b->data(), b->size());
+}
+
+bool safetensors_seeds(const std::filesystem::path& dir) {
+  const auto a = bytes_of(16), b = bytes_of(6), c = bytes_of(1);
+  const std::vector<named_view> tensors = {{"a", tensor_view(dtype::f32, {2, 2}, a.data())},
+                                           {"b", tensor_view(dtype::bf16, {3}, b.data())},
+                                           {"c", tensor_view(dtype::u8, {}, c.data())}};
+  return write_safetensors(dir / "file.safetensors", tensors, {{"format", "pt"}}).has_value() &&
+         write_text(dir / "header.json",
+                    R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
+                    R"("b":{"dtype":"BF16","shape":[3],"data_offsets":[16,22]},)"
+                    R"("c":{"dtype":"BOOL","shape":[],"data_offsets":[22,23]}})") &&
+         write_text(dir / "empty.json", "{}");
+}
+
+bool config_seeds(const std::filesystem::path& dir) {
+  return write_text(dir / "llama.json",
+                    R"({"model_type":"llama","architectures":["LlamaForCausalLM"],"hidden_size":64,)"
+                    R"("num_hidden_layers":2,"rms_norm_eps":1e-05,"tie_word_embeddings":false,)"
+                    R"("eos_token_id":[1,2],"rope_scaling":{"factor":8.0,"rope_type":"llama3"},)"
+                    R"("sliding_window":null,"torch_dtype":"bfloat16"})") &&
+         write_text(dir / "dotted.json", R"({"a.b":1,"a":{"b":{"c":[1.5,2]},"d":"x"},"e":true})");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s OUT_DIR\n", argv[0]);
+    return 2;
+  }
+  const std::filesystem::path out = argv[1];
+  const std::filesystem::path st = out / "safetensors_header_fuzz", gg = out / "gguf_fuzz",
+                              cj = out / "config_json_fuzz";
+  std::error_code ec;
+  for (const auto& d : {st, gg, cj}) std::filesystem::create_directories(d, ec);
+  if (ec || !safetensors_seeds(st) || !gguf_seeds(gg) || !config_seeds(cj)) {
+    std::fprintf(stderr, "%s: cannot write the seeds under %s\n", argv[0], out.c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,157 @@
+// Shared assertions for every shipped family, run on each family's fixture:
+// - the HF-directory and GGUF forms trace and evaluate to the same logits (1e-5 relative);
+// - chunked prefill equals token-by-token decode;
+// - a missing weight is named (role and key) before any trace;
+// - a bad config field is a typed error naming it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "apps/oracle_runner.hpp"
+#include "engine/load/safetensors.hpp"
+#include "families/fixtures/fixture.hpp"
+#include "families/model_handle.hpp"
+
+namespace troupe::families {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path scratch(const std::string& name) {
+  const auto p = fs::temp_directory_path() / ("troupe-family-test-" + std::to_string(::getpid())) / name;
+  fs::create_directories(p.parent_path());
+  return p;
+}
+
+fixture_dims small_dims(std::string_view family) {
+  fixture_dims d;
+  d.vocab = 300;
+  d.hidden = 64;
+  d.ffn = 96;
+  d.heads = 4;
+  d.kv_heads = 2;
+  d.head_dim = 16;
+  d.layers = family == "gemma3" ? 6 : 2;  // five sliding layers, then a global one
+  return d;
+}
+
+std::shared_ptr<const model_handle> load_fixture(std::string_view family, bool gguf, const fixture_dims& d) {
+  const auto path = scratch(std::string(family) + (gguf ? ".gguf" : "-hf"));
+  auto w = write_fixture(family, d, path, gguf);
+  EXPECT_TRUE(w) << (w ? "" : w.error().message());
+  auto h = model_handle::load(path, registry::builtin());
+  EXPECT_TRUE(h) << (h ? "" : message(h.error()));
+  return h ? *h : nullptr;
+}
+
+std::vector<std::int32_t> prompt(std::int64_t n, std::int64_t vocab) {
+  std::vector<std::int32_t> ids;
+  for (std::int64_t i = 0; i < n; ++i) ids.push_back(static_cast<std::int32_t>((i * 37 + 11) % vocab));
+  return ids;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double scale = 0, diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, static_cast<double>(std::fabs(a[i])));
+    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+class family_test : public ::testing::TestWithParam<std::string_view> {};
+
+TEST_P(family_test, hf_and_gguf_forms_give_the_same_logits) {
+  const auto d = small_dims(GetParam());
+  auto hf = load_fixture(GetParam(), false, d);
+  auto gg = load_fixture(GetParam(), true, d);
+  ASSERT_TRUE(hf && gg);
+  // Every step shape: a 20-token prefill (past Gemma's 16-token window), then two decode steps.
+  app::oracle_runner a(hf, 32), b(gg, 32);
+  const auto ids = prompt(20, d.vocab);
+  auto la = a.feed(ids, true), lb = b.feed(ids, true);
+  ASSERT_TRUE(la && lb) << (la ? "" : la.error()) << (lb ? "" : lb.error());
+  EXPECT_LT(max_rel_diff(*la, *lb), 1e-5);
+  for (std::int32_t t : {5, 250}) {
+    const std::int32_t one[] = {t};
+    auto da = a.feed(one), db = b.feed(one);
+    ASSERT_TRUE(da && db);
+    EXPECT_LT(max_rel_diff(*da, *db), 1e-5);
+  }
+}
+
+TEST_P(family_test, chunked_prefill_equals_token_by_token_decode) {
+  const auto d = small_dims(GetParam());
+  auto h = load_fixture(GetParam(), false, d);
+  ASSERT_TRUE(h);
+  const auto ids = prompt(12, d.vocab);
+  app::oracle_runner whole(h, 16), chunks(h, 16), singles(h, 16);
+  auto w = whole.feed(ids);
+  ASSERT_TRUE(w) << w.error();
+  std::vector<float> c, s;
+  for (std::size_t at = 0; at < ids.size(); at += 5) {
+    auto r = chunks.feed(std::span(ids).subspan(at, std::min<std::size_t>(5, ids.size() - at)));
+    ASSERT_TRUE(r) << r.error();
+    c = *r;
+  }
+  for (auto id : ids) {
+    auto r = singles.feed(std::span(&id, 1));
+    ASSERT_TRUE(r) << r.error();
+    s = *r;
+  }
+  EXPECT_LT(max_rel_diff(*w, c), 1e-5);
+  EXPECT_LT(max_rel_diff(*w, s), 1e-5);
+}
+
+TEST_P(family_test, missing_weight_is_named_before_any_trace) {
+  const auto d = small_dims(GetParam());
+  const auto dir = scratch(std::string(GetParam()) + "-missing");
+  ASSERT_TRUE(write_fixture(GetParam(), d, dir, false));
+  auto store = load::weight_store::open(dir);
+  ASSERT_TRUE(store);
+  // Rewrite the checkpoint without layer 1's down projection.
+  std::vector<load::named_view> keep;
+  for (const auto& n : store->names())
+    if (n != "model.layers.1.mlp.down_proj.weight") keep.push_back({n, *store->find(n)});
+  const auto dir2 = scratch(std::string(GetParam()) + "-missing2");
+  fs::create_directories(dir2);
+  fs::copy_file(dir / "config.json", dir2 / "config.json", fs::copy_options::overwrite_existing);
+  ASSERT_TRUE(load::write_safetensors(dir2 / "model.safetensors", keep));
+  auto h = model_handle::load(dir2, registry::builtin());
+  ASSERT_FALSE(h);
+  const auto* e = std::get_if<weight_error>(&h.error());
+  ASSERT_NE(e, nullptr) << message(h.error());
+  EXPECT_EQ(e->code, weight_error_code::missing);
+  EXPECT_EQ(e->role, (graph::weight_role{"ffn_down", 1}));
+  EXPECT_EQ(e->key, "model.layers.1.mlp.down_proj.weight");
+  EXPECT_NE(e->message().find("[64, 96]"), std::string::npos) << e->message();
+}
+
+TEST_P(family_test, bad_config_field_is_a_typed_error_naming_it) {
+  const auto d = small_dims(GetParam());
+  const auto dir = scratch(std::string(GetParam()) + "-badcfg");
+  ASSERT_TRUE(write_fixture(GetParam(), d, dir, false));
+  nlohmann::json c = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+  c["num_key_value_heads"] = 3;  // 4 heads are not a multiple of 3
+  std::ofstream(dir / "config.json") << c.dump();
+  auto h = model_handle::load(dir, registry::builtin());
+  ASSERT_FALSE(h);
+  const auto* e = std::get_if<config_error>(&h.error());
+  ASSERT_NE(e, nullptr) << message(h.error());
+  EXPECT_EQ(e->field, "num_key_value_heads");
+  c["num_key_value_heads"] = 2;
+  c["hidden_size"] = -4;
+  std::ofstream(dir / "config.json") << c.dump();
+  auto h2 = model_handle::load(dir, registry::builtin());
+  ASSERT_FALSE(h2);
+  EXPECT_EQ(std::get<config_error>(h2.error()).field, "hidden_size");
+}
+
+INSTANTIATE_TEST_SUITE_P(shipped, family_test, ::testing::ValuesIn(fixture_families()),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace troupe::families

@@ -8,6 +8,7 @@
 
 #include "engine/load/raw_config.hpp"
 #include "engine/load/weight_store.hpp"
+#include "families/model_handle.hpp"
 
 namespace troupe::app {
 namespace {
@@ -43,6 +44,10 @@ int run_inspect(const inspect_options& opt) {
   nlohmann::ordered_json out;
   out["path"] = opt.model;
   out["format"] = std::string(load::name(store->format()));
+  if (auto cfg = families::read_config(opt.model)) {
+    auto family = families::registry::builtin().resolve(*cfg);
+    out["family"] = family ? std::string((*family)->family) : families::message(family.error());
+  }
   nlohmann::ordered_json config = nlohmann::ordered_json::object();
   if (auto g = store->gguf()) {
     out["gguf_version"] = g->get().version();
@@ -84,6 +89,7 @@ int run_inspect(const inspect_options& opt) {
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
+  if (out.contains("family")) std::printf("family:  %s\n", out["family"].get<std::string>().c_str());
   std::printf("path:    %s\nformat:  %s\ntensors: %zu (%.2f MiB)\n", opt.model.c_str(), out["format"].get<std::string>().c_str(),
               store->size(), static_cast<double>(store->total_bytes()) / (1 << 20));
   std::printf("dtypes: ");

@@ -1,0 +1,194 @@
+#include "apps/generate.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <random>
+
+#include "apps/oracle_runner.hpp"
+#include "families/fixtures/fixture.hpp"
+#include "families/model_handle.hpp"
+
+namespace troupe::app {
+namespace {
+
+// Host-side sampling for the oracle path: temperature, top-k, top-p with a seeded generator. Greedy
+// at temperature 0. The driver's on-executor sampler replaces this for served models.
+std::int32_t pick(const std::vector<double>& logprobs, const generate_options& o, std::mt19937_64& rng) {
+  if (o.temperature <= 0) return static_cast<std::int32_t>(std::max_element(logprobs.begin(), logprobs.end()) - logprobs.begin());
+  std::vector<std::int32_t> ids(logprobs.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::stable_sort(ids.begin(), ids.end(), [&](auto a, auto b) { return logprobs[a] > logprobs[b]; });
+  if (o.top_k > 0 && static_cast<std::size_t>(o.top_k) < ids.size()) ids.resize(static_cast<std::size_t>(o.top_k));
+  std::vector<double> w;
+  for (auto id : ids) w.push_back(std::exp((logprobs[id] - logprobs[ids[0]]) / o.temperature));
+  const double total = std::accumulate(w.begin(), w.end(), 0.0);
+  double mass = 0;
+  std::size_t keep = 0;
+  while (keep < w.size() && (keep == 0 || mass < o.top_p * total)) mass += w[keep++];
+  w.resize(keep);
+  std::discrete_distribution<std::size_t> d(w.begin(), w.end());
+  return ids[d(rng)];
+}
+
+std::vector<double> log_softmax(const std::vector<float>& logits) {
+  double m = -INFINITY, s = 0;
+  for (float v : logits) m = std::max(m, static_cast<double>(v));
+  for (float v : logits) s += std::exp(v - m);
+  std::vector<double> out(logits.size());
+  for (std::size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - m - std::log(s);
+  return out;
+}
+
+}  // namespace
+
+int run_generate(const generate_options& o) {
+  if (o.backend != "oracle") {
+    std::fprintf(stderr, "troupe generate: backend '%s' is not available in this build (available: oracle)\n", o.backend.c_str());
+    return 2;
+  }
+  if (o.model.empty()) {
+    std::fprintf(stderr, "troupe generate: --model is required (this build ships no embedded default model)\n");
+    return 2;
+  }
+  if (!o.has_prompt_ids) {
+    std::fprintf(stderr, "troupe generate: --prompt needs the model's tokenizer; use --prompt-ids with this build\n");
+    return 2;
+  }
+  auto h = families::model_handle::load(o.model, families::registry::builtin());
+  if (!h) {
+    std::fprintf(stderr, "troupe generate: %s\n", families::message(h.error()).c_str());
+    return 2;
+  }
+  const auto& cfg = (*h)->model().config();
+  for (auto id : o.prompt_ids)
+    if (id < 0 || id >= cfg.vocab) {
+      std::fprintf(stderr, "troupe generate: prompt id %d is outside the vocabulary [0, %lld)\n", id, static_cast<long long>(cfg.vocab));
+      return 2;
+    }
+  if (o.prompt_ids.empty()) {
+    std::fprintf(stderr, "troupe generate: the prompt is empty\n");
+    return 2;
+  }
+  const std::int64_t capacity = static_cast<std::int64_t>(o.prompt_ids.size()) + o.max_tokens;
+  oracle_runner run(*h, capacity);
+  std::mt19937_64 rng(o.seed);
+  std::vector<std::int32_t> out;
+  nlohmann::json logprobs = nlohmann::json::array();
+  auto logits = run.feed(o.prompt_ids);
+  for (std::int64_t i = 0; i < o.max_tokens; ++i) {
+    if (!logits) {
+      std::fprintf(stderr, "troupe generate: %s\n", logits.error().c_str());
+      return 1;
+    }
+    const auto lp = log_softmax(*logits);
+    const auto next = pick(lp, o, rng);
+    out.push_back(next);
+    if (o.logprobs > 0) {
+      std::vector<std::int32_t> ids(lp.size());
+      std::iota(ids.begin(), ids.end(), 0);
+      const auto k = std::min<std::size_t>(static_cast<std::size_t>(o.logprobs), ids.size());
+      std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](auto a, auto b) { return lp[a] > lp[b]; });
+      nlohmann::json top = nlohmann::json::array();
+      for (std::size_t j = 0; j < k; ++j) top.push_back({{"id", ids[j]}, {"logprob", lp[ids[j]]}});
+      logprobs.push_back(top);
+    }
+    if (std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), next) != cfg.eos_ids.end()) break;
+    if (i + 1 < o.max_tokens) logits = run.feed(std::span(&out.back(), 1));
+  }
+  if (o.json) {
+    nlohmann::json j;
+    j["tokens"] = out;
+    j["text"] = nullptr;  // needs the model's tokenizer
+    if (o.logprobs > 0) j["logprobs"] = logprobs;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    for (std::size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+int run_fixture(const fixture_options& o) {
+  families::fixture_dims d;
+  std::int64_t* fields[] = {&d.vocab, &d.hidden, &d.ffn, &d.layers, &d.heads, &d.kv_heads, &d.head_dim};
+  if (o.dims.size() > std::size(fields)) {
+    std::fprintf(stderr, "troupe fixture: --dims takes at most 7 values (vocab, hidden, ffn, layers, heads, kv_heads, head_dim)\n");
+    return 2;
+  }
+  for (std::size_t i = 0; i < o.dims.size(); ++i) *fields[i] = o.dims[i];
+  auto r = families::write_fixture(o.family, d, o.out, o.gguf);
+  if (!r) {
+    std::fprintf(stderr, "troupe %s\n", r.error().message().c_str());
+    return 2;
+  }
+  std::printf("%s\n", o.out.c_str());
+  return 0;
+}
+
+int run_feature_matrix() {
+  namespace fs = std::filesystem;
+  const auto dir = fs::temp_directory_path() / ("troupe-feature-matrix-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto reg = families::registry::builtin();
+  std::printf("# Feature matrix\n\n");
+  std::printf("Generated by `troupe feature-matrix` from the registry: each shipped family's fixture is written in\n"
+              "both checkpoint forms, loaded, and each program is traced (a 4-token step over a contiguous and a\n"
+              "paged cache, and an encode pass). A cell says what traced; the oracle evaluates every traced graph.\n"
+              "Executors (CPU, CUDA) get their columns when they exist.\n\n");
+  std::printf("| family | HF model_type | GGUF architecture | form | step (contiguous) | step (paged) | encode | oracle |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  int failures = 0;
+  for (const auto& e : reg.entries()) {
+    std::string hf_keys, gguf_keys;
+    for (const auto& k : e.keys) (k.source == load::config_source::gguf ? gguf_keys : hf_keys) += std::string(k.key) + " ";
+    for (bool gguf : {false, true}) {
+      const auto path = dir / (std::string(e.family) + (gguf ? ".gguf" : "-hf"));
+      families::fixture_dims d;
+      d.vocab = 300;
+      d.hidden = 64;
+      d.ffn = 96;
+      d.head_dim = 16;
+      auto cell = [&](families::program p, families::step_shape s) {
+        auto h = families::model_handle::load(path, reg);
+        if (!h) return std::string("no: ") + families::message(h.error());
+        families::step_spec spec;
+        spec.program = p;
+        spec.shape = s;
+        auto g = (*h)->model().trace(spec);
+        return g ? "yes (" + std::to_string(g->equations().size()) + " eqns)" : "no: " + g.error().message();
+      };
+      std::string form = gguf ? "GGUF" : "safetensors";
+      if (!write_fixture(e.family, d, path, gguf)) {
+        std::printf("| %s | %s | %s | %s | no fixture | | | |\n", std::string(e.family).c_str(), hf_keys.c_str(), gguf_keys.c_str(), form.c_str());
+        ++failures;
+        continue;
+      }
+      // A GGUF fixture of a family that has no GGUF key resolves to the family that holds its architecture.
+      auto h = families::model_handle::load(path, reg);
+      const std::string resolved = h ? std::string((*h)->family().family) : "-";
+      if (resolved != e.family) form += " (as " + resolved + ")";
+      const auto contiguous = cell(families::program::step, families::step_shape(1, 4, 8));
+      const auto paged = cell(families::program::step, families::step_shape(2, 4, 8).with_kv(families::kv_layout::paged(4, 4)));
+      const auto encode = cell(families::program::encode, families::step_shape(1, 4, 4));
+      std::string oracle = "-";
+      if (h) {
+        oracle_runner run(*h, 8);
+        const std::int32_t ids[] = {5, 6, 7, 8};
+        auto l = run.feed(ids);
+        oracle = l ? "yes" : "no: " + l.error();
+      }
+      for (const std::string* c : std::initializer_list<const std::string*>{&contiguous, &paged, &encode, &oracle}) failures += c->rfind("yes", 0) != 0;
+      std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", std::string(e.family).c_str(), hf_keys.c_str(), gguf_keys.c_str(),
+                  form.c_str(), contiguous.c_str(), paged.c_str(), encode.c_str(), oracle.c_str());
+    }
+  }
+  fs::remove_all(dir);
+  return failures ? 1 : 0;
+}
+
+}  // namespace troupe::app

@@ -1,0 +1,37 @@
+#pragma once
+// `troupe generate`, `troupe fixture` and `troupe feature-matrix`: the model layer from the command line.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace troupe::app {
+
+struct generate_options {
+  std::string model;
+  std::string prompt;
+  std::vector<std::int32_t> prompt_ids;
+  bool has_prompt_ids = false;
+  std::int64_t max_tokens = 16;
+  double temperature = 0.0;
+  std::int64_t top_k = 0;
+  double top_p = 1.0;
+  std::uint64_t seed = 0;
+  std::int64_t logprobs = 0;
+  std::string backend = "oracle";
+  std::int64_t threads = 0;
+  bool json = false;
+};
+int run_generate(const generate_options& opt);
+
+struct fixture_options {
+  std::string family;
+  std::string out;
+  bool gguf = false;
+  std::vector<std::int64_t> dims;  // vocab, hidden, ffn, layers, heads, kv_heads, head_dim (any prefix)
+};
+int run_fixture(const fixture_options& opt);
+
+// Prints docs/feature-matrix.md: each shipped family's fixture traced in every program and form.
+int run_feature_matrix();
+
+}  // namespace troupe::app

@@ -453,37 +453,50 @@ class interpreter {
   result<tensor, eval_error> attention(const graph::equation& e, const graph::tensor_type& ot) {
     const auto& qs = type_of(e.inputs[0]).dims;
     const auto& ks = type_of(e.inputs[1]).dims;
-    const std::int64_t B = qs[0], Hq = qs[1], Tq = qs[2], D = qs[3], Hkv = ks[1], Tk = ks[2], Dv = ot.dims[3];
-    const auto q = doubles(e.inputs[0]), k = doubles(e.inputs[1]), v = doubles(e.inputs[2]), allow = doubles(e.inputs[3]);
-    std::vector<double> out(ot.dims.numel(), 0.0), score(static_cast<std::size_t>(Tk));
+    const auto& ms = type_of(e.inputs[4]).dims;
+    const std::int64_t Hq = qs[1], D = qs[2], S = ks[0], Hkv = ks[1], R = ms[0], T = ms[1], C = ms[2], Dv = ot.dims[2];
+    const auto q = doubles(e.inputs[0]), k = doubles(e.inputs[1]), v = doubles(e.inputs[2]);
+    const auto index = doubles(e.inputs[3]), allow = doubles(e.inputs[4]);
+    std::vector<double> out(ot.dims.numel(), 0.0), score(static_cast<std::size_t>(C));
     const std::int64_t group = Hq / Hkv;
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t h = 0; h < Hq; ++h) {
-        const std::int64_t kh = h / group;
-        for (std::int64_t i = 0; i < Tq; ++i) {
-          const double* qv = q.data() + ((b * Hq + h) * Tq + i) * D;
+    for (std::int64_t r = 0; r < R; ++r)
+      for (std::int64_t c = 0; c < C; ++c) {
+        bool used = false;
+        for (std::int64_t t = 0; t < T; ++t) used = used || allow[(r * T + t) * C + c] != 0;
+        const double row = index[r * C + c];
+        if (used && (row < 0 || row >= static_cast<double>(S)))
+          return fail(eval_error_code::index_out_of_range, "kv row " + std::to_string(static_cast<std::int64_t>(row)) + " outside [0, " + std::to_string(S) + ")");
+      }
+    for (std::int64_t r = 0; r < R; ++r)
+      for (std::int64_t t = 0; t < T; ++t) {
+        const std::int64_t n = r * T + t;
+        const double* a = allow.data() + n * C;
+        for (std::int64_t h = 0; h < Hq; ++h) {
+          const std::int64_t kh = h / group;
+          const double* qv = q.data() + (n * Hq + h) * D;
           double m = -INFINITY;
           bool any = false;
-          for (std::int64_t j = 0; j < Tk; ++j) {
-            if (allow[(b * Tq + i) * Tk + j] == 0) continue;
-            const double* kv = k.data() + ((b * Hkv + kh) * Tk + j) * D;
+          for (std::int64_t c = 0; c < C; ++c) {
+            if (a[c] == 0) continue;
+            const auto row = static_cast<std::int64_t>(index[r * C + c]);
+            const double* kv = k.data() + (row * Hkv + kh) * D;
             double s = 0;
             for (std::int64_t d = 0; d < D; ++d) s += qv[d] * kv[d];
             s *= e.attrs.scale;
             if (e.attrs.softcap > 0) s = e.attrs.softcap * std::tanh(s / e.attrs.softcap);
-            score[j] = s;
+            score[c] = s;
             m = std::max(m, s);
             any = true;
           }
           if (!any) continue;
           double sum = 0;
-          for (std::int64_t j = 0; j < Tk; ++j)
-            if (allow[(b * Tq + i) * Tk + j] != 0) sum += std::exp(score[j] - m);
-          double* o = out.data() + ((b * Hq + h) * Tq + i) * Dv;
-          for (std::int64_t j = 0; j < Tk; ++j) {
-            if (allow[(b * Tq + i) * Tk + j] == 0) continue;
-            const double p = std::exp(score[j] - m) / sum;
-            const double* vv = v.data() + ((b * Hkv + kh) * Tk + j) * Dv;
+          for (std::int64_t c = 0; c < C; ++c)
+            if (a[c] != 0) sum += std::exp(score[c] - m);
+          double* o = out.data() + (n * Hq + h) * Dv;
+          for (std::int64_t c = 0; c < C; ++c) {
+            if (a[c] == 0) continue;
+            const double p = std::exp(score[c] - m) / sum;
+            const double* vv = v.data() + (static_cast<std::int64_t>(index[r * C + c]) * Hkv + kh) * Dv;
             for (std::int64_t d = 0; d < Dv; ++d) o[d] += p * vv[d];
           }
         }

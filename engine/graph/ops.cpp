@@ -230,14 +230,16 @@ infer_result infer_checked(op o, std::span<const tensor_type> in, const op_attrs
       return in[0];
     }
     case op::attention: {
-      const auto &q = in[0].dims, &k = in[1].dims, &v = in[2].dims, &m = in[3].dims;
+      const auto &q = in[0].dims, &k = in[1].dims, &v = in[2].dims, &ix = in[3].dims, &m = in[4].dims;
       if (!is_float(in[0].type) || in[1].type != in[0].type || in[2].type != in[0].type) return refuse("q, k, v must share a float dtype");
-      if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) return refuse("q, k, v must be [B, H, T, D]");
-      if (k[0] != q[0] || v[0] != q[0] || k[3] != q[3] || v[1] != k[1] || v[2] != k[2]) return refuse("q, k, v disagree");
+      if (q.rank() != 3 || k.rank() != 3 || v.rank() != 3) return refuse("q must be [N, Hq, D], k and v [S, Hkv, D]");
+      if (k[2] != q[2] || v[0] != k[0] || v[1] != k[1]) return refuse("q, k, v disagree");
       if (k[1] == 0 || q[1] % k[1] != 0) return refuse("query heads must be a multiple of kv heads");
-      if (in[3].type != dtype::boolean || m != troupe::shape{q[0], q[2], k[2]}) return refuse("allow must be boolean [B, Tq, Tk]");
+      if (!is_index(in[3].type) || ix.rank() != 2) return refuse("index must be i32 or i64 [R, C]");
+      if (in[4].type != dtype::boolean || m.rank() != 3 || m[0] != ix[0] || m[2] != ix[1]) return refuse("allow must be boolean [R, T, C]");
+      if (m[0] * m[1] != q[0]) return refuse("q must hold R x T tokens");
       if (a.softcap < 0) return refuse("softcap must be non-negative");
-      return tensor_type{in[0].type, troupe::shape{q[0], q[1], q[2], v[3]}};
+      return tensor_type{in[0].type, troupe::shape{q[0], q[1], v[2]}};
     }
   }
   return refuse("unknown op");
@@ -259,7 +261,7 @@ int arity(op o) {
     case op::where: case op::scatter_rows: case op::layer_norm: case op::rope:
       return 3;
     case op::attention:
-      return 4;
+      return 5;
     case op::concat:
       return -1;
     default:

@@ -56,10 +56,12 @@ enum class op : std::uint8_t {
   // angle pos * inv_freq (cos and sin scaled by attrs.scale); attrs.neox pairs (i, i + R/2), otherwise
   // adjacent pairs (2i, 2i + 1). The remaining D - R dims pass through.
   rope,
-  // attention(q [B, Hq, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv], allow boolean [B, Tq, Tk])
-  // -> [B, Hq, Tq, Dv]. Query head h reads kv head h / (Hq / Hkv). Scores are q.k * attrs.scale, then
-  // softcap * tanh(s / softcap) when attrs.softcap > 0; keys with allow false are excluded; a query
-  // with no allowed key yields zeros.
+  // attention(q [N, Hq, D], k [S, Hkv, D], v [S, Hkv, Dv], index integer [R, C], allow boolean [R, T, C])
+  // -> [N, Hq, Dv] with N = R x T: attention over a KV map. Query n = r T + t (head h) reads the keys
+  // and values at rows index[r, c] of k and v for every c with allow[r, t, c], through kv head
+  // h / (Hq / Hkv). Scores are q.k * attrs.scale, then softcap * tanh(s / softcap) when attrs.softcap
+  // > 0; a query with no allowed key yields zeros. An index outside [0, S) where allowed is an error
+  // of the step; where not allowed it is never read.
   attention,
 };
 

@@ -15,6 +15,14 @@ value_id decoder_trace::projection(value_id x, const std::string& role, std::int
   return y;
 }
 
+value_id decoder_trace::encode_index() {
+  if (encode_index_.valid()) return encode_index_;
+  const std::int64_t rows = ctx_.shape().rows(), T = ctx_.shape().tokens();
+  tensor ix(dtype::i32, {rows, T});
+  for (std::int64_t i = 0; i < rows * T; ++i) ix.as<std::int32_t>()[i] = static_cast<std::int32_t>(i);
+  return encode_index_ = ctx_.b.literal(std::move(ix), "encode_index");
+}
+
 value_id decoder_trace::read_index() {
   if (read_index_.valid()) return read_index_;
   auto& b = ctx_.b;
@@ -98,31 +106,22 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
   b.label(q, "q");
   b.label(k, "k");
 
-  value_id keys, values;
-  std::int64_t Tk;
+  value_id keys, values, index;
   if (ctx_.stateful()) {
-    const std::int64_t S = s.kv_slots(), C = s.capacity();
+    const std::int64_t S = s.kv_slots();
     const std::string kname = "kv.k." + std::to_string(layer), vname = "kv.v." + std::to_string(layer);
-    const auto kc = b.scatter_rows(b.state_input(kname, {dtype::f32, {S, p.kv_heads, D}}), ctx_.write_map(), k);
-    const auto vc = b.scatter_rows(b.state_input(vname, {dtype::f32, {S, p.kv_heads, D}}), ctx_.write_map(), v);
-    b.state_output(kname, kc);
-    b.state_output(vname, vc);
-    auto read = [&](value_id cache) {
-      const auto rows_of = b.gather_rows(b.reshape(cache, {S, p.kv_heads * D}), read_index());
-      return b.transpose(b.reshape(rows_of, {rows, C, p.kv_heads, D}), {0, 2, 1, 3});
-    };
-    keys = read(kc);
-    values = read(vc);
-    Tk = C;
+    keys = b.scatter_rows(b.state_input(kname, {dtype::f32, {S, p.kv_heads, D}}), ctx_.write_map(), k);
+    values = b.scatter_rows(b.state_input(vname, {dtype::f32, {S, p.kv_heads, D}}), ctx_.write_map(), v);
+    b.state_output(kname, keys);
+    b.state_output(vname, values);
+    index = read_index();
   } else {
-    keys = b.transpose(b.reshape(k, {rows, T, p.kv_heads, D}), {0, 2, 1, 3});
-    values = b.transpose(b.reshape(v, {rows, T, p.kv_heads, D}), {0, 2, 1, 3});
-    Tk = T;
+    keys = k;  // encode: each row attends to its own tokens
+    values = v;
+    index = encode_index();
   }
-  (void)Tk;
-  const auto queries = b.transpose(b.reshape(q, {rows, T, p.heads, D}), {0, 2, 1, 3});
-  auto att = b.attention(queries, keys, values, allow_mask(p.sliding_window), p.scale, p.softcap);
-  att = b.reshape(b.transpose(att, {0, 2, 1, 3}), {N, p.heads * D});
+  auto att = b.attention(q, keys, values, index, allow_mask(p.sliding_window), p.scale, p.softcap);
+  att = b.reshape(att, {N, p.heads * D});
   const auto out = projection(att, "attn_output", layer);
   b.label(out, "attn_out");
   return out;

@@ -68,11 +68,13 @@ class decoder_trace {
   graph::value_id allow_mask(std::int64_t window);
   graph::value_id rope_freqs(const rope_config& r);
   graph::value_id read_index();
+  graph::value_id encode_index();
 
   trace_context& ctx_;
   std::map<std::int64_t, graph::value_id> masks_;
   std::map<std::pair<double, std::int64_t>, std::pair<graph::value_id, double>> ropes_;
   graph::value_id read_index_;
+  graph::value_id encode_index_;
 };
 
 }  // namespace troupe::families

@@ -31,6 +31,7 @@ struct parity_case {
 };
 
 std::string case_name(const parity_case& c) { return std::string(c.family) + "_hd" + std::to_string(c.head_dim); }
+void PrintTo(const parity_case& c, std::ostream* os) { *os << case_name(c); }
 
 fixture_dims dims_for(const parity_case& c) {
   fixture_dims d;

@@ -225,13 +225,13 @@ TEST(oracle, rope_neox_interleaved_and_partial) {
 }
 
 TEST(oracle, attention_gqa_mask_and_softcap) {
-  // Hq = 2 query heads share Hkv = 1; q = 1 and 2, keys 0 and 1, values 10 and 20.
-  auto inputs = [](std::vector<double> allow) {
-    return std::vector<tensor>{f32({1, 2, 1, 1}, {1, 2}), f32({1, 1, 2, 1}, {0, 1}), f32({1, 1, 2, 1}, {10, 20}),
-                               make(dtype::boolean, {1, 1, 2}, std::move(allow))};
+  // Hq = 2 query heads share Hkv = 1; q = 1 and 2, keys 0 and 1, values 10 and 20, read in order.
+  auto inputs = [](std::vector<double> allow, std::vector<double> index = {0, 1}) {
+    return std::vector<tensor>{f32({1, 2, 1}, {1, 2}), f32({2, 1, 1}, {0, 1}), f32({2, 1, 1}, {10, 20}),
+                               i32({1, 2}, std::move(index)), make(dtype::boolean, {1, 1, 2}, std::move(allow))};
   };
   auto attend = [](double softcap) {
-    return [softcap](builder& b, std::vector<value_id>& v) { return b.attention(v[0], v[1], v[2], v[3], 1.0, softcap); };
+    return [softcap](builder& b, std::vector<value_id>& v) { return b.attention(v[0], v[1], v[2], v[3], v[4], 1.0, softcap); };
   };
   one_op all{inputs({1, 1})};
   // head 0: softmax([0, 1]) = [0.2689414, 0.7310586] -> 17.310586; head 1: softmax([0, 2]) -> 18.807971
@@ -242,6 +242,29 @@ TEST(oracle, attention_gqa_mask_and_softcap) {
   expect_near(first.run(attend(0)), {10, 10});
   one_op none{inputs({0, 0})};
   expect_near(none.run(attend(0)), {0, 0});
+  // The index decides which rows are read: reversed, key 0 is row 1 (score 1, value 20).
+  one_op reversed{inputs({1, 0}, {1, 0})};
+  expect_near(reversed.run(attend(0)), {20, 20});
+  // An index outside the rows is never read where the mask excludes it...
+  one_op masked{inputs({1, 0}, {0, 99})};
+  expect_near(masked.run(attend(0)), {10, 10});
+}
+
+TEST(oracle, attention_refuses_an_allowed_index_outside_the_rows) {
+  builder b;
+  const auto q = b.slot(slot_kind::request_input, {dtype::f32, {1, 1, 1}}, "q");
+  const auto k = b.slot(slot_kind::request_input, {dtype::f32, {2, 1, 1}}, "k");
+  const auto ix = b.slot(slot_kind::kv_read_map, {dtype::i32, {1, 2}});
+  const auto allow = b.slot(slot_kind::token_mask, {dtype::boolean, {1, 1, 2}});
+  b.output("o", b.attention(q, k, k, ix, allow, 1.0));
+  auto g = std::move(b).finish();
+  ASSERT_TRUE(g) << g.error().message();
+  tensor qv = f32({1, 1, 1}, {1}), kv = f32({2, 1, 1}, {1, 2}), iv = i32({1, 2}, {0, 2}), av = make(dtype::boolean, {1, 1, 2}, {1, 1});
+  eval_inputs in;
+  in.slots = {{"q", qv.view()}, {"k", kv.view()}, {"kv_read_map", iv.view()}, {"token_mask", av.view()}};
+  auto ev = evaluate(*g, in);
+  ASSERT_FALSE(ev);
+  EXPECT_EQ(ev.error().code, eval_error_code::index_out_of_range);
 }
 
 TEST(oracle, binds_states_and_refuses_bad_inputs) {

@@ -86,9 +86,11 @@ TEST(infer, linear_accepts_packed_weights) {
   EXPECT_TRUE(refused(op::rms_norm, {f32({5, 3}), f32({5})}));
   EXPECT_EQ(ok(op::rope, {f32({5, 2, 8}), t(dtype::i32, {5}), f32({3})}), f32({5, 2, 8}));
   EXPECT_TRUE(refused(op::rope, {f32({5, 2, 8}), t(dtype::i32, {5}), f32({5})}));
-  EXPECT_EQ(ok(op::attention, {f32({1, 4, 3, 8}), f32({1, 2, 7, 8}), f32({1, 2, 7, 6}), t(dtype::boolean, {1, 3, 7})}),
-            f32({1, 4, 3, 6}));
-  EXPECT_TRUE(refused(op::attention, {f32({1, 3, 3, 8}), f32({1, 2, 7, 8}), f32({1, 2, 7, 8}), t(dtype::boolean, {1, 3, 7})}));
+  const auto ix = t(dtype::i32, {2, 5});
+  EXPECT_EQ(ok(op::attention, {f32({6, 4, 8}), f32({10, 2, 8}), f32({10, 2, 6}), ix, t(dtype::boolean, {2, 3, 5})}), f32({6, 4, 6}));
+  EXPECT_TRUE(refused(op::attention, {f32({6, 3, 8}), f32({10, 2, 8}), f32({10, 2, 8}), ix, t(dtype::boolean, {2, 3, 5})}));
+  EXPECT_TRUE(refused(op::attention, {f32({5, 4, 8}), f32({10, 2, 8}), f32({10, 2, 8}), ix, t(dtype::boolean, {2, 3, 5})}));
+  EXPECT_TRUE(refused(op::attention, {f32({6, 4, 8}), f32({10, 2, 8}), f32({10, 2, 8}), f32({2, 5}), t(dtype::boolean, {2, 3, 5})}));
   EXPECT_TRUE(refused(op::add, {f32({1})}));  // arity
 }
 

@@ -30,7 +30,7 @@ bench: build
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	cmake --preset fuzz >/dev/null
-	cmake --build --preset fuzz -j $(JOBS)
+	cmake --build --preset fuzz -j $(JOBS) --target troupe_fuzzers
 	scripts/fuzz build/fuzz $(FUZZ_SECONDS)
 
 clean:

@@ -382,8 +382,11 @@ class interpreter {
       if (is_quantized(tv.type())) {
         (void)dequantize_row(tv.type(), tv.data() + r * tv.row_bytes(), row.data(), C);
         std::memcpy(out.data() + i * C * sizeof(float), row.data(), C * sizeof(float));
-      } else {
+      } else if (tv.type() == ot.type) {
         std::memcpy(out.data() + i * tv.row_bytes(), tv.data() + r * tv.row_bytes(), tv.row_bytes());
+      } else {
+        for (std::int64_t c = 0; c < C; ++c)
+          store_element(ot.type, out.data(), static_cast<std::int64_t>(i) * C + c, load_element(tv.type(), tv.data(), r * C + c));
       }
     }
     return out;

@@ -204,7 +204,7 @@ infer_result infer_checked(op o, std::span<const tensor_type> in, const op_attrs
       if (ids.rank() + 1 > troupe::shape::max_rank) return refuse("ids rank too high");
       std::vector<std::int64_t> d(ids.dims().begin(), ids.dims().end());
       d.push_back(t[1]);
-      return tensor_type{is_quantized(in[0].type) ? dtype::f32 : in[0].type, troupe::shape(std::span<const std::int64_t>(d))};
+      return tensor_type{is_integer(in[0].type) ? in[0].type : dtype::f32, troupe::shape(std::span<const std::int64_t>(d))};
     }
     case op::scatter_rows: {
       const auto &d = in[0].dims, &ids = in[1].dims, &s = in[2].dims;

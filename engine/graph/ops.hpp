@@ -42,8 +42,9 @@ enum class op : std::uint8_t {
   matmul,
   // linear(x [..., K], w [N, K] in any stored format incl. GGUF blocks) -> [..., N] in x's dtype: x W^T.
   linear,
-  // gather_rows(table [R, C] in any stored format, ids integer [...]) -> [..., C] (f32 for block tables,
-  // else the table's dtype). An id outside [0, R) is an error of the step, never a read out of bounds.
+  // gather_rows(table [R, C] in any stored format, ids integer [...]) -> [..., C], f32 for every float or
+  // block table (an embedding lookup starts the f32 residual stream), the table's dtype for an integer
+  // table. An id outside [0, R) is an error of the step, never a read out of bounds.
   gather_rows,
   // scatter_rows(dst [R, ...], ids integer [N], src [N, ...]) -> dst with row ids[i] replaced by src[i];
   // a negative id skips its row (padding). Ids must be distinct.

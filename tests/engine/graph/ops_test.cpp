@@ -78,7 +78,8 @@ TEST(infer, linear_accepts_packed_weights) {
   EXPECT_TRUE(refused(op::linear, {f32({7, 64}), t(dtype::q4_k, {3, 64})}));  // not whole blocks
   EXPECT_TRUE(refused(op::linear, {f32({7, 64}), t(dtype::i32, {3, 64})}));
   EXPECT_EQ(ok(op::gather_rows, {t(dtype::q8_0, {10, 32}), t(dtype::i32, {2, 3})}), f32({2, 3, 32}));
-  EXPECT_EQ(ok(op::gather_rows, {t(dtype::bf16, {10, 3}), t(dtype::i64, {1})}), t(dtype::bf16, {1, 3}));
+  EXPECT_EQ(ok(op::gather_rows, {t(dtype::bf16, {10, 3}), t(dtype::i64, {1})}), f32({1, 3}));
+  EXPECT_EQ(ok(op::gather_rows, {t(dtype::i32, {10, 3}), t(dtype::i64, {1})}), t(dtype::i32, {1, 3}));
   EXPECT_TRUE(refused(op::gather_rows, {f32({10, 3}), f32({1})}));
   EXPECT_EQ(ok(op::scatter_rows, {f32({8, 2, 4}), t(dtype::i32, {3}), f32({3, 2, 4})}), f32({8, 2, 4}));
   EXPECT_TRUE(refused(op::scatter_rows, {f32({8, 2, 4}), t(dtype::i32, {3}), f32({3, 2, 5})}));

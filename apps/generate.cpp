@@ -6,10 +6,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 
+#include "apps/exec_runner.hpp"
 #include "apps/oracle_runner.hpp"
+#include "engine/exec/cpu/cpu_executor.hpp"
 #include "families/fixtures/fixture.hpp"
 #include "families/model_handle.hpp"
 
@@ -47,8 +51,8 @@ std::vector<double> log_softmax(const std::vector<float>& logits) {
 }  // namespace
 
 int run_generate(const generate_options& o) {
-  if (o.backend != "oracle") {
-    std::fprintf(stderr, "troupe generate: backend '%s' is not available in this build (available: oracle)\n", o.backend.c_str());
+  if (o.backend != "oracle" && o.backend != "cpu") {
+    std::fprintf(stderr, "troupe generate: backend '%s' is not available in this build (available: cpu, oracle)\n", o.backend.c_str());
     return 2;
   }
   if (o.model.empty()) {
@@ -75,11 +79,26 @@ int run_generate(const generate_options& o) {
     return 2;
   }
   const std::int64_t capacity = static_cast<std::int64_t>(o.prompt_ids.size()) + o.max_tokens;
-  oracle_runner run(*h, capacity);
+  // One feed function over either path: the CPU executor, or the oracle that defines it.
+  std::unique_ptr<exec::cpu::cpu_executor> cpu;
+  std::optional<exec_runner> exec_run;
+  std::optional<oracle_runner> oracle_run;
+  if (o.backend == "cpu") {
+    cpu = std::make_unique<exec::cpu::cpu_executor>(exec::cpu::cpu_options{static_cast<int>(o.threads), std::nullopt});
+    auto r = exec_runner::create(*h, *cpu, capacity);
+    if (!r) {
+      std::fprintf(stderr, "troupe generate: %s\n", r.error().c_str());
+      return 1;
+    }
+    exec_run.emplace(std::move(*r));
+  } else {
+    oracle_run.emplace(*h, capacity);
+  }
+  auto feed = [&](std::span<const std::int32_t> ids) { return exec_run ? exec_run->feed(ids) : oracle_run->feed(ids); };
   std::mt19937_64 rng(o.seed);
   std::vector<std::int32_t> out;
   nlohmann::json logprobs = nlohmann::json::array();
-  auto logits = run.feed(o.prompt_ids);
+  auto logits = feed(o.prompt_ids);
   for (std::int64_t i = 0; i < o.max_tokens; ++i) {
     if (!logits) {
       std::fprintf(stderr, "troupe generate: %s\n", logits.error().c_str());
@@ -98,7 +117,7 @@ int run_generate(const generate_options& o) {
       logprobs.push_back(top);
     }
     if (std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), next) != cfg.eos_ids.end()) break;
-    if (i + 1 < o.max_tokens) logits = run.feed(std::span(&out.back(), 1));
+    if (i + 1 < o.max_tokens) logits = feed(std::span(&out.back(), 1));
   }
   if (o.json) {
     nlohmann::json j;
@@ -121,6 +140,13 @@ int run_fixture(const fixture_options& o) {
     return 2;
   }
   for (std::size_t i = 0; i < o.dims.size(); ++i) *fields[i] = o.dims[i];
+  const auto type = dtype_from_name(o.type);
+  if (!type) {
+    std::fprintf(stderr, "troupe fixture: unknown --type '%s'\n", o.type.c_str());
+    return 2;
+  }
+  d.matrix_type = *type;
+  d.tied = o.tied;
   auto r = families::write_fixture(o.family, d, o.out, o.gguf);
   if (!r) {
     std::fprintf(stderr, "troupe %s\n", r.error().message().c_str());

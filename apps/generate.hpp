@@ -17,7 +17,7 @@ struct generate_options {
   double top_p = 1.0;
   std::uint64_t seed = 0;
   std::int64_t logprobs = 0;
-  std::string backend = "oracle";
+  std::string backend = "cpu";
   std::int64_t threads = 0;
   bool json = false;
 };
@@ -28,6 +28,8 @@ struct fixture_options {
   std::string out;
   bool gguf = false;
   std::vector<std::int64_t> dims;  // vocab, hidden, ffn, layers, heads, kv_heads, head_dim (any prefix)
+  std::string type = "f32";        // how matrices are stored
+  bool tied = false;
 };
 int run_fixture(const fixture_options& opt);
 

@@ -3,8 +3,11 @@
 
 #include <cstdio>
 
+#include "apps/chat_template_cmd.hpp"
+#include "apps/bench.hpp"
 #include "apps/generate.hpp"
 #include "apps/inspect.hpp"
+#include "apps/tokenize.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"troupe: an LLM inference cluster"};
@@ -18,6 +21,22 @@ int main(int argc, char** argv) {
   ins->add_option("--model", inspect.model, "a GGUF file, a .safetensors file or a Hugging Face directory")->required();
   ins->add_flag("--json", inspect.json, "one JSON object");
   ins->callback([&] { rc = troupe::app::run_inspect(inspect); });
+
+  troupe::app::tokenize_options tokenize;
+  auto* tk = app.add_subcommand("tokenize", "print the token ids of a text, as a JSON array");
+  tk->add_option("--tokenizer", tokenize.tokenizer, "a tokenizer.json, a model directory or a GGUF file")->required();
+  tk->add_flag("--no-special", tokenize.no_special, "add no bos/eos (Hugging Face's add_special_tokens=False)");
+  auto* tk_text = tk->add_option("text", tokenize.text, "the text to encode");
+  auto* tk_jsonl = tk->add_option("--jsonl", tokenize.jsonl, "a file of JSON strings, one per line; prints one array per line");
+  tk_text->excludes(tk_jsonl);
+  tk->callback([&] {
+    if (tk_text->empty() && tk_jsonl->empty()) {
+      std::fputs("troupe tokenize: give TEXT or --jsonl FILE\n", stderr);
+      rc = 2;
+      return;
+    }
+    rc = troupe::app::run_tokenize(tokenize);
+  });
 
   troupe::app::selfcheck_options check;
   auto* sc = app.add_subcommand("selfcheck", "write, load, trace and evaluate a generated checkpoint in every storage form");
@@ -69,12 +88,36 @@ int main(int argc, char** argv) {
   fx->add_option("--family", fix.family)->required();
   fx->add_option("--out", fix.out, "a directory (Hugging Face form) or, with --gguf, a file")->required();
   fx->add_flag("--gguf", fix.gguf, "write the GGUF form");
+  fx->add_option("--type", fix.type, "matrix storage: f32, f16, bf16, or (GGUF) q8_0, q4_0, q4_k, q6_k, ...");
+  fx->add_flag("--tied", fix.tied, "no separate output head (logits reuse the embedding)");
   fx->add_option("--dims", fix.dims, "vocab hidden ffn layers heads kv_heads head_dim (any prefix)")->delimiter(',');
   fx->callback([&] { rc = troupe::app::run_fixture(fix); });
+
+  troupe::app::bench_options bench;
+  auto* bn = app.add_subcommand("bench", "prefill and decode tokens per second on the CPU executor");
+  bn->add_option("--model", bench.model)->required();
+  bn->add_option("--prompt-len", bench.prompt_len)->check(CLI::Range(1, 1 << 20));
+  bn->add_option("--gen", bench.gen)->check(CLI::Range(1, 1 << 20));
+  bn->add_option("--batch", bench.batch)->check(CLI::Range(1, 4096));
+  bn->add_option("--threads", bench.threads)->check(CLI::Range(0, 4096));
+  bn->add_option("--runs", bench.runs, "measured runs (after one warm-up); medians are printed")->check(CLI::Range(1, 1000));
+  bn->add_flag("--json", bench.json);
+  bn->callback([&] { rc = troupe::app::run_bench(bench); });
 
   app.add_subcommand("feature-matrix", "print the feature matrix (docs/feature-matrix.md)")->callback([&] {
     rc = troupe::app::run_feature_matrix();
   });
+
+  troupe::app::chat_template_options chat;
+  auto* ct = app.add_subcommand("chat-template", "render a conversation with a model's chat template");
+  ct->add_option("--model", chat.model, "a model directory, a tokenizer_config.json or a GGUF file")->required();
+  ct->add_option("--messages", chat.messages, "a JSON file with the messages array ('-' for stdin)")->required();
+  ct->add_flag("--add-generation-prompt", chat.add_generation_prompt, "end with the assistant turn's opening");
+  ct->add_option("--tools", chat.tools, "a JSON file with the tools array");
+  ct->add_option("--kwargs", chat.kwargs, "a JSON object of extra template variables, e.g. {\"enable_thinking\": false}");
+  ct->add_option("--template", chat.template_name, "which of several named templates (default, tool_use, ...)");
+  ct->add_option("--date", chat.date, "the date strftime_now prints, YYYY-MM-DD[THH:MM] (UTC now otherwise)");
+  ct->callback([&] { rc = troupe::app::run_chat_template(chat); });
 
   CLI11_PARSE(app, argc, argv);
   return rc;

@@ -1,0 +1,129 @@
+#include "apps/bench.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "apps/exec_runner.hpp"
+#include "engine/exec/cpu/cpu_executor.hpp"
+#include "engine/exec/cpu/thread_pool.hpp"
+
+namespace troupe::app {
+
+double measure_read_bandwidth(std::size_t bytes, int threads) {
+  exec::cpu::thread_pool pool(threads);
+  const std::size_t n = bytes / sizeof(std::uint64_t);
+  std::vector<std::uint64_t> buf(n);
+  for (std::size_t i = 0; i < n; ++i) buf[i] = i;
+  const std::int64_t tasks = 64;
+  std::vector<std::uint64_t> sums(static_cast<std::size_t>(pool.size()) * 8, 0);  // one cache line per thread
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(tasks, [&](std::int64_t t, int th) {
+      const std::size_t lo = n * static_cast<std::size_t>(t) / tasks, hi = n * static_cast<std::size_t>(t + 1) / tasks;
+      std::uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (std::size_t i = lo; i + 4 <= hi; i += 4) {
+        s0 += buf[i];
+        s1 += buf[i + 1];
+        s2 += buf[i + 2];
+        s3 += buf[i + 3];
+      }
+      sums[static_cast<std::size_t>(th) * 8] += s0 + s1 + s2 + s3;
+    });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(n * sizeof(std::uint64_t)) / s);
+  }
+  std::uint64_t keep = 0;
+  for (auto v : sums) keep += v;
+  if (keep == 42) std::puts("");  // the sums must be used
+  return best;
+}
+
+int run_bench(const bench_options& o) {
+  if (o.batch != 1) {
+    std::fprintf(stderr, "troupe bench: --batch %lld needs the driver's batched steps; this build benchmarks batch 1\n",
+                 static_cast<long long>(o.batch));
+    return 2;
+  }
+  auto h = families::model_handle::load(o.model, families::registry::builtin());
+  if (!h) {
+    std::fprintf(stderr, "troupe bench: %s\n", families::message(h.error()).c_str());
+    return 2;
+  }
+  exec::cpu::cpu_executor ex({o.threads, std::nullopt});
+  auto run = exec_runner::create(*h, ex, o.prompt_len + o.gen);
+  if (!run) {
+    std::fprintf(stderr, "troupe bench: %s\n", run.error().c_str());
+    return 1;
+  }
+  const auto vocab = (*h)->model().config().vocab;
+  std::vector<std::int32_t> prompt;
+  for (std::int64_t i = 0; i < o.prompt_len; ++i) prompt.push_back(static_cast<std::int32_t>(3 + (i * 7919) % (vocab - 3)));
+  for (auto r : {run->prepare(o.prompt_len, false), run->prepare(1, false)})
+    if (!r) {
+      std::fprintf(stderr, "troupe bench: %s\n", r.error().c_str());
+      return 1;
+    }
+  std::vector<double> prefill, decode;
+  for (int rep = 0; rep < o.runs + 1; ++rep) {  // the first run warms caches and pages
+    (void)run->reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto l = run->feed(prompt);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!l) {
+      std::fprintf(stderr, "troupe bench: %s\n", l.error().c_str());
+      return 1;
+    }
+    std::int32_t next = static_cast<std::int32_t>(std::max_element(l->begin(), l->end()) - l->begin());
+    for (std::int64_t i = 0; i < o.gen; ++i) {
+      auto d = run->feed(std::span(&next, 1));
+      if (!d) {
+        std::fprintf(stderr, "troupe bench: %s\n", d.error().c_str());
+        return 1;
+      }
+      next = static_cast<std::int32_t>(std::max_element(d->begin(), d->end()) - d->begin());
+    }
+    const auto t2 = std::chrono::steady_clock::now();
+    if (rep == 0) continue;
+    prefill.push_back(static_cast<double>(o.prompt_len) / std::chrono::duration<double>(t1 - t0).count());
+    decode.push_back(static_cast<double>(o.gen) / std::chrono::duration<double>(t2 - t1).count());
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double bw = measure_read_bandwidth(std::size_t{1} << 30, ex.threads());
+  // Bytes a decode step must read: every weight once (the embedding only for one row).
+  const double model_bytes = static_cast<double>(ex.memory().weight_bytes);
+  const double bound = bw / model_bytes;
+  const double p = median(prefill), d = median(decode);
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = o.model;
+    j["threads"] = ex.threads();
+    j["isa"] = std::string(exec::cpu::isa_name(ex.level()));
+    j["prompt_len"] = o.prompt_len;
+    j["gen"] = o.gen;
+    j["prefill_tok_s"] = p;
+    j["decode_tok_s"] = d;
+    j["bandwidth_gb_s"] = bw / 1e9;
+    j["weight_bytes"] = model_bytes;
+    j["decode_bound_tok_s"] = bound;
+    j["decode_fraction_of_bound"] = d / bound;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("model %s, %d threads, %s\n", o.model.c_str(), ex.threads(), std::string(exec::cpu::isa_name(ex.level())).c_str());
+    std::printf("prefill_tok_s %.1f (prompt %lld)\ndecode_tok_s %.2f (%lld tokens)\n", p, static_cast<long long>(o.prompt_len), d,
+                static_cast<long long>(o.gen));
+    std::printf("bandwidth %.1f GB/s, weights %.1f MB: decode bound %.2f tok/s, decode at %.0f%% of it\n", bw / 1e9, model_bytes / 1e6, bound,
+                100.0 * d / bound);
+  }
+  return 0;
+}
+
+}  // namespace troupe::app

@@ -1,0 +1,23 @@
+#pragma once
+// `troupe bench`: prefill and decode throughput of one model on an executor, medians over runs, and the
+// machine's memory bandwidth with decode as a fraction of its bound.
+#include <cstdint>
+#include <string>
+
+namespace troupe::app {
+
+struct bench_options {
+  std::string model;
+  std::int64_t prompt_len = 512;
+  std::int64_t gen = 128;
+  std::int64_t batch = 1;
+  int threads = 0;
+  int runs = 3;
+  bool json = false;
+};
+int run_bench(const bench_options& opt);
+
+// Read bandwidth of this machine in bytes per second, over `bytes` with `threads` threads.
+double measure_read_bandwidth(std::size_t bytes, int threads);
+
+}  // namespace troupe::app

@@ -1,0 +1,64 @@
+#include "apps/exec_runner.hpp"
+
+namespace troupe::app {
+
+exec_runner::exec_runner(std::shared_ptr<const families::model_handle> h, exec::executor& ex, std::int64_t capacity)
+    : handle_(std::move(h)), ex_(&ex), capacity_(capacity), weights_(std::make_unique<weight_map_weights>(handle_->model().weights())) {}
+
+result<exec_runner, std::string> exec_runner::create(std::shared_ptr<const families::model_handle> handle, exec::executor& ex,
+                                                     std::int64_t capacity) {
+  exec_runner r(std::move(handle), ex, capacity);
+  auto exe = ex.load(*r.weights_);
+  if (!exe) return unexpected(exe.error().message());
+  r.exe_ = *exe;
+  return r;
+}
+
+result<exec::entry_id, std::string> exec_runner::entry_for(std::int64_t tokens, bool all_logits) {
+  const auto key = std::make_pair(tokens, all_logits);
+  if (auto it = entries_.find(key); it != entries_.end()) return it->second;
+  families::step_spec spec;
+  spec.shape = families::step_shape(1, tokens, capacity_).with_logits(all_logits ? families::logit_rows::all : families::logit_rows::last);
+  auto g = handle_->model().trace(spec);
+  if (!g) return unexpected("trace: " + g.error().message());
+  auto e = ex_->add_entry(exe_, *g);
+  if (!e) return unexpected("prepare: " + e.error().message());
+  entries_.emplace(key, *e);
+  return *e;
+}
+
+result<void, std::string> exec_runner::prepare(std::int64_t tokens, bool all_logits) {
+  auto e = entry_for(tokens, all_logits);
+  if (!e) return unexpected(e.error());
+  return {};
+}
+
+result<void, std::string> exec_runner::reset() {
+  pos_ = 0;
+  auto r = ex_->reset_states(exe_);
+  if (!r) return unexpected(r.error().message());
+  return {};
+}
+
+result<std::vector<float>, std::string> exec_runner::feed(std::span<const std::int32_t> tokens, bool all_logits) {
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  if (n == 0) return unexpected(std::string("no tokens to feed"));
+  if (pos_ + n > capacity_) return unexpected("the sequence would pass its capacity of " + std::to_string(capacity_));
+  auto e = entry_for(n, all_logits);
+  if (!e) return unexpected(e.error());
+  tensor ids(dtype::i32, {n}), pos(dtype::i32, {n}), read(dtype::i32, {1, capacity_});
+  for (std::int64_t i = 0; i < n; ++i) {
+    ids.as<std::int32_t>()[i] = tokens[i];
+    pos.as<std::int32_t>()[i] = static_cast<std::int32_t>(pos_ + i);
+  }
+  for (std::int64_t j = 0; j < capacity_; ++j) read.as<std::int32_t>()[j] = j < pos_ + n ? static_cast<std::int32_t>(j) : -1;
+  exec::step_inputs in;
+  in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", pos.view()}, {"kv_read_map", read.view()}};
+  auto out = ex_->step(*e, in);
+  if (!out) return unexpected("step: " + out.error().message());
+  pos_ += n;
+  const auto& logits = out->outputs.at("logits");
+  return std::vector<float>(logits.as<float>(), logits.as<float>() + logits.numel());
+}
+
+}  // namespace troupe::app

@@ -1,0 +1,53 @@
+#pragma once
+// One sequence run through a model's traced steps on an executor (CPU, CUDA), with a contiguous KV
+// cache of `capacity` positions: what `troupe generate` and `troupe bench` drive until the driver
+// serves them. Entries are compiled once per (tokens, logits) shape.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/core/result.hpp"
+#include "engine/exec/executor.hpp"
+#include "families/model_handle.hpp"
+
+namespace troupe::app {
+
+// An executor's weight source over a model's weight map.
+class weight_map_weights final : public exec::weight_source {
+ public:
+  explicit weight_map_weights(const families::weight_map& w) : w_(w) {}
+  std::optional<tensor_view> find(const graph::weight_role& role) const override { return w_.view(role); }
+
+ private:
+  const families::weight_map& w_;
+};
+
+class exec_runner {
+ public:
+  // Loads the model's weights into `ex` (which must outlive the runner).
+  static result<exec_runner, std::string> create(std::shared_ptr<const families::model_handle> handle, exec::executor& ex,
+                                                 std::int64_t capacity);
+
+  // Compiles the entry for a step shape ahead of use (a step otherwise compiles on first use).
+  result<void, std::string> prepare(std::int64_t tokens, bool all_logits);
+  result<std::vector<float>, std::string> feed(std::span<const std::int32_t> tokens, bool all_logits = false);
+  std::int64_t position() const { return pos_; }
+  result<void, std::string> reset();
+
+ private:
+  exec_runner(std::shared_ptr<const families::model_handle> h, exec::executor& ex, std::int64_t capacity);
+  result<exec::entry_id, std::string> entry_for(std::int64_t tokens, bool all_logits);
+
+  std::shared_ptr<const families::model_handle> handle_;
+  exec::executor* ex_;
+  std::int64_t capacity_;
+  std::int64_t pos_ = 0;
+  std::unique_ptr<weight_map_weights> weights_;
+  exec::executable_id exe_;
+  std::map<std::pair<std::int64_t, bool>, exec::entry_id> entries_;
+};
+
+}  // namespace troupe::app

@@ -1,0 +1,165 @@
+// Packed matrix products at the shapes of Qwen2.5-0.5B (hidden 896, ffn 4864, vocab 151936) on a pool
+// of 2 threads, at the best isa level (TROUPE_CPU_ISA lowers it):
+//  * decode (M = 1): GB/s of weight bytes read, and that as a fraction of the machine's read
+//    bandwidth (memory_read_bandwidth, 2 threads over 1 GiB). The weights rotate through enough
+//    copies to exceed the last-level cache many times over, as a model's layers do in decode.
+//  * prefill (M = 512): GFLOP/s (2 M N K per product).
+// k-quants need K to be a multiple of 256, so they run at 896x4864 (the down projection) only.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/core/quant.hpp"
+#include "engine/exec/cpu/isa.hpp"
+#include "engine/exec/cpu/matmul.hpp"
+#include "engine/exec/cpu/thread_pool.hpp"
+
+namespace {
+
+using troupe::dtype;
+namespace cpu = troupe::exec::cpu;
+
+constexpr int threads = 2;
+constexpr std::size_t rotate_bytes = std::size_t{384} << 20;  // > 10x a 32 MiB L3
+
+cpu::thread_pool& pool() {
+  static cpu::thread_pool p(threads);
+  return p;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Read bandwidth: each thread sums its half of a 1 GiB buffer; the median of 5 passes.
+double measure_read_bandwidth() {
+  constexpr std::size_t bytes = std::size_t{1} << 30;
+  constexpr std::size_t words = bytes / 8;
+  std::unique_ptr<std::uint64_t[]> buf(new std::uint64_t[words]);
+  for (std::size_t i = 0; i < words; ++i) buf[i] = i;
+  std::vector<double> rates;
+  std::uint64_t sink = 0;
+  for (int pass = 0; pass < 5; ++pass) {
+    std::uint64_t sums[threads * 8] = {};
+    const auto t0 = std::chrono::steady_clock::now();
+    pool().parallel_for(threads, [&](std::int64_t t, int) {
+      const std::uint64_t* p = buf.get() + static_cast<std::size_t>(t) * (words / threads);
+      std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+      for (std::size_t i = 0; i < words / threads; i += 8) {
+        a0 += p[i];
+        a1 += p[i + 1];
+        a2 += p[i + 2];
+        a3 += p[i + 3];
+        a4 += p[i + 4];
+        a5 += p[i + 5];
+        a6 += p[i + 6];
+        a7 += p[i + 7];
+      }
+      sums[t * 8] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+    });
+    rates.push_back(static_cast<double>(bytes) / seconds_since(t0) / 1e9);
+    for (auto s : sums) sink += s;
+  }
+  benchmark::DoNotOptimize(sink);
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+double read_bandwidth() {
+  static const double gbs = measure_read_bandwidth();
+  return gbs;
+}
+
+void memory_read_bandwidth(benchmark::State& st) {
+  for (auto _ : st) st.SetIterationTime(1.0);
+  st.counters["GB/s"] = read_bandwidth();
+}
+
+// `copies` packed copies of one random [n, k] matrix in format t.
+std::vector<cpu::packed_matrix> make_weights(dtype t, std::int64_t n, std::int64_t k, int copies) {
+  std::mt19937 rng(42);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  std::vector<float> src(static_cast<std::size_t>(n * k));
+  for (auto& v : src) v = nd(rng);
+  std::vector<std::byte> stored(*troupe::storage_bytes(t, static_cast<std::uint64_t>(n * k)));
+  if (!troupe::quantize_row(t, src.data(), stored.data(), n * k)) std::abort();
+  const troupe::tensor_view view(t, troupe::shape{n, k}, stored.data());
+  std::vector<cpu::packed_matrix> out;
+  for (int c = 0; c < copies; ++c) out.push_back(*cpu::packed_matrix::pack(view));
+  return out;
+}
+
+void matmul_run(benchmark::State& st, dtype t, std::int64_t n, std::int64_t k, std::int64_t M) {
+  const std::size_t one = *troupe::storage_bytes(t, static_cast<std::uint64_t>(n * k));
+  const int copies = M == 1 ? static_cast<int>(std::max<std::size_t>(2, rotate_bytes / one)) : 1;
+  const auto w = make_weights(t, n, k, copies);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(M * k));
+  for (auto& v : x) v = nd(rng);
+  std::vector<float> y(static_cast<std::size_t>(M * n));
+  const cpu::isa level = cpu::best_isa();
+  cpu::matmul(w[0], x.data(), k, M, y.data(), n, pool(), level);
+
+  std::size_t next = 0;
+  std::int64_t runs = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : st) {
+    cpu::matmul(w[next], x.data(), k, M, y.data(), n, pool(), level);
+    next = next + 1 == w.size() ? 0 : next + 1;
+    ++runs;
+  }
+  const double secs = seconds_since(t0);
+  benchmark::DoNotOptimize(y.data());
+  st.SetLabel(std::string(cpu::isa_name(level)));
+  if (M == 1) {
+    // The bytes a product must read: the stored weights (the packed copy is the same size or a few
+    // percent larger; see matmul_test).
+    const double gbs = static_cast<double>(one) * static_cast<double>(runs) / secs / 1e9;
+    st.counters["GB/s"] = gbs;
+    st.counters["of_bw"] = gbs / read_bandwidth();
+  } else {
+    st.counters["GFLOP/s"] = 2.0 * static_cast<double>(M * n * k) * static_cast<double>(runs) / secs / 1e9;
+  }
+}
+
+struct shape_case {
+  const char* name;
+  std::int64_t n, k;
+};
+constexpr shape_case shapes[] = {
+    {"896x896", 896, 896},
+    {"4864x896", 4864, 896},
+    {"896x4864", 896, 4864},
+    {"151936x896", 151936, 896},
+};
+
+int register_all() {
+  benchmark::RegisterBenchmark("memory_read_bandwidth", memory_read_bandwidth)->UseManualTime()->Iterations(1);
+  const dtype formats[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k};
+  for (const std::int64_t M : {1, 512}) {
+    for (const dtype t : formats) {
+      for (const auto& s : shapes) {
+        if (s.k % static_cast<std::int64_t>(troupe::info(t).block_elems) != 0) continue;
+        if (M > 1 && s.n > 10000) continue;  // the LM head runs for one position in prefill
+        const std::string label = "matmul/" + std::string(troupe::name(t)) + "/" + s.name + "/M=" + std::to_string(M);
+        benchmark::RegisterBenchmark(label.c_str(), matmul_run, t, s.n, s.k, M)
+            ->Unit(benchmark::kMicrosecond)
+            ->MinTime(M == 1 ? 0.5 : 1.0);
+      }
+    }
+  }
+  return 0;
+}
+
+const int registered = register_all();
+
+}  // namespace

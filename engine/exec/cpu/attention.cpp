@@ -1,0 +1,127 @@
+// Attention's plan: how the work is cut into (row, kv head, query block, key range) tasks, and the
+// merge of key ranges that were split across threads. The per-task kernel, one per isa level, is
+// kernels_detail::attention_task_run (detail/kernels_impl.hpp).
+//
+// A task owns one kv head and every query head of its group, so K and V are streamed once per kv head
+// however many query heads share it (the decode bound), and a block of query tokens reuses each K/V
+// tile from cache (the prefill bound). When rows x kv heads leave threads idle (decode of one
+// sequence), each row's keys are split into ranges whose partial softmax states are merged here.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "engine/exec/cpu/detail/kernels_table.hpp"
+#include "engine/exec/cpu/kernels.hpp"
+
+namespace troupe::exec::cpu {
+namespace {
+
+// Queries (tokens x group heads) per task: each K/V tile, read once from memory, serves them all.
+constexpr std::int64_t queries_per_task = 32;
+// The fewest keys worth a task of their own when a row's keys are split.
+constexpr std::int64_t min_keys_per_split = 256;
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// Per-thread scratch, grown as needed and kept, so a warm step allocates nothing here.
+struct task_scratch {
+  std::vector<float> floats;
+  std::vector<std::int32_t> keys;
+  std::vector<std::uint8_t> any;
+};
+
+task_scratch& thread_scratch() {
+  thread_local task_scratch s;
+  return s;
+}
+
+float* aligned_floats(std::vector<float>& v, std::size_t n) {
+  if (v.size() < n + 16) v.resize(n + 16);
+  const auto addr = reinterpret_cast<std::uintptr_t>(v.data());
+  return v.data() + (64 - addr % 64) % 64 / sizeof(float);
+}
+
+}  // namespace
+
+void attention(const attention_args& a, thread_pool& pool, isa level) {
+  if (a.R <= 0 || a.T <= 0 || a.Hq <= 0 || a.Hkv <= 0 || a.Dv <= 0) return;
+  const auto& kernels = kernels_detail::kernels_for(level);
+  const std::int64_t G = a.Hq / a.Hkv;
+  const std::int64_t threads = pool.size();
+
+  // Tokens per task; fewer when there are too few (row, kv head) pairs to give each thread two tasks.
+  std::int64_t bq = std::clamp<std::int64_t>(ceil_div(queries_per_task, G), 1, a.T);
+  bq = std::min(bq, std::max<std::int64_t>(1, a.T / ceil_div(2 * threads, a.R * a.Hkv)));
+  const std::int64_t blocks = ceil_div(a.T, bq);
+  // One token per task (decode): the task takes every kv head, so that it streams whole K and V rows
+  // (all heads of a key are adjacent) rather than every Hkv-th piece of them.
+  const std::int64_t heads_per_task = bq == 1 ? a.Hkv : 1;
+  const std::int64_t head_groups = a.Hkv / heads_per_task;
+  const std::int64_t units = a.R * head_groups * blocks;
+  const std::int64_t gq = heads_per_task * G;  // queries per token of a task
+
+  std::int64_t splits = 1;
+  if (units < 2 * threads)
+    splits = std::clamp<std::int64_t>(ceil_div(2 * threads, units), 1, std::max<std::int64_t>(1, a.C / min_keys_per_split));
+  const std::int64_t span = std::max<std::int64_t>(1, ceil_div(a.C, splits));
+  splits = std::max<std::int64_t>(1, ceil_div(a.C, span));
+
+  const std::int64_t part_stride = bq * gq * (a.Dv + 2);
+  std::vector<float> part(splits > 1 ? static_cast<std::size_t>(units * splits * part_stride) : 0);
+  const auto scratch_floats = static_cast<std::size_t>(kernels_detail::attention_scratch_floats(bq, gq, a.D, a.Dv));
+
+  // Unit u is (row, head group, block) with later blocks first: under a causal mask they read the most
+  // keys, and starting them first evens out the threads' finishing times.
+  auto unit_task = [&](std::int64_t u, std::int64_t split) {
+    kernels_detail::attention_task tk;
+    const std::int64_t head = u / blocks, qb = blocks - 1 - u % blocks;
+    tk.r = head / head_groups;
+    tk.kh0 = head % head_groups * heads_per_task;
+    tk.kh1 = tk.kh0 + heads_per_task;
+    tk.t0 = qb * bq;
+    tk.t1 = std::min(a.T, tk.t0 + bq);
+    tk.c0 = std::min(a.C, split * span);
+    tk.c1 = std::min(a.C, tk.c0 + span);
+    return tk;
+  };
+
+  pool.parallel_for(units * splits, [&](std::int64_t task, int) {
+    auto tk = unit_task(task / splits, task % splits);
+    auto& s = thread_scratch();
+    const auto len = static_cast<std::size_t>(tk.c1 - tk.c0);
+    if (s.keys.size() < len) s.keys.resize(len);
+    if (s.any.size() < len) s.any.resize(len);
+    tk.scratch = aligned_floats(s.floats, scratch_floats);
+    tk.keys = s.keys.data();
+    tk.any = s.any.data();
+    if (splits > 1) tk.part = part.data() + task * part_stride;
+    kernels.attention(a, tk);
+  });
+  if (splits == 1) return;
+
+  // Merge the key ranges of each query: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+  for (std::int64_t u = 0; u < units; ++u) {
+    const auto tk = unit_task(u, 0);
+    const std::int64_t nq = (tk.t1 - tk.t0) * gq;
+    for (std::int64_t i = 0; i < nq; ++i) {
+      float* o = a.out + ((tk.r * a.T + tk.t0 + i / gq) * a.Hq + tk.kh0 * G + i % gq) * a.Dv;
+      std::fill(o, o + a.Dv, 0.0f);
+      float m = -INFINITY;
+      for (std::int64_t sp = 0; sp < splits; ++sp) m = std::max(m, part[(u * splits + sp) * part_stride + i * (a.Dv + 2)]);
+      if (m == -INFINITY) continue;  // no allowed key in any range: zeros
+      float l = 0.0f;
+      for (std::int64_t sp = 0; sp < splits; ++sp) {
+        const float* src = part.data() + (u * splits + sp) * part_stride + i * (a.Dv + 2);
+        if (src[0] == -INFINITY) continue;
+        const float w = std::exp(src[0] - m);
+        l += w * src[1];
+        for (std::int64_t d = 0; d < a.Dv; ++d) o[d] += w * src[2 + d];
+      }
+      const float inv = 1.0f / l;
+      for (std::int64_t d = 0; d < a.Dv; ++d) o[d] *= inv;
+    }
+  }
+}
+
+}  // namespace troupe::exec::cpu

@@ -1,0 +1,40 @@
+#pragma once
+// The CPU executor: compiles each entry's graph (folding, dead code, buffer planning) and lowers it
+// to a list of kernel calls over one preallocated arena, with linear weights packed once per
+// executable in their stored formats. A step copies the slots in, runs the calls on the thread pool
+// and copies the outputs out; it allocates nothing else.
+#include <memory>
+
+#include "engine/exec/cpu/isa.hpp"
+#include "engine/exec/executor.hpp"
+
+namespace troupe::exec::cpu {
+
+struct cpu_options {
+  int threads = 0;                 // 0: one per core
+  std::optional<isa> level;        // default: the best this CPU runs
+};
+
+class cpu_executor final : public executor {
+ public:
+  explicit cpu_executor(cpu_options opt = {});
+  ~cpu_executor() override;
+
+  std::string_view target() const override { return "cpu"; }
+  result<executable_id, exec_error> load(const weight_source& weights) override;
+  result<entry_id, exec_error> add_entry(executable_id exe, const graph::graph& g) override;
+  result<step_outputs, exec_error> step(entry_id entry, const step_inputs& in) override;
+  result<void, exec_error> reset_states(executable_id exe) override;
+  result<tensor, exec_error> read_state(executable_id exe, const std::string& name) const override;
+  memory_report memory() const override;
+
+  isa level() const;
+  int threads() const;
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace troupe::exec::cpu

@@ -1,0 +1,679 @@
+#pragma once
+// The kernels of kernels.hpp as templates over a vector type of kernels_simd.hpp, instantiated once per
+// isa level by `make_kernel_table<V>()`. Every function here is a template on V, so each level's code
+// is its own symbol: no inline function compiled for AVX-512 can be picked by the linker for a caller
+// on a lesser CPU. For the same reason these templates use no std:: function templates, only
+// intrinsics, libm's C functions and each other.
+//
+// Accuracy of the vector elementary functions (the scalar level uses libm instead):
+//   exp: Cephes expf, <= 2 ulp relative; underflows gradually below -87.3, overflows to inf above 88.7.
+//   log: Cephes logf, <= 2 ulp relative (absolute near 1).
+//   tanh: Cephes tanhf, odd polynomial below 0.625, else 1 - 2 / (exp(2|x|) + 1): <= 4 ulp relative.
+//   erf: the rational approximation of Eigen and XLA, absolute error < 2e-7 (a few ulp relative).
+// sigmoid, silu and gelu_tanh are written through exp(-z) as x / (1 + exp(-z)), which keeps the
+// relative error small on the negative side where 1 + tanh(z) would cancel.
+#include <cmath>
+#include <cstdint>
+
+#include "engine/exec/cpu/detail/kernels_simd.hpp"
+#include "engine/exec/cpu/detail/kernels_table.hpp"
+
+namespace troupe::exec::cpu::kernels_detail {
+
+// ---- Elementary functions -------------------------------------------------------------------------
+
+template <class V>
+typename V::reg v_exp(typename V::reg x) {
+  if constexpr (V::width == 1) {
+    return expf(x);
+  } else {
+    using R = typename V::reg;
+    // The clamp keeps 2^n a product of two normal powers of two; NaN passes through max and min.
+    x = V::min(V::set1(89.0f), V::max(V::set1(-104.0f), x));
+    const R n = V::round(V::mul(x, V::set1(1.44269504088896341f)));
+    R r = V::fnma(n, V::set1(0.693359375f), x);
+    r = V::fnma(n, V::set1(-2.12194440e-4f), r);
+    R p = V::set1(1.9875691500e-4f);
+    p = V::fma(p, r, V::set1(1.3981999507e-3f));
+    p = V::fma(p, r, V::set1(8.3334519073e-3f));
+    p = V::fma(p, r, V::set1(4.1665795894e-2f));
+    p = V::fma(p, r, V::set1(1.6666665459e-1f));
+    p = V::fma(p, r, V::set1(5.0000001201e-1f));
+    p = V::fma(p, V::mul(r, r), V::add(r, V::set1(1.0f)));
+    // n spans [-150, 128]: split so that underflow is gradual and overflow gives inf.
+    const R n1 = V::floor(V::mul(n, V::set1(0.5f)));
+    return V::mul(V::mul(p, V::pow2i(n1)), V::pow2i(V::sub(n, n1)));
+  }
+}
+
+template <class V>
+typename V::reg v_log(typename V::reg x) {
+  if constexpr (V::width == 1) {
+    return logf(x);
+  } else {
+    using R = typename V::reg;
+    const auto subnormal = V::lt(x, V::set1(1.17549435e-38f));
+    const R xs = V::select(subnormal, V::mul(x, V::set1(8388608.0f)), x);
+    R e;
+    const R m = V::frexp(xs, e);
+    e = V::select(subnormal, V::sub(e, V::set1(23.0f)), e);
+    const auto low = V::lt(m, V::set1(0.707106781186547524f));
+    e = V::select(low, V::sub(e, V::set1(1.0f)), e);
+    const R f = V::sub(V::select(low, V::add(m, m), m), V::set1(1.0f));
+    const R z = V::mul(f, f);
+    R p = V::set1(7.0376836292e-2f);
+    p = V::fma(p, f, V::set1(-1.1514610310e-1f));
+    p = V::fma(p, f, V::set1(1.1676998740e-1f));
+    p = V::fma(p, f, V::set1(-1.2420140846e-1f));
+    p = V::fma(p, f, V::set1(1.4249322787e-1f));
+    p = V::fma(p, f, V::set1(-1.6668057665e-1f));
+    p = V::fma(p, f, V::set1(2.0000714765e-1f));
+    p = V::fma(p, f, V::set1(-2.4999993993e-1f));
+    p = V::fma(p, f, V::set1(3.3333331174e-1f));
+    R y = V::mul(V::mul(p, f), z);
+    y = V::fma(e, V::set1(-2.12194440e-4f), y);
+    y = V::fnma(z, V::set1(0.5f), y);
+    R r = V::fma(e, V::set1(0.693359375f), V::add(f, y));
+    const R inf = V::set1(INFINITY);
+    r = V::select(V::eq(x, inf), inf, r);
+    r = V::select(V::eq(x, V::zero()), V::neg(inf), r);
+    r = V::select(V::lt(x, V::zero()), V::set1(NAN), r);
+    return V::select(V::unordered(x, x), x, r);
+  }
+}
+
+template <class V>
+typename V::reg v_tanh(typename V::reg x) {
+  if constexpr (V::width == 1) {
+    return tanhf(x);
+  } else {
+    using R = typename V::reg;
+    const R ax = V::abs(x);
+    const R z = V::mul(x, x);
+    R p = V::set1(-5.70498872745e-3f);
+    p = V::fma(p, z, V::set1(2.06390887954e-2f));
+    p = V::fma(p, z, V::set1(-5.37397155531e-2f));
+    p = V::fma(p, z, V::set1(1.33314422036e-1f));
+    p = V::fma(p, z, V::set1(-3.33332819422e-1f));
+    const R small = V::fma(V::mul(p, z), x, x);
+    const R e = v_exp<V>(V::add(ax, ax));
+    const R big = V::copysign(V::sub(V::set1(1.0f), V::div(V::set1(2.0f), V::add(e, V::set1(1.0f)))), x);
+    return V::select(V::lt(ax, V::set1(0.625f)), small, big);
+  }
+}
+
+template <class V>
+typename V::reg v_erf(typename V::reg x) {
+  if constexpr (V::width == 1) {
+    return erff(x);
+  } else {
+    using R = typename V::reg;
+    x = V::min(V::set1(4.0f), V::max(V::set1(-4.0f), x));  // erf is +-1 in f32 beyond
+    const R x2 = V::mul(x, x);
+    R p = V::set1(-2.72614225801306e-10f);
+    p = V::fma(p, x2, V::set1(2.77068142495902e-08f));
+    p = V::fma(p, x2, V::set1(-2.10102402082508e-06f));
+    p = V::fma(p, x2, V::set1(-5.69250639462346e-05f));
+    p = V::fma(p, x2, V::set1(-7.34990630326855e-04f));
+    p = V::fma(p, x2, V::set1(-2.95459980854025e-03f));
+    p = V::fma(p, x2, V::set1(-1.60960333262415e-02f));
+    R q = V::set1(-1.45660718464996e-05f);
+    q = V::fma(q, x2, V::set1(-2.13374055278905e-04f));
+    q = V::fma(q, x2, V::set1(-1.68282697438203e-03f));
+    q = V::fma(q, x2, V::set1(-7.37332916720468e-03f));
+    q = V::fma(q, x2, V::set1(-1.42647390514189e-02f));
+    return V::div(V::mul(x, p), q);
+  }
+}
+
+// x / (1 + exp(-z)): sigmoid (x = 1, z = x), silu (z = x) and gelu_tanh (z = 2 sqrt(2/pi) (x + 0.044715 x^3)).
+template <class V>
+typename V::reg v_over_one_plus_exp_neg(typename V::reg x, typename V::reg z) {
+  return V::div(x, V::add(V::set1(1.0f), v_exp<V>(V::neg(z))));
+}
+
+template <class V>
+typename V::reg v_gelu_tanh(typename V::reg x) {
+  constexpr float k0 = static_cast<float>(2.0 * 0.79788456080286535588);
+  constexpr float k1 = static_cast<float>(2.0 * 0.79788456080286535588 * 0.044715);
+  const auto z = V::mul(x, V::fma(V::set1(k1), V::mul(x, x), V::set1(k0)));
+  return v_over_one_plus_exp_neg<V>(x, z);
+}
+
+template <class V>
+typename V::reg v_unary(unary_kind k, typename V::reg x) {
+  switch (k) {
+    case unary_kind::neg: return V::neg(x);
+    case unary_kind::abs: return V::abs(x);
+    case unary_kind::exp: return v_exp<V>(x);
+    case unary_kind::log: return v_log<V>(x);
+    case unary_kind::sqrt: return V::sqrt(x);
+    case unary_kind::rsqrt: return V::div(V::set1(1.0f), V::sqrt(x));
+    case unary_kind::recip: return V::div(V::set1(1.0f), x);
+    case unary_kind::tanh: return v_tanh<V>(x);
+    case unary_kind::erf: return v_erf<V>(x);
+    case unary_kind::sigmoid: return v_over_one_plus_exp_neg<V>(V::set1(1.0f), x);
+    case unary_kind::silu: return v_over_one_plus_exp_neg<V>(x, x);
+    case unary_kind::gelu_tanh: return v_gelu_tanh<V>(x);
+  }
+  return x;
+}
+
+// ---- Elementwise ----------------------------------------------------------------------------------
+
+// The switch on the kind sits outside the loop: one loop per kind.
+template <class V, unary_kind K>
+void unary_loop(const float* x, std::int64_t n, float* y) {
+  constexpr int W = V::width;
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) V::store(y + i, v_unary<V>(K, V::load(x + i)));
+  if (i < n) V::store_n(y + i, v_unary<V>(K, V::load_n(x + i, n - i)), n - i);
+}
+
+template <class V>
+void unary(unary_kind k, const float* x, std::int64_t n, float* y) {
+  switch (k) {
+    case unary_kind::neg: return unary_loop<V, unary_kind::neg>(x, n, y);
+    case unary_kind::abs: return unary_loop<V, unary_kind::abs>(x, n, y);
+    case unary_kind::exp: return unary_loop<V, unary_kind::exp>(x, n, y);
+    case unary_kind::log: return unary_loop<V, unary_kind::log>(x, n, y);
+    case unary_kind::sqrt: return unary_loop<V, unary_kind::sqrt>(x, n, y);
+    case unary_kind::rsqrt: return unary_loop<V, unary_kind::rsqrt>(x, n, y);
+    case unary_kind::recip: return unary_loop<V, unary_kind::recip>(x, n, y);
+    case unary_kind::tanh: return unary_loop<V, unary_kind::tanh>(x, n, y);
+    case unary_kind::erf: return unary_loop<V, unary_kind::erf>(x, n, y);
+    case unary_kind::sigmoid: return unary_loop<V, unary_kind::sigmoid>(x, n, y);
+    case unary_kind::silu: return unary_loop<V, unary_kind::silu>(x, n, y);
+    case unary_kind::gelu_tanh: return unary_loop<V, unary_kind::gelu_tanh>(x, n, y);
+  }
+}
+
+template <class V, unary_kind K>
+void gated_loop(const float* g, const float* u, std::int64_t n, float* y) {
+  constexpr int W = V::width;
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) V::store(y + i, V::mul(v_unary<V>(K, V::load(g + i)), V::load(u + i)));
+  if (i < n) V::store_n(y + i, V::mul(v_unary<V>(K, V::load_n(g + i, n - i)), V::load_n(u + i, n - i)), n - i);
+}
+
+template <class V>
+void gated(unary_kind act, const float* g, const float* u, std::int64_t n, float* y) {
+  if (act == unary_kind::gelu_tanh) return gated_loop<V, unary_kind::gelu_tanh>(g, u, n, y);
+  if (act == unary_kind::silu) return gated_loop<V, unary_kind::silu>(g, u, n, y);
+  // Any other activation: the unary op in place, then the product.
+  unary<V>(act, g, n, y);
+  constexpr int W = V::width;
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) V::store(y + i, V::mul(V::load(y + i), V::load(u + i)));
+  if (i < n) V::store_n(y + i, V::mul(V::load_n(y + i, n - i), V::load_n(u + i, n - i)), n - i);
+}
+
+// ---- Norms and softmax ----------------------------------------------------------------------------
+
+// Sum of f(x[i]) over a row, in four vector accumulators (f(0) must be 0 for the tail).
+template <class V, class F>
+float row_sum(const float* x, std::int64_t n, F f) {
+  constexpr int W = V::width;
+  typename V::reg a0 = V::zero(), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
+  std::int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a0 = V::add(a0, f(V::load(x + i)));
+    a1 = V::add(a1, f(V::load(x + i + W)));
+    a2 = V::add(a2, f(V::load(x + i + 2 * W)));
+    a3 = V::add(a3, f(V::load(x + i + 3 * W)));
+  }
+  for (; i + W <= n; i += W) a0 = V::add(a0, f(V::load(x + i)));
+  if (i < n) a1 = V::add(a1, V::select(V::first(n - i), f(V::load_n(x + i, n - i)), V::zero()));
+  return V::reduce_add(V::add(V::add(a0, a1), V::add(a2, a3)));
+}
+
+template <class V>
+void rms_norm(const float* x, const float* w, std::int64_t rows, std::int64_t n, float eps, float* y) {
+  constexpr int W = V::width;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    const float ss = row_sum<V>(xr, n, [](typename V::reg v) { return V::mul(v, v); });
+    const auto inv = V::set1(static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(n) + eps)));
+    std::int64_t i = 0;
+    for (; i + W <= n; i += W) V::store(yr + i, V::mul(V::mul(V::load(xr + i), inv), V::load(w + i)));
+    if (i < n) V::store_n(yr + i, V::mul(V::mul(V::load_n(xr + i, n - i), inv), V::load_n(w + i, n - i)), n - i);
+  }
+}
+
+template <class V>
+void layer_norm(const float* x, const float* w, const float* b, std::int64_t rows, std::int64_t n, float eps, float* y) {
+  constexpr int W = V::width;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    const float mean = row_sum<V>(xr, n, [](typename V::reg v) { return v; }) / static_cast<float>(n);
+    // Two passes: the variance of the centred row does not cancel as E[x^2] - mean^2 would.
+    const auto mv = V::set1(mean);
+    const float ss = row_sum<V>(xr, n, [mv](typename V::reg v) {
+      const auto d = V::sub(v, mv);
+      return V::mul(d, d);
+    });
+    const auto inv = V::set1(static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(n) + eps)));
+    std::int64_t i = 0;
+    for (; i + W <= n; i += W)
+      V::store(yr + i, V::fma(V::mul(V::sub(V::load(xr + i), mv), inv), V::load(w + i), V::load(b + i)));
+    if (i < n) {
+      const std::int64_t k = n - i;
+      V::store_n(yr + i, V::fma(V::mul(V::sub(V::load_n(xr + i, k), mv), inv), V::load_n(w + i, k), V::load_n(b + i, k)), k);
+    }
+  }
+}
+
+template <class V>
+void softmax_rows(const float* x, std::int64_t rows, std::int64_t n, bool log, float* y) {
+  constexpr int W = V::width;
+  using R = typename V::reg;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    const std::int64_t tail = n % W, body = n - tail;
+    R mx = V::set1(-INFINITY);
+    for (std::int64_t i = 0; i < body; i += W) mx = V::max(V::load(xr + i), mx);
+    if (tail) mx = V::max(V::select(V::first(tail), V::load_n(xr + body, tail), V::set1(-INFINITY)), mx);
+    const float m = V::reduce_max(mx);
+    const R mv = V::set1(m);
+    R sum = V::zero();
+    for (std::int64_t i = 0; i < body; i += W) {
+      const R e = v_exp<V>(V::sub(V::load(xr + i), mv));
+      if (!log) V::store(yr + i, e);
+      sum = V::add(sum, e);
+    }
+    if (tail) {
+      const R e = V::select(V::first(tail), v_exp<V>(V::sub(V::load_n(xr + body, tail), mv)), V::zero());
+      if (!log) V::store_n(yr + body, e, tail);
+      sum = V::add(sum, e);
+    }
+    const double s = V::reduce_add(sum);
+    if (log) {
+      const R shift = V::set1(static_cast<float>(static_cast<double>(m) + ::log(s)));
+      for (std::int64_t i = 0; i < body; i += W) V::store(yr + i, V::sub(V::load(xr + i), shift));
+      if (tail) V::store_n(yr + body, V::sub(V::load_n(xr + body, tail), shift), tail);
+    } else {
+      const R inv = V::set1(static_cast<float>(1.0 / s));
+      for (std::int64_t i = 0; i < body; i += W) V::store(yr + i, V::mul(V::load(yr + i), inv));
+      if (tail) V::store_n(yr + body, V::mul(V::load_n(yr + body, tail), inv), tail);
+    }
+  }
+}
+
+// ---- Rotary embedding -----------------------------------------------------------------------------
+
+// cos and sin of pos * f, correctly rounded to f32 in practice: the angle is formed exactly in double,
+// reduced by pi/2 (Cody-Waite, exact for angles below 2^20 rad), and the series on [-pi/4, pi/4] are
+// carried to 1e-11. A f32 angle would lose 2^-24 of pos * f, i.e. 2e-3 rad at position 32768.
+template <class V>
+void rope_angle(std::int32_t pos, float f, float& c, float& s) {
+  const double th = static_cast<double>(pos) * static_cast<double>(f);
+  const double k = floor(th * 0.63661977236758134308 + 0.5);
+  const double r = (th - k * 1.57079632673412561417e+00) - k * 6.07710050650619224932e-11;
+  const double r2 = r * r;
+  const double sn =
+      r + r * r2 * (-1.0 / 6 + r2 * (1.0 / 120 + r2 * (-1.0 / 5040 + r2 * (1.0 / 362880 + r2 * (-1.0 / 39916800)))));
+  const double cs =
+      1.0 - 0.5 * r2 +
+      r2 * r2 * (1.0 / 24 + r2 * (-1.0 / 720 + r2 * (1.0 / 40320 + r2 * (-1.0 / 3628800 + r2 * (1.0 / 479001600)))));
+  const auto q = static_cast<std::int64_t>(k) & 3;  // the quadrant: rotate (cos, sin) by q * pi/2
+  const double cq = (q & 1) ? sn : cs, sq = (q & 1) ? cs : sn;
+  c = static_cast<float>(((q + 1) & 2) ? -cq : cq);
+  s = static_cast<float>((q & 2) ? -sq : sq);
+}
+
+template <class V>
+void rope(float* x, std::int64_t T, std::int64_t H, std::int64_t D, const std::int32_t* pos, const float* inv_freq,
+          std::int64_t half, bool neox, float scale) {
+  constexpr int W = V::width;
+  constexpr std::int64_t block = 256;  // pairs per table block
+  using R = typename V::reg;
+  alignas(64) float ct[2 * block];
+  alignas(64) float st[2 * block];
+  for (std::int64_t t = 0; t < T; ++t) {
+    for (std::int64_t i0 = 0; i0 < half; i0 += block) {
+      const std::int64_t nb = half - i0 < block ? half - i0 : block;
+      // The table for this token and block of pairs, shared by every head. Interleaved pairs get
+      // (c, c) and (-s, s), so that y = x * c + swap_pairs(x) * s.
+      for (std::int64_t j = 0; j < nb; ++j) {
+        float c, s;
+        rope_angle<V>(pos[t], inv_freq[i0 + j], c, s);
+        c *= scale;
+        s *= scale;
+        if (neox) {
+          ct[j] = c;
+          st[j] = s;
+        } else {
+          ct[2 * j] = ct[2 * j + 1] = c;
+          st[2 * j] = -s;
+          st[2 * j + 1] = s;
+        }
+      }
+      for (std::int64_t h = 0; h < H; ++h) {
+        float* v = x + (t * H + h) * D;
+        if (neox) {
+          float* x0 = v + i0;
+          float* x1 = v + half + i0;
+          std::int64_t j = 0;
+          for (; j + W <= nb; j += W) {
+            const R a = V::load(x0 + j), b = V::load(x1 + j), c = V::load(ct + j), s = V::load(st + j);
+            V::store(x0 + j, V::fnma(b, s, V::mul(a, c)));
+            V::store(x1 + j, V::fma(a, s, V::mul(b, c)));
+          }
+          if (j < nb) {
+            const std::int64_t k = nb - j;
+            const R a = V::load_n(x0 + j, k), b = V::load_n(x1 + j, k), c = V::load_n(ct + j, k), s = V::load_n(st + j, k);
+            V::store_n(x0 + j, V::fnma(b, s, V::mul(a, c)), k);
+            V::store_n(x1 + j, V::fma(a, s, V::mul(b, c)), k);
+          }
+        } else if constexpr (W == 1) {
+          float* p = v + 2 * i0;
+          for (std::int64_t j = 0; j < nb; ++j) {
+            const float a = p[2 * j], b = p[2 * j + 1], c = ct[2 * j], s = st[2 * j + 1];
+            p[2 * j] = a * c - b * s;
+            p[2 * j + 1] = a * s + b * c;
+          }
+        } else {
+          float* p = v + 2 * i0;
+          const std::int64_t m = 2 * nb;
+          std::int64_t j = 0;
+          for (; j + W <= m; j += W) {
+            const R a = V::load(p + j);
+            V::store(p + j, V::fma(a, V::load(ct + j), V::mul(V::swap_pairs(a), V::load(st + j))));
+          }
+          if (j < m) {
+            const std::int64_t k = m - j;
+            const R a = V::load_n(p + j, k);
+            V::store_n(p + j, V::fma(a, V::load_n(ct + j, k), V::mul(V::swap_pairs(a), V::load_n(st + j, k))), k);
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- Attention ------------------------------------------------------------------------------------
+
+// Scores of one query against `width` keys (rows kp[j] + off) as one vector: one accumulator per key
+// over the head dimension, reduced together by sum_lanes.
+template <class V>
+[[gnu::always_inline]] inline typename V::reg score_block(const float* q, const float* const* kp, std::int64_t off,
+                                                          std::int64_t D) {
+  constexpr int W = V::width;
+  typename V::reg acc[W];
+  const float* k[W];
+  for (int j = 0; j < W; ++j) {
+    acc[j] = V::zero();
+    k[j] = kp[j] + off;
+  }
+  std::int64_t d = 0;
+  for (; d + W <= D; d += W) {
+    const auto qv = V::load(q + d);
+#pragma GCC unroll 16
+    for (int j = 0; j < W; ++j) acc[j] = V::fma(qv, V::load(k[j] + d), acc[j]);
+  }
+  if (d < D) {
+    const std::int64_t rem = D - d;
+    const auto qv = V::load_n(q + d, rem);
+#pragma GCC unroll 16
+    for (int j = 0; j < W; ++j) acc[j] = V::fma(qv, V::load_n(k[j] + d, rem), acc[j]);
+  }
+  return V::sum_lanes(acc);
+}
+
+// acc[d0, d0 + width) (or its first `part` lanes) += sum_j p[j] * (vp[j] + off)[d0...], in four
+// interleaved accumulators so the FMA latency does not serialize the keys.
+template <class V, bool Partial>
+void pv_chunk(float* acc, const float* p, const float* const* vp, std::int64_t off, std::int64_t n, std::int64_t d0,
+              std::int64_t part) {
+  using R = typename V::reg;
+  auto ld = [&](const float* src) { return Partial ? V::load_n(src, part) : V::load(src); };
+  const std::int64_t o = off + d0;
+  R a0 = ld(acc + d0), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
+  std::int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    a0 = V::fma(V::set1(p[j]), ld(vp[j] + o), a0);
+    a1 = V::fma(V::set1(p[j + 1]), ld(vp[j + 1] + o), a1);
+    a2 = V::fma(V::set1(p[j + 2]), ld(vp[j + 2] + o), a2);
+    a3 = V::fma(V::set1(p[j + 3]), ld(vp[j + 3] + o), a3);
+  }
+  for (; j < n; ++j) a0 = V::fma(V::set1(p[j]), ld(vp[j] + o), a0);
+  const R s = V::add(V::add(a0, a1), V::add(a2, a3));
+  if (Partial) V::store_n(acc + d0, s, part);
+  else V::store(acc + d0, s);
+}
+
+// acc[0, Dv) += sum_j p[j] * (vp[j] + off)[0, Dv): blocks of acc_chunks vectors held in registers
+// across the keys, then single vectors, then the partial one.
+template <class V>
+void accumulate_pv(float* acc, const float* p, const float* const* vp, std::int64_t off, std::int64_t n, std::int64_t Dv) {
+  constexpr int W = V::width, B = V::acc_chunks;
+  std::int64_t d = 0;
+  for (; d + B * W <= Dv; d += B * W) {
+    typename V::reg a[B];
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) a[b] = V::load(acc + d + b * W);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const auto pj = V::set1(p[j]);
+      const float* v = vp[j] + off + d;
+#pragma GCC unroll 8
+      for (int b = 0; b < B; ++b) a[b] = V::fma(pj, V::load(v + b * W), a[b]);
+    }
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) V::store(acc + d + b * W, a[b]);
+  }
+  for (; d + W <= Dv; d += W) pv_chunk<V, false>(acc, p, vp, off, n, d, W);
+  if (d < Dv) pv_chunk<V, true>(acc, p, vp, off, n, d, Dv - d);
+}
+
+// One task (see attention_task): flash attention over tiles of the compacted keys, each tile's K and
+// V rows read from memory once for all of the task's queries.
+template <class V>
+void attention_task_run(const attention_args& a, const attention_task& tk) {
+  constexpr int W = V::width;
+  constexpr std::int64_t tile = attention_tile;
+  using R = typename V::reg;
+  const std::int64_t G = a.Hq / a.Hkv, heads = tk.kh1 - tk.kh0, gq = heads * G;
+  const std::int64_t tokens = tk.t1 - tk.t0, nq = tokens * gq;
+  const std::int64_t D = a.D, Dv = a.Dv, C = a.C;
+  const std::int32_t* index = a.index + tk.r * C;
+  const std::uint8_t* allow0 = a.allow + (tk.r * a.T + tk.t0) * C;
+  // Query i is token i / gq, query head kh0 G + i % gq, kv head kh0 + i % gq / G.
+  auto q_row = [&](std::int64_t i) { return (tk.r * a.T + tk.t0 + i / gq) * a.Hq + tk.kh0 * G + i % gq; };
+
+  // The keys some token of the block may read, in order (branch-free compaction).
+  std::int32_t* keys = tk.keys;
+  std::int64_t nk = 0;
+  if (tokens == 1) {
+    for (std::int64_t c = tk.c0; c < tk.c1; ++c) {
+      keys[nk] = static_cast<std::int32_t>(c);
+      nk += allow0[c] != 0;
+    }
+  } else {
+    const std::int64_t len = tk.c1 - tk.c0;
+    std::uint8_t* any = tk.any;
+    for (std::int64_t c = 0; c < len; ++c) any[c] = allow0[tk.c0 + c];
+    for (std::int64_t t = 1; t < tokens; ++t) {
+      const std::uint8_t* row = allow0 + t * C + tk.c0;
+      for (std::int64_t c = 0; c < len; ++c) any[c] |= row[c];
+    }
+    for (std::int64_t c = 0; c < len; ++c) {
+      keys[nk] = static_cast<std::int32_t>(tk.c0 + c);
+      nk += any[c] != 0;
+    }
+  }
+
+  // Scratch (layout in kernels_table.hpp): queries pre-scaled (by scale / softcap under a softcap,
+  // whose tanh then takes the dot product as is), output accumulators, running max and sum, the
+  // tile's scores (then weights) per query, and per token its mask over the tile and allowed count.
+  float* qs = tk.scratch;
+  float* acc = qs + nq * D;
+  float* mx = acc + nq * Dv;
+  float* sum = mx + nq;
+  float* sp = sum + nq;
+  float* bias = sp + nq * tile;
+  float* allowed = bias + tokens * tile;
+  const bool capped = a.softcap > 0.0f;
+  const R qmul = V::set1(capped ? a.scale / a.softcap : a.scale);
+  for (std::int64_t i = 0; i < nq; ++i) {
+    const float* src = a.q + q_row(i) * D;
+    float* dst = qs + i * D;
+    std::int64_t d = 0;
+    for (; d + W <= D; d += W) V::store(dst + d, V::mul(V::load(src + d), qmul));
+    if (d < D) V::store_n(dst + d, V::mul(V::load_n(src + d, D - d), qmul), D - d);
+    for (std::int64_t e = 0; e < Dv; ++e) acc[i * Dv + e] = 0.0f;
+    mx[i] = -INFINITY;
+    sum[i] = 0.0f;
+  }
+
+  alignas(64) float pc[tile];
+  const float* rows[2][2][tile];  // [current / next tile][K / V]: the task's first kv head in each row
+  const float* vc[tile];
+  const R cap = V::set1(a.softcap);
+  // Lines of one key's K (and V) rows over the task's kv heads, which are adjacent in memory.
+  const std::int64_t k_lines = (heads * D * 4 + 63) / 64, v_lines = (heads * Dv * 4 + 63) / 64;
+  // Keys per step of the P.V loop: their V rows (8 KiB) stay in L1 while every query of the task
+  // reads them, whatever the row stride (a stride of 512 bytes maps a whole tile onto few L1 sets).
+  const std::int64_t pv_block = Dv * 4 * 32 <= 8192 ? 32 : Dv * 4 * 16 <= 8192 ? 16 : 8;
+  auto locate = [&](std::int64_t from, const float** kr, const float** vr) {
+    const std::int64_t n = nk - from < tile ? nk - from : tile;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t row = index[keys[from + j]];
+      kr[j] = a.k + (row * a.Hkv + tk.kh0) * D;
+      vr[j] = a.v + (row * a.Hkv + tk.kh0) * Dv;
+    }
+    return n;
+  };
+  // The rows of the next tile are fetched while this one is computed, a block at a time alongside
+  // the loops that read the same block of this tile: the rows are scattered (paged KV), so the
+  // hardware prefetcher cannot guess them, and all at once would overflow the miss queues.
+  auto prefetch = [](const float* const* r, std::int64_t from, std::int64_t to, std::int64_t lines) {
+    for (std::int64_t j = from; j < to; ++j)
+      for (std::int64_t l = 0; l < lines; ++l) __builtin_prefetch(r[j] + l * 16, 0, 2);
+  };
+  if (nk > 0) locate(0, rows[0][0], rows[0][1]);
+  for (std::int64_t base = 0, cur = 0; base < nk; base += tile, cur ^= 1) {
+    const float** kp = rows[cur][0];
+    const float** vp = rows[cur][1];
+    const std::int64_t n = nk - base < tile ? nk - base : tile;
+    const std::int64_t nw = (n + W - 1) / W * W;
+    const std::int64_t next = base + tile < nk ? locate(base + tile, rows[cur ^ 1][0], rows[cur ^ 1][1]) : 0;
+    for (std::int64_t j = n; j < nw; ++j) kp[j] = kp[0];  // padding lanes read a real row, then are masked
+
+    // Each token's mask over the tile. With one token every compacted key is allowed.
+    for (std::int64_t tt = 0; tt < tokens; ++tt) {
+      if (tokens == 1) {
+        allowed[tt] = static_cast<float>(n);
+        continue;
+      }
+      const std::uint8_t* at = allow0 + tt * C;
+      float* bt = bias + tt * tile;
+      std::int64_t cnt = 0;
+      for (std::int64_t j = 0; j < n; ++j) {
+        const bool ok = at[keys[base + j]] != 0;
+        bt[j] = ok ? 0.0f : -INFINITY;
+        cnt += ok;
+      }
+      for (std::int64_t j = n; j < nw; ++j) bt[j] = -INFINITY;
+      allowed[tt] = static_cast<float>(cnt);
+    }
+
+    // Scores, key block outer: the block's rows of K stay in L1 for every query.
+    for (std::int64_t jb = 0; jb < nw; jb += W) {
+      prefetch(rows[cur ^ 1][0], jb < next ? jb : next, jb + W < next ? jb + W : next, k_lines);
+      for (std::int64_t tt = 0; tt < tokens; ++tt) {
+        if (allowed[tt] == 0.0f) continue;
+        const bool full = allowed[tt] == static_cast<float>(n);
+        for (std::int64_t qi = 0; qi < gq; ++qi) {
+          const std::int64_t i = tt * gq + qi;
+          R sc = score_block<V>(qs + i * D, kp + jb, qi / G * D, D);
+          if (capped) sc = V::mul(cap, v_tanh<V>(sc));
+          if (!full) sc = V::add(sc, V::load(bias + tt * tile + jb));
+          V::store(sp + i * tile + jb, sc);
+        }
+      }
+    }
+
+    // The online-softmax update of each query: new max, rescale of what was accumulated, weights.
+    for (std::int64_t i = 0; i < nq; ++i) {
+      if (allowed[i / gq] == 0.0f) continue;
+      float* si = sp + i * tile;
+      for (std::int64_t j = n; j < nw; ++j) si[j] = -INFINITY;
+      R mv = V::set1(-INFINITY);
+      for (std::int64_t jb = 0; jb < nw; jb += W) mv = V::max(V::load(si + jb), mv);
+      const float tile_max = V::reduce_max(mv);
+      const float m_new = tile_max > mx[i] ? tile_max : mx[i];
+      if (m_new == -INFINITY) {  // every score -inf: no weight anywhere
+        for (std::int64_t jb = 0; jb < nw; jb += W) V::store(si + jb, V::zero());
+        continue;
+      }
+      const float corr = mx[i] == -INFINITY ? 0.0f : expf(mx[i] - m_new);
+      const R mn = V::set1(m_new);
+      R ps = V::zero();
+      for (std::int64_t jb = 0; jb < nw; jb += W) {
+        const R e = v_exp<V>(V::sub(V::load(si + jb), mn));
+        V::store(si + jb, e);
+        ps = V::add(ps, e);
+      }
+      sum[i] = sum[i] * corr + V::reduce_add(ps);
+      mx[i] = m_new;
+      if (corr != 1.0f) {
+        float* ai = acc + i * Dv;
+        const R cv = V::set1(corr);
+        std::int64_t d = 0;
+        for (; d + W <= Dv; d += W) V::store(ai + d, V::mul(V::load(ai + d), cv));
+        if (d < Dv) V::store_n(ai + d, V::mul(V::load_n(ai + d, Dv - d), cv), Dv - d);
+      }
+    }
+
+    // P.V. Tokens that may read the whole tile: key block outer, every query per block. Tokens with
+    // masked keys in the tile (the diagonal of a causal mask, a window's edge): only the keys with
+    // weight, so that a masked row is never read, as the op requires.
+    for (std::int64_t jb = 0; jb < n; jb += pv_block) {
+      const std::int64_t kb = n - jb < pv_block ? n - jb : pv_block;
+      prefetch(rows[cur ^ 1][1], jb < next ? jb : next, jb + kb < next ? jb + kb : next, v_lines);
+      for (std::int64_t i = 0; i < nq; ++i)
+        if (allowed[i / gq] == static_cast<float>(n))
+          accumulate_pv<V>(acc + i * Dv, sp + i * tile + jb, vp + jb, i % gq / G * Dv, kb, Dv);
+    }
+    for (std::int64_t i = 0; i < nq; ++i) {
+      const float cnt = allowed[i / gq];
+      if (cnt == 0.0f || cnt == static_cast<float>(n)) continue;
+      const float* pi = sp + i * tile;
+      std::int64_t m = 0;
+      for (std::int64_t j = 0; j < n; ++j) {
+        pc[m] = pi[j];
+        vc[m] = vp[j];
+        m += pi[j] != 0.0f;
+      }
+      accumulate_pv<V>(acc + i * Dv, pc, vc, i % gq / G * Dv, m, Dv);
+    }
+  }
+
+  for (std::int64_t i = 0; i < nq; ++i) {
+    const float* ai = acc + i * Dv;
+    if (tk.part) {
+      float* dst = tk.part + i * (Dv + 2);
+      dst[0] = mx[i];
+      dst[1] = sum[i];
+      for (std::int64_t d = 0; d < Dv; ++d) dst[2 + d] = ai[d];
+      continue;
+    }
+    float* o = a.out + q_row(i) * Dv;
+    const R inv = V::set1(sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f);  // no allowed key: zeros
+    std::int64_t d = 0;
+    for (; d + W <= Dv; d += W) V::store(o + d, V::mul(V::load(ai + d), inv));
+    if (d < Dv) V::store_n(o + d, V::mul(V::load_n(ai + d, Dv - d), inv), Dv - d);
+  }
+}
+
+template <class V>
+constexpr kernel_table make_kernel_table() {
+  return kernel_table{
+      &attention_task_run<V>, &rms_norm<V>, &layer_norm<V>, &rope<V>, &softmax_rows<V>, &unary<V>, &gated<V>,
+  };
+}
+
+}  // namespace troupe::exec::cpu::kernels_detail

@@ -1,0 +1,58 @@
+#pragma once
+// The per-level entry points behind the dispatchers of kernels.hpp: one table of plain functions per
+// isa level, built from the same templates (kernels_impl.hpp) in kernels.cpp (scalar),
+// kernels_avx2.cpp and kernels_avx512.cpp. Only plain data and function pointers cross between the
+// objects of different levels. The namespace is kernels_detail, not detail: matmul's per-level tables
+// live in detail under the same names, and a shared name would let the linker swap one for the other.
+#include <cstdint>
+
+#include "engine/exec/cpu/kernels.hpp"
+
+namespace troupe::exec::cpu::kernels_detail {
+
+// Keys per attention tile, the unit of one online-softmax update: 64 rows of K and V (32 KiB at head
+// dim 64) stay in L1 while every query of a task reads them.
+inline constexpr std::int64_t attention_tile = 64;
+
+// One attention task: the queries of tokens [t0, t1) of row r whose heads read kv heads [kh0, kh1)
+// (every query head of those groups), over the keys c in [c0, c1). Scratch is the caller's, per
+// thread: for nq = tokens x (kh1 - kh0) x group queries, `scratch` holds attention_scratch_floats()
+// floats, 64-byte aligned: scaled queries [nq][D], accumulators [nq][Dv], running max [nq] and sum
+// [nq], a tile's scores [nq][tile], and per token a tile's mask [tokens][tile] and allowed count
+// [tokens]; `keys` holds c1 - c0 ints and `any` c1 - c0 bytes.
+constexpr std::int64_t attention_scratch_floats(std::int64_t tokens, std::int64_t queries_per_token, std::int64_t D,
+                                                std::int64_t Dv) {
+  return tokens * queries_per_token * (D + Dv + 2 + attention_tile) + tokens * (attention_tile + 1);
+}
+
+struct attention_task {
+  std::int64_t r = 0, kh0 = 0, kh1 = 0, t0 = 0, t1 = 0, c0 = 0, c1 = 0;
+  float* scratch = nullptr;
+  std::int32_t* keys = nullptr;
+  std::uint8_t* any = nullptr;
+  // Null: the task writes its normalized rows into out. Otherwise it leaves, for query i (token-major,
+  // then query head), [running max, running sum, unnormalized acc[Dv]] at part + i * (Dv + 2), to be
+  // merged with the other key ranges of the same queries.
+  float* part = nullptr;
+};
+
+struct kernel_table {
+  void (*attention)(const attention_args& a, const attention_task& task);
+  void (*rms_norm)(const float* x, const float* w, std::int64_t rows, std::int64_t n, float eps, float* y);
+  void (*layer_norm)(const float* x, const float* w, const float* b, std::int64_t rows, std::int64_t n, float eps,
+                     float* y);
+  void (*rope)(float* x, std::int64_t T, std::int64_t H, std::int64_t D, const std::int32_t* pos, const float* inv_freq,
+               std::int64_t half, bool neox, float scale);
+  void (*softmax_rows)(const float* x, std::int64_t rows, std::int64_t n, bool log, float* y);
+  void (*unary)(unary_kind k, const float* x, std::int64_t n, float* y);
+  void (*gated)(unary_kind act, const float* g, const float* u, std::int64_t n, float* y);
+};
+
+const kernel_table& scalar_kernels();
+const kernel_table& avx2_kernels();
+const kernel_table& avx512_kernels();
+
+// The table of `level`, or of the best usable level below it when this CPU lacks it.
+const kernel_table& kernels_for(isa level);
+
+}  // namespace troupe::exec::cpu::kernels_detail

@@ -1,0 +1,44 @@
+#pragma once
+// The CPU kernels besides matrix products: attention over a KV map, norms, rotary embedding and the
+// activation and row-wise ops the compiler lowers to. Every one matches the oracle's op of the same
+// name (engine/graph/ops.hpp) within a stated f32 tolerance, on every isa level.
+#include <cstdint>
+
+#include "engine/exec/cpu/isa.hpp"
+#include "engine/exec/cpu/thread_pool.hpp"
+
+namespace troupe::exec::cpu {
+
+// attention over a KV map (see op::attention): q [R*T, Hq, D], k [S, Hkv, D], v [S, Hkv, Dv],
+// index [R, C] (rows of k/v), allow [R, T, C] (0/1 bytes), out [R*T, Hq, Dv]. Online softmax: no
+// score matrix is materialized. Allowed indices are in [0, S) (the caller checks).
+struct attention_args {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const std::int32_t* index = nullptr;
+  const std::uint8_t* allow = nullptr;
+  float* out = nullptr;
+  std::int64_t R = 0, T = 0, C = 0, Hq = 0, Hkv = 0, D = 0, Dv = 0;
+  float scale = 1.0f;
+  float softcap = 0.0f;
+};
+void attention(const attention_args& a, thread_pool& pool, isa level);
+
+// y = x / sqrt(mean(x^2) + eps) * w over rows of n (y may alias x).
+void rms_norm(const float* x, const float* w, std::int64_t rows, std::int64_t n, float eps, float* y, isa level);
+// layer norm with weight and bias (y may alias x).
+void layer_norm(const float* x, const float* w, const float* b, std::int64_t rows, std::int64_t n, float eps, float* y,
+                isa level);
+// In place: x [T, H, D], pos [T], inv_freq [half]; rotates the first 2 * half dims of each head.
+void rope(float* x, std::int64_t T, std::int64_t H, std::int64_t D, const std::int32_t* pos, const float* inv_freq,
+          std::int64_t half, bool neox, float scale, isa level);
+// Row-wise softmax / log-softmax over the last axis (y may alias x).
+void softmax_rows(const float* x, std::int64_t rows, std::int64_t n, bool log, float* y, isa level);
+
+enum class unary_kind : std::uint8_t { neg, abs, exp, log, sqrt, rsqrt, recip, tanh, erf, sigmoid, silu, gelu_tanh };
+void unary(unary_kind k, const float* x, std::int64_t n, float* y, isa level);
+// y = act(g) * u, the gated feed-forward's middle (act: silu or gelu_tanh).
+void gated(unary_kind act, const float* g, const float* u, std::int64_t n, float* y, isa level);
+
+}  // namespace troupe::exec::cpu

@@ -1,0 +1,355 @@
+#include "engine/exec/cpu/matmul.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <new>
+
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include "engine/core/quant.hpp"
+#include "engine/exec/cpu/matmul_detail.hpp"
+
+namespace troupe::exec::cpu {
+namespace detail {
+
+// Decode streams every weight once per token, and with 4 KiB pages that is a TLB miss every 4 KiB
+// and a hardware prefetcher that stops at each page boundary. Packed matrices of a huge page or more
+// ask for transparent huge pages (where the kernel only grants them on request); the partial huge
+// page at the end stays small, so nothing is wasted.
+constexpr std::size_t huge_page = std::size_t{2} << 20;
+
+aligned_bytes allocate_aligned(std::size_t bytes) {
+  const std::size_t n = std::max<std::size_t>(64, round64(bytes));
+  void* p = nullptr;
+  if (posix_memalign(&p, n >= huge_page ? huge_page : 64, n) != 0) throw std::bad_alloc();
+  if (n >= huge_page) (void)madvise(p, n / huge_page * huge_page, MADV_HUGEPAGE);
+  std::memset(p, 0, n);
+  return aligned_bytes(static_cast<std::byte*>(p));
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::panel_rows;
+
+// The rows of one panel of the stored matrix: row r of the panel, or null past the last row.
+struct source_panel {
+  const std::byte* base;
+  std::size_t row_bytes;
+  std::int64_t first, rows;
+  const std::byte* row(int r) const {
+    const std::int64_t n = first + r;
+    return n < rows ? base + static_cast<std::size_t>(n) * row_bytes : nullptr;
+  }
+};
+
+void pack_f32(const source_panel& s, std::int64_t k, std::byte* dst) {
+  for (int r = 0; r < panel_rows; ++r) {
+    const std::byte* src = s.row(r);
+    if (!src) continue;
+    for (std::int64_t c = 0; c < k; ++c) std::memcpy(dst + (c * panel_rows + r) * 4, src + c * 4, 4);
+  }
+}
+
+void pack_f16(const source_panel& s, std::int64_t k, std::byte* dst) {
+  for (int r = 0; r < panel_rows; ++r) {
+    const std::byte* src = s.row(r);
+    if (!src) continue;
+    for (std::int64_t c = 0; c < k; ++c) std::memcpy(dst + (c * panel_rows + r) * 2, src + c * 2, 2);
+  }
+}
+
+void pack_bf16(const source_panel& s, std::int64_t k, std::byte* dst) {
+  for (int r = 0; r < panel_rows; ++r) {
+    const std::byte* src = s.row(r);
+    if (!src) continue;
+    for (std::int64_t c = 0; c < k; ++c) {
+      std::memcpy(dst + ((c / 2) * panel_rows * 2 + r * 2 + c % 2) * 2, src + c * 2, 2);
+    }
+  }
+}
+
+// q8_0 block: f16 d, 32 i8. q4_0 block: f16 d, 16 bytes of nibbles.
+void pack_q8_0(const source_panel& s, std::int64_t k, std::byte* dst) {
+  const std::int64_t blocks = k / 32;
+  std::byte* q = dst + detail::scale_run(blocks);
+  for (int r = 0; r < panel_rows; ++r) {
+    const std::byte* src = s.row(r);
+    if (!src) continue;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::byte* blk = src + b * 34;
+      std::memcpy(dst + (b * panel_rows + r) * 2, blk, 2);
+      for (int g = 0; g < 8; ++g) std::memcpy(q + b * detail::q8_0_unit + (g * panel_rows + r) * 4, blk + 2 + 4 * g, 4);
+    }
+  }
+}
+
+void pack_q4_0(const source_panel& s, std::int64_t k, std::byte* dst) {
+  const std::int64_t blocks = k / 32;
+  std::byte* q = dst + detail::scale_run(blocks);
+  for (int r = 0; r < panel_rows; ++r) {
+    const std::byte* src = s.row(r);
+    if (!src) continue;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::byte* blk = src + b * 18;
+      std::memcpy(dst + (b * panel_rows + r) * 2, blk, 2);
+      for (int g = 0; g < 4; ++g) std::memcpy(q + b * detail::q4_0_unit + (g * panel_rows + r) * 4, blk + 2 + 4 * g, 4);
+    }
+  }
+}
+
+// q4_k superblock: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles.
+void pack_q4_k(const source_panel& s, std::int64_t k, std::byte* dst) {
+  const std::int64_t blocks = k / 256;
+  for (int r = 0; r < panel_rows; ++r) {
+    const std::byte* src = s.row(r);
+    if (!src) continue;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::byte* blk = src + b * 144;
+      std::byte* u = dst + b * detail::q4_k_unit;
+      std::memcpy(u + r * 2, blk, 2);
+      std::memcpy(u + detail::q4_k_dmin + r * 2, blk + 2, 2);
+      std::uint8_t sm[12];
+      std::memcpy(sm, blk + 4, 12);
+      for (int j = 0; j < 8; ++j) {
+        std::uint8_t sc, mn;
+        if (j < 4) {
+          sc = sm[j] & 63;
+          mn = sm[j + 4] & 63;
+        } else {
+          sc = static_cast<std::uint8_t>((sm[j + 4] & 0x0f) | ((sm[j - 4] >> 6) << 4));
+          mn = static_cast<std::uint8_t>((sm[j + 4] >> 4) | ((sm[j] >> 6) << 4));
+        }
+        u[detail::q4_k_scale + j * panel_rows + r] = std::byte{sc};
+        u[detail::q4_k_min + ((j / 4) * panel_rows + r) * 4 + j % 4] = std::byte{mn};
+      }
+      for (int c = 0; c < 4; ++c) {
+        for (int g = 0; g < 8; ++g) {
+          std::memcpy(u + detail::q4_k_q + ((c * 8 + g) * panel_rows + r) * 4, blk + 16 + 32 * c + 4 * g, 4);
+        }
+      }
+    }
+  }
+}
+
+// q6_k superblock: 128 bytes ql, 64 bytes qh, 16 i8 scales, f16 d.
+void pack_q6_k(const source_panel& s, std::int64_t k, std::byte* dst) {
+  const std::int64_t blocks = k / 256;
+  std::byte* body = dst + detail::scale_run(blocks);
+  for (int r = 0; r < panel_rows; ++r) {
+    const std::byte* src = s.row(r);
+    if (!src) continue;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::byte* blk = src + b * 210;
+      std::byte* u = body + b * detail::q6_k_unit;
+      std::memcpy(dst + (b * panel_rows + r) * 2, blk + 208, 2);
+      for (int h = 0; h < 2; ++h) {
+        for (int v = 0; v < 16; ++v) std::memcpy(u + ((h * 16 + v) * panel_rows + r) * 4, blk + 64 * h + 4 * v, 4);
+        for (int w = 0; w < 8; ++w) {
+          std::memcpy(u + detail::q6_k_qh + ((h * 8 + w) * panel_rows + r) * 4, blk + 128 + 32 * h + 4 * w, 4);
+        }
+      }
+      for (int j = 0; j < 16; ++j) u[detail::q6_k_scale + j * panel_rows + r] = blk[192 + j];
+    }
+  }
+}
+
+std::size_t panel_bytes(dtype t, std::int64_t k) {
+  const auto uk = static_cast<std::size_t>(k);
+  switch (t) {
+    case dtype::f32: return uk * panel_rows * 4;
+    case dtype::f16: return uk * panel_rows * 2;
+    case dtype::bf16: return (uk + 1) / 2 * panel_rows * 4;
+    case dtype::q8_0: return detail::scale_run(k / 32) + uk / 32 * detail::q8_0_unit;
+    case dtype::q4_0: return detail::scale_run(k / 32) + uk / 32 * detail::q4_0_unit;
+    case dtype::q4_k: return uk / 256 * detail::q4_k_unit;
+    case dtype::q6_k: return detail::scale_run(k / 256) + uk / 256 * detail::q6_k_unit;
+    default: return 0;
+  }
+}
+
+const detail::kernel_table& table(isa level) {
+  switch (level) {
+    case isa::avx512: return detail::avx512_kernels();
+    case isa::avx2: return detail::avx2_kernels();
+    case isa::scalar: break;
+  }
+  return detail::scalar_kernels();
+}
+
+const detail::format_kernel& kernel_for(const detail::kernel_table& t, dtype type) {
+  switch (type) {
+    case dtype::f16: return t.f16;
+    case dtype::bf16: return t.bf16;
+    case dtype::q8_0: return t.q8_0;
+    case dtype::q4_0: return t.q4_0;
+    case dtype::q4_k: return t.q4_k;
+    case dtype::q6_k: return t.q6_k;
+    default: return t.f32;
+  }
+}
+
+// The calling thread's scratch for prepared activations; it only grows, so steady decode allocates
+// nothing.
+std::byte* scratch(std::size_t bytes) {
+  thread_local detail::aligned_bytes buf;
+  thread_local std::size_t capacity = 0;
+  if (bytes > capacity) {
+    buf = detail::allocate_aligned(bytes);
+    capacity = detail::round64(bytes);
+  }
+  return buf.get();
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+bool packable(dtype t) {
+  switch (t) {
+    case dtype::f32:
+    case dtype::f16:
+    case dtype::bf16:
+    case dtype::q8_0:
+    case dtype::q4_0:
+    case dtype::q4_k:
+    case dtype::q6_k: return true;
+    default: return false;
+  }
+}
+
+result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w) {
+  const dtype t = w.type();
+  if (!packable(t)) return unexpected(std::string("matmul: no packed layout for ") + std::string(name(t)));
+  if (w.shape().rank() != 2) {
+    return unexpected("matmul: a weight must be 2-D [N, K], got " + w.shape().str());
+  }
+  const std::int64_t n = w.shape()[0];
+  const std::int64_t k = w.shape()[1];
+  if (n < 0 || k < 0) return unexpected("matmul: negative dimension in " + w.shape().str());
+  const auto block = static_cast<std::int64_t>(info(t).block_elems);
+  if (k % block != 0) {
+    return unexpected("matmul: K = " + std::to_string(k) + " is not a whole number of " + std::string(name(t)) +
+                      " blocks");
+  }
+  if (n > 0 && k > 0 && !w.data()) return unexpected(std::string("matmul: weight has no data"));
+
+  auto l = std::make_shared<layout>();
+  l->type = t;
+  l->rows = n;
+  l->cols = k;
+  l->panels = ceil_div(n, panel_rows);
+  l->panel_bytes = panel_bytes(t, k);
+  l->data = detail::allocate_aligned(static_cast<std::size_t>(l->panels) * l->panel_bytes);
+  const std::size_t row_bytes = k > 0 ? w.row_bytes() : 0;
+  for (std::int64_t p = 0; p < l->panels && k > 0; ++p) {
+    const source_panel s{w.data(), row_bytes, p * panel_rows, n};
+    std::byte* dst = l->data.get() + static_cast<std::size_t>(p) * l->panel_bytes;
+    switch (t) {
+      case dtype::f32: pack_f32(s, k, dst); break;
+      case dtype::f16: pack_f16(s, k, dst); break;
+      case dtype::bf16: pack_bf16(s, k, dst); break;
+      case dtype::q8_0: pack_q8_0(s, k, dst); break;
+      case dtype::q4_0: pack_q4_0(s, k, dst); break;
+      case dtype::q4_k: pack_q4_k(s, k, dst); break;
+      case dtype::q6_k: pack_q6_k(s, k, dst); break;
+      default: break;
+    }
+  }
+  packed_matrix m;
+  m.l_ = std::move(l);
+  return m;
+}
+
+dtype packed_matrix::type() const { return l_->type; }
+std::int64_t packed_matrix::rows() const { return l_->rows; }
+std::int64_t packed_matrix::cols() const { return l_->cols; }
+std::size_t packed_matrix::bytes() const { return static_cast<std::size_t>(l_->panels) * l_->panel_bytes; }
+
+void matmul(const packed_matrix& w, const float* x, std::int64_t ldx, std::int64_t M, float* y, std::int64_t ldy,
+            thread_pool& pool, isa level) {
+  const packed_matrix::layout& l = w.data();
+  const std::int64_t n = l.rows;
+  const std::int64_t k = l.cols;
+  if (M <= 0 || n <= 0) return;
+  if (k == 0) {
+    for (std::int64_t m = 0; m < M; ++m) std::fill(y + m * ldy, y + m * ldy + n, 0.0f);
+    return;
+  }
+  if (!usable(level)) level = best_isa();
+  const detail::format_kernel& fk = kernel_for(table(level), l.type);
+  const int threads = pool.size();
+
+  detail::gemm_args a;
+  a.w = &l;
+  a.y = y;
+  a.ldy = ldy;
+  if (fk.act_bytes) {
+    const std::size_t stride = detail::round64(fk.act_bytes(k));
+    std::byte* acts = scratch(stride * static_cast<std::size_t>(M));
+    // Preparing a row costs about as much as one output panel of it, so rows are spread only when
+    // there are enough to pay for a dispatch.
+    if (M >= 4 * threads && threads > 1) {
+      const std::int64_t per = ceil_div(M, 4 * threads);
+      pool.parallel_for(ceil_div(M, per), [&](std::int64_t t, int) {
+        for (std::int64_t m = t * per; m < std::min(M, (t + 1) * per); ++m) {
+          fk.prepare(x + m * ldx, k, acts + static_cast<std::size_t>(m) * stride);
+        }
+      });
+    } else {
+      for (std::int64_t m = 0; m < M; ++m) fk.prepare(x + m * ldx, k, acts + static_cast<std::size_t>(m) * stride);
+    }
+    a.acts = acts;
+    a.act_stride = stride;
+  } else {
+    a.acts = reinterpret_cast<const std::byte*>(x);
+    a.act_stride = static_cast<std::size_t>(ldx) * sizeof(float);
+  }
+
+  // Tasks are (panel range, row range) rectangles. Output rows of a panel are 64 bytes, so tasks
+  // share no cache line unless ldy is not a multiple of 16. Small M splits N only; large M also splits
+  // rows into chunks that stay cache-resident while a task walks its panels.
+  const std::int64_t panels = l.panels;
+  const std::int64_t m_chunk = M <= 64 ? M : std::min<std::int64_t>(M, 128);
+  const std::int64_t m_tasks = ceil_div(M, m_chunk);
+  const std::int64_t want = threads == 1 ? 1 : (M <= 16 ? 8 : 6) * threads;
+  const std::int64_t p_tasks = std::clamp<std::int64_t>(ceil_div(want, m_tasks), 1, panels);
+  const std::int64_t p_chunk = ceil_div(panels, p_tasks);
+  const std::int64_t tasks = ceil_div(panels, p_chunk) * m_tasks;
+  auto run = [&](std::int64_t t, int) {
+    detail::gemm_args b = a;
+    const std::int64_t pi = t / m_tasks;
+    const std::int64_t mi = t % m_tasks;
+    b.p0 = pi * p_chunk;
+    b.p1 = std::min(panels, b.p0 + p_chunk);
+    b.m0 = mi * m_chunk;
+    b.m1 = std::min(M, b.m0 + m_chunk);
+    fk.compute(b);
+  };
+  if (tasks == 1) {
+    run(0, 0);
+  } else {
+    pool.parallel_for(tasks, run);
+  }
+}
+
+void gather_rows(const tensor_view& table, const std::int32_t* ids, std::int64_t n, float* out) {
+  const std::int64_t k = table.shape().back();
+  const std::size_t row_bytes = table.row_bytes();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::byte* src = table.data() + static_cast<std::size_t>(ids[i]) * row_bytes;
+    float* dst = out + i * k;
+    if (table.type() == dtype::f32) {
+      std::memcpy(dst, src, static_cast<std::size_t>(k) * sizeof(float));
+    } else if (!dequantize_row(table.type(), src, dst, k)) {
+      // A table core cannot decode reads as NaN rather than as plausible numbers.
+      std::fill(dst, dst + k, std::numeric_limits<float>::quiet_NaN());
+    }
+  }
+}
+
+}  // namespace troupe::exec::cpu

@@ -1,0 +1,46 @@
+#pragma once
+// Matrix products over packed weights: y[M, N] = x[M, K] W^T for a weight W [N, K] stored as f32, f16,
+// bf16, q8_0, q4_0, q4_k or q6_k. Weights are packed once, at load, into a kernel-friendly layout of
+// the same format (never widened to f32 copies); activations are f32 and may be quantized on the fly
+// (to 8-bit blocks, as llama.cpp does) where integer dot products win. M = 1 is the decode GEMV; large
+// M is the prefill GEMM.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/core/result.hpp"
+#include "engine/core/tensor.hpp"
+#include "engine/exec/cpu/isa.hpp"
+#include "engine/exec/cpu/thread_pool.hpp"
+
+namespace troupe::exec::cpu {
+
+bool packable(dtype t);
+
+class packed_matrix {
+ public:
+  // A [N, K] weight in one of the packable formats; anything else is refused with the reason.
+  static result<packed_matrix, std::string> pack(const tensor_view& w);
+
+  dtype type() const;
+  std::int64_t rows() const;  // N
+  std::int64_t cols() const;  // K
+  std::size_t bytes() const;  // of the packed data
+
+  struct layout;
+  const layout& data() const { return *l_; }
+
+ private:
+  std::shared_ptr<const layout> l_;
+};
+
+// y[m * ldy + n] = sum_k x[m * ldx + k] * W[n, k] for m < M, n < N. `level` must be usable.
+void matmul(const packed_matrix& w, const float* x, std::int64_t ldx, std::int64_t M, float* y, std::int64_t ldy,
+            thread_pool& pool, isa level);
+
+// out[i, :] = row ids[i] of a stored table (any dtype core can dequantize), as f32. Ids are checked by
+// the caller.
+void gather_rows(const tensor_view& table, const std::int32_t* ids, std::int64_t n, float* out);
+
+}  // namespace troupe::exec::cpu

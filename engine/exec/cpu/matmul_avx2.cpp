@@ -1,0 +1,104 @@
+// The AVX2 kernels (AVX2 + FMA + F16C): 8 lanes, so a 16-row panel is two halves, and byte dots
+// take maddubs + madd where AVX-512 has vpdpbusd.
+#include <immintrin.h>
+
+#include "engine/exec/cpu/matmul_kernels.hpp"
+
+namespace troupe::exec::cpu::detail {
+namespace {
+
+struct v256 {
+  static constexpr int lanes = 8;
+  // maddubs saturates at 16 bits, which a biased q8_0 weight (up to 255) times 127 twice exceeds;
+  // q8_0 instead moves the weight's sign onto the activation, and needs no correction.
+  static constexpr int q8_offset = 0;
+  static constexpr bool full_u8_dot = false;
+  using vi = __m256i;
+  using vf = __m256;
+
+  static vf zero_f() { return _mm256_setzero_ps(); }
+  static vi zero_i() { return _mm256_setzero_si256(); }
+  static vf set1_f(float v) { return _mm256_set1_ps(v); }
+  static vi set1_i32(std::int32_t v) { return _mm256_set1_epi32(v); }
+  static vi set1_i8(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
+  static vf load_f(const float* p) { return _mm256_load_ps(p); }
+  static vf loadu_f(const float* p) { return _mm256_loadu_ps(p); }
+  static vf load_f16(const std::byte* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static vi load_i(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+  static void store_i(std::int32_t* p, vi v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
+  static void storeu_f(float* p, vf v) { _mm256_storeu_ps(p, v); }
+  static void store_partial(float* p, vf v, int n) {
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    _mm256_maskstore_ps(p, mask, v);
+  }
+  static vi bcast4(const std::int8_t* p) {
+    std::int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+  }
+  static vf abs_f(vf v) { return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))); }
+  static vf max_f(vf a, vf b) { return _mm256_max_ps(a, b); }
+  static vf mul_f(vf a, vf b) { return _mm256_mul_ps(a, b); }
+  static vf fmadd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+  static vf fmsub(vf a, vf b, vf c) { return _mm256_fmsub_ps(a, b, c); }
+  static float reduce_max(vf v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+  }
+  static vi round_i32(vf v) { return _mm256_cvtps_epi32(v); }
+  static void store_i8(std::int8_t* q, vi v) {
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packs_epi16(w, w));
+  }
+  static vi and_i(vi a, vi b) { return _mm256_and_si256(a, b); }
+  static vi or_i(vi a, vi b) { return _mm256_or_si256(a, b); }
+  static vi add_i32(vi a, vi b) { return _mm256_add_epi32(a, b); }
+  static vi sub_i32(vi a, vi b) { return _mm256_sub_epi32(a, b); }
+  static vi mullo_i32(vi a, vi b) { return _mm256_mullo_epi32(a, b); }
+  template <int N>
+  static vi srli16(vi v) { return _mm256_srli_epi16(v, N); }
+  template <int N>
+  static vi slli16(vi v) { return _mm256_slli_epi16(v, N); }
+  template <int N>
+  static vi srai32(vi v) { return _mm256_srai_epi32(v, N); }
+  template <int N>
+  static vi slli32(vi v) { return _mm256_slli_epi32(v, N); }
+  static vf cvt_f(vi v) { return _mm256_cvtepi32_ps(v); }
+  static vi cvt_u8_i32(const std::byte* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static vi cvt_i8_i32(const std::byte* p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  // Pairs of u8 * s8 products fit int16 for every caller here (codes up to 63 against |x| <= 127).
+  static vi dot_u8s8(vi acc, vi u, vi s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+  }
+  static vi q8_weights(vi w) { return _mm256_abs_epi8(w); }
+  static vi dot_q8(vi acc, vi wabs, vi w, vi x) { return dot_u8s8(acc, wabs, _mm256_sign_epi8(x, w)); }
+  static vf bf16_even(vi v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+  static vf bf16_odd(vi v) {
+    return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+};
+
+}  // namespace
+
+const kernel_table& avx2_kernels() {
+  static const kernel_table t{
+      .f32 = {nullptr, nullptr, compute_f32<v256, 6, 2>},
+      .f16 = {nullptr, nullptr, compute_f16<v256, 6, 2>},
+      .bf16 = {nullptr, nullptr, compute_bf16<v256, 4, 2>},
+      .q8_0 = {bytes32, prepare_q8_32<v256, v256::q8_offset>, compute_q8_0<v256, 4>},
+      .q4_0 = {bytes32, prepare_q8_32<v256, 8>, compute_q4_0<v256, 4>},
+      .q4_k = {bytes256, prepare_q4_k<v256>, compute_q4_k<v256, 4>},
+      .q6_k = {bytes256, prepare_q6_k<v256>, compute_q6_k<v256, 4>},
+  };
+  return t;
+}
+
+}  // namespace troupe::exec::cpu::detail

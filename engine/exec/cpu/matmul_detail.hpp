@@ -1,0 +1,110 @@
+#pragma once
+// Internals of the matrix products, shared by the dispatcher (matmul.cpp) and the kernel files of
+// each isa level: the packed weight layouts and the table of kernels a level provides. Not a public
+// interface.
+//
+// Packed weights are panels of 16 rows of W. Within a panel, each unit of K (one column for the
+// plain floats, one block for the quantized formats) keeps the 16 rows side by side, so one vector
+// load covers 16 output rows and no kernel needs a horizontal sum. A panel is:
+//   f32   per column: [16] f32
+//   f16   per column: [16] f16
+//   bf16  per column pair: [16 rows][2] bf16 (K padded to even with zeros)
+//   q8_0  d[K/32][16] f16 (padded to 64 bytes), then per 32-block q[8 g][16 rows][4] i8: group g
+//         holds elements 4g..4g+3 of each row
+//   q4_0  d[K/32][16] f16 (padded to 64 bytes), then per 32-block q[4 g][16 rows][4] u8: ggml's bytes
+//         4g..4g+3 of each row, whose low nibbles are elements 4g.. and high nibbles 16+4g..
+//   q4_k  per 256-superblock: d[16] f16, dmin[16] f16, scale[8 sub][16 rows] u8, min[2 h][16 rows][4]
+//         u8 (the min of sub-block 4h+t at [h][row][t]), q[4 c][8 g][16 rows][4] u8: ggml's bytes
+//         32c+4g.. of each row, low nibbles elements 64c+4g.., high nibbles 64c+32+4g..
+//   q6_k  d[K/256][16] f16 (padded to 64 bytes), then per 256-superblock ql[2 h][16 v][16 rows][4]
+//         (ggml's ql bytes 64h+4v..), qh[2 h][8 u][16 rows][4] (ggml's qh bytes 32h+4u..),
+//         scale[16 sub][16 rows] i8
+// Vector loads stay 64-byte aligned, a panel holds the bytes of its 16 stored rows (q4_k adds 4 a
+// superblock row by unpacking its 6-bit scales; the f16 scale runs round up to 64 bytes), and a final
+// partial panel is padded with zero rows.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+
+#include "engine/core/dtype.hpp"
+#include "engine/exec/cpu/matmul.hpp"
+
+namespace troupe::exec::cpu {
+
+namespace detail {
+
+inline constexpr int panel_rows = 16;
+
+struct free_aligned {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+using aligned_bytes = std::unique_ptr<std::byte[], free_aligned>;
+// 64-byte aligned, zero-filled.
+aligned_bytes allocate_aligned(std::size_t bytes);
+
+inline constexpr std::size_t round64(std::size_t n) { return (n + 63) / 64 * 64; }
+
+// Bytes of one block (superblock) of one panel, scales excluded where they live in a leading run.
+inline constexpr std::size_t q8_0_unit = 16 * 32;
+inline constexpr std::size_t q4_0_unit = 16 * 16;
+inline constexpr std::size_t q4_k_unit = 32 + 32 + 128 + 128 + 16 * 128;
+inline constexpr std::size_t q6_k_unit = 16 * 128 + 16 * 64 + 256;
+// Offsets inside a q4_k / q6_k unit.
+inline constexpr std::size_t q4_k_dmin = 32, q4_k_scale = 64, q4_k_min = 192, q4_k_q = 320;
+inline constexpr std::size_t q6_k_qh = 2048, q6_k_scale = 3072;
+// The leading f16 scale run of a q8_0 / q4_0 / q6_k panel with `blocks` blocks.
+inline constexpr std::size_t scale_run(std::int64_t blocks) { return round64(static_cast<std::size_t>(blocks) * 32); }
+
+// Prepared activations, one row each (kernels that read f32 x need none).
+// 32-block rows (q8_0, q4_0): q[K] i8, then d[K/32] f32, then s[K/32] i32 (each block's sum of q times
+// the offset that level's kernel adds to the weights to make them unsigned).
+inline std::size_t act32_d(std::int64_t k) { return round64(static_cast<std::size_t>(k)); }
+inline std::size_t act32_s(std::int64_t k) { return act32_d(k) + 4 * static_cast<std::size_t>(k / 32); }
+inline std::size_t act32_bytes(std::int64_t k) { return round64(act32_s(k) + 4 * static_cast<std::size_t>(k / 32)); }
+// 256-block rows (q4_k, q6_k): q[K] i8, d[K/256] f32, s[K/16] i32 (per-group sums, as the format's
+// kernel wants them), hl[K/256][16] i8 (q4_k: the 32-element sums split as 128 h + l).
+inline std::size_t act256_d(std::int64_t k) { return round64(static_cast<std::size_t>(k)); }
+inline std::size_t act256_s(std::int64_t k) { return act256_d(k) + round64(4 * static_cast<std::size_t>(k / 256)); }
+inline std::size_t act256_hl(std::int64_t k) { return act256_s(k) + 4 * static_cast<std::size_t>(k / 16); }
+inline std::size_t act256_bytes(std::int64_t k) { return round64(act256_hl(k) + 16 * static_cast<std::size_t>(k / 256)); }
+
+// One task's share of a product: rows [m0, m1) of x against panels [p0, p1) of W. Row m's prepared
+// activations start at acts + m * act_stride (for kernels that read x directly, acts is x).
+struct gemm_args {
+  const packed_matrix::layout* w = nullptr;
+  const std::byte* acts = nullptr;
+  std::size_t act_stride = 0;
+  float* y = nullptr;
+  std::int64_t ldy = 0;
+  std::int64_t m0 = 0, m1 = 0, p0 = 0, p1 = 0;
+};
+
+struct format_kernel {
+  // Bytes of one row of prepared activations for K columns; null when the kernel reads f32 x.
+  std::size_t (*act_bytes)(std::int64_t k) = nullptr;
+  // Prepares one row of x (K floats) into act_bytes(K) bytes.
+  void (*prepare)(const float* x, std::int64_t k, std::byte* out) = nullptr;
+  void (*compute)(const gemm_args& a) = nullptr;
+};
+
+struct kernel_table {
+  format_kernel f32, f16, bf16, q8_0, q4_0, q4_k, q6_k;
+};
+
+const kernel_table& scalar_kernels();
+const kernel_table& avx2_kernels();
+const kernel_table& avx512_kernels();
+
+}  // namespace detail
+
+struct packed_matrix::layout {
+  dtype type = dtype::f32;
+  std::int64_t rows = 0, cols = 0;
+  std::int64_t panels = 0;
+  std::size_t panel_bytes = 0;
+  detail::aligned_bytes data;
+  const std::byte* panel(std::int64_t p) const { return data.get() + static_cast<std::size_t>(p) * panel_bytes; }
+};
+
+}  // namespace troupe::exec::cpu

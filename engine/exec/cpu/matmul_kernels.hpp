@@ -1,0 +1,526 @@
+#pragma once
+// The vectorized matrix kernels, written once over a vector traits type `V` and instantiated by
+// matmul_avx2.cpp (8 lanes) and matmul_avx512.cpp (16 lanes). A vector holds one lane per row of W,
+// so a panel of 16 rows is 16 / V::lanes vectors ("halves" on AVX2) and results need no horizontal
+// sums. Quantized formats take int8 activations and multiply 4 bytes per lane at a time (VNNI's
+// vpdpbusd, or maddubs + madd on AVX2), applying each block's scales once per block.
+//
+// Everything here has internal linkage: each isa's file compiles it with its own -m flags, and a
+// shared inline definition could let the linker hand AVX-512 code to a caller on a lesser CPU.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "engine/exec/cpu/matmul_detail.hpp"
+
+namespace troupe::exec::cpu::detail {
+namespace {
+
+// Calls f.operator()<R>(m) over [m0, m1) in tiles of MR rows, the remainder as one smaller tile.
+template <int R, class F>
+void tail_tile(std::int64_t m, std::int64_t n, F& f) {
+  if constexpr (R >= 1) {
+    if (n == R) {
+      f.template operator()<R>(m);
+    } else {
+      tail_tile<R - 1>(m, n, f);
+    }
+  }
+}
+
+template <int MR, class F>
+void each_tile(std::int64_t m0, std::int64_t m1, F&& f) {
+  std::int64_t m = m0;
+  for (; m + MR <= m1; m += MR) f.template operator()<MR>(m);
+  if (m < m1) tail_tile<MR - 1>(m, m1 - m, f);
+}
+
+template <class T>
+const T* at(const std::byte* p, std::size_t offset) {
+  return reinterpret_cast<const T*>(p + offset);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation preparation.
+
+// Symmetric int8 quantization of n (a multiple of V::lanes) floats against their largest magnitude,
+// rounding to nearest even: bit-identical to the scalar level's. Returns the scale.
+template <class V>
+float quantize_block(const float* x, int n, std::int8_t* q) {
+  typename V::vf amax = V::zero_f();
+  for (int i = 0; i < n; i += V::lanes) amax = V::max_f(amax, V::abs_f(V::loadu_f(x + i)));
+  const float m = V::reduce_max(amax);
+  const float id = m > 0.0f ? 127.0f / m : 0.0f;
+  const typename V::vf vid = V::set1_f(id);
+  for (int i = 0; i < n; i += V::lanes) V::store_i8(q + i, V::round_i32(V::mul_f(V::loadu_f(x + i), vid)));
+  return m / 127.0f;
+}
+
+int sum_i8(const std::int8_t* q, int n) {
+  int s = 0;
+  for (int i = 0; i < n; ++i) s += q[i];
+  return s;
+}
+
+template <class V, int Offset>
+void prepare_q8_32(const float* x, std::int64_t k, std::byte* out) {
+  auto* q = reinterpret_cast<std::int8_t*>(out);
+  auto* d = reinterpret_cast<float*>(out + act32_d(k));
+  auto* s = reinterpret_cast<std::int32_t*>(out + act32_s(k));
+  for (std::int64_t b = 0; b < k / 32; ++b) {
+    d[b] = quantize_block<V>(x + 32 * b, 32, q + 32 * b);
+    s[b] = Offset == 0 ? 0 : Offset * sum_i8(q + 32 * b, 32);
+  }
+}
+
+template <class V>
+void prepare_q4_k(const float* x, std::int64_t k, std::byte* out) {
+  auto* q = reinterpret_cast<std::int8_t*>(out);
+  auto* d = reinterpret_cast<float*>(out + act256_d(k));
+  auto* s = reinterpret_cast<std::int32_t*>(out + act256_s(k));
+  auto* hl = reinterpret_cast<std::int8_t*>(out + act256_hl(k));
+  for (std::int64_t b = 0; b < k / 256; ++b) {
+    d[b] = quantize_block<V>(x + 256 * b, 256, q + 256 * b);
+    for (int j = 0; j < 8; ++j) {
+      const int sum = sum_i8(q + 256 * b + 32 * j, 32);
+      s[8 * b + j] = sum;
+      // sum = 128 h + l with l in [0, 127]: both fit an int8 since |sum| <= 32 * 127.
+      const int h = (sum >= 0 ? sum : sum - 127) / 128;
+      hl[16 * b + j] = static_cast<std::int8_t>(h);
+      hl[16 * b + 8 + j] = static_cast<std::int8_t>(sum - 128 * h);
+    }
+  }
+}
+
+template <class V>
+void prepare_q6_k(const float* x, std::int64_t k, std::byte* out) {
+  auto* q = reinterpret_cast<std::int8_t*>(out);
+  auto* d = reinterpret_cast<float*>(out + act256_d(k));
+  auto* s = reinterpret_cast<std::int32_t*>(out + act256_s(k));
+  for (std::int64_t b = 0; b < k / 256; ++b) {
+    d[b] = quantize_block<V>(x + 256 * b, 256, q + 256 * b);
+    // The 6-bit codes are stored biased by 32; each 16-group's correction is 32 times its sum.
+    for (int j = 0; j < 16; ++j) s[16 * b + j] = 32 * sum_i8(q + 256 * b + 16 * j, 16);
+  }
+}
+
+std::size_t bytes32(std::int64_t k) { return act32_bytes(k); }
+std::size_t bytes256(std::int64_t k) { return act256_bytes(k); }
+
+// ---------------------------------------------------------------------------------------------
+// Shared pieces of the tiles.
+
+// How far ahead of use the weight streams are prefetched. Decode reads each weight once, straight from
+// memory, and the hardware prefetcher restarts at every panel; this keeps enough lines in flight to
+// cover the memory latency at full bandwidth. Past a panel's end it fetches the next panel, which a
+// task usually reads next.
+// Only small row tiles prefetch: larger ones reuse each panel from cache and are compute-bound.
+constexpr std::size_t prefetch_distance = 4096;
+constexpr int prefetch_rows = 4;
+void prefetch(const std::byte* p) { __builtin_prefetch(p, 0, 2); }
+// Prefetches the `bytes` following `p` at the prefetch distance.
+template <int MR>
+void prefetch_ahead(const std::byte* p, std::size_t bytes) {
+  if constexpr (MR <= prefetch_rows) {
+    for (std::size_t o = 0; o < bytes; o += 64) prefetch(p + prefetch_distance + o);
+  }
+}
+
+constexpr int halves_of(int lanes) { return panel_rows / lanes; }
+
+// Rows of y a half of panel p covers.
+int valid_rows(const gemm_args& a, std::int64_t p, int half, int lanes) {
+  const std::int64_t first = p * panel_rows + half * lanes;
+  const std::int64_t left = a.w->rows - first;
+  return left >= lanes ? lanes : (left > 0 ? static_cast<int>(left) : 0);
+}
+
+template <class V>
+void store_rows(const gemm_args& a, std::int64_t m, std::int64_t p, int half, typename V::vf v) {
+  const int n = valid_rows(a, p, half, V::lanes);
+  if (n == 0) return;
+  float* y = a.y + m * a.ldy + p * panel_rows + half * V::lanes;
+  if (n == V::lanes) {
+    V::storeu_f(y, v);
+  } else {
+    V::store_partial(y, v, n);
+  }
+}
+
+struct row_acts {
+  const std::int8_t* q;
+  const float* d;
+  const std::int32_t* s;
+  const std::int8_t* hl;
+};
+
+row_acts acts32(const gemm_args& a, std::int64_t m) {
+  const std::byte* r = a.acts + static_cast<std::size_t>(m) * a.act_stride;
+  const std::int64_t k = a.w->cols;
+  return {at<std::int8_t>(r, 0), at<float>(r, act32_d(k)), at<std::int32_t>(r, act32_s(k)), nullptr};
+}
+
+row_acts acts256(const gemm_args& a, std::int64_t m) {
+  const std::byte* r = a.acts + static_cast<std::size_t>(m) * a.act_stride;
+  const std::int64_t k = a.w->cols;
+  return {at<std::int8_t>(r, 0), at<float>(r, act256_d(k)), at<std::int32_t>(r, act256_s(k)),
+          at<std::int8_t>(r, act256_hl(k))};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plain floats: MR rows of x against NV column vectors at once (vector c is half c % H of panel
+// p + c / H), one FMA per lane and column. x is broadcast from its rows; W streams through the
+// panels' columns.
+
+template <class V, class Load, int MR, int NV>
+void float_tile(const gemm_args& a, std::int64_t p, std::int64_t m, std::size_t col_bytes) {
+  constexpr int H = halves_of(V::lanes);
+  const std::int64_t k = a.w->cols;
+  const std::byte* w[NV];
+  for (int c = 0; c < NV; ++c) {
+    w[c] = a.w->panel(p + c / H) + static_cast<std::size_t>(c % H) * V::lanes * (col_bytes / panel_rows);
+  }
+  const float* x[MR];
+  for (int i = 0; i < MR; ++i) x[i] = at<float>(a.acts, static_cast<std::size_t>(m + i) * a.act_stride);
+  typename V::vf acc[MR][NV];
+  for (int i = 0; i < MR; ++i) {
+    for (int c = 0; c < NV; ++c) acc[i][c] = V::zero_f();
+  }
+  for (std::int64_t kk = 0; kk < k; ++kk) {
+    typename V::vf wv[NV];
+    for (int c = 0; c < NV; ++c) wv[c] = Load::load(w[c] + static_cast<std::size_t>(kk) * col_bytes);
+    for (int i = 0; i < MR; ++i) {
+      const typename V::vf xb = V::set1_f(x[i][kk]);
+      for (int c = 0; c < NV; ++c) acc[i][c] = V::fmadd(wv[c], xb, acc[i][c]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int c = 0; c < NV; ++c) store_rows<V>(a, m + i, p + c / H, c % H, acc[i][c]);
+  }
+}
+
+template <class V>
+struct load_f32 {
+  static typename V::vf load(const std::byte* p) { return V::load_f(reinterpret_cast<const float*>(p)); }
+};
+
+template <class V>
+struct load_f16 {
+  static typename V::vf load(const std::byte* p) { return V::load_f16(p); }
+};
+
+// Runs a tile function over the task's panels, NV column vectors at a time (fewer for a last odd
+// panel), and its rows MR at a time.
+template <class V, int MR, int NV, class Tile1, class Tile2>
+void float_compute(const gemm_args& a, Tile1&& one_panel, Tile2&& tile) {
+  constexpr int H = halves_of(V::lanes);
+  constexpr int per = NV / H;  // panels per tile
+  std::int64_t p = a.p0;
+  for (; p + per <= a.p1; p += per) {
+    each_tile<MR>(a.m0, a.m1, [&]<int R>(std::int64_t m) { tile.template operator()<R>(p, m); });
+  }
+  for (; p < a.p1; ++p) {
+    each_tile<MR>(a.m0, a.m1, [&]<int R>(std::int64_t m) { one_panel.template operator()<R>(p, m); });
+  }
+}
+
+template <class V, int MR, int NV>
+void compute_f32(const gemm_args& a) {
+  constexpr int H = halves_of(V::lanes);
+  constexpr std::size_t col = panel_rows * 4;
+  float_compute<V, MR, NV>(
+      a, [&]<int R>(std::int64_t p, std::int64_t m) { float_tile<V, load_f32<V>, R, H>(a, p, m, col); },
+      [&]<int R>(std::int64_t p, std::int64_t m) { float_tile<V, load_f32<V>, R, NV>(a, p, m, col); });
+}
+
+template <class V, int MR, int NV>
+void compute_f16(const gemm_args& a) {
+  constexpr int H = halves_of(V::lanes);
+  constexpr std::size_t col = panel_rows * 2;
+  float_compute<V, MR, NV>(
+      a, [&]<int R>(std::int64_t p, std::int64_t m) { float_tile<V, load_f16<V>, R, H>(a, p, m, col); },
+      [&]<int R>(std::int64_t p, std::int64_t m) { float_tile<V, load_f16<V>, R, NV>(a, p, m, col); });
+}
+
+// bf16 without a bf16 dot product: a column pair is one vector of (even, odd) bf16 per lane, widened
+// exactly to two f32 vectors.
+template <class V, int MR, int NV>
+void bf16_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
+  constexpr int H = halves_of(V::lanes);
+  const std::int64_t k = a.w->cols;
+  const std::byte* w[NV];
+  for (int c = 0; c < NV; ++c) {
+    w[c] = a.w->panel(p + c / H) + static_cast<std::size_t>(c % H) * V::lanes * 4;
+  }
+  const float* x[MR];
+  for (int i = 0; i < MR; ++i) x[i] = at<float>(a.acts, static_cast<std::size_t>(m + i) * a.act_stride);
+  typename V::vf acc[MR][NV];
+  for (int i = 0; i < MR; ++i) {
+    for (int c = 0; c < NV; ++c) acc[i][c] = V::zero_f();
+  }
+  const std::int64_t pairs = k / 2;
+  for (std::int64_t kp = 0; kp < pairs; ++kp) {
+    typename V::vf even[NV], odd[NV];
+    for (int c = 0; c < NV; ++c) {
+      const typename V::vi v = V::load_i(w[c] + static_cast<std::size_t>(kp) * panel_rows * 4);
+      even[c] = V::bf16_even(v);
+      odd[c] = V::bf16_odd(v);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const typename V::vf x0 = V::set1_f(x[i][2 * kp]);
+      const typename V::vf x1 = V::set1_f(x[i][2 * kp + 1]);
+      for (int c = 0; c < NV; ++c) acc[i][c] = V::fmadd(odd[c], x1, V::fmadd(even[c], x0, acc[i][c]));
+    }
+  }
+  if (k % 2 != 0) {
+    for (int c = 0; c < NV; ++c) {
+      const typename V::vf even = V::bf16_even(V::load_i(w[c] + static_cast<std::size_t>(pairs) * panel_rows * 4));
+      for (int i = 0; i < MR; ++i) acc[i][c] = V::fmadd(even, V::set1_f(x[i][k - 1]), acc[i][c]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int c = 0; c < NV; ++c) store_rows<V>(a, m + i, p + c / H, c % H, acc[i][c]);
+  }
+}
+
+template <class V, int MR, int NV>
+void compute_bf16(const gemm_args& a) {
+  constexpr int H = halves_of(V::lanes);
+  float_compute<V, MR, NV>(
+      a, [&]<int R>(std::int64_t p, std::int64_t m) { bf16_tile<V, R, H>(a, p, m); },
+      [&]<int R>(std::int64_t p, std::int64_t m) { bf16_tile<V, R, NV>(a, p, m); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 32-block formats. Per block and panel half: the weight scales (f16), then per activation row an
+// integer dot over the block, corrected for the weights' bias, scaled once.
+
+template <class V, int MR>
+void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
+  constexpr int H = halves_of(V::lanes);
+  const std::int64_t blocks = a.w->cols / 32;
+  const std::byte* scales = a.w->panel(p);
+  const std::byte* q = scales + scale_run(blocks);
+  row_acts x[MR];
+  for (int i = 0; i < MR; ++i) x[i] = acts32(a, m + i);
+  const typename V::vi low4 = V::set1_i8(0x0f);
+  const typename V::vi high4 = V::set1_i8(0xf0);
+  for (int h = 0; h < H; ++h) {
+    typename V::vf f[MR];
+    for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const typename V::vf dw = V::load_f16(scales + (b * panel_rows + h * V::lanes) * 2);
+      const std::byte* u = q + static_cast<std::size_t>(b) * q4_0_unit + h * V::lanes * 4;
+      if (h == 0) {
+        prefetch_ahead<MR>(q + static_cast<std::size_t>(b) * q4_0_unit, q4_0_unit);
+        if (b % 2 == 0) prefetch_ahead<MR>(scales + b * panel_rows * 2, 64);
+      }
+      // Small row tiles are latency-bound: they run low and high nibbles as two chains of dot
+      // products, and where byte dots take the full u8 range the high nibbles stay in place (16 times
+      // their value) with their sum shifted back at the end. Large tiles have parallelism to spare and
+      // spend one shift per weight vector instead of two operations per row.
+      constexpr bool split = MR <= 2;
+      constexpr bool in_place = split && V::full_u8_dot;
+      typename V::vi acc[MR], acc_hi[MR];
+      for (int i = 0; i < MR; ++i) acc[i] = acc_hi[i] = V::zero_i();
+      for (int g = 0; g < 4; ++g) {
+        const typename V::vi v = V::load_i(u + g * 64);
+        const typename V::vi lo = V::and_i(v, low4);
+        const typename V::vi hi = in_place ? V::and_i(v, high4) : V::and_i(V::template srli16<4>(v), low4);
+        for (int i = 0; i < MR; ++i) {
+          acc[i] = V::dot_u8s8(acc[i], lo, V::bcast4(x[i].q + 32 * b + 4 * g));
+          typename V::vi& target = split ? acc_hi[i] : acc[i];
+          target = V::dot_u8s8(target, hi, V::bcast4(x[i].q + 32 * b + 16 + 4 * g));
+        }
+      }
+      for (int i = 0; i < MR; ++i) {
+        typename V::vi dot = acc[i];
+        if constexpr (in_place) {
+          dot = V::add_i32(dot, V::template srai32<4>(acc_hi[i]));
+        } else if constexpr (split) {
+          dot = V::add_i32(dot, acc_hi[i]);
+        }
+        const typename V::vi c = V::sub_i32(dot, V::set1_i32(x[i].s[b]));
+        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x[i].d[b])), f[i]);
+      }
+    }
+    for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
+  }
+}
+
+template <class V, int MR>
+void q8_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
+  constexpr int H = halves_of(V::lanes);
+  const std::int64_t blocks = a.w->cols / 32;
+  const std::byte* scales = a.w->panel(p);
+  const std::byte* q = scales + scale_run(blocks);
+  row_acts x[MR];
+  for (int i = 0; i < MR; ++i) x[i] = acts32(a, m + i);
+  for (int h = 0; h < H; ++h) {
+    typename V::vf f[MR];
+    for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const typename V::vf dw = V::load_f16(scales + (b * panel_rows + h * V::lanes) * 2);
+      const std::byte* u = q + static_cast<std::size_t>(b) * q8_0_unit + h * V::lanes * 4;
+      if (h == 0) {
+        prefetch_ahead<MR>(q + static_cast<std::size_t>(b) * q8_0_unit, q8_0_unit);
+        if (b % 2 == 0) prefetch_ahead<MR>(scales + b * panel_rows * 2, 64);
+      }
+      typename V::vi acc[MR];
+      for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
+      for (int g = 0; g < 8; ++g) {
+        const typename V::vi w = V::load_i(u + g * 64);
+        const typename V::vi wp = V::q8_weights(w);
+        for (int i = 0; i < MR; ++i) acc[i] = V::dot_q8(acc[i], wp, w, V::bcast4(x[i].q + 32 * b + 4 * g));
+      }
+      for (int i = 0; i < MR; ++i) {
+        const typename V::vi c = V::q8_offset == 0 ? acc[i] : V::sub_i32(acc[i], V::set1_i32(x[i].s[b]));
+        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x[i].d[b])), f[i]);
+      }
+    }
+    for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// k-quants against 256-element int8 activations (ggml's q8_K): integer dots per sub-block, times the
+// sub-block's integer scale, summed in int32 over the superblock, then scaled once.
+
+template <class V, int MR>
+void q4_k_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
+  constexpr int H = halves_of(V::lanes);
+  const std::int64_t blocks = a.w->cols / 256;
+  row_acts x[MR];
+  for (int i = 0; i < MR; ++i) x[i] = acts256(a, m + i);
+  const typename V::vi low4 = V::set1_i8(0x0f);
+  alignas(64) std::int32_t sc[8][V::lanes];
+  for (int h = 0; h < H; ++h) {
+    typename V::vf f[MR];
+    for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::byte* u = a.w->panel(p) + static_cast<std::size_t>(b) * q4_k_unit;
+      if (h == 0) prefetch_ahead<MR>(u, q4_k_unit);
+      for (int j = 0; j < 8; ++j) V::store_i(sc[j], V::cvt_u8_i32(u + q4_k_scale + j * panel_rows + h * V::lanes));
+      typename V::vi isum[MR];
+      for (int i = 0; i < MR; ++i) isum[i] = V::zero_i();
+      for (int sub = 0; sub < 8; ++sub) {
+        const std::byte* qv = u + q4_k_q + (sub / 2) * 8 * 64 + h * V::lanes * 4;
+        typename V::vi acc[MR];
+        for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
+        for (int g = 0; g < 8; ++g) {
+          const typename V::vi v = V::load_i(qv + g * 64);
+          const typename V::vi w = V::and_i(sub % 2 == 0 ? v : V::template srli16<4>(v), low4);
+          for (int i = 0; i < MR; ++i) acc[i] = V::dot_u8s8(acc[i], w, V::bcast4(x[i].q + 256 * b + 32 * sub + 4 * g));
+        }
+        const typename V::vi s = V::load_i(sc[sub]);
+        for (int i = 0; i < MR; ++i) isum[i] = V::add_i32(isum[i], V::mullo_i32(acc[i], s));
+      }
+      const typename V::vf dw = V::load_f16(u + h * V::lanes * 2);
+      const typename V::vf dm = V::load_f16(u + q4_k_dmin + h * V::lanes * 2);
+      const typename V::vi mn0 = V::load_i(u + q4_k_min + h * V::lanes * 4);
+      const typename V::vi mn1 = V::load_i(u + q4_k_min + 64 + h * V::lanes * 4);
+      for (int i = 0; i < MR; ++i) {
+        // sum over sub-blocks of min * (128 h + l): two byte dots per half of the split.
+        const std::int8_t* hl = x[i].hl + 16 * b;
+        typename V::vi mh = V::dot_u8s8(V::zero_i(), mn0, V::bcast4(hl));
+        mh = V::dot_u8s8(mh, mn1, V::bcast4(hl + 4));
+        typename V::vi ml = V::dot_u8s8(V::zero_i(), mn0, V::bcast4(hl + 8));
+        ml = V::dot_u8s8(ml, mn1, V::bcast4(hl + 12));
+        const typename V::vi msum = V::add_i32(V::template slli32<7>(mh), ml);
+        const typename V::vf t = V::fmsub(dw, V::cvt_f(isum[i]), V::mul_f(dm, V::cvt_f(msum)));
+        f[i] = V::fmadd(t, V::set1_f(x[i].d[b]), f[i]);
+      }
+    }
+    for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
+  }
+}
+
+// One 4-element group of q6_k codes (0..63, biased by 32) for group j (0..31) of half `hf` of a
+// superblock: the low nibble from ql, the high 2 bits from qh moved to bits 4 and 5.
+template <class V>
+typename V::vi q6_group(const std::byte* u, int hf, int j, int h) {
+  const int quarter = j / 8;
+  const int w = j % 8;
+  const std::size_t lane_off = static_cast<std::size_t>(h) * V::lanes * 4;
+  const typename V::vi ql = V::load_i(u + ((hf * 16 + w + (quarter % 2) * 8) * 64) + lane_off);
+  const typename V::vi qh = V::load_i(u + q6_k_qh + (hf * 8 + w) * 64 + lane_off);
+  const typename V::vi lo = V::and_i(quarter >= 2 ? V::template srli16<4>(ql) : ql, V::set1_i8(0x0f));
+  typename V::vi hi;
+  switch (quarter) {
+    case 0: hi = V::template slli16<4>(qh); break;
+    case 1: hi = V::template slli16<2>(qh); break;
+    case 2: hi = qh; break;
+    default: hi = V::template srli16<2>(qh); break;
+  }
+  return V::or_i(lo, V::and_i(hi, V::set1_i8(0x30)));
+}
+
+template <class V, int MR>
+void q6_k_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
+  constexpr int H = halves_of(V::lanes);
+  const std::int64_t blocks = a.w->cols / 256;
+  const std::byte* scales = a.w->panel(p);
+  const std::byte* body = scales + scale_run(blocks);
+  row_acts x[MR];
+  for (int i = 0; i < MR; ++i) x[i] = acts256(a, m + i);
+  alignas(64) std::int32_t sc[16][V::lanes];
+  for (int h = 0; h < H; ++h) {
+    typename V::vf f[MR];
+    for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::byte* u = body + static_cast<std::size_t>(b) * q6_k_unit;
+      if (h == 0) prefetch_ahead<MR>(u, q6_k_unit);
+      for (int j = 0; j < 16; ++j) V::store_i(sc[j], V::cvt_i8_i32(u + q6_k_scale + j * panel_rows + h * V::lanes));
+      typename V::vi isum[MR];
+      for (int i = 0; i < MR; ++i) isum[i] = V::zero_i();
+      for (int hf = 0; hf < 2; ++hf) {
+        for (int sub = 0; sub < 8; ++sub) {
+          typename V::vi acc[MR];
+          for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
+          for (int t = 0; t < 4; ++t) {
+            const typename V::vi w = q6_group<V>(u, hf, 4 * sub + t, h);
+            for (int i = 0; i < MR; ++i) {
+              acc[i] = V::dot_u8s8(acc[i], w, V::bcast4(x[i].q + 256 * b + 128 * hf + 16 * sub + 4 * t));
+            }
+          }
+          const typename V::vi s = V::load_i(sc[8 * hf + sub]);
+          for (int i = 0; i < MR; ++i) {
+            const typename V::vi c = V::sub_i32(acc[i], V::set1_i32(x[i].s[16 * b + 8 * hf + sub]));
+            isum[i] = V::add_i32(isum[i], V::mullo_i32(c, s));
+          }
+        }
+      }
+      const typename V::vf dw = V::load_f16(scales + (b * panel_rows + h * V::lanes) * 2);
+      for (int i = 0; i < MR; ++i) f[i] = V::fmadd(V::cvt_f(isum[i]), V::mul_f(dw, V::set1_f(x[i].d[b])), f[i]);
+    }
+    for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
+  }
+}
+
+// Walks the task's panels, each against its rows MR at a time.
+template <int MR, class Tile>
+void quant_compute(const gemm_args& a, Tile&& tile) {
+  for (std::int64_t p = a.p0; p < a.p1; ++p) {
+    each_tile<MR>(a.m0, a.m1, [&]<int R>(std::int64_t m) { tile.template operator()<R>(p, m); });
+  }
+}
+
+template <class V, int MR>
+void compute_q4_0(const gemm_args& a) {
+  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q4_0_tile<V, R>(a, p, m); });
+}
+template <class V, int MR>
+void compute_q8_0(const gemm_args& a) {
+  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q8_0_tile<V, R>(a, p, m); });
+}
+template <class V, int MR>
+void compute_q4_k(const gemm_args& a) {
+  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q4_k_tile<V, R>(a, p, m); });
+}
+template <class V, int MR>
+void compute_q6_k(const gemm_args& a) {
+  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q6_k_tile<V, R>(a, p, m); });
+}
+
+}  // namespace
+}  // namespace troupe::exec::cpu::detail

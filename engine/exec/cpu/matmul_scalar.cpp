@@ -1,0 +1,288 @@
+// The portable kernels: the packed layouts walked one element at a time. They fix what every
+// vectorized level must compute, including the integer arithmetic of the quantized formats, whose
+// activations are rounded to int8 per block exactly as the vector levels round them.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/core/half.hpp"
+#include "engine/exec/cpu/matmul_detail.hpp"
+
+namespace troupe::exec::cpu::detail {
+namespace {
+
+float f16_at(const std::byte* p, std::int64_t i) {
+  std::uint16_t v;
+  std::memcpy(&v, p + 2 * i, 2);
+  return f16_to_f32(v);
+}
+
+std::uint8_t u8_at(const std::byte* p, std::size_t i) { return std::to_integer<std::uint8_t>(p[i]); }
+
+// Rounds to nearest, ties to even, as the vector conversions do; NaN (from a non-finite row) becomes 0.
+int round_i8(float v) {
+  if (!(v == v)) return 0;
+  return static_cast<int>(std::nearbyint(std::clamp(v, -127.0f, 127.0f)));
+}
+
+// Symmetric int8 quantization of `n` values against their largest magnitude; returns the scale.
+float quantize_block(const float* x, int n, std::int8_t* q) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  for (int i = 0; i < n; ++i) q[i] = static_cast<std::int8_t>(round_i8(x[i] * id));
+  return amax / 127.0f;
+}
+
+template <int Offset>
+void prepare_q8_32(const float* x, std::int64_t k, std::byte* out) {
+  auto* q = reinterpret_cast<std::int8_t*>(out);
+  auto* d = reinterpret_cast<float*>(out + act32_d(k));
+  auto* s = reinterpret_cast<std::int32_t*>(out + act32_s(k));
+  for (std::int64_t b = 0; b < k / 32; ++b) {
+    d[b] = quantize_block(x + 32 * b, 32, q + 32 * b);
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) sum += q[32 * b + i];
+    s[b] = Offset * sum;
+  }
+}
+
+void prepare_q8_256(const float* x, std::int64_t k, std::byte* out, int group, int offset) {
+  auto* q = reinterpret_cast<std::int8_t*>(out);
+  auto* d = reinterpret_cast<float*>(out + act256_d(k));
+  auto* s = reinterpret_cast<std::int32_t*>(out + act256_s(k));
+  auto* hl = reinterpret_cast<std::int8_t*>(out + act256_hl(k));
+  for (std::int64_t b = 0; b < k / 256; ++b) d[b] = quantize_block(x + 256 * b, 256, q + 256 * b);
+  for (std::int64_t g = 0; g < k / group; ++g) {
+    int sum = 0;
+    for (int i = 0; i < group; ++i) sum += q[group * g + i];
+    s[g] = offset * sum;
+    if (group == 32) {
+      // sum = 128 h + l with l in [0, 127]: both halves fit an int8 for |sum| <= 32 * 127.
+      const int h = (sum >= 0 ? sum : sum - 127) / 128;
+      hl[(g / 8) * 16 + g % 8] = static_cast<std::int8_t>(h);
+      hl[(g / 8) * 16 + 8 + g % 8] = static_cast<std::int8_t>(sum - 128 * h);
+    }
+  }
+}
+
+void prepare_q4_k(const float* x, std::int64_t k, std::byte* out) { prepare_q8_256(x, k, out, 32, 1); }
+void prepare_q6_k(const float* x, std::int64_t k, std::byte* out) { prepare_q8_256(x, k, out, 16, 32); }
+std::size_t bytes32(std::int64_t k) { return act32_bytes(k); }
+std::size_t bytes256(std::int64_t k) { return act256_bytes(k); }
+
+// Writes the valid rows of a panel's 16 accumulators.
+void store(const gemm_args& a, std::int64_t m, std::int64_t p, const float* acc) {
+  const std::int64_t n0 = p * panel_rows;
+  const std::int64_t rows = std::min<std::int64_t>(panel_rows, a.w->rows - n0);
+  std::copy(acc, acc + rows, a.y + m * a.ldy + n0);
+}
+
+const float* x_row(const gemm_args& a, std::int64_t m) {
+  return reinterpret_cast<const float*>(a.acts + static_cast<std::size_t>(m) * a.act_stride);
+}
+
+void compute_f32(const gemm_args& a) {
+  const std::int64_t k = a.w->cols;
+  for (std::int64_t p = a.p0; p < a.p1; ++p) {
+    const auto* w = reinterpret_cast<const float*>(a.w->panel(p));
+    for (std::int64_t m = a.m0; m < a.m1; ++m) {
+      const float* x = x_row(a, m);
+      float acc[panel_rows] = {};
+      for (std::int64_t c = 0; c < k; ++c) {
+        for (int r = 0; r < panel_rows; ++r) acc[r] += w[c * panel_rows + r] * x[c];
+      }
+      store(a, m, p, acc);
+    }
+  }
+}
+
+void compute_f16(const gemm_args& a) {
+  const std::int64_t k = a.w->cols;
+  for (std::int64_t p = a.p0; p < a.p1; ++p) {
+    const std::byte* w = a.w->panel(p);
+    for (std::int64_t m = a.m0; m < a.m1; ++m) {
+      const float* x = x_row(a, m);
+      float acc[panel_rows] = {};
+      for (std::int64_t c = 0; c < k; ++c) {
+        for (int r = 0; r < panel_rows; ++r) acc[r] += f16_at(w, c * panel_rows + r) * x[c];
+      }
+      store(a, m, p, acc);
+    }
+  }
+}
+
+void compute_bf16(const gemm_args& a) {
+  const std::int64_t k = a.w->cols;
+  for (std::int64_t p = a.p0; p < a.p1; ++p) {
+    const std::byte* w = a.w->panel(p);
+    for (std::int64_t m = a.m0; m < a.m1; ++m) {
+      const float* x = x_row(a, m);
+      float acc[panel_rows] = {};
+      for (std::int64_t c = 0; c < k; ++c) {
+        for (int r = 0; r < panel_rows; ++r) {
+          std::uint16_t v;
+          std::memcpy(&v, w + 2 * ((c / 2) * panel_rows * 2 + r * 2 + c % 2), 2);
+          acc[r] += bf16_to_f32(v) * x[c];
+        }
+      }
+      store(a, m, p, acc);
+    }
+  }
+}
+
+struct act_row {
+  const std::int8_t* q;
+  const float* d;
+  const std::int32_t* s;
+  const std::int8_t* hl;
+};
+
+act_row acts32(const gemm_args& a, std::int64_t m) {
+  const std::byte* r = a.acts + static_cast<std::size_t>(m) * a.act_stride;
+  const std::int64_t k = a.w->cols;
+  return {reinterpret_cast<const std::int8_t*>(r), reinterpret_cast<const float*>(r + act32_d(k)),
+          reinterpret_cast<const std::int32_t*>(r + act32_s(k)), nullptr};
+}
+
+act_row acts256(const gemm_args& a, std::int64_t m) {
+  const std::byte* r = a.acts + static_cast<std::size_t>(m) * a.act_stride;
+  const std::int64_t k = a.w->cols;
+  return {reinterpret_cast<const std::int8_t*>(r), reinterpret_cast<const float*>(r + act256_d(k)),
+          reinterpret_cast<const std::int32_t*>(r + act256_s(k)), reinterpret_cast<const std::int8_t*>(r + act256_hl(k))};
+}
+
+void compute_q8_0(const gemm_args& a) {
+  const std::int64_t blocks = a.w->cols / 32;
+  for (std::int64_t p = a.p0; p < a.p1; ++p) {
+    const std::byte* scales = a.w->panel(p);
+    const std::byte* q = scales + scale_run(blocks);
+    for (std::int64_t m = a.m0; m < a.m1; ++m) {
+      const act_row x = acts32(a, m);
+      float acc[panel_rows] = {};
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const std::byte* u = q + b * q8_0_unit;
+        for (int r = 0; r < panel_rows; ++r) {
+          int dot = 0;
+          for (int g = 0; g < 8; ++g) {
+            for (int t = 0; t < 4; ++t) {
+              dot += static_cast<std::int8_t>(u8_at(u, (g * panel_rows + r) * 4 + t)) * x.q[32 * b + 4 * g + t];
+            }
+          }
+          acc[r] += f16_at(scales, b * panel_rows + r) * x.d[b] * static_cast<float>(dot);
+        }
+      }
+      store(a, m, p, acc);
+    }
+  }
+}
+
+void compute_q4_0(const gemm_args& a) {
+  const std::int64_t blocks = a.w->cols / 32;
+  for (std::int64_t p = a.p0; p < a.p1; ++p) {
+    const std::byte* scales = a.w->panel(p);
+    const std::byte* q = scales + scale_run(blocks);
+    for (std::int64_t m = a.m0; m < a.m1; ++m) {
+      const act_row x = acts32(a, m);
+      float acc[panel_rows] = {};
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const std::byte* u = q + b * q4_0_unit;
+        const std::int8_t* xq = x.q + 32 * b;
+        for (int r = 0; r < panel_rows; ++r) {
+          int dot = 0;
+          for (int g = 0; g < 4; ++g) {
+            for (int t = 0; t < 4; ++t) {
+              const int v = u8_at(u, (g * panel_rows + r) * 4 + t);
+              dot += (v & 15) * xq[4 * g + t] + (v >> 4) * xq[16 + 4 * g + t];
+            }
+          }
+          // s holds 8 times the block's sum: the nibbles are stored biased by 8.
+          acc[r] += f16_at(scales, b * panel_rows + r) * x.d[b] * static_cast<float>(dot - x.s[b]);
+        }
+      }
+      store(a, m, p, acc);
+    }
+  }
+}
+
+void compute_q4_k(const gemm_args& a) {
+  const std::int64_t blocks = a.w->cols / 256;
+  for (std::int64_t p = a.p0; p < a.p1; ++p) {
+    for (std::int64_t m = a.m0; m < a.m1; ++m) {
+      const act_row x = acts256(a, m);
+      float acc[panel_rows] = {};
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const std::byte* u = a.w->panel(p) + b * q4_k_unit;
+        const std::int8_t* xq = x.q + 256 * b;
+        for (int r = 0; r < panel_rows; ++r) {
+          int isum = 0;
+          int msum = 0;
+          for (int sub = 0; sub < 8; ++sub) {
+            const int c = sub / 2;
+            const int shift = 4 * (sub % 2);
+            int dot = 0;
+            for (int l = 0; l < 32; ++l) {
+              const int v = (u8_at(u, q4_k_q + ((c * 8 + l / 4) * panel_rows + r) * 4 + l % 4) >> shift) & 15;
+              dot += v * xq[32 * sub + l];
+            }
+            isum += u8_at(u, q4_k_scale + sub * panel_rows + r) * dot;
+            msum += u8_at(u, q4_k_min + ((sub / 4) * panel_rows + r) * 4 + sub % 4) * x.s[8 * b + sub];
+          }
+          acc[r] += x.d[b] * (f16_at(u, r) * static_cast<float>(isum) -
+                              f16_at(u + q4_k_dmin, r) * static_cast<float>(msum));
+        }
+      }
+      store(a, m, p, acc);
+    }
+  }
+}
+
+void compute_q6_k(const gemm_args& a) {
+  const std::int64_t blocks = a.w->cols / 256;
+  for (std::int64_t p = a.p0; p < a.p1; ++p) {
+    const std::byte* scales = a.w->panel(p);
+    const std::byte* body = scales + scale_run(blocks);
+    for (std::int64_t m = a.m0; m < a.m1; ++m) {
+      const act_row x = acts256(a, m);
+      float acc[panel_rows] = {};
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const std::byte* u = body + b * q6_k_unit;
+        const std::int8_t* xq = x.q + 256 * b;
+        for (int r = 0; r < panel_rows; ++r) {
+          int isum = 0;
+          for (int sub = 0; sub < 16; ++sub) {
+            int dot = 0;
+            for (int i = 0; i < 16; ++i) {
+              const int e = 16 * sub + i;
+              const int h = e / 128, e1 = e % 128;
+              const int lo_byte = e1 % 64, hi_byte = e1 % 32;
+              const int lo = (u8_at(u, ((h * 16 + lo_byte / 4) * panel_rows + r) * 4 + lo_byte % 4) >> (4 * (e1 / 64))) & 15;
+              const int hi = (u8_at(u, q6_k_qh + ((h * 8 + hi_byte / 4) * panel_rows + r) * 4 + hi_byte % 4) >> (2 * (e1 / 32))) & 3;
+              dot += ((lo | (hi << 4)) - 32) * xq[e];
+            }
+            isum += static_cast<std::int8_t>(u8_at(u, q6_k_scale + sub * panel_rows + r)) * dot;
+          }
+          acc[r] += x.d[b] * f16_at(scales, b * panel_rows + r) * static_cast<float>(isum);
+        }
+      }
+      store(a, m, p, acc);
+    }
+  }
+}
+
+}  // namespace
+
+const kernel_table& scalar_kernels() {
+  static const kernel_table t{
+      .f32 = {nullptr, nullptr, compute_f32},
+      .f16 = {nullptr, nullptr, compute_f16},
+      .bf16 = {nullptr, nullptr, compute_bf16},
+      .q8_0 = {bytes32, prepare_q8_32<0>, compute_q8_0},
+      .q4_0 = {bytes32, prepare_q8_32<8>, compute_q4_0},
+      .q4_k = {bytes256, prepare_q4_k, compute_q4_k},
+      .q6_k = {bytes256, prepare_q6_k, compute_q6_k},
+  };
+  return t;
+}
+
+}  // namespace troupe::exec::cpu::detail

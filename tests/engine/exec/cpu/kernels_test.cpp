@@ -1,0 +1,484 @@
+// The CPU kernels against the oracle, on every isa level this CPU runs (lower levels forced through the
+// `level` argument), on random inputs of awkward sizes. Each tolerance is an error bound for f32
+// arithmetic over the kernel's terms (u = 2^-24, the f32 unit roundoff), written next to its check.
+#include "engine/exec/cpu/kernels.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/eval/oracle.hpp"
+#include "engine/graph/builder.hpp"
+
+namespace troupe::exec::cpu {
+namespace {
+
+using graph::builder;
+using graph::op;
+using graph::slot_kind;
+using graph::value_id;
+
+constexpr double u = 0x1p-24;
+// Results below this may be flushed to zero: x / (1 + exp(-x)) is 0 once exp(-x) overflows (x < -88.7),
+// where silu is still -88.7 e^-88.7 = -3e-37.
+constexpr double tiny = 1e-36;
+// The oracle's gelu_tanh, 0.5 x (1 + tanh(z)) in double, cancels for negative x: tanh(z) near -1 is
+// off by up to 2 ulp of double, so the oracle is off by |x| 2^-53 (it gives 0 below x = -5.9).
+double oracle_gelu_error(double x) { return std::fabs(x) * 0x1p-52; }
+
+std::vector<isa> usable_levels() {
+  std::vector<isa> out;
+  for (const isa l : {isa::scalar, isa::avx2, isa::avx512})
+    if (usable(l)) out.push_back(l);
+  return out;
+}
+
+template <class T>
+tensor make_tensor(dtype type, troupe::shape s, const std::vector<T>& xs) {
+  tensor t(type, std::move(s));
+  std::memcpy(t.data(), xs.data(), xs.size() * sizeof(T));
+  return t;
+}
+tensor f32s(troupe::shape s, const std::vector<float>& xs) { return make_tensor(dtype::f32, std::move(s), xs); }
+tensor i32s(troupe::shape s, const std::vector<std::int32_t>& xs) { return make_tensor(dtype::i32, std::move(s), xs); }
+tensor bools(troupe::shape s, const std::vector<std::uint8_t>& xs) { return make_tensor(dtype::boolean, std::move(s), xs); }
+
+// Evaluates a graph over slots named a, b, c... bound to `inputs` and returns its output "out".
+std::vector<double> oracle(const std::vector<tensor>& inputs,
+                           const std::function<value_id(builder&, const std::vector<value_id>&)>& body) {
+  builder b;
+  std::vector<value_id> ins;
+  eval::eval_inputs in;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const std::string name(1, static_cast<char>('a' + i));
+    ins.push_back(b.slot(slot_kind::request_input, {inputs[i].type(), inputs[i].shape()}, name));
+    in.slots.emplace(name, inputs[i].view());
+  }
+  b.output("out", body(b, ins));
+  auto g = std::move(b).finish();
+  EXPECT_TRUE(g) << g.error().message();
+  if (!g) return {};
+  auto ev = eval::evaluate(*g, in);
+  EXPECT_TRUE(ev) << ev.error().message();
+  if (!ev) return {};
+  const tensor& t = ev->outputs.at("out");
+  std::vector<double> out(static_cast<std::size_t>(t.numel()));
+  for (std::int64_t i = 0; i < t.numel(); ++i) out[i] = t.as<float>()[i];
+  return out;
+}
+
+// Every element within its tolerance of the oracle (NaN and infinities must match exactly); reports
+// the first few misses and the worst error relative to its tolerance.
+void expect_close(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& tol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int misses = 0;
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], w = want[i];
+    bool ok;
+    if (std::isnan(w)) ok = std::isnan(g);
+    else if (std::isinf(w)) ok = g == w;
+    else {
+      const double err = std::fabs(g - w);
+      ok = err <= tol[i];
+      if (tol[i] > 0) worst = std::max(worst, err / tol[i]);
+    }
+    if (!ok && misses++ < 5)
+      ADD_FAILURE() << what << ": element " << i << " got " << g << " want " << w << " (tolerance " << tol[i] << ")";
+  }
+  EXPECT_EQ(misses, 0) << what << ": " << misses << " of " << got.size() << " elements out of tolerance";
+  ::testing::Test::RecordProperty(what + ".worst_error_over_tolerance", std::to_string(worst));
+}
+
+class kernels : public ::testing::TestWithParam<isa> {
+ protected:
+  isa level() const { return GetParam(); }
+  std::string tag(const std::string& what) const { return what + " @" + std::string(isa_name(level())); }
+  std::mt19937 rng_{20240611};
+  std::vector<float> normal(std::size_t n, float sd = 1.0f) {
+    std::normal_distribution<float> d(0.0f, sd);
+    std::vector<float> out(n);
+    for (auto& x : out) x = d(rng_);
+    return out;
+  }
+  std::vector<float> uniform(std::size_t n, float lo, float hi) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> out(n);
+    for (auto& x : out) x = d(rng_);
+    return out;
+  }
+};
+
+// ---- attention ------------------------------------------------------------------------------------
+
+enum class mask_kind { causal, window, random };
+
+struct attention_case {
+  const char* name;
+  std::int64_t R, T, C, Hq, Hkv, D, Dv;
+  mask_kind mask = mask_kind::causal;
+  std::int64_t window = 0;           // keys (p - window, p] for the token at position p
+  bool paged = false;                // index: a shuffled permutation of a cache larger than C
+  float softcap = 0.0f;
+  float sharpness = 1.0f;            // scale = sharpness / sqrt(D): larger makes the softmax peakier
+  std::int64_t dead_token = -1;      // a query token (r T + t) with no allowed key
+  std::int64_t dead_row = -1;        // a row with no allowed key at all
+};
+
+std::string case_name(const attention_case& c) { return c.name; }
+
+const attention_case attention_cases[] = {
+    // Qwen2.5-0.5B decode: 14 query heads over 2 kv heads, long context, paged; key ranges split.
+    {"decode_qwen_paged", 1, 1, 1000, 14, 2, 64, 64, mask_kind::causal, 0, true},
+    {"decode_qwen_long", 1, 1, 3000, 14, 2, 64, 64, mask_kind::causal, 0, false, 0.0f, 3.0f},
+    // Group 7, head dim 128, sliding window, softcap.
+    {"decode_group7_window_softcap", 1, 1, 777, 7, 1, 128, 128, mask_kind::window, 300, true, 30.0f},
+    // Batched decode, group 1, head dim 80 (not a power of two), random masks, one row fully masked.
+    {"decode_batch_mha_random", 3, 1, 517, 4, 4, 80, 80, mask_kind::random, 0, true, 0.0f, 1.0f, -1, 1},
+    // Prefill: causal from scratch, paged, group 7.
+    {"prefill_causal_paged", 1, 37, 37, 14, 2, 64, 64, mask_kind::causal, 0, true},
+    // Chunked prefill over a prefix, head dim 256, group 2, softcap, one token with nothing allowed.
+    {"prefill_chunk_d256_softcap", 2, 20, 300, 8, 4, 256, 256, mask_kind::causal, 0, true, 50.0f, 1.0f, 3},
+    // Sliding-window prefill, longer block.
+    {"prefill_window", 1, 64, 200, 2, 1, 64, 64, mask_kind::window, 50, false, 0.0f, 2.0f},
+    // Sizes of one and dims that are not a multiple of any vector width (tails everywhere).
+    {"single_key", 1, 5, 1, 3, 1, 40, 24, mask_kind::causal},
+    {"tiny_dims_group7", 2, 3, 17, 7, 1, 3, 5, mask_kind::random, 0, true},
+    {"prefill_random_d80", 1, 9, 130, 6, 2, 80, 48, mask_kind::random, 0, true, 0.0f, 4.0f},
+};
+
+class attention_test : public ::testing::TestWithParam<std::tuple<isa, attention_case>> {};
+
+TEST_P(attention_test, matches_oracle) {
+  const auto [level, c] = GetParam();
+  std::mt19937 rng(static_cast<std::uint32_t>(c.C * 131 + c.T * 7 + c.D));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::int64_t S = c.paged ? 2 * c.C + 3 : c.C, G = c.Hq / c.Hkv, N = c.R * c.T;
+  auto fill = [&](std::int64_t n) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (auto& x : v) x = normal(rng);
+    return v;
+  };
+  const auto q = fill(N * c.Hq * c.D), k = fill(S * c.Hkv * c.D), v = fill(S * c.Hkv * c.Dv);
+
+  std::vector<std::uint8_t> allow(static_cast<std::size_t>(N * c.C));
+  std::bernoulli_distribution coin(0.5);
+  for (std::int64_t r = 0; r < c.R; ++r)
+    for (std::int64_t t = 0; t < c.T; ++t)
+      for (std::int64_t j = 0; j < c.C; ++j) {
+        const std::int64_t p = c.C - c.T + t;  // the token's position: the last T of the C keys
+        bool ok = c.mask == mask_kind::random ? coin(rng) : j <= p;
+        if (c.mask == mask_kind::window) ok = ok && j > p - c.window;
+        if (r * c.T + t == c.dead_token || r == c.dead_row) ok = false;
+        allow[(r * c.T + t) * c.C + j] = ok;
+      }
+  // Each row reads its own permutation of the cache; a key no token may read gets an index far out
+  // of range, which the kernel must never follow.
+  std::vector<std::int32_t> index(static_cast<std::size_t>(c.R * c.C));
+  for (std::int64_t r = 0; r < c.R; ++r) {
+    std::vector<std::int32_t> perm(static_cast<std::size_t>(S));
+    std::iota(perm.begin(), perm.end(), 0);
+    if (c.paged) std::shuffle(perm.begin(), perm.end(), rng);
+    for (std::int64_t j = 0; j < c.C; ++j) {
+      bool used = false;
+      for (std::int64_t t = 0; t < c.T; ++t) used = used || allow[(r * c.T + t) * c.C + j];
+      index[r * c.C + j] = used ? perm[j] : (1 << 30);
+    }
+  }
+
+  const float scale = c.sharpness / std::sqrt(static_cast<float>(c.D));
+  const auto want = oracle({f32s({N, c.Hq, c.D}, q), f32s({S, c.Hkv, c.D}, k), f32s({S, c.Hkv, c.Dv}, v),
+                            i32s({c.R, c.C}, index), bools({c.R, c.T, c.C}, allow)},
+                           [&](builder& b, const std::vector<value_id>& in) {
+                             return b.attention(in[0], in[1], in[2], in[3], in[4], scale, c.softcap);
+                           });
+  ASSERT_FALSE(want.empty());
+
+  // Tolerance per query: a score s_j = scale q.k_j is off by at most 2 D u A (D products and sums,
+  // plus the rounding of q * scale), A = max_j scale sum_d |q_d k_jd|, and a softcap adds its tanh's
+  // 4 u cap; softmax weights perturbed by ds move the output by at most 2 ds vmax. The weighted sums
+  // over n allowed keys (numerator and denominator, with the per-tile rescales) add (2 n + 16) u vmax,
+  // which also covers exp's 2 ulp. vmax is the largest |v| among the allowed keys.
+  std::vector<double> tol(want.size(), 0.0);
+  for (std::int64_t r = 0; r < c.R; ++r)
+    for (std::int64_t t = 0; t < c.T; ++t)
+      for (std::int64_t h = 0; h < c.Hq; ++h) {
+        const std::int64_t n_ = r * c.T + t, kh = h / G;
+        double A = 0, vmax = 0;
+        std::int64_t n = 0;
+        for (std::int64_t j = 0; j < c.C; ++j) {
+          if (!allow[n_ * c.C + j]) continue;
+          const std::int64_t row = index[r * c.C + j];
+          double dot = 0;
+          for (std::int64_t d = 0; d < c.D; ++d) dot += std::fabs(q[(n_ * c.Hq + h) * c.D + d] * k[(row * c.Hkv + kh) * c.D + d]);
+          A = std::max(A, scale * dot);
+          for (std::int64_t d = 0; d < c.Dv; ++d) vmax = std::max<double>(vmax, std::fabs(v[(row * c.Hkv + kh) * c.Dv + d]));
+          ++n;
+        }
+        const double bound = vmax * (4.0 * c.D * u * A + 8.0 * u * c.softcap + (2.0 * n + 16.0) * u);
+        for (std::int64_t d = 0; d < c.Dv; ++d) tol[(n_ * c.Hq + h) * c.Dv + d] = bound;
+      }
+
+  for (const int threads : {1, 3}) {
+    thread_pool pool(threads);
+    std::vector<float> out(want.size(), std::numeric_limits<float>::quiet_NaN());
+    attention_args a;
+    a.q = q.data();
+    a.k = k.data();
+    a.v = v.data();
+    a.index = index.data();
+    a.allow = allow.data();
+    a.out = out.data();
+    a.R = c.R, a.T = c.T, a.C = c.C, a.Hq = c.Hq, a.Hkv = c.Hkv, a.D = c.D, a.Dv = c.Dv;
+    a.scale = scale;
+    a.softcap = c.softcap;
+    attention(a, pool, level);
+    expect_close(out, want, tol, std::string(c.name) + " @" + std::string(isa_name(level)) + " x" + std::to_string(threads));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(cases, attention_test,
+                         ::testing::Combine(::testing::ValuesIn(usable_levels()), ::testing::ValuesIn(attention_cases)),
+                         [](const auto& info) {
+                           return std::string(isa_name(std::get<0>(info.param))) + "_" + case_name(std::get<1>(info.param));
+                         });
+
+// ---- norms ----------------------------------------------------------------------------------------
+
+TEST_P(kernels, rms_norm_matches_oracle) {
+  for (const std::int64_t n : {1, 7, 64, 100, 896, 4099}) {
+    const std::int64_t rows = n > 1000 ? 2 : 5;
+    auto x = normal(static_cast<std::size_t>(rows * n), 3.0f);
+    const auto w = normal(static_cast<std::size_t>(n));
+    const float eps = 1e-6f;
+    const auto want = oracle({f32s({rows, n}, x), f32s({n}, w)},
+                             [&](builder& b, const std::vector<value_id>& in) { return b.rms_norm(in[0], in[1], eps); });
+    // The sum of squares carries n u relative error (halved by the square root); the scale and the two
+    // products add 8 u.
+    std::vector<double> tol(want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) tol[i] = (n / 2.0 + 8.0) * u * std::fabs(want[i]) + tiny;
+    std::vector<float> y(x.size());
+    rms_norm(x.data(), w.data(), rows, n, eps, y.data(), level());
+    expect_close(y, want, tol, tag("rms_norm n=" + std::to_string(n)));
+    rms_norm(x.data(), w.data(), rows, n, eps, x.data(), level());  // in place
+    expect_close(x, want, tol, tag("rms_norm in place n=" + std::to_string(n)));
+  }
+}
+
+TEST_P(kernels, layer_norm_matches_oracle) {
+  for (const std::int64_t n : {1, 7, 64, 100, 896, 4099}) {
+    const std::int64_t rows = n > 1000 ? 2 : 5;
+    auto x = normal(static_cast<std::size_t>(rows * n), 2.0f);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += 5.0f;  // an offset the centring must remove
+    const auto w = normal(static_cast<std::size_t>(n)), b = normal(static_cast<std::size_t>(n));
+    const float eps = 1e-5f;
+    const auto want = oracle({f32s({rows, n}, x), f32s({n}, w), f32s({n}, b)}, [&](builder& g, const std::vector<value_id>& in) {
+      return g.layer_norm(in[0], in[1], in[2], eps);
+    });
+    // The mean is off by n u mean|x|; each centred value by that plus u |x - mean|; the variance by
+    // n u relative (halved by the root); the final multiply-add by 2 u.
+    std::vector<double> tol(want.size());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double mean = 0, abs_mean = 0, var = 0;
+      for (std::int64_t i = 0; i < n; ++i) mean += x[r * n + i], abs_mean += std::fabs(x[r * n + i]);
+      mean /= n, abs_mean /= n;
+      for (std::int64_t i = 0; i < n; ++i) var += (x[r * n + i] - mean) * (x[r * n + i] - mean);
+      const double inv = 1.0 / std::sqrt(var / n + eps);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double centred = std::fabs(x[r * n + i] - mean);
+        const double wi = std::fabs(w[i]);
+        tol[r * n + i] = wi * inv * (n * u * abs_mean + 2 * u * centred) + wi * centred * inv * (n / 2.0 + 8.0) * u +
+                         2 * u * std::fabs(want[r * n + i]) + tiny;
+      }
+    }
+    std::vector<float> y(x.size());
+    layer_norm(x.data(), w.data(), b.data(), rows, n, eps, y.data(), level());
+    expect_close(y, want, tol, tag("layer_norm n=" + std::to_string(n)));
+  }
+}
+
+// ---- rope -----------------------------------------------------------------------------------------
+
+TEST_P(kernels, rope_matches_oracle) {
+  struct shape_case { std::int64_t T, H, D, half; bool neox; float scale; };
+  const shape_case cases[] = {
+      {1, 14, 64, 32, true, 1.0f},    {7, 2, 64, 32, false, 1.0f},  {5, 3, 80, 40, true, 1.0f},
+      {3, 5, 128, 16, true, 0.75f},   // partial rotary, scaled
+      {4, 1, 80, 10, false, 1.25f},  {2, 4, 6, 3, false, 1.0f},   {1, 1, 2, 1, true, 1.0f},
+      {3, 2, 1024, 512, true, 1.0f},  // more pairs than one table block
+  };
+  for (const auto& sc : cases) {
+    auto x = normal(static_cast<std::size_t>(sc.T * sc.H * sc.D));
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(sc.T));
+    std::uniform_int_distribution<std::int32_t> pd(0, 200000);  // positions far out, where f32 angles fail
+    for (auto& p : pos) p = pd(rng_);
+    pos[0] = 0;
+    std::vector<float> inv(static_cast<std::size_t>(sc.half));
+    for (std::int64_t i = 0; i < sc.half; ++i) inv[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / (2 * sc.half)));
+    const auto want = oracle({f32s({sc.T, sc.H, sc.D}, x), i32s({sc.T}, pos), f32s({sc.half}, inv)},
+                             [&](builder& b, const std::vector<value_id>& in) { return b.rope(in[0], in[1], in[2], sc.neox, sc.scale); });
+    // Each output is x0 c - x1 s: cos and sin rounded to f32 (u each), scaled (u), two products and
+    // a sum: 4 u scale (|x0| + |x1|) at most.
+    std::vector<double> tol(want.size());
+    for (std::int64_t t = 0; t < sc.T; ++t)
+      for (std::int64_t h = 0; h < sc.H; ++h)
+        for (std::int64_t d = 0; d < sc.D; ++d) {
+          const std::int64_t base = (t * sc.H + h) * sc.D;
+          std::int64_t mate = d;
+          if (d < 2 * sc.half) mate = sc.neox ? (d < sc.half ? d + sc.half : d - sc.half) : (d ^ 1);
+          tol[base + d] = d < 2 * sc.half ? 4 * u * sc.scale * (std::fabs(x[base + d]) + std::fabs(x[base + mate])) : 0.0;
+        }
+    rope(x.data(), sc.T, sc.H, sc.D, pos.data(), inv.data(), sc.half, sc.neox, sc.scale, level());
+    expect_close(x, want, tol, tag("rope D=" + std::to_string(sc.D) + " half=" + std::to_string(sc.half) + (sc.neox ? " neox" : " interleaved")));
+  }
+}
+
+// ---- softmax --------------------------------------------------------------------------------------
+
+TEST_P(kernels, softmax_rows_match_oracle) {
+  for (const std::int64_t n : {1, 3, 16, 17, 100, 1000, 32003}) {
+    const std::int64_t rows = n > 10000 ? 1 : 4;
+    auto x = normal(static_cast<std::size_t>(rows * n), 6.0f);
+    x[0] += 80.0f;  // far from zero: the max must be subtracted first
+    for (const bool log : {false, true}) {
+      const auto want = oracle({f32s({rows, n}, x)}, [&](builder& b, const std::vector<value_id>& in) {
+        return log ? b.log_softmax(in[0]) : b.softmax(in[0]);
+      });
+      std::vector<double> tol(want.size());
+      for (std::int64_t r = 0; r < rows; ++r) {
+        double m = -INFINITY, spread = 0;
+        for (std::int64_t i = 0; i < n; ++i) m = std::max<double>(m, x[r * n + i]);
+        for (std::int64_t i = 0; i < n; ++i) spread = std::max(spread, m - x[r * n + i]);
+        double s = 0;
+        for (std::int64_t i = 0; i < n; ++i) s += std::exp(x[r * n + i] - m);
+        for (std::int64_t i = 0; i < n; ++i) {
+          const double xi = x[r * n + i];
+          // softmax: x - m is rounded (u |x - m| relative in the exponential), exp adds 2 ulp, the sum
+          // n u, the reciprocal and product 2 u. log_softmax: x - (m + log s) rounds twice at the
+          // magnitudes involved, and log s inherits the sum's relative error as an absolute one.
+          tol[r * n + i] = log ? u * (2 * std::fabs(xi) + 2 * (std::fabs(m) + std::log(s)) + spread + n + 8)
+                               : std::fabs(want[r * n + i]) * u * (std::fabs(xi - m) + n + 8) + tiny;
+        }
+      }
+      std::vector<float> y(x.size());
+      softmax_rows(x.data(), rows, n, log, y.data(), level());
+      expect_close(y, want, tol, tag(std::string(log ? "log_softmax" : "softmax") + " n=" + std::to_string(n)));
+      auto z = x;
+      softmax_rows(z.data(), rows, n, log, z.data(), level());  // in place
+      expect_close(z, want, tol, tag(std::string(log ? "log_softmax" : "softmax") + " in place n=" + std::to_string(n)));
+    }
+  }
+}
+
+// ---- elementwise ----------------------------------------------------------------------------------
+
+struct unary_case {
+  unary_kind kind;
+  op code;
+  float lo, hi;  // the random inputs' range
+  // Relative tolerance in units of u at input x (exact ops: the oracle rounds once, so does the kernel).
+  double (*rel)(double x);
+};
+
+const unary_case unary_cases[] = {
+    {unary_kind::neg, op::neg, -1e3f, 1e3f, [](double) { return 0.0; }},
+    {unary_kind::abs, op::abs, -1e3f, 1e3f, [](double) { return 0.0; }},
+    // Vector exp: Cephes, 2 ulp (4 u).
+    {unary_kind::exp, op::exp, -110.0f, 95.0f, [](double) { return 4.0; }},
+    {unary_kind::log, op::log, 0.0f, 1e4f, [](double) { return 4.0; }},
+    {unary_kind::sqrt, op::sqrt, 0.0f, 1e6f, [](double) { return 1.0; }},
+    // sqrt then divide: two roundings, and the oracle rounds its own result once.
+    {unary_kind::rsqrt, op::rsqrt, 1e-6f, 1e6f, [](double) { return 3.0; }},
+    {unary_kind::recip, op::recip, -1e3f, 1e3f, [](double) { return 1.0; }},
+    // tanh: odd polynomial near 0, 1 - 2 / (exp(2|x|) + 1) beyond: 4 ulp (8 u).
+    {unary_kind::tanh, op::tanh, -12.0f, 12.0f, [](double) { return 8.0; }},
+    // erf: the Eigen / XLA rational approximation, 2e-7 absolute (3.4 u), which stays below 8 u relative.
+    {unary_kind::erf, op::erf, -5.0f, 5.0f, [](double) { return 8.0; }},
+    // x / (1 + exp(-z)): exp's 4 u, the sum and the quotient 2 u, and the rounding of z itself moves
+    // the result by u |z| relative where exp(-z) dominates.
+    {unary_kind::sigmoid, op::sigmoid, -100.0f, 100.0f, [](double x) { return 8.0 + std::fabs(x); }},
+    {unary_kind::silu, op::silu, -100.0f, 100.0f, [](double x) { return 8.0 + std::fabs(x); }},
+    // gelu_tanh: z = 2 sqrt(2/pi) (x + 0.044715 x^3) takes 4 roundings: 4 u |z| relative.
+    {unary_kind::gelu_tanh, op::gelu_tanh, -12.0f, 12.0f,
+     [](double x) { return 8.0 + 4.0 * std::fabs(1.5957691216 * (x + 0.044715 * x * x * x)); }},
+};
+
+std::string unary_name(unary_kind k) {
+  static const char* names[] = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "recip", "tanh", "erf", "sigmoid", "silu", "gelu_tanh"};
+  return names[static_cast<int>(k)];
+}
+
+TEST_P(kernels, unary_matches_oracle) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const auto& uc : unary_cases) {
+    for (const std::int64_t n : {1, 5, 16, 1001}) {
+      auto x = uniform(static_cast<std::size_t>(n), uc.lo, uc.hi);
+      if (n > 100) {
+        // Small magnitudes (the polynomial branches), denormals and specials.
+        const float extra[] = {0.0f, -0.0f, 1e-5f, -3e-4f, 0.6f, -0.65f, 1e-40f, 1.0f, inf, -inf, std::nanf("")};
+        for (std::size_t i = 0; i < std::size(extra); ++i) x[i * 7] = extra[i];
+        for (std::int64_t i = 100; i < 200; ++i) x[i] = std::ldexp(x[i], -20);
+      }
+      if (uc.kind == unary_kind::log)
+        for (std::int64_t i = 200; i < std::min<std::int64_t>(n, 400); ++i) x[i] = std::exp(static_cast<float>(i - 300) * 0.4f);
+      const auto want = oracle({f32s({n}, x)}, [&](builder& b, const std::vector<value_id>& in) { return b.unary(uc.code, in[0]); });
+      std::vector<double> tol(want.size());
+      for (std::size_t i = 0; i < tol.size(); ++i) {
+        if (!std::isfinite(x[i])) continue;  // infinite and NaN inputs have exact results
+        tol[i] = uc.rel(x[i]) * u * std::fabs(want[i]) + tiny;
+        if (uc.kind == unary_kind::gelu_tanh) tol[i] += oracle_gelu_error(x[i]);
+      }
+      std::vector<float> y(x.size());
+      unary(uc.kind, x.data(), n, y.data(), level());
+      expect_close(y, want, tol, tag(unary_name(uc.kind) + " n=" + std::to_string(n)));
+    }
+  }
+}
+
+TEST_P(kernels, gated_matches_oracle) {
+  for (const auto& act : {std::pair{unary_kind::silu, op::silu}, std::pair{unary_kind::gelu_tanh, op::gelu_tanh},
+                         std::pair{unary_kind::tanh, op::tanh}}) {
+    for (const std::int64_t n : {1, 9, 4864}) {
+      const auto g = uniform(static_cast<std::size_t>(n), -10.0f, 10.0f), up = normal(static_cast<std::size_t>(n));
+      const auto want = oracle({f32s({n}, g), f32s({n}, up)}, [&](builder& b, const std::vector<value_id>& in) {
+        return b.mul(b.unary(act.second, in[0]), in[1]);
+      });
+      // The activation's bound (as in unary_matches_oracle, at most 8 u + 4 u |z|) plus the product
+      // and the oracle's own rounding of the activation: 2 u.
+      std::vector<double> tol(want.size());
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double z = 1.5957691216 * (g[i] + 0.044715 * g[i] * g[i] * g[i]);
+        tol[i] = (10.0 + 4.0 * std::max<double>(std::fabs(z), std::fabs(g[i]))) * u * std::fabs(want[i]) + tiny;
+        if (act.first == unary_kind::gelu_tanh) tol[i] += oracle_gelu_error(g[i]) * std::fabs(up[i]);
+      }
+      std::vector<float> y(static_cast<std::size_t>(n));
+      gated(act.first, g.data(), up.data(), n, y.data(), level());
+      expect_close(y, want, tol, tag("gated " + unary_name(act.first) + " n=" + std::to_string(n)));
+    }
+  }
+}
+
+// A level the CPU lacks falls back to the best one it has, rather than faulting.
+TEST(kernels_dispatch, unusable_level_falls_back) {
+  const std::vector<float> x = {-1.0f, 0.0f, 2.0f};
+  std::vector<float> y(3);
+  unary(unary_kind::exp, x.data(), 3, y.data(), isa::avx512);
+  EXPECT_NEAR(y[0], std::exp(-1.0), 1e-6);
+  EXPECT_EQ(y[1], 1.0f);
+  EXPECT_NEAR(y[2], std::exp(2.0), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(levels, kernels, ::testing::ValuesIn(usable_levels()),
+                         [](const auto& info) { return std::string(isa_name(info.param)); });
+
+}  // namespace
+}  // namespace troupe::exec::cpu

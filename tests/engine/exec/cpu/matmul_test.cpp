@@ -1,0 +1,311 @@
+// The packed matrix products against a double-precision reference, for every packable format on every
+// isa level this CPU can run, at sizes that leave partial panels, partial row tiles and odd K.
+//
+// Two references per output:
+//  * exact: the dequantized weights (engine/core/quant.hpp) against the exact activations. The
+//    quantized formats round activations to int8 per block (32 elements for q8_0 / q4_0, 256 for the
+//    k-quants), x = d q + e with |e| <= d / 2 = amax / 254 for the block's largest magnitude amax, so
+//    the product can move by up to sum_k |w_k| amax(k) / 254. bf16 weights on a CPU with vdpbf16ps
+//    round activations to bf16, |e| <= 2^-8 |x|. That bound plus the float term below is the
+//    tolerance; it is what a caller may rely on.
+//  * model: the same weights against the activations as the kernels round them (the rounding is
+//    specified: symmetric, amax / 127 per block, to nearest even), which leaves only f32 arithmetic.
+//    Its tolerance, c u (L + extra) A with u = 2^-24, L the length of the longest f32 summation chain
+//    (K for the plain floats, K / block for the quantized ones), A the sum of the magnitudes of the
+//    summed terms and c = 2, is the classic recursive summation bound with a factor to spare. It is
+//    tight enough that one wrong code in a block fails: a single element's share of a product is
+//    about A / K, far above it, whereas it may hide under the exact bound.
+// A final check: outputs outside [0, N) of each row of y are never written.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/core/half.hpp"
+#include "engine/core/quant.hpp"
+#include "engine/core/tensor.hpp"
+#include "engine/exec/cpu/isa.hpp"
+#include "engine/exec/cpu/matmul.hpp"
+#include "engine/exec/cpu/thread_pool.hpp"
+
+namespace troupe::exec::cpu {
+namespace {
+
+constexpr double u32 = 1.0 / 16777216.0;  // f32 unit roundoff
+constexpr isa all_levels[] = {isa::scalar, isa::avx2, isa::avx512};
+
+struct weights {
+  dtype type = dtype::f32;
+  std::int64_t n = 0, k = 0;
+  std::vector<std::byte> stored;
+  std::vector<float> deq;        // dequantized, [n, k]
+  std::vector<float> min_shift;  // q4_k: the sub-block's dmin * min for each element, else 0
+  tensor_view view() const { return {type, shape{n, k}, stored.data()}; }
+};
+
+// Rows of varied scale with a few outliers, as trained weights have.
+weights make_weights(dtype t, std::int64_t n, std::int64_t k, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> scale(0.05f, 2.0f);
+  std::bernoulli_distribution outlier(0.01);
+  std::vector<float> src(static_cast<std::size_t>(n * k));
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float s = scale(rng);
+    for (std::int64_t c = 0; c < k; ++c) src[r * k + c] = nd(rng) * s * (outlier(rng) ? 6.0f : 1.0f);
+  }
+  weights w;
+  w.type = t;
+  w.n = n;
+  w.k = k;
+  w.stored.resize(*storage_bytes(t, static_cast<std::uint64_t>(n * k)));
+  EXPECT_TRUE(quantize_row(t, src.data(), w.stored.data(), n * k).has_value());
+  w.deq.resize(src.size());
+  EXPECT_TRUE(dequantize_row(t, w.stored.data(), w.deq.data(), n * k).has_value());
+  w.min_shift.assign(src.size(), 0.0f);
+  if (t == dtype::q4_k) {
+    // ggml's block: f16 d, f16 dmin, 6-bit scales and mins in 12 bytes, 128 bytes of nibbles.
+    for (std::int64_t b = 0; b < n * k / 256; ++b) {
+      const std::byte* blk = w.stored.data() + b * 144;
+      std::uint16_t dmin_bits;
+      std::memcpy(&dmin_bits, blk + 2, 2);
+      const float dmin = f16_to_f32(dmin_bits);
+      std::uint8_t s[12];
+      std::memcpy(s, blk + 4, 12);
+      for (int j = 0; j < 8; ++j) {
+        const int m = j < 4 ? (s[j + 4] & 63) : ((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+        for (int l = 0; l < 32; ++l) w.min_shift[b * 256 + 32 * j + l] = dmin * static_cast<float>(m);
+      }
+    }
+  }
+  return w;
+}
+
+// Activations: normal, with outliers, an all-zero row and a row whose blocks each hold one huge value.
+std::vector<float> make_activations(std::int64_t m, std::int64_t k, std::int64_t ldx, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::bernoulli_distribution outlier(0.02);
+  std::vector<float> x(static_cast<std::size_t>(m * ldx), std::nanf(""));
+  for (std::int64_t r = 0; r < m; ++r) {
+    for (std::int64_t c = 0; c < k; ++c) {
+      float v = nd(rng) * (outlier(rng) ? 10.0f : 1.0f);
+      if (r == 1) v = 0.0f;
+      if (r == 2 && c % 32 == 5) v = 300.0f;
+      x[r * ldx + c] = v;
+    }
+  }
+  return x;
+}
+
+// How the kernels round the activations of one row for a format and level.
+std::vector<double> modeled_activations(dtype t, isa level, const float* x, std::int64_t k, std::vector<double>* err) {
+  std::vector<double> xm(x, x + k);
+  err->assign(static_cast<std::size_t>(k), 0.0);
+  int block = 0;
+  if (t == dtype::q8_0 || t == dtype::q4_0) block = 32;
+  if (t == dtype::q4_k || t == dtype::q6_k) block = 256;
+  if (block > 0) {
+    for (std::int64_t b = 0; b < k / block; ++b) {
+      float amax = 0.0f;
+      for (int i = 0; i < block; ++i) amax = std::max(amax, std::fabs(x[b * block + i]));
+      const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+      const float d = amax / 127.0f;
+      for (int i = 0; i < block; ++i) {
+        const float q = std::nearbyint(x[b * block + i] * id);
+        xm[b * block + i] = static_cast<double>(d) * q;
+        // d / 2, with room for the rounding of id and d themselves.
+        (*err)[b * block + i] = amax / 254.0 * (1.0 + 1e-4);
+      }
+    }
+  } else if (t == dtype::bf16 && level == isa::avx512 && has_bf16_dot()) {
+    for (std::int64_t i = 0; i < k; ++i) {
+      xm[i] = bf16_to_f32(f32_to_bf16(x[i]));
+      (*err)[i] = std::ldexp(std::fabs(x[i]), -8);
+    }
+  }
+  return xm;
+}
+
+// The length of the longest f32 summation chain, plus the roundings each term takes before it.
+double chain_length(dtype t, std::int64_t k) {
+  switch (t) {
+    case dtype::q8_0:
+    case dtype::q4_0: return static_cast<double>(k / 32) + 3;
+    case dtype::q4_k: return static_cast<double>(k / 256) + 6;
+    case dtype::q6_k: return static_cast<double>(k / 256) + 4;
+    default: return static_cast<double>(k) + 2;
+  }
+}
+
+struct check_result {
+  double worst_exact = 0;  // largest |error| / tolerance, exact reference
+  double worst_model = 0;  // the same against the modeled activations
+  bool wrote_outside = false;
+  std::string where;
+};
+
+check_result run_case(const weights& w, const packed_matrix& pm, std::int64_t M, isa level, thread_pool& pool,
+                      std::mt19937& rng) {
+  const std::int64_t k = w.k, n = w.n;
+  const std::int64_t ldx = k + 3;  // rows not vector-aligned
+  const std::int64_t ldy = n + 5;
+  const auto x = make_activations(M, k, ldx, rng);
+  constexpr float sentinel = -12345.0f;
+  std::vector<float> y(static_cast<std::size_t>(M * ldy), sentinel);
+  matmul(pm, x.data(), ldx, M, y.data(), ldy, pool, level);
+
+  check_result res;
+  std::vector<double> err;
+  for (std::int64_t m = 0; m < M; ++m) {
+    const float* xr = x.data() + m * ldx;
+    const auto xm = modeled_activations(w.type, level, xr, k, &err);
+    for (std::int64_t c = n; c < ldy; ++c) res.wrote_outside |= y[m * ldy + c] != sentinel;
+    for (std::int64_t r = 0; r < n; ++r) {
+      const float* wr = w.deq.data() + r * k;
+      const float* shift = w.min_shift.data() + r * k;
+      double exact = 0, model = 0, mag = 0, qerr = 0;
+      for (std::int64_t c = 0; c < k; ++c) {
+        exact += static_cast<double>(wr[c]) * xr[c];
+        model += static_cast<double>(wr[c]) * xm[c];
+        // q4_k's kernel sums d*scale*q and dmin*min separately: both magnitudes round.
+        const double wmag = std::fabs(static_cast<double>(wr[c]) + shift[c]) + std::fabs(shift[c]);
+        mag += wmag * std::fabs(xm[c]);
+        qerr += std::fabs(static_cast<double>(wr[c])) * err[c];
+      }
+      const double tol_model = 2.0 * u32 * chain_length(w.type, k) * mag + 1e-30;
+      const double tol_exact = tol_model + qerr;
+      const double got = y[m * ldy + r];
+      const double e_model = std::fabs(got - model) / tol_model;
+      const double e_exact = std::fabs(got - exact) / tol_exact;
+      if (!(e_model <= res.worst_model) || !(e_exact <= res.worst_exact)) {
+        res.where = "m=" + std::to_string(m) + " n=" + std::to_string(r) + " got " + std::to_string(got) +
+                    " exact " + std::to_string(exact) + " model " + std::to_string(model) + " tol_model " +
+                    std::to_string(tol_model) + " tol_exact " + std::to_string(tol_exact);
+      }
+      // NaN compares false: a NaN output makes the ratio NaN, kept as infinitely wrong.
+      res.worst_model = std::isnan(e_model) ? INFINITY : std::max(res.worst_model, e_model);
+      res.worst_exact = std::isnan(e_exact) ? INFINITY : std::max(res.worst_exact, e_exact);
+    }
+  }
+  return res;
+}
+
+std::vector<std::int64_t> ks_for(dtype t) {
+  switch (t) {
+    case dtype::q8_0:
+    case dtype::q4_0: return {32, 96, 288, 768};
+    case dtype::q4_k:
+    case dtype::q6_k: return {256, 768};
+    default: return {1, 7, 33, 96, 288, 768};
+  }
+}
+
+thread_pool& shared_pool() {
+  static thread_pool pool(2);
+  return pool;
+}
+
+class matmul_format : public ::testing::TestWithParam<dtype> {};
+
+TEST_P(matmul_format, matches_reference_on_every_level) {
+  const dtype t = GetParam();
+  std::mt19937 rng(1234 + static_cast<int>(t));
+  for (const std::int64_t k : ks_for(t)) {
+    for (const std::int64_t n : {1, 3, 33, 257}) {
+      const weights w = make_weights(t, n, k, rng);
+      auto pm = packed_matrix::pack(w.view());
+      ASSERT_TRUE(pm.has_value()) << pm.error();
+      EXPECT_EQ(pm->rows(), n);
+      EXPECT_EQ(pm->cols(), k);
+      EXPECT_EQ(pm->type(), t);
+      for (const std::int64_t M : {1, 2, 3, 7, 17, 64, 130}) {
+        for (const isa level : all_levels) {
+          if (!usable(level)) continue;
+          const auto r = run_case(w, *pm, M, level, shared_pool(), rng);
+          const std::string ctx = std::string(name(t)) + " " + std::string(isa_name(level)) + " M=" +
+                                  std::to_string(M) + " N=" + std::to_string(n) + " K=" + std::to_string(k);
+          EXPECT_LE(r.worst_model, 1.0) << ctx << ": " << r.where;
+          EXPECT_LE(r.worst_exact, 1.0) << ctx << ": " << r.where;
+          EXPECT_FALSE(r.wrote_outside) << ctx;
+          if (::testing::Test::HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(formats, matmul_format,
+                         ::testing::Values(dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k,
+                                           dtype::q6_k),
+                         [](const auto& info) { return std::string(name(info.param)); });
+
+// The split of work over threads must not change what is computed: every pool size and level gives a
+// result within the model tolerance (checked here at a size that makes many tasks).
+TEST(matmul, any_pool_size) {
+  std::mt19937 rng(99);
+  for (const dtype t : {dtype::f32, dtype::q4_0, dtype::q6_k}) {
+    const weights w = make_weights(t, 300, 512, rng);
+    auto pm = packed_matrix::pack(w.view());
+    ASSERT_TRUE(pm.has_value());
+    for (const int threads : {1, 3}) {
+      thread_pool pool(threads);
+      for (const std::int64_t M : {1, 100}) {
+        const auto r = run_case(w, *pm, M, best_isa(), pool, rng);
+        EXPECT_LE(r.worst_model, 1.0) << name(t) << " threads=" << threads << " M=" << M << ": " << r.where;
+      }
+    }
+  }
+}
+
+TEST(matmul, zero_k_gives_zeros) {
+  std::mt19937 rng(1);
+  const weights w = make_weights(dtype::f32, 5, 0, rng);
+  auto pm = packed_matrix::pack(w.view());
+  ASSERT_TRUE(pm.has_value());
+  std::vector<float> x(1), y(10, 7.0f);
+  matmul(*pm, x.data(), 0, 2, y.data(), 5, shared_pool(), best_isa());
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(matmul, pack_refuses_what_it_cannot_lay_out) {
+  std::vector<std::byte> bytes(4096);
+  EXPECT_FALSE(packable(dtype::q5_k));
+  EXPECT_FALSE(packable(dtype::i32));
+  EXPECT_FALSE(packed_matrix::pack(tensor_view(dtype::q5_k, shape{4, 256}, bytes.data())).has_value());
+  EXPECT_FALSE(packed_matrix::pack(tensor_view(dtype::f32, shape{2, 4, 8}, bytes.data())).has_value());
+  const auto odd = packed_matrix::pack(tensor_view(dtype::q8_0, shape{4, 48}, bytes.data()));
+  ASSERT_FALSE(odd.has_value());
+  EXPECT_NE(odd.error().find("48"), std::string::npos);
+}
+
+// Packing keeps a quantized matrix at about its stored size: no f32 copy.
+TEST(matmul, packed_size_is_about_the_stored_size) {
+  std::mt19937 rng(5);
+  for (const dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k}) {
+    const weights w = make_weights(t, 64, 1024, rng);
+    auto pm = packed_matrix::pack(w.view());
+    ASSERT_TRUE(pm.has_value());
+    const double ratio = static_cast<double>(pm->bytes()) / static_cast<double>(w.stored.size());
+    EXPECT_GE(ratio, 1.0) << name(t);
+    EXPECT_LE(ratio, 1.03) << name(t);
+  }
+}
+
+TEST(gather_rows, matches_dequantize_row) {
+  std::mt19937 rng(11);
+  for (const dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_k}) {
+    const weights w = make_weights(t, 10, 256, rng);
+    const std::int32_t ids[] = {3, 0, 9, 3};
+    std::vector<float> out(4 * 256);
+    gather_rows(w.view(), ids, 4, out.data());
+    for (int i = 0; i < 4; ++i) {
+      for (int c = 0; c < 256; ++c) EXPECT_EQ(out[i * 256 + c], w.deq[ids[i] * 256 + c]) << name(t);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace troupe::exec::cpu

@@ -59,26 +59,37 @@ int run_generate(const generate_options& o) {
     std::fprintf(stderr, "troupe generate: --model is required (this build ships no embedded default model)\n");
     return 2;
   }
-  if (!o.has_prompt_ids) {
-    std::fprintf(stderr, "troupe generate: --prompt needs the model's tokenizer; use --prompt-ids with this build\n");
-    return 2;
-  }
   auto h = families::model_handle::load(o.model, families::registry::builtin());
   if (!h) {
     std::fprintf(stderr, "troupe generate: %s\n", families::message(h.error()).c_str());
     return 2;
   }
+  const text::text_codec* codec = (*h)->text();
+  std::vector<std::int32_t> prompt_ids = o.prompt_ids;
+  if (!o.has_prompt_ids) {
+    if (!codec) {
+      std::fprintf(stderr, "troupe generate: --prompt needs the model's tokenizer (%s); --prompt-ids works without one\n",
+                   (*h)->text_problem().c_str());
+      return 2;
+    }
+    auto ids = codec->encode(o.prompt, true);
+    if (!ids) {
+      std::fprintf(stderr, "troupe generate: %s\n", ids.error().message().c_str());
+      return 2;
+    }
+    prompt_ids.assign(ids->begin(), ids->end());
+  }
   const auto& cfg = (*h)->model().config();
-  for (auto id : o.prompt_ids)
+  for (auto id : prompt_ids)
     if (id < 0 || id >= cfg.vocab) {
       std::fprintf(stderr, "troupe generate: prompt id %d is outside the vocabulary [0, %lld)\n", id, static_cast<long long>(cfg.vocab));
       return 2;
     }
-  if (o.prompt_ids.empty()) {
+  if (prompt_ids.empty()) {
     std::fprintf(stderr, "troupe generate: the prompt is empty\n");
     return 2;
   }
-  const std::int64_t capacity = static_cast<std::int64_t>(o.prompt_ids.size()) + o.max_tokens;
+  const std::int64_t capacity = static_cast<std::int64_t>(prompt_ids.size()) + o.max_tokens;
   // One feed function over either path: the CPU executor, or the oracle that defines it.
   std::unique_ptr<exec::cpu::cpu_executor> cpu;
   std::optional<exec_runner> exec_run;
@@ -98,7 +109,7 @@ int run_generate(const generate_options& o) {
   std::mt19937_64 rng(o.seed);
   std::vector<std::int32_t> out;
   nlohmann::json logprobs = nlohmann::json::array();
-  auto logits = feed(o.prompt_ids);
+  auto logits = feed(prompt_ids);
   for (std::int64_t i = 0; i < o.max_tokens; ++i) {
     if (!logits) {
       std::fprintf(stderr, "troupe generate: %s\n", logits.error().c_str());
@@ -122,12 +133,20 @@ int run_generate(const generate_options& o) {
   if (o.json) {
     nlohmann::json j;
     j["tokens"] = out;
-    j["text"] = nullptr;  // needs the model's tokenizer
+    if (codec) {
+      j["text"] = codec->decode(out);
+    } else {
+      j["text"] = nullptr;  // no tokenizer: ids only
+    }
     if (o.logprobs > 0) j["logprobs"] = logprobs;
     std::printf("%s\n", j.dump().c_str());
   } else {
-    for (std::size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
-    std::printf("\n");
+    if (codec) {
+      std::printf("%s\n", codec->decode(out).c_str());
+    } else {
+      for (std::size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
+      std::printf("\n");
+    }
   }
   return 0;
 }

@@ -19,7 +19,26 @@ result<std::shared_ptr<const model_handle>, model_error> model_handle::load(cons
   if (!store) return unexpected(model_error{store.error()});
   auto m = (*family)->build(*cfg, *store);
   if (!m) return unexpected(m.error());
-  return std::shared_ptr<const model_handle>(new model_handle(path, *family, std::move(*cfg), std::move(*store), std::move(*m)));
+  auto h = std::shared_ptr<model_handle>(new model_handle(path, *family, std::move(*cfg), std::move(*store), std::move(*m)));
+  // The text codec from the checkpoint's own files: tokenizer.json (and tokenizer_config.json) beside a
+  // Hugging Face checkpoint, the tokenizer.ggml.* keys of a GGUF.
+  std::error_code ec;
+  if (auto g = h->store_.gguf()) {
+    if (g->get().find_value("tokenizer.ggml.model")) {
+      auto codec = text::text_codec::from_gguf(g->get());
+      if (codec) h->text_.emplace(std::move(*codec));
+      else h->text_problem_ = codec.error().message();
+    } else {
+      h->text_problem_ = "the GGUF file has no tokenizer.ggml.model key";
+    }
+  } else if (std::filesystem::exists(path / "tokenizer.json", ec)) {
+    auto codec = text::text_codec::open(path);
+    if (codec) h->text_.emplace(std::move(*codec));
+    else h->text_problem_ = codec.error().message();
+  } else {
+    h->text_problem_ = "no tokenizer.json beside the checkpoint";
+  }
+  return std::shared_ptr<const model_handle>(std::move(h));
 }
 
 }  // namespace troupe::families

@@ -1,12 +1,15 @@
 #pragma once
 // A loaded model: the family resolved from the configuration (before any weight is read), the weight
-// store, and the family's model built over it. Shared by reference: one handle can back several
-// drivers.
+// store, the family's model built over it, and its text codec (tokenizer and chat template) from the
+// checkpoint's own files. Shared by reference: one handle can back several drivers. A checkpoint
+// without a usable tokenizer still loads (token ids work); `text()` is then null and `text_problem()`
+// says why.
 #include <filesystem>
 #include <memory>
 
 #include "engine/load/raw_config.hpp"
 #include "engine/load/weight_store.hpp"
+#include "engine/text/text_codec.hpp"
 #include "families/registry.hpp"
 
 namespace troupe::families {
@@ -21,6 +24,8 @@ class model_handle {
   const load::raw_config& config() const { return config_; }
   const load::weight_store& store() const { return store_; }
   const std::filesystem::path& path() const { return path_; }
+  const text::text_codec* text() const { return text_ ? &*text_ : nullptr; }
+  const std::string& text_problem() const { return text_problem_; }
 
  private:
   model_handle(std::filesystem::path p, const family_entry* f, load::raw_config c, load::weight_store s,
@@ -31,6 +36,8 @@ class model_handle {
   load::raw_config config_;
   load::weight_store store_;
   std::unique_ptr<families::model> model_;
+  std::optional<text::text_codec> text_;
+  std::string text_problem_;
 };
 
 // The configuration of a checkpoint, read without its tensors.

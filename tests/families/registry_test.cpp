@@ -254,3 +254,34 @@ TEST_F(refusals, encode_hidden_equals_the_step_programs_hidden_carry) {
 
 }  // namespace
 }  // namespace troupe::families
+
+namespace troupe::families {
+namespace {
+
+TEST(model_handle, carries_the_checkpoints_own_text_codec) {
+  fixture_dims d;
+  d.vocab = 300;
+  d.hidden = 64;
+  d.ffn = 96;
+  d.head_dim = 16;
+  const auto gguf = scratch("codec.gguf");
+  ASSERT_TRUE(write_fixture("llama", d, gguf, true));
+  auto h = model_handle::load(gguf, registry::builtin());
+  ASSERT_TRUE(h) << message(h.error());
+  ASSERT_NE((*h)->text(), nullptr) << (*h)->text_problem();
+  EXPECT_EQ((*h)->text()->vocab_size(), 300u);
+  EXPECT_EQ((*h)->text()->token_string(1), "<s>");
+  // Byte tokens decode to their bytes: <0x68> <0x69> is "hi".
+  const std::vector<text::token_id> hi = {3 + 0x68, 3 + 0x69};
+  EXPECT_EQ((*h)->text()->decode(hi), "hi");
+
+  const auto hf = scratch("codec-hf");
+  ASSERT_TRUE(write_fixture("llama", d, hf, false));
+  auto g = model_handle::load(hf, registry::builtin());
+  ASSERT_TRUE(g);
+  EXPECT_EQ((*g)->text(), nullptr);
+  EXPECT_NE((*g)->text_problem().find("tokenizer.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace troupe::families

@@ -4,6 +4,14 @@
 // the same format (never widened to f32 copies); activations are f32 and may be quantized on the fly
 // (to 8-bit blocks, as llama.cpp does) where integer dot products win. M = 1 is the decode GEMV; large
 // M is the prefill GEMM.
+//
+// What each format computes (tests/engine/exec/cpu/matmul_test.cpp holds every level to it):
+//  * f32, f16: the products in f32 with FMA.
+//  * bf16: the same; on an avx512 CPU with BF16 the activations are first rounded to bf16 (relative
+//    error up to 2^-8 each) and multiplied with vdpbf16ps.
+//  * q8_0, q4_0: activations rounded to int8 per 32-element block (scale amax / 127, to nearest
+//    even), integer dot products per block, scaled in f32.
+//  * q4_k, q6_k: the same with 256-element activation blocks (ggml's q8_K).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -35,7 +43,9 @@ class packed_matrix {
   std::shared_ptr<const layout> l_;
 };
 
-// y[m * ldy + n] = sum_k x[m * ldx + k] * W[n, k] for m < M, n < N. `level` must be usable.
+// y[m * ldy + n] = sum_k x[m * ldx + k] * W[n, k] for m < M, n < N; nothing else of y is written.
+// `level` must be usable. The work is split over the pool (one matmul at a time per pool); y must not
+// overlap x.
 void matmul(const packed_matrix& w, const float* x, std::int64_t ldx, std::int64_t M, float* y, std::int64_t ldy,
             thread_pool& pool, isa level);
 

@@ -143,7 +143,7 @@ kernel_table make_table() {
       .q8_0 = {bytes32, prepare_q8_32<v512, v512::q8_offset>, compute_q8_0<v512, 8>},
       .q4_0 = {bytes32, prepare_q8_32<v512, 8>, compute_q4_0<v512, 8>},
       .q4_k = {bytes256, prepare_q4_k<v512>, compute_q4_k<v512, 8>},
-      .q6_k = {bytes256, prepare_q6_k<v512>, compute_q6_k<v512, 8>},
+      .q6_k = {bytes256, prepare_q6_k<v512>, compute_q6_k<v512, 10>},
   };
   if (has_bf16_dot()) t.bf16 = {bf16_act_bytes, prepare_bf16, compute_bf16_dot<8, 2>};
   return t;

@@ -313,9 +313,10 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
       const typename V::vf dw = V::load_f16(scales + (b * panel_rows + h * V::lanes) * 2);
       const std::byte* u = q + static_cast<std::size_t>(b) * q4_0_unit + h * V::lanes * 4;
       if (h == 0) {
-        // The scale run advances 32 bytes a block: the same lead in time is a shorter distance.
+        // The scale run is short: at the full distance its prefetch mostly lands in the next
+        // panel's scales, which measured better than a distance scaled to the run.
         prefetch_ahead<MR>(q + static_cast<std::size_t>(b) * q4_0_unit, q4_0_unit);
-        if (b % 2 == 0) prefetch_ahead<MR>(scales + b * panel_rows * 2, 64, prefetch_distance * 32 / q4_0_unit);
+        if (b % 2 == 0) prefetch_ahead<MR>(scales + b * panel_rows * 2, 64);
       }
       // Small row tiles are latency-bound: they run low and high nibbles as two chains of dot
       // products, and where byte dots take the full u8 range the high nibbles stay in place (16 times
@@ -365,9 +366,10 @@ void q8_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
       const typename V::vf dw = V::load_f16(scales + (b * panel_rows + h * V::lanes) * 2);
       const std::byte* u = q + static_cast<std::size_t>(b) * q8_0_unit + h * V::lanes * 4;
       if (h == 0) {
-        // The scale run advances 32 bytes a block: the same lead in time is a shorter distance.
+        // The scale run is short: at the full distance its prefetch mostly lands in the next
+        // panel's scales, which measured better than a distance scaled to the run.
         prefetch_ahead<MR>(q + static_cast<std::size_t>(b) * q8_0_unit, q8_0_unit);
-        if (b % 2 == 0) prefetch_ahead<MR>(scales + b * panel_rows * 2, 64, prefetch_distance * 32 / q8_0_unit);
+        if (b % 2 == 0) prefetch_ahead<MR>(scales + b * panel_rows * 2, 64);
       }
       typename V::vi acc[MR];
       for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();

@@ -20,7 +20,7 @@ constexpr const char* hf_summary_keys[] = {
     "tie_word_embeddings", "torch_dtype"};
 
 std::string gguf_value_str(const load::gguf_value& v) {
-  if (const auto* s = v.get_if<std::string>()) return s->size() > 80 ? "\"" + s->substr(0, 77) + "...\"" : "\"" + *s + "\"";
+  if (const auto* s = v.get_if<std::string>()) return s->size() > 80 ? s->substr(0, 77) + "..." : *s;
   if (const auto* a = v.get_if<load::gguf_array>())
     return std::string(load::name(a->type)) + "[" + std::to_string(a->values.size()) + "]";
   if (const auto* b = v.get_if<bool>()) return *b ? "true" : "false";

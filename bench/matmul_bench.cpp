@@ -1,11 +1,18 @@
 // Packed matrix products at the shapes of Qwen2.5-0.5B (hidden 896, ffn 4864, vocab 151936) on a pool
 // of 2 threads, at the best isa level (TROUPE_CPU_ISA lowers it):
 //  * decode (M = 1): GB/s of weight bytes read, and that as a fraction of the machine's read
-//    bandwidth (memory_read_bandwidth, 2 threads over 1 GiB). The weights rotate through enough
-//    copies to exceed the last-level cache many times over, as a model's layers do in decode.
+//    bandwidth (memory_read_bandwidth: 2 threads over 1 GiB, measured again right after each run as
+//    `bw`). The weights rotate through enough copies to exceed the last-level cache many times over,
+//    as a model's layers do in decode.
 //  * prefill (M = 512): GFLOP/s (2 M N K per product).
 // k-quants need K to be a multiple of 256, so they run at 896x4864 (the down projection) only.
 #include <benchmark/benchmark.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -39,33 +46,67 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Read bandwidth: each thread sums its half of a 1 GiB buffer; the median of 5 passes.
-double measure_read_bandwidth() {
-  constexpr std::size_t bytes = std::size_t{1} << 30;
-  constexpr std::size_t words = bytes / 8;
-  std::unique_ptr<std::uint64_t[]> buf(new std::uint64_t[words]);
-  for (std::size_t i = 0; i < words; ++i) buf[i] = i;
+// The read bandwidth two threads get, each summing its half of a 1 GiB buffer on huge pages (as the
+// packed weights are): the median of `passes`. Measured at start and again after every decode run,
+// since what a VM's memory delivers drifts with its neighbours.
+struct read_buffer {
+  static constexpr std::size_t bytes = std::size_t{1} << 30;
+  std::byte* data = nullptr;
+  read_buffer() {
+    void* p = nullptr;
+    if (posix_memalign(&p, std::size_t{2} << 20, bytes) != 0) std::abort();
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+    std::memset(p, 1, bytes);
+    data = static_cast<std::byte*>(p);
+  }
+  ~read_buffer() { std::free(data); }
+};
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) std::uint64_t sum_avx2(const std::byte* p, std::size_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (std::size_t i = 0; i < n; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+  alignas(32) std::uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+#endif
+
+std::uint64_t sum_portable(const std::byte* p, std::size_t n) {
+  const auto* w = reinterpret_cast<const std::uint64_t*>(p);
+  std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  for (std::size_t i = 0; i < n / 8; i += 4) {
+    a0 += w[i];
+    a1 += w[i + 1];
+    a2 += w[i + 2];
+    a3 += w[i + 3];
+  }
+  return a0 + a1 + a2 + a3;
+}
+
+double measure_read_bandwidth(int passes) {
+  static const read_buffer buf;
   std::vector<double> rates;
   std::uint64_t sink = 0;
-  for (int pass = 0; pass < 5; ++pass) {
+  for (int pass = 0; pass < passes; ++pass) {
     std::uint64_t sums[threads * 8] = {};
     const auto t0 = std::chrono::steady_clock::now();
     pool().parallel_for(threads, [&](std::int64_t t, int) {
-      const std::uint64_t* p = buf.get() + static_cast<std::size_t>(t) * (words / threads);
-      std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
-      for (std::size_t i = 0; i < words / threads; i += 8) {
-        a0 += p[i];
-        a1 += p[i + 1];
-        a2 += p[i + 2];
-        a3 += p[i + 3];
-        a4 += p[i + 4];
-        a5 += p[i + 5];
-        a6 += p[i + 6];
-        a7 += p[i + 7];
-      }
-      sums[t * 8] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+      const std::size_t n = read_buffer::bytes / threads;
+      const std::byte* p = buf.data + static_cast<std::size_t>(t) * n;
+#if defined(__x86_64__)
+      sums[t * 8] = cpu::features().avx2 ? sum_avx2(p, n) : sum_portable(p, n);
+#else
+      sums[t * 8] = sum_portable(p, n);
+#endif
     });
-    rates.push_back(static_cast<double>(bytes) / seconds_since(t0) / 1e9);
+    rates.push_back(static_cast<double>(read_buffer::bytes) / seconds_since(t0) / 1e9);
     for (auto s : sums) sink += s;
   }
   benchmark::DoNotOptimize(sink);
@@ -73,14 +114,13 @@ double measure_read_bandwidth() {
   return rates[rates.size() / 2];
 }
 
-double read_bandwidth() {
-  static const double gbs = measure_read_bandwidth();
-  return gbs;
-}
-
 void memory_read_bandwidth(benchmark::State& st) {
-  for (auto _ : st) st.SetIterationTime(1.0);
-  st.counters["GB/s"] = read_bandwidth();
+  double gbs = 0;
+  for (auto _ : st) {
+    gbs = measure_read_bandwidth(5);
+    st.SetIterationTime(1.0);
+  }
+  st.counters["GB/s"] = gbs;
 }
 
 // `copies` packed copies of one random [n, k] matrix in format t.
@@ -124,8 +164,10 @@ void matmul_run(benchmark::State& st, dtype t, std::int64_t n, std::int64_t k, s
     // The bytes a product must read: the stored weights (the packed copy is the same size or a few
     // percent larger; see matmul_test).
     const double gbs = static_cast<double>(one) * static_cast<double>(runs) / secs / 1e9;
+    const double bw = measure_read_bandwidth(3);
     st.counters["GB/s"] = gbs;
-    st.counters["of_bw"] = gbs / read_bandwidth();
+    st.counters["bw"] = bw;
+    st.counters["of_bw"] = gbs / bw;
   } else {
     st.counters["GFLOP/s"] = 2.0 * static_cast<double>(M * n * k) * static_cast<double>(runs) / secs / 1e9;
   }

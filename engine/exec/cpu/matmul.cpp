@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <new>
+#include <utility>
 
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -15,17 +17,87 @@
 namespace troupe::exec::cpu {
 namespace detail {
 
-// Decode streams every weight once per token, and with 4 KiB pages that is a TLB miss every 4 KiB
-// and a hardware prefetcher that stops at each page boundary. Packed matrices of a huge page or more
-// ask for transparent huge pages (where the kernel only grants them on request); the partial huge
-// page at the end stays small, so nothing is wasted.
-constexpr std::size_t huge_page = std::size_t{2} << 20;
-
 aligned_bytes allocate_aligned(std::size_t bytes) {
   const std::size_t n = std::max<std::size_t>(64, round64(bytes));
   void* p = nullptr;
-  if (posix_memalign(&p, n >= huge_page ? huge_page : 64, n) != 0) throw std::bad_alloc();
-  if (n >= huge_page) (void)madvise(p, n / huge_page * huge_page, MADV_HUGEPAGE);
+  if (posix_memalign(&p, 64, n) != 0) throw std::bad_alloc();
+  std::memset(p, 0, n);
+  return aligned_bytes(static_cast<std::byte*>(p));
+}
+
+// Decode streams every weight once per token, and with 4 KiB pages that is a TLB miss every 4 KiB
+// and a hardware prefetcher that stops at each page boundary (a read loop measured 15-20% slower
+// than on 2 MiB pages). Packed weights therefore ask for transparent huge pages, which the kernel may
+// grant only on request: a matrix of a huge page or more gets its own (its partial last huge page
+// stays small, so nothing is wasted), and smaller ones are carved out of shared slabs. A slab is freed
+// when its last matrix is, unless it is still the one being carved.
+constexpr std::size_t huge_page = std::size_t{2} << 20;
+constexpr std::size_t slab_bytes = std::size_t{16} << 20;
+
+struct weight_slab {
+  std::byte* base = nullptr;
+  std::size_t used = 0;
+  int live = 0;
+};
+
+class weight_arena {
+ public:
+  std::pair<std::byte*, weight_slab*> take(std::size_t n) {
+    std::lock_guard lk(m_);
+    if (!current_ || current_->used + n > slab_bytes) {
+      retire(current_);
+      void* p = nullptr;
+      if (posix_memalign(&p, huge_page, slab_bytes) != 0) throw std::bad_alloc();
+      (void)madvise(p, slab_bytes, MADV_HUGEPAGE);
+      current_ = new weight_slab{static_cast<std::byte*>(p), 0, 0};
+    }
+    std::byte* p = current_->base + current_->used;
+    current_->used += n;
+    ++current_->live;
+    return {p, current_};
+  }
+
+  void give_back(weight_slab* s) {
+    std::lock_guard lk(m_);
+    if (--s->live == 0 && s != current_) release(s);
+  }
+
+ private:
+  void retire(weight_slab* s) {
+    if (s && s->live == 0) release(s);
+  }
+  static void release(weight_slab* s) {
+    std::free(s->base);
+    delete s;
+  }
+  std::mutex m_;
+  weight_slab* current_ = nullptr;
+};
+
+// Never destroyed: packed matrices may outlive any static.
+weight_arena& arena() {
+  static auto* a = new weight_arena;
+  return *a;
+}
+
+void free_aligned::operator()(std::byte* p) const {
+  if (slab) {
+    arena().give_back(slab);
+  } else {
+    std::free(p);
+  }
+}
+
+aligned_bytes allocate_weights(std::size_t bytes) {
+  const std::size_t n = std::max<std::size_t>(64, round64(bytes));
+  if (n < huge_page) {
+    const auto [p, slab] = arena().take(n);
+    std::memset(p, 0, n);
+    return aligned_bytes(p, free_aligned{slab});
+  }
+  void* p = nullptr;
+  if (posix_memalign(&p, huge_page, n) != 0) throw std::bad_alloc();
+  (void)madvise(p, n / huge_page * huge_page, MADV_HUGEPAGE);
   std::memset(p, 0, n);
   return aligned_bytes(static_cast<std::byte*>(p));
 }
@@ -74,30 +146,18 @@ void pack_bf16(const source_panel& s, std::int64_t k, std::byte* dst) {
 }
 
 // q8_0 block: f16 d, 32 i8. q4_0 block: f16 d, 16 bytes of nibbles.
-void pack_q8_0(const source_panel& s, std::int64_t k, std::byte* dst) {
+template <std::size_t Unit, int Groups>
+void pack_q32(const source_panel& s, std::int64_t k, std::byte* dst) {
+  constexpr std::size_t block_bytes = 2 + 4 * Groups;
   const std::int64_t blocks = k / 32;
-  std::byte* q = dst + detail::scale_run(blocks);
   for (int r = 0; r < panel_rows; ++r) {
     const std::byte* src = s.row(r);
     if (!src) continue;
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::byte* blk = src + b * 34;
-      std::memcpy(dst + (b * panel_rows + r) * 2, blk, 2);
-      for (int g = 0; g < 8; ++g) std::memcpy(q + b * detail::q8_0_unit + (g * panel_rows + r) * 4, blk + 2 + 4 * g, 4);
-    }
-  }
-}
-
-void pack_q4_0(const source_panel& s, std::int64_t k, std::byte* dst) {
-  const std::int64_t blocks = k / 32;
-  std::byte* q = dst + detail::scale_run(blocks);
-  for (int r = 0; r < panel_rows; ++r) {
-    const std::byte* src = s.row(r);
-    if (!src) continue;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::byte* blk = src + b * 18;
-      std::memcpy(dst + (b * panel_rows + r) * 2, blk, 2);
-      for (int g = 0; g < 4; ++g) std::memcpy(q + b * detail::q4_0_unit + (g * panel_rows + r) * 4, blk + 2 + 4 * g, 4);
+      const std::byte* blk = src + b * block_bytes;
+      std::memcpy(dst + detail::block_scales(b, Unit) + r * 2, blk, 2);
+      std::byte* q = dst + detail::block_codes(b, Unit);
+      for (int g = 0; g < Groups; ++g) std::memcpy(q + (g * panel_rows + r) * 4, blk + 2 + 4 * g, 4);
     }
   }
 }
@@ -164,8 +224,8 @@ std::size_t panel_bytes(dtype t, std::int64_t k) {
     case dtype::f32: return uk * panel_rows * 4;
     case dtype::f16: return uk * panel_rows * 2;
     case dtype::bf16: return (uk + 1) / 2 * panel_rows * 4;
-    case dtype::q8_0: return detail::scale_run(k / 32) + uk / 32 * detail::q8_0_unit;
-    case dtype::q4_0: return detail::scale_run(k / 32) + uk / 32 * detail::q4_0_unit;
+    case dtype::q8_0: return detail::paired_panel_bytes(k / 32, detail::q8_0_unit);
+    case dtype::q4_0: return detail::paired_panel_bytes(k / 32, detail::q4_0_unit);
     case dtype::q4_k: return uk / 256 * detail::q4_k_unit;
     case dtype::q6_k: return detail::scale_run(k / 256) + uk / 256 * detail::q6_k_unit;
     default: return 0;
@@ -244,7 +304,7 @@ result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w) {
   l->cols = k;
   l->panels = ceil_div(n, panel_rows);
   l->panel_bytes = panel_bytes(t, k);
-  l->data = detail::allocate_aligned(static_cast<std::size_t>(l->panels) * l->panel_bytes);
+  l->data = detail::allocate_weights(static_cast<std::size_t>(l->panels) * l->panel_bytes);
   const std::size_t row_bytes = k > 0 ? w.row_bytes() : 0;
   for (std::int64_t p = 0; p < l->panels && k > 0; ++p) {
     const source_panel s{w.data(), row_bytes, p * panel_rows, n};
@@ -253,8 +313,8 @@ result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w) {
       case dtype::f32: pack_f32(s, k, dst); break;
       case dtype::f16: pack_f16(s, k, dst); break;
       case dtype::bf16: pack_bf16(s, k, dst); break;
-      case dtype::q8_0: pack_q8_0(s, k, dst); break;
-      case dtype::q4_0: pack_q4_0(s, k, dst); break;
+      case dtype::q8_0: pack_q32<detail::q8_0_unit, 8>(s, k, dst); break;
+      case dtype::q4_0: pack_q32<detail::q4_0_unit, 4>(s, k, dst); break;
       case dtype::q4_k: pack_q4_k(s, k, dst); break;
       case dtype::q6_k: pack_q6_k(s, k, dst); break;
       default: break;
@@ -311,21 +371,39 @@ void matmul(const packed_matrix& w, const float* x, std::int64_t ldx, std::int64
   }
 
   // Tasks are (panel range, row range) rectangles. Output rows of a panel are 64 bytes, so tasks
-  // share no cache line unless ldy is not a multiple of 16. Small M splits N only; large M also splits
-  // rows into chunks that stay cache-resident while a task walks its panels.
+  // share no cache line unless ldy is not a multiple of 16. Large M splits rows into chunks that stay
+  // cache-resident while a task walks its panels, and panels evenly. Small M (decode) splits panels
+  // only, in shrinking ranges (each a share of what is left): big first tasks keep claims few, and
+  // the last ones are a panel or two, so neither thread waits long for the other at the end.
   const std::int64_t panels = l.panels;
   const std::int64_t m_chunk = M <= 64 ? M : std::min<std::int64_t>(M, 128);
   const std::int64_t m_tasks = ceil_div(M, m_chunk);
-  const std::int64_t want = threads == 1 ? 1 : (M <= 16 ? 8 : 6) * threads;
-  const std::int64_t p_tasks = std::clamp<std::int64_t>(ceil_div(want, m_tasks), 1, panels);
-  const std::int64_t p_chunk = ceil_div(panels, p_tasks);
-  const std::int64_t tasks = ceil_div(panels, p_chunk) * m_tasks;
+  constexpr std::size_t max_ranges = 96;
+  std::int64_t bounds[max_ranges + 1];
+  std::size_t ranges = 0;
+  bounds[0] = 0;
+  if (threads == 1) {
+    bounds[++ranges] = panels;
+  } else if (m_tasks == 1) {
+    while (bounds[ranges] < panels) {
+      const std::int64_t left = panels - bounds[ranges];
+      const std::int64_t step = ranges + 1 == max_ranges ? left : ceil_div(left, 2 * static_cast<std::int64_t>(threads));
+      bounds[ranges + 1] = bounds[ranges] + step;
+      ++ranges;
+    }
+  } else {
+    const std::int64_t p_tasks =
+        std::clamp<std::int64_t>(ceil_div(6 * threads, m_tasks), 1, std::min<std::int64_t>(panels, max_ranges));
+    const std::int64_t p_chunk = ceil_div(panels, p_tasks);
+    for (std::int64_t p = p_chunk; bounds[ranges] < panels; p += p_chunk) bounds[++ranges] = std::min(p, panels);
+  }
+  const auto tasks = static_cast<std::int64_t>(ranges) * m_tasks;
   auto run = [&](std::int64_t t, int) {
     detail::gemm_args b = a;
-    const std::int64_t pi = t / m_tasks;
+    const auto pi = static_cast<std::size_t>(t / m_tasks);
     const std::int64_t mi = t % m_tasks;
-    b.p0 = pi * p_chunk;
-    b.p1 = std::min(panels, b.p0 + p_chunk);
+    b.p0 = bounds[pi];
+    b.p1 = bounds[pi + 1];
     b.m0 = mi * m_chunk;
     b.m1 = std::min(M, b.m0 + m_chunk);
     fk.compute(b);

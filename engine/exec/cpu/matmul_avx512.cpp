@@ -137,8 +137,8 @@ void compute_bf16_dot(const gemm_args& a) {
 
 kernel_table make_table() {
   kernel_table t{
-      .f32 = {nullptr, nullptr, compute_f32<v512, 8, 2>},
-      .f16 = {nullptr, nullptr, compute_f16<v512, 8, 2>},
+      .f32 = {nullptr, nullptr, compute_f32<v512, 6, 4>},
+      .f16 = {nullptr, nullptr, compute_f16<v512, 6, 4>},
       .bf16 = {nullptr, nullptr, compute_bf16<v512, 8, 2>},
       .q8_0 = {bytes32, prepare_q8_32<v512, v512::q8_offset>, compute_q8_0<v512, 8>},
       .q4_0 = {bytes32, prepare_q8_32<v512, 8>, compute_q4_0<v512, 8>},

@@ -9,9 +9,9 @@
 //   f32   per column: [16] f32
 //   f16   per column: [16] f16
 //   bf16  per column pair: [16 rows][2] bf16 (K padded to even with zeros)
-//   q8_0  d[K/32][16] f16 (padded to 64 bytes), then per 32-block q[8 g][16 rows][4] i8: group g
-//         holds elements 4g..4g+3 of each row
-//   q4_0  d[K/32][16] f16 (padded to 64 bytes), then per 32-block q[4 g][16 rows][4] u8: ggml's bytes
+//   q8_0  per pair of 32-blocks: d[2][16] f16, then per block q[8 g][16 rows][4] i8: group g holds
+//         elements 4g..4g+3 of each row
+//   q4_0  per pair of 32-blocks: d[2][16] f16, then per block q[4 g][16 rows][4] u8: ggml's bytes
 //         4g..4g+3 of each row, whose low nibbles are elements 4g.. and high nibbles 16+4g..
 //   q4_k  per 256-superblock: d[16] f16, dmin[16] f16, scale[8 sub][16 rows] u8, min[2 h][16 rows][4]
 //         u8 (the min of sub-block 4h+t at [h][row][t]), q[4 c][8 g][16 rows][4] u8: ggml's bytes
@@ -20,8 +20,8 @@
 //         (ggml's ql bytes 64h+4v..), qh[2 h][8 u][16 rows][4] (ggml's qh bytes 32h+4u..),
 //         scale[16 sub][16 rows] i8
 // Vector loads stay 64-byte aligned, a panel holds the bytes of its 16 stored rows (q4_k adds 4 a
-// superblock row by unpacking its 6-bit scales; the f16 scale runs round up to 64 bytes), and a final
-// partial panel is padded with zero rows.
+// superblock row by unpacking its 6-bit scales; scale runs and an odd last block round up to 64 bytes),
+// and a final partial panel is padded with zero rows.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -36,12 +36,18 @@ namespace detail {
 
 inline constexpr int panel_rows = 16;
 
+struct weight_slab;
+// Frees memory from allocate_aligned, or returns a weight allocation to its slab.
 struct free_aligned {
-  void operator()(std::byte* p) const { std::free(p); }
+  weight_slab* slab = nullptr;
+  void operator()(std::byte* p) const;
 };
 using aligned_bytes = std::unique_ptr<std::byte[], free_aligned>;
 // 64-byte aligned, zero-filled.
 aligned_bytes allocate_aligned(std::size_t bytes);
+// The same for packed weights, which decode streams from memory: on transparent huge pages, small
+// ones sharing slabs of them.
+aligned_bytes allocate_weights(std::size_t bytes);
 
 inline constexpr std::size_t round64(std::size_t n) { return (n + 63) / 64 * 64; }
 
@@ -53,8 +59,20 @@ inline constexpr std::size_t q6_k_unit = 16 * 128 + 16 * 64 + 256;
 // Offsets inside a q4_k / q6_k unit.
 inline constexpr std::size_t q4_k_dmin = 32, q4_k_scale = 64, q4_k_min = 192, q4_k_q = 320;
 inline constexpr std::size_t q6_k_qh = 2048, q6_k_scale = 3072;
-// The leading f16 scale run of a q8_0 / q4_0 / q6_k panel with `blocks` blocks.
+// The leading f16 scale run of a q6_k panel with `blocks` superblocks.
 inline constexpr std::size_t scale_run(std::int64_t blocks) { return round64(static_cast<std::size_t>(blocks) * 32); }
+// q8_0 / q4_0 panels hold blocks in pairs, [2][16] f16 scales then the two blocks' codes, so a panel
+// is one aligned stream; a last odd block pads its scales to 64 bytes. Offsets of block b:
+inline constexpr std::size_t pair_bytes(std::size_t unit) { return 64 + 2 * unit; }
+inline constexpr std::size_t block_scales(std::int64_t b, std::size_t unit) {
+  return static_cast<std::size_t>(b / 2) * pair_bytes(unit) + static_cast<std::size_t>(b % 2) * 32;
+}
+inline constexpr std::size_t block_codes(std::int64_t b, std::size_t unit) {
+  return static_cast<std::size_t>(b / 2) * pair_bytes(unit) + 64 + static_cast<std::size_t>(b % 2) * unit;
+}
+inline constexpr std::size_t paired_panel_bytes(std::int64_t blocks, std::size_t unit) {
+  return static_cast<std::size_t>(blocks / 2) * pair_bytes(unit) + (blocks % 2 != 0 ? 64 + unit : 0);
+}
 
 // Prepared activations, one row each (kernels that read f32 x need none).
 // 32-block rows (q8_0, q4_0): q[K] i8, then d[K/32] f32, then s[K/32] i32 (each block's sum of q times

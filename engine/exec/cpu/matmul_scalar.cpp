@@ -155,13 +155,13 @@ act_row acts256(const gemm_args& a, std::int64_t m) {
 void compute_q8_0(const gemm_args& a) {
   const std::int64_t blocks = a.w->cols / 32;
   for (std::int64_t p = a.p0; p < a.p1; ++p) {
-    const std::byte* scales = a.w->panel(p);
-    const std::byte* q = scales + scale_run(blocks);
+    const std::byte* panel = a.w->panel(p);
     for (std::int64_t m = a.m0; m < a.m1; ++m) {
       const act_row x = acts32(a, m);
       float acc[panel_rows] = {};
       for (std::int64_t b = 0; b < blocks; ++b) {
-        const std::byte* u = q + b * q8_0_unit;
+        const std::byte* scales = panel + block_scales(b, q8_0_unit);
+        const std::byte* u = panel + block_codes(b, q8_0_unit);
         for (int r = 0; r < panel_rows; ++r) {
           int dot = 0;
           for (int g = 0; g < 8; ++g) {
@@ -169,7 +169,7 @@ void compute_q8_0(const gemm_args& a) {
               dot += static_cast<std::int8_t>(u8_at(u, (g * panel_rows + r) * 4 + t)) * x.q[32 * b + 4 * g + t];
             }
           }
-          acc[r] += f16_at(scales, b * panel_rows + r) * x.d[b] * static_cast<float>(dot);
+          acc[r] += f16_at(scales, r) * x.d[b] * static_cast<float>(dot);
         }
       }
       store(a, m, p, acc);
@@ -180,13 +180,13 @@ void compute_q8_0(const gemm_args& a) {
 void compute_q4_0(const gemm_args& a) {
   const std::int64_t blocks = a.w->cols / 32;
   for (std::int64_t p = a.p0; p < a.p1; ++p) {
-    const std::byte* scales = a.w->panel(p);
-    const std::byte* q = scales + scale_run(blocks);
+    const std::byte* panel = a.w->panel(p);
     for (std::int64_t m = a.m0; m < a.m1; ++m) {
       const act_row x = acts32(a, m);
       float acc[panel_rows] = {};
       for (std::int64_t b = 0; b < blocks; ++b) {
-        const std::byte* u = q + b * q4_0_unit;
+        const std::byte* scales = panel + block_scales(b, q4_0_unit);
+        const std::byte* u = panel + block_codes(b, q4_0_unit);
         const std::int8_t* xq = x.q + 32 * b;
         for (int r = 0; r < panel_rows; ++r) {
           int dot = 0;
@@ -197,7 +197,7 @@ void compute_q4_0(const gemm_args& a) {
             }
           }
           // s holds 8 times the block's sum: the nibbles are stored biased by 8.
-          acc[r] += f16_at(scales, b * panel_rows + r) * x.d[b] * static_cast<float>(dot - x.s[b]);
+          acc[r] += f16_at(scales, r) * x.d[b] * static_cast<float>(dot - x.s[b]);
         }
       }
       store(a, m, p, acc);

@@ -112,7 +112,10 @@ struct thread_pool::state {
   }
 };
 
-thread_pool::thread_pool(int threads) : s_(std::make_unique<state>()) {
+thread_pool::thread_pool(int threads) : thread_pool(thread_pool_options{.threads = threads}) {}
+
+thread_pool::thread_pool(const thread_pool_options& options) : s_(std::make_unique<state>()) {
+  int threads = options.threads;
   const std::vector<int> cpus = allowed_cpus();
   if (threads <= 0) {
     threads = cpus.empty() ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
@@ -122,7 +125,7 @@ thread_pool::thread_pool(int threads) : s_(std::make_unique<state>()) {
   // Workers take the allowed CPUs after the first, which is left to the calling thread. Pinning keeps
   // a worker's cache warm across loops; where the machine refuses it (or there are more threads than
   // CPUs) the workers float.
-  const bool pin = threads <= static_cast<int>(cpus.size());
+  const bool pin = options.pin && threads <= static_cast<int>(cpus.size());
   for (int t = 1; t < threads; ++t) {
     s_->workers.emplace_back([st = s_.get(), t] { st->worker(t); });
     if (pin) {

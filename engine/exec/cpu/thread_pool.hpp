@@ -10,10 +10,19 @@
 
 namespace troupe::exec::cpu {
 
+struct thread_pool_options {
+  int threads = 0;  // <= 0: one per available core
+  // Pin worker t to the t-th CPU the process may use (the first is left to the calling thread). It
+  // keeps caches warm; on a machine shared with other busy processes a pinned worker cannot move to a
+  // free core, so a caller may turn it off.
+  bool pin = true;
+};
+
 class thread_pool {
  public:
   // threads <= 0: one per available core.
   explicit thread_pool(int threads = 0);
+  explicit thread_pool(const thread_pool_options& options);
   ~thread_pool();
   thread_pool(const thread_pool&) = delete;
   thread_pool& operator=(const thread_pool&) = delete;

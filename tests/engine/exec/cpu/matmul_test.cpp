@@ -30,6 +30,7 @@
 #include "engine/core/tensor.hpp"
 #include "engine/exec/cpu/isa.hpp"
 #include "engine/exec/cpu/matmul.hpp"
+#include "engine/exec/cpu/matmul_detail.hpp"
 #include "engine/exec/cpu/thread_pool.hpp"
 
 namespace troupe::exec::cpu {
@@ -291,6 +292,26 @@ TEST(matmul, packed_size_is_about_the_stored_size) {
     const double ratio = static_cast<double>(pm->bytes()) / static_cast<double>(w.stored.size());
     EXPECT_GE(ratio, 1.0) << name(t);
     EXPECT_LE(ratio, 1.03) << name(t);
+  }
+}
+
+// Small packed matrices share slabs of memory: one's release must not disturb another's data, and
+// every panel stays 64-byte aligned.
+TEST(matmul, packed_matrices_are_independent) {
+  std::mt19937 rng(21);
+  const weights a = make_weights(dtype::q4_0, 40, 96, rng);
+  const weights b = make_weights(dtype::q8_0, 33, 288, rng);
+  std::vector<packed_matrix> keep;
+  for (int round = 0; round < 50; ++round) {
+    auto pa = packed_matrix::pack(a.view());
+    auto pb = packed_matrix::pack(b.view());
+    ASSERT_TRUE(pa.has_value() && pb.has_value());
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(pb->data().data.get()) % 64, 0u);
+    if (round % 2 == 0) keep.push_back(*pb);
+  }
+  for (const auto& pm : keep) {
+    const auto r = run_case(b, pm, 5, best_isa(), shared_pool(), rng);
+    EXPECT_LE(r.worst_model, 1.0) << r.where;
   }
 }
 

@@ -29,6 +29,14 @@ TEST(thread_pool, runs_every_task_once) {
   }
 }
 
+TEST(thread_pool, unpinned_pool_runs_every_task) {
+  thread_pool pool(thread_pool_options{.threads = 2, .pin = false});
+  EXPECT_EQ(pool.size(), 2);
+  std::atomic<std::int64_t> sum{0};
+  pool.parallel_for(100, [&](std::int64_t t, int) { sum.fetch_add(t); });
+  EXPECT_EQ(sum.load(), 99 * 100 / 2);
+}
+
 TEST(thread_pool, default_size_is_positive) {
   thread_pool pool;
   EXPECT_GE(pool.size(), 1);

@@ -1,9 +1,10 @@
 // Packed matrix products at the shapes of Qwen2.5-0.5B (hidden 896, ffn 4864, vocab 151936) on a pool
 // of 2 threads, at the best isa level (TROUPE_CPU_ISA lowers it):
 //  * decode (M = 1): GB/s of weight bytes read, and that as a fraction of the machine's read
-//    bandwidth (memory_read_bandwidth: 2 threads over 1 GiB, measured again right after each run as
-//    `bw`). The weights rotate through enough copies to exceed the last-level cache many times over,
-//    as a model's layers do in decode.
+//    bandwidth (memory_read_bandwidth: 2 threads over 1 GiB; each decode run pairs its passes with
+//    read passes of the same size, `bw`, and reports the median ratio as of_bw). The weights rotate
+//    through enough copies to exceed the last-level cache many times over, as a model's layers do in
+//    decode.
 //  * prefill (M = 512): GFLOP/s (2 M N K per product).
 // k-quants need K to be a multiple of 256, so they run at 896x4864 (the down projection) only.
 #include <benchmark/benchmark.h>
@@ -56,7 +57,10 @@ struct read_buffer {
     void* p = nullptr;
     if (posix_memalign(&p, std::size_t{2} << 20, bytes) != 0) std::abort();
     (void)madvise(p, bytes, MADV_HUGEPAGE);
-    std::memset(p, 1, bytes);
+    // Distinct contents in every page: a hypervisor that merges identical pages would otherwise serve
+    // the whole buffer from a few cached ones.
+    auto* w = static_cast<std::uint64_t*>(p);
+    for (std::size_t i = 0; i < bytes / 8; ++i) w[i] = i * 0x9e3779b97f4a7c15ull;
     data = static_cast<std::byte*>(p);
   }
   ~read_buffer() { std::free(data); }
@@ -90,15 +94,17 @@ std::uint64_t sum_portable(const std::byte* p, std::size_t n) {
   return a0 + a1 + a2 + a3;
 }
 
-double measure_read_bandwidth(int passes) {
+// Two threads each sum half of the first `bytes` of the buffer; the median rate of `passes`.
+double measure_read_bandwidth(std::size_t bytes, int passes) {
   static const read_buffer buf;
+  bytes = std::min(bytes, read_buffer::bytes) / (threads * 128) * (threads * 128);
   std::vector<double> rates;
   std::uint64_t sink = 0;
   for (int pass = 0; pass < passes; ++pass) {
     std::uint64_t sums[threads * 8] = {};
     const auto t0 = std::chrono::steady_clock::now();
     pool().parallel_for(threads, [&](std::int64_t t, int) {
-      const std::size_t n = read_buffer::bytes / threads;
+      const std::size_t n = bytes / threads;
       const std::byte* p = buf.data + static_cast<std::size_t>(t) * n;
 #if defined(__x86_64__)
       sums[t * 8] = cpu::features().avx2 ? sum_avx2(p, n) : sum_portable(p, n);
@@ -106,7 +112,7 @@ double measure_read_bandwidth(int passes) {
       sums[t * 8] = sum_portable(p, n);
 #endif
     });
-    rates.push_back(static_cast<double>(read_buffer::bytes) / seconds_since(t0) / 1e9);
+    rates.push_back(static_cast<double>(bytes) / seconds_since(t0) / 1e9);
     for (auto s : sums) sink += s;
   }
   benchmark::DoNotOptimize(sink);
@@ -114,16 +120,35 @@ double measure_read_bandwidth(int passes) {
   return rates[rates.size() / 2];
 }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 void memory_read_bandwidth(benchmark::State& st) {
   double gbs = 0;
   for (auto _ : st) {
-    gbs = measure_read_bandwidth(5);
+    gbs = measure_read_bandwidth(read_buffer::bytes, 5);
     st.SetIterationTime(1.0);
   }
   st.counters["GB/s"] = gbs;
 }
 
-// `copies` packed copies of one random [n, k] matrix in format t.
+// The byte of a stored element or block that can change freely: the low byte of a float (mantissa
+// bits only, below 0x80 for bf16) or the first code byte of a block.
+std::size_t free_byte(dtype t) {
+  switch (t) {
+    case dtype::q8_0:
+    case dtype::q4_0: return 2;
+    case dtype::q4_k: return 16;
+    default: return 0;
+  }
+}
+
+// `copies` packed copies of one random [n, k] matrix in format t. Each copy changes two code bytes
+// every 512, so no two copies share a page that a hypervisor could merge (identical copies read
+// faster than memory can deliver).
 std::vector<cpu::packed_matrix> make_weights(dtype t, std::int64_t n, std::int64_t k, int copies) {
   std::mt19937 rng(42);
   std::normal_distribution<float> nd(0.0f, 0.05f);
@@ -131,9 +156,24 @@ std::vector<cpu::packed_matrix> make_weights(dtype t, std::int64_t n, std::int64
   for (auto& v : src) v = nd(rng);
   std::vector<std::byte> stored(*troupe::storage_bytes(t, static_cast<std::uint64_t>(n * k)));
   if (!troupe::quantize_row(t, src.data(), stored.data(), n * k)) std::abort();
+  const std::size_t block = troupe::info(t).block_bytes;
   const troupe::tensor_view view(t, troupe::shape{n, k}, stored.data());
   std::vector<cpu::packed_matrix> out;
-  for (int c = 0; c < copies; ++c) out.push_back(*cpu::packed_matrix::pack(view));
+  // Copy c flips bits of one byte every 512 with (1 + c % 127) and of another 256 bytes on with
+  // (1 + c / 127 % 127); flipping them again restores the original for the next copy.
+  auto mark = [&](int c) {
+    const auto lo = std::byte{static_cast<unsigned char>(1 + c % 127)};
+    const auto hi = std::byte{static_cast<unsigned char>(1 + c / 127 % 127)};
+    for (std::size_t pos = 0; pos < stored.size(); pos += 512) {
+      stored[pos / block * block + free_byte(t)] ^= lo;
+      if (pos + 256 < stored.size()) stored[(pos + 256) / block * block + free_byte(t)] ^= hi;
+    }
+  };
+  for (int c = 0; c < copies; ++c) {
+    mark(c);
+    out.push_back(*cpu::packed_matrix::pack(view));
+    mark(c);
+  }
   return out;
 }
 
@@ -149,28 +189,49 @@ void matmul_run(benchmark::State& st, dtype t, std::int64_t n, std::int64_t k, s
   const cpu::isa level = cpu::best_isa();
   cpu::matmul(w[0], x.data(), k, M, y.data(), n, pool(), level);
 
+  st.SetLabel(std::string(cpu::isa_name(level)));
+  if (M > 1) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::int64_t runs = 0;
+    for (auto _ : st) {
+      cpu::matmul(w[0], x.data(), k, M, y.data(), n, pool(), level);
+      ++runs;
+    }
+    const double secs = seconds_since(t0);
+    benchmark::DoNotOptimize(y.data());
+    st.counters["GFLOP/s"] = 2.0 * static_cast<double>(M * n * k) * static_cast<double>(runs) / secs / 1e9;
+    return;
+  }
+  // Decode. The memory a VM gets drifts (here between about 30 and 60 GB/s within seconds), so every
+  // pass over the copies is paired with a read-bandwidth pass over as many bytes right after it; of_bw
+  // is the median ratio of the pairs, and GB/s the bytes a product must read (the stored weights;
+  // packed ones are the same size or a few percent larger, see matmul_test) over the total time.
   std::size_t next = 0;
+  double decode_secs = 0;
   std::int64_t runs = 0;
-  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<double> ratios, bws;
+  auto pass_start = std::chrono::steady_clock::now();
   for (auto _ : st) {
     cpu::matmul(w[next], x.data(), k, M, y.data(), n, pool(), level);
-    next = next + 1 == w.size() ? 0 : next + 1;
     ++runs;
+    if (++next == w.size()) {
+      const double secs = seconds_since(pass_start);
+      decode_secs += secs;
+      st.PauseTiming();
+      const double pass_bytes = static_cast<double>(one) * static_cast<double>(w.size());
+      const double bw = measure_read_bandwidth(static_cast<std::size_t>(pass_bytes), 1);
+      bws.push_back(bw);
+      ratios.push_back(pass_bytes / secs / 1e9 / bw);
+      st.ResumeTiming();
+      next = 0;
+      pass_start = std::chrono::steady_clock::now();
+    }
   }
-  const double secs = seconds_since(t0);
+  if (next != 0) decode_secs += seconds_since(pass_start);
   benchmark::DoNotOptimize(y.data());
-  st.SetLabel(std::string(cpu::isa_name(level)));
-  if (M == 1) {
-    // The bytes a product must read: the stored weights (the packed copy is the same size or a few
-    // percent larger; see matmul_test).
-    const double gbs = static_cast<double>(one) * static_cast<double>(runs) / secs / 1e9;
-    const double bw = measure_read_bandwidth(3);
-    st.counters["GB/s"] = gbs;
-    st.counters["bw"] = bw;
-    st.counters["of_bw"] = gbs / bw;
-  } else {
-    st.counters["GFLOP/s"] = 2.0 * static_cast<double>(M * n * k) * static_cast<double>(runs) / secs / 1e9;
-  }
+  st.counters["GB/s"] = static_cast<double>(one) * static_cast<double>(runs) / decode_secs / 1e9;
+  st.counters["bw"] = median(bws);
+  st.counters["of_bw"] = median(ratios);
 }
 
 struct shape_case {

@@ -7,7 +7,10 @@
 // lower is refused when the entry is added, never when it steps.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
+#include <span>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,6 +18,7 @@
 
 #include "engine/core/result.hpp"
 #include "engine/core/tensor.hpp"
+#include "engine/exec/sampling.hpp"
 #include "engine/graph/graph.hpp"
 
 namespace troupe::exec {
@@ -36,6 +40,7 @@ enum class exec_error_code : std::uint8_t {
   unknown_id,          // an executable or entry this executor did not hand out
   state_conflict,      // two entries declare one state with different types
   device_error,        // the device failed (a backend's own faults)
+  bad_sampling,        // a sampling row's parameters, history or mask were refused
 };
 std::string_view name(exec_error_code c);
 
@@ -67,6 +72,25 @@ struct memory_report {
   std::size_t scratch_bytes = 0;  // the entries' activation arenas
 };
 
+// One row of a Head::Sample step: which sequence's history it reads and updates, its rules, which of
+// its draws this is (the generator is keyed by (seed, draw) alone), and optionally its guided-decoding
+// mask (ceil(vocab / 32) words) and whether the row's logits are wanted too (Head::Logits).
+struct sample_row_request {
+  std::uint64_t sequence = 0;
+  sample_params params;
+  std::uint64_t draw = 0;
+  bool want_logits = false;
+};
+
+// Fills the guided-decoding masks while the forward pass runs: called on another thread as the step
+// starts; `masks[i]` is row i's mask, left empty for an unguided row.
+using mask_hook = std::function<void(std::vector<std::vector<std::uint32_t>>& masks)>;
+
+struct sampled_row {
+  sample_pick pick;
+  std::vector<float> logits;  // only when the row asked for them
+};
+
 class executor {
  public:
   virtual ~executor() = default;
@@ -81,6 +105,26 @@ class executor {
   virtual result<void, exec_error> reset_states(executable_id exe) = 0;
   virtual result<tensor, exec_error> read_state(executable_id exe, const std::string& name) const = 0;
   virtual memory_report memory() const = 0;
+
+  // Head::Sample: the step's `logits` rows (one per row of the shape, the last token of each) are
+  // sampled where they were computed; rows[i] is row i, rows past rows.size() are padding. The picks
+  // are recorded into each row's sequence history. The base class runs the host rules of
+  // engine/exec/sampling.hpp over the logits `step` returns; a device backend overrides it.
+  virtual result<std::vector<sampled_row>, exec_error> step_sample(entry_id entry, const step_inputs& in,
+                                                                   std::span<const sample_row_request> rows,
+                                                                   const mask_hook& masks = {});
+
+  // The per-sequence histories the head reads (penalties, bias) and updates. Opening an open sequence
+  // replaces its history.
+  result<void, exec_error> open_history(std::uint64_t sequence, std::int64_t vocab, std::span<const std::int32_t> prompt,
+                                        std::span<const std::pair<std::int32_t, float>> bias = {});
+  void close_history(std::uint64_t sequence);
+  const token_history* history(std::uint64_t sequence) const;
+  std::size_t open_histories() const { return histories_.size(); }
+
+ private:
+  std::map<std::uint64_t, token_history> histories_;
+  sample_scratch scratch_;
 };
 
 }  // namespace troupe::exec

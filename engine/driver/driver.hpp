@@ -1,0 +1,288 @@
+#pragma once
+// The driver: a model handle bound to one executor, serving sequences. A new driver is
+// driver<unprepared>; `prepare` takes it by value, loads the weights once as one executable, traces and
+// adds every entry the options admit (so serving compiles nothing) and returns driver<serving>, or hands
+// the unprepared driver back with a typed error. Only a serving driver opens, steps, cancels and
+// releases sequences.
+//
+// Entries are keyed by (program, step shape, head, carried inputs) and never replaced: decode entries
+// of 1, 2, 4 .. max_rows rows of one token, prefill entries of one row of 16, 32 .. prefill_chunk
+// tokens (a shorter chunk runs in the next bucket up, padded at the front so the row's last token is
+// real), each with Head::Sample and, when asked, Head::Logits. The KV cache is one pool of
+// pool_blocks blocks of block_size slots shared by all sequences through block tables (the read and
+// write maps of each step); contiguous storage is the same pool with one block of `capacity` slots
+// per sequence. Full blocks of a sequence are published to the prefix cache under their token chain;
+// a new sequence whose prompt starts with a cached chain shares those blocks and skips their prefill.
+//
+// Each `step` is one round of continuous batching: waiting sequences are admitted while rows are free,
+// every decoding sequence advances one token in one batched step, and prefilling sequences advance by
+// chunks while the token budget lasts. When the pool runs dry a sequence is preempted by recompute
+// (its blocks are freed and it is prefilled again later; cached blocks make that cheap) or, with
+// preemption off, finishes with finish_reason::pool_exhausted. Sampling runs in the executor's head
+// (engine/exec/sampling.hpp); draws are keyed by (seed, index of the token in its sequence), so a
+// sequence samples the same tokens alone or in any batch.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/core/result.hpp"
+#include "engine/core/tensor.hpp"
+#include "engine/exec/executor.hpp"
+#include "engine/exec/sampling.hpp"
+#include "families/model_handle.hpp"
+#include "families/model_schema.hpp"
+
+namespace troupe::driver {
+
+// ---- features and the one table of what composes ----------------------------------------------------
+
+enum class feature : std::uint8_t {
+  paged_pool,       // the driver's KV pool is paged (block_size < capacity)
+  prefix_cache,     // the driver shares cached prompt blocks
+  placement,        // the model is split across executors
+  draft_policy,     // speculative decoding
+  recurrent_state,  // the model carries recurrent state rows besides KV
+  adapter,          // a LoRA adapter on the request
+  beam_search,      // the request asks for beams
+  request_inputs,   // the request carries inputs its model declares
+  resume,           // the request resumes a saved sequence
+};
+std::string_view name(feature f);
+
+struct incompatible {
+  feature a;
+  feature b;
+  std::string reason;
+};
+
+// The pair of active features the table refuses, if any (the first such pair in table order). Every
+// composition check of the driver goes through this one function.
+std::optional<incompatible> check_compatible(std::span<const feature> active);
+// The features this driver implements; anything else is refused as unsupported at admission.
+bool implemented(feature f);
+
+// ---- request inputs ---------------------------------------------------------------------------------
+
+enum class input_error_code : std::uint8_t {
+  undeclared,           // the model declares no input of that name
+  missing_required,     // a required input is absent
+  wrong_type,           // the values' dtype is not the declared one
+  wrong_width,          // one position's (or row's) value has the wrong shape
+  not_covering_prompt,  // a dense per-position value does not hold one value per prompt token
+  position_outside,     // a sparse position lies outside the prompt, or repeats
+};
+std::string_view name(input_error_code c);
+
+struct input_error {
+  input_error_code code;
+  std::string input;
+  std::string reason;
+  std::string message() const;
+};
+
+// A request's value for one declared input: `values` is [n, width...]. Positions empty: dense (n is
+// the prompt length for a per-position input, 1 for a per-row input); otherwise sparse: values row i
+// belongs to prompt position positions[i].
+struct request_input_value {
+  tensor values;
+  std::vector<std::int64_t> positions;
+};
+using request_inputs = std::map<std::string, request_input_value>;
+
+result<void, input_error> check_inputs(const families::model_schema& schema, std::int64_t prompt_tokens, const request_inputs& inputs);
+
+// ---- errors -----------------------------------------------------------------------------------------
+
+enum class driver_error_code : std::uint8_t {
+  bad_options,          // driver options out of range (prepare)
+  prepare_failed,       // a trace or the executor refused an entry (prepare)
+  entry_limit,          // a new entry would pass max_entries
+  byte_limit,           // a new entry would pass max_retained_bytes
+  bad_request,          // empty prompt, token id outside the vocabulary, bad sampling parameters, stop strings without a tokenizer
+  bad_input,            // a request input refused against the schema (see input)
+  incompatible,         // two features the table refuses together (see pair)
+  unsupported_feature,  // a feature this driver does not implement
+  no_head,              // no prepared head serves the request (logits asked, none prepared)
+  too_long,             // prompt + max_tokens exceeds the capacity per sequence
+  pool_too_small,       // the request could never fit in the whole KV pool
+  unknown_sequence,     // a sequence id this driver never opened (or already released)
+  program_not_offered,  // the model offers no such program (encode)
+  step_failed,          // the executor refused or failed a step
+};
+std::string_view name(driver_error_code c);
+
+struct driver_error {
+  driver_error_code code;
+  std::string reason;
+  std::optional<input_error> input;
+  std::optional<incompatible> pair;
+  std::string message() const;
+};
+
+// ---- options, requests, reports ---------------------------------------------------------------------
+
+enum class head_kind : std::uint8_t { sample, logits };
+
+struct driver_options {
+  std::int64_t max_rows = 16;         // sequences decoding together
+  std::int64_t capacity = 1024;       // positions per sequence (prompt and output)
+  bool paged = true;                  // false: one block of `capacity` slots per row
+  std::int64_t block_size = 16;       // paged: slots per block
+  std::int64_t pool_blocks = 0;       // paged: blocks in the pool; 0 = max_rows * capacity / block_size
+  std::int64_t prefill_chunk = 256;   // tokens of one prefill step
+  std::int64_t token_budget = 512;    // tokens of one scheduler round (decode rows + prefill chunks)
+  bool prefix_cache = true;
+  bool preempt = true;                // recompute preemption when the pool runs dry
+  bool logits_head = false;           // also prepare Head::Logits entries
+  bool encode = false;                // also prepare the encode program (1 row of prefill_chunk tokens)
+  std::int64_t max_entries = 64;
+  std::size_t max_retained_bytes = 0; // bound on the executor's weights + states + scratch; 0 = none
+  graph::trace_limits limits{};
+};
+
+enum class finish_reason : std::uint8_t {
+  eos,             // the model's end-of-generation id (or a request stop id)
+  stop_string,     // a stop string matched (its text is not emitted)
+  length,          // max_tokens reached
+  capacity,        // the sequence filled its capacity
+  cancelled,
+  pool_exhausted,  // no KV block and preemption off
+  error,           // a step failed
+};
+std::string_view name(finish_reason r);
+
+// Fills the allowed-token mask of a guided row while the step runs: `output` is the tokens generated
+// so far, `mask` holds ceil(vocab / 32) words, zeroed; set bit t % 32 of word t / 32 to allow token t.
+using guide_fn = std::function<void(std::span<const std::int32_t> output, std::span<std::uint32_t> mask)>;
+
+struct seq_request {
+  std::vector<std::int32_t> prompt;
+  exec::sample_params sampling;
+  std::vector<std::pair<std::int32_t, float>> logit_bias;
+  std::int64_t max_tokens = 16;
+  std::vector<std::int32_t> stop_ids;  // ends the sequence besides the model's eos ids
+  bool ignore_eos = false;
+  std::vector<std::string> stop;       // stop strings (needs the model's tokenizer)
+  head_kind head = head_kind::sample;
+  guide_fn guide;
+  request_inputs inputs;
+  // Features of the request that this driver checks against the compatibility table.
+  std::int32_t beams = 1;
+  std::string adapter;
+  bool resume = false;
+};
+
+using seq_id = std::uint64_t;
+
+struct seq_update {
+  seq_id id = 0;
+  std::vector<std::int32_t> tokens;        // drawn this round (zero or one)
+  std::vector<exec::sample_pick> picks;    // their logprob records
+  std::vector<std::vector<float>> logits;  // Head::Logits rows
+  std::string text;                        // new final text (when the model has a tokenizer)
+  std::optional<finish_reason> finished;
+};
+
+struct step_report {
+  std::vector<seq_update> updates;
+  std::int64_t decode_rows = 0;      // sequences advanced by the decode step
+  std::int64_t prefill_tokens = 0;   // prompt tokens computed
+  std::int64_t executor_steps = 0;
+  std::int64_t preempted = 0;
+};
+
+struct driver_counters {
+  std::int64_t rounds = 0;
+  std::int64_t executor_steps = 0;
+  std::int64_t prefill_tokens = 0;      // computed (cached ones are not)
+  std::int64_t prefix_hit_tokens = 0;   // skipped thanks to the prefix cache
+  std::int64_t decode_tokens = 0;
+  std::int64_t preemptions = 0;
+  std::int64_t pool_blocks = 0;
+  std::int64_t pool_available = 0;
+};
+
+struct entry_key {
+  families::program program = families::program::step;
+  families::step_shape shape{1, 1, 1};
+  head_kind head = head_kind::sample;
+  std::vector<std::string> carried;
+  friend bool operator==(const entry_key&, const entry_key&) = default;
+  std::string str() const;
+};
+
+struct generation {
+  std::vector<std::int32_t> tokens;
+  std::vector<exec::sample_pick> picks;
+  std::string text;
+  finish_reason finished = finish_reason::length;
+};
+
+// ---- the driver -------------------------------------------------------------------------------------
+
+struct unprepared {};
+struct serving {};
+template <typename Phase>
+class driver;
+struct driver_state;
+
+template <>
+class driver<unprepared> {
+ public:
+  driver(std::shared_ptr<const families::model_handle> handle, exec::executor& ex, driver_options options);
+  driver(driver&&) noexcept;
+  driver& operator=(driver&&) noexcept;
+  ~driver();
+
+  // Validates the options, loads the weights, adds and warms every entry the options admit.
+  result<driver<serving>, std::pair<driver<unprepared>, driver_error>> prepare() &&;
+  const driver_options& options() const;
+
+ private:
+  friend class driver<serving>;
+  explicit driver(std::unique_ptr<driver_state> s);
+  std::unique_ptr<driver_state> s_;
+};
+
+template <>
+class driver<serving> {
+ public:
+  driver(driver&&) noexcept;
+  driver& operator=(driver&&) noexcept;
+  ~driver();
+
+  // Admission: checks the request whole (features, inputs, ids, parameters, length, head) before it
+  // takes a row or a block; the sequence waits until a round admits it.
+  result<seq_id, driver_error> open(seq_request request);
+  // One round of continuous batching. Fails only when the executor fails a step; the sequences of
+  // that step finish with finish_reason::error.
+  result<step_report, driver_error> step();
+  // Stops a sequence at the next round (reported finished with finish_reason::cancelled).
+  result<void, driver_error> cancel(seq_id id);
+  // Forgets a sequence (cancelling it when still running) and frees its blocks and history.
+  result<void, driver_error> release(seq_id id);
+  bool idle() const;  // no sequence waits or runs
+
+  // One sequence driven to its end through the same surface; `sink` sees every round's update.
+  result<generation, driver_error> generate(seq_request request, const std::function<void(const seq_update&)>& sink = {});
+  // The encode program over rows of tokens (each at most prefill_chunk long): hidden states [n, hidden]
+  // per row. Needs options.encode.
+  result<std::vector<tensor>, driver_error> encode(std::span<const std::vector<std::int32_t>> rows);
+
+  driver_counters counters() const;
+  std::vector<entry_key> entries() const;
+  const driver_options& options() const;
+  const families::model_handle& model() const;
+
+ private:
+  friend class driver<unprepared>;
+  explicit driver(std::unique_ptr<driver_state> s);
+  std::unique_ptr<driver_state> s_;
+};
+
+}  // namespace troupe::driver

@@ -1,0 +1,510 @@
+// The driver on the CPU executor over a fixture model: batched decode against each sequence alone,
+// paged against contiguous KV (and against the plain contiguous runner), prefix-cache hits, preemption,
+// stop conditions, guided rows, encode, and every typed refusal.
+#include "engine/driver/driver.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+#include "apps/exec_runner.hpp"
+#include "engine/exec/cpu/cpu_executor.hpp"
+#include "families/fixtures/fixture.hpp"
+
+namespace troupe::driver {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::shared_ptr<const families::model_handle> fixture(std::string_view family = "llama", dtype format = dtype::f32) {
+  families::fixture_dims d;
+  d.vocab = 512;
+  d.hidden = 128;
+  d.ffn = 256;
+  d.heads = 4;
+  d.kv_heads = 2;
+  d.head_dim = 32;
+  d.layers = 2;
+  d.matrix_type = format;
+  const auto dir = fs::temp_directory_path() / ("troupe-driver-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto path = dir / (std::string(family) + "_" + std::string(troupe::name(format)) + ".gguf");
+  if (!fs::exists(path)) {
+    auto w = families::write_fixture(family, d, path, true);
+    EXPECT_TRUE(w) << (w ? "" : w.error().message());
+  }
+  auto h = families::model_handle::load(path, families::registry::builtin());
+  EXPECT_TRUE(h) << (h ? "" : families::message(h.error()));
+  return h ? *h : nullptr;
+}
+
+driver_options small_options() {
+  driver_options o;
+  o.max_rows = 4;
+  o.capacity = 128;
+  o.block_size = 8;
+  o.prefill_chunk = 32;
+  o.token_budget = 64;
+  return o;
+}
+
+driver<serving> serve(std::shared_ptr<const families::model_handle> h, exec::executor& ex, driver_options o) {
+  auto d = driver<unprepared>(std::move(h), ex, o).prepare();
+  if (!d) ADD_FAILURE() << d.error().second.message();
+  return std::move(*d);
+}
+
+std::vector<std::int32_t> prompt(std::int64_t n, std::int32_t salt) {
+  std::vector<std::int32_t> p(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(3 + (i * 37 + salt * 101) % 500);
+  return p;
+}
+
+seq_request request(std::vector<std::int32_t> p, std::int64_t max_tokens, float temperature = 0.0f, std::uint64_t seed = 0) {
+  seq_request r;
+  r.prompt = std::move(p);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  r.sampling.temperature = temperature;
+  r.sampling.seed = seed;
+  if (temperature > 0) r.sampling.top_p = 0.95f;
+  return r;
+}
+
+struct run_result {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+  std::optional<finish_reason> finished;
+};
+
+// Opens every request at once and steps until all finish.
+std::vector<run_result> run_all(driver<serving>& d, const std::vector<seq_request>& reqs) {
+  std::vector<seq_id> ids;
+  for (const auto& r : reqs) {
+    auto id = d.open(r);
+    EXPECT_TRUE(id) << (id ? "" : id.error().message());
+    ids.push_back(id ? *id : 0);
+  }
+  std::map<seq_id, run_result> out;
+  for (int round = 0; round < 10000 && !d.idle(); ++round) {
+    auto r = d.step();
+    EXPECT_TRUE(r) << (r ? "" : r.error().message());
+    if (!r) break;
+    for (const auto& u : r->updates) {
+      auto& o = out[u.id];
+      o.tokens.insert(o.tokens.end(), u.tokens.begin(), u.tokens.end());
+      o.logits.insert(o.logits.end(), u.logits.begin(), u.logits.end());
+      if (u.finished) o.finished = u.finished;
+    }
+  }
+  std::vector<run_result> res;
+  for (auto id : ids) {
+    res.push_back(out[id]);
+    (void)d.release(id);
+  }
+  return res;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+std::vector<seq_request> mixed_requests(bool logits) {
+  std::vector<seq_request> reqs;
+  const std::int64_t lens[] = {3, 17, 40, 1, 70, 9};
+  for (int i = 0; i < 6; ++i) {
+    auto r = request(prompt(lens[i], i), 10 + i, i % 2 ? 0.8f : 0.0f, 1000 + static_cast<std::uint64_t>(i));
+    if (logits) r.head = head_kind::logits;
+    reqs.push_back(std::move(r));
+  }
+  return reqs;
+}
+
+TEST(driver, batched_decode_gives_each_sequence_its_tokens_alone) {
+  auto h = fixture();
+  exec::cpu::cpu_executor ex;
+  auto o = small_options();
+  o.logits_head = true;
+  auto d = serve(h, ex, o);
+  const auto reqs = mixed_requests(true);
+  std::vector<run_result> alone;
+  for (const auto& r : reqs) alone.push_back(run_all(d, {r}).front());
+  const auto together = run_all(d, reqs);  // 6 sequences over 4 rows: admission waits for free rows
+  ASSERT_EQ(together.size(), alone.size());
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    SCOPED_TRACE("sequence " + std::to_string(i));
+    EXPECT_EQ(together[i].tokens, alone[i].tokens);
+    EXPECT_EQ(together[i].tokens.size(), static_cast<std::size_t>(reqs[i].max_tokens));
+    EXPECT_EQ(together[i].finished, finish_reason::length);
+    ASSERT_EQ(together[i].logits.size(), alone[i].logits.size());
+    for (std::size_t t = 0; t < alone[i].logits.size(); ++t) EXPECT_LT(max_abs_diff(together[i].logits[t], alone[i].logits[t]), 1e-3);
+  }
+  EXPECT_GT(d.counters().decode_tokens, 0);
+}
+
+TEST(driver, paged_equals_contiguous_and_the_plain_runner) {
+  auto h = fixture();
+  exec::cpu::cpu_executor ex1, ex2, ex3;
+  auto paged = small_options();
+  paged.logits_head = true;
+  paged.prefix_cache = false;
+  auto contiguous = paged;
+  contiguous.paged = false;
+  auto dp = serve(h, ex1, paged);
+  auto dc = serve(h, ex2, contiguous);
+  // Scatter the paged pool first so block tables are not in order.
+  (void)run_all(dp, {request(prompt(20, 9), 5), request(prompt(50, 8), 3)});
+  auto req = request(prompt(45, 3), 8);
+  req.head = head_kind::logits;
+  const auto a = run_all(dp, {req}).front();
+  const auto b = run_all(dc, {req}).front();
+  EXPECT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.logits.size(), b.logits.size());
+  for (std::size_t t = 0; t < a.logits.size(); ++t) EXPECT_LT(max_abs_diff(a.logits[t], b.logits[t]), 1e-3);
+
+  // The runner of `troupe generate` feeds the same tokens through a contiguous rows=1 layout.
+  auto runner = app::exec_runner::create(h, ex3, 128);
+  ASSERT_TRUE(runner);
+  auto first = runner->feed(req.prompt);
+  ASSERT_TRUE(first);
+  EXPECT_LT(max_abs_diff(*first, a.logits[0]), 1e-3);
+  for (std::size_t t = 0; t + 1 < a.tokens.size(); ++t) {
+    auto next = runner->feed(std::span(&a.tokens[t], 1));
+    ASSERT_TRUE(next);
+    EXPECT_LT(max_abs_diff(*next, a.logits[t + 1]), 1e-3);
+  }
+}
+
+TEST(driver, prefix_cache_hit_skips_the_cached_prefill_and_changes_nothing) {
+  auto h = fixture();
+  exec::cpu::cpu_executor ex1, ex2;
+  auto with = small_options();
+  auto without = with;
+  without.prefix_cache = false;
+  auto dw = serve(h, ex1, with);
+  auto dn = serve(h, ex2, without);
+  auto shared = prompt(48, 5);
+  auto first = request(shared, 6);
+  auto second_prompt = shared;
+  second_prompt.resize(40);  // 5 full blocks of 8 shared
+  for (int i = 0; i < 11; ++i) second_prompt.push_back(100 + i);
+  auto second = request(second_prompt, 6, 0.7f, 77);
+
+  (void)run_all(dw, {first});
+  const auto before = dw.counters();
+  const auto hit = run_all(dw, {second}).front();
+  const auto after = dw.counters();
+  EXPECT_EQ(after.prefix_hit_tokens - before.prefix_hit_tokens, 40);
+  EXPECT_EQ(after.prefill_tokens - before.prefill_tokens, 51 - 40);
+
+  (void)run_all(dn, {first});
+  const auto miss = run_all(dn, {second}).front();
+  EXPECT_EQ(dn.counters().prefix_hit_tokens, 0);
+  EXPECT_EQ(hit.tokens, miss.tokens);
+
+  // The whole prompt cached except its last token: a prompt equal to the first one hits 40 of 48.
+  const auto c0 = dw.counters().prefix_hit_tokens;
+  (void)run_all(dw, {first});
+  EXPECT_EQ(dw.counters().prefix_hit_tokens - c0, 40);
+}
+
+TEST(driver, preemption_by_recompute_finishes_every_sequence_with_its_own_tokens) {
+  auto h = fixture();
+  exec::cpu::cpu_executor ex1, ex2, ex3;
+  auto o = small_options();
+  o.prefix_cache = false;
+  auto tight = o;
+  tight.pool_blocks = 12;  // 96 slots for 4 sequences of up to 50
+  auto roomy = serve(h, ex1, o);
+  auto d = serve(h, ex2, tight);
+  std::vector<seq_request> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(request(prompt(20 + 4 * i, 20 + i), 20));
+  std::vector<run_result> alone;
+  for (const auto& r : reqs) alone.push_back(run_all(roomy, {r}).front());
+  const auto together = run_all(d, reqs);
+  EXPECT_GT(d.counters().preemptions, 0);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(together[i].finished, finish_reason::length);
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << "sequence " << i;
+  }
+  EXPECT_EQ(d.counters().pool_available, 12);
+
+  // Without preemption the pool runs dry and a sequence says so instead of waiting forever.
+  auto off = tight;
+  off.preempt = false;
+  auto dn = serve(h, ex3, off);
+  const auto res = run_all(dn, reqs);
+  int exhausted = 0;
+  for (const auto& r : res) exhausted += r.finished == finish_reason::pool_exhausted;
+  EXPECT_GT(exhausted, 0);
+  EXPECT_TRUE(dn.idle());
+}
+
+TEST(driver, stop_conditions_and_cancellation) {
+  auto h = fixture();
+  ASSERT_NE(h->text(), nullptr);
+  exec::cpu::cpu_executor ex;
+  auto d = serve(h, ex, small_options());
+  // Word pieces only (no byte tokens), so the streamed text is plain UTF-8 and equals a batch decode.
+  auto base = request(prompt(12, 1), 12, 0.9f, 3);
+  base.guide = [](std::span<const std::int32_t>, std::span<std::uint32_t> mask) {
+    for (std::int32_t t = 259; t < 511; ++t) mask[static_cast<std::size_t>(t / 32)] |= 1u << (t % 32);
+  };
+  auto g = d.generate(base);
+  ASSERT_TRUE(g) << g.error().message();
+  EXPECT_EQ(g->finished, finish_reason::length);
+  ASSERT_EQ(g->tokens.size(), 12u);
+  EXPECT_EQ(g->text, h->text()->decode(g->tokens, true));
+
+  // A stop id: the sequence ends on its first occurrence.
+  auto by_id = base;
+  by_id.stop_ids = {g->tokens[4]};
+  auto gi = d.generate(by_id);
+  ASSERT_TRUE(gi);
+  EXPECT_EQ(gi->finished, finish_reason::eos);
+  const auto first = std::find(g->tokens.begin(), g->tokens.end(), g->tokens[4]) - g->tokens.begin();
+  EXPECT_EQ(gi->tokens.size(), static_cast<std::size_t>(first + 1));
+
+  // A stop string from the middle of the text: the text ends right before it.
+  const auto piece = h->text()->decode(std::span(&g->tokens[6], 1), true);
+  auto by_text = base;
+  by_text.stop = {piece};
+  auto gs = d.generate(by_text);
+  ASSERT_TRUE(gs);
+  EXPECT_EQ(gs->finished, finish_reason::stop_string);
+  EXPECT_EQ(gs->text, g->text.substr(0, g->text.find(piece)));
+
+  // The model's eos ends a sequence unless ignored.
+  auto eos_bias = base;
+  eos_bias.ignore_eos = false;
+  eos_bias.guide = nullptr;
+  eos_bias.logit_bias = {{2, 100.0f}};
+  auto ge = d.generate(eos_bias);
+  ASSERT_TRUE(ge);
+  EXPECT_EQ(ge->finished, finish_reason::eos);
+  EXPECT_EQ(ge->tokens, std::vector<std::int32_t>{2});
+
+  // Cancellation.
+  auto id = d.open(request(prompt(30, 2), 50));
+  ASSERT_TRUE(id);
+  ASSERT_TRUE(d.step());
+  ASSERT_TRUE(d.cancel(*id));
+  auto r = d.step();
+  ASSERT_TRUE(r);
+  bool seen = false;
+  for (const auto& u : r->updates) seen = seen || (u.id == *id && u.finished == finish_reason::cancelled);
+  EXPECT_TRUE(seen);
+  EXPECT_TRUE(d.idle());
+  EXPECT_TRUE(d.release(*id));
+  EXPECT_EQ(d.release(*id).error().code, driver_error_code::unknown_sequence);
+  EXPECT_EQ(d.counters().pool_available, d.counters().pool_blocks);
+}
+
+TEST(driver, guided_rows_draw_only_allowed_tokens) {
+  auto h = fixture();
+  exec::cpu::cpu_executor ex;
+  auto d = serve(h, ex, small_options());
+  auto r = request(prompt(10, 4), 16, 1.0f, 5);
+  r.guide = [](std::span<const std::int32_t> out, std::span<std::uint32_t> mask) {
+    const std::int32_t allowed = out.size() % 2 ? 7 : 300;
+    mask[static_cast<std::size_t>(allowed / 32)] |= 1u << (allowed % 32);
+    mask[5 / 32] |= 1u << 5;
+  };
+  auto g = d.generate(r);
+  ASSERT_TRUE(g) << g.error().message();
+  for (std::size_t i = 0; i < g->tokens.size(); ++i) {
+    const auto t = g->tokens[i];
+    EXPECT_TRUE(t == 5 || t == (i % 2 ? 7 : 300)) << "token " << i << " = " << t;
+  }
+}
+
+TEST(driver, encode_pads_rows_without_changing_their_hidden_states) {
+  auto h = fixture();
+  exec::cpu::cpu_executor ex;
+  auto o = small_options();
+  o.encode = true;
+  auto d = serve(h, ex, o);
+  const std::vector<std::vector<std::int32_t>> rows{prompt(5, 1), prompt(32, 2)};
+  auto hs = d.encode(rows);
+  ASSERT_TRUE(hs) << hs.error().message();
+  ASSERT_EQ(hs->size(), 2u);
+  EXPECT_EQ((*hs)[0].shape().dims()[0], 5);
+  // The unpadded 5-token row through its own exact-size entry.
+  families::step_spec spec;
+  spec.program = families::program::encode;
+  spec.shape = families::step_shape(1, 5, 5);
+  auto gr = h->model().trace(spec);
+  ASSERT_TRUE(gr);
+  app::weight_map_weights w(h->model().weights());
+  exec::cpu::cpu_executor ex2;
+  auto exe = ex2.load(w);
+  ASSERT_TRUE(exe);
+  auto e = ex2.add_entry(*exe, *gr);
+  ASSERT_TRUE(e);
+  tensor ids(dtype::i32, {5}), pos(dtype::i32, {5}), mask(dtype::i32, {5});
+  for (int i = 0; i < 5; ++i) {
+    ids.as<std::int32_t>()[i] = rows[0][static_cast<std::size_t>(i)];
+    pos.as<std::int32_t>()[i] = i;
+    mask.as<std::int32_t>()[i] = 1;
+  }
+  exec::step_inputs in;
+  in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"token_mask", mask.view()}};
+  auto out = ex2.step(*e, in);
+  ASSERT_TRUE(out);
+  const auto& ref = out->outputs.at("hidden");
+  double m = 0;
+  for (std::int64_t i = 0; i < ref.numel(); ++i) m = std::max(m, std::abs(static_cast<double>(ref.as<float>()[i]) - (*hs)[0].as<float>()[i]));
+  EXPECT_LT(m, 1e-3);
+}
+
+// ---- typed refusals ---------------------------------------------------------------------------------
+
+TEST(driver, prepare_refusals_hand_the_driver_back) {
+  auto h = fixture();
+  exec::cpu::cpu_executor ex;
+  auto o = small_options();
+  o.max_entries = 3;
+  auto r = driver<unprepared>(h, ex, o).prepare();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().second.code, driver_error_code::entry_limit);
+  EXPECT_EQ(r.error().first.options().max_entries, 3);
+
+  auto b = small_options();
+  b.max_retained_bytes = 1;
+  auto rb = driver<unprepared>(h, ex, b).prepare();
+  ASSERT_FALSE(rb);
+  EXPECT_EQ(rb.error().second.code, driver_error_code::byte_limit);
+
+  auto bad = small_options();
+  bad.block_size = 0;
+  auto rbad = driver<unprepared>(h, ex, bad).prepare();
+  ASSERT_FALSE(rbad);
+  EXPECT_EQ(rbad.error().second.code, driver_error_code::bad_options);
+
+  auto big = small_options();
+  big.capacity = 1 << 20;
+  auto rbig = driver<unprepared>(h, ex, big).prepare();
+  ASSERT_FALSE(rbig);
+  EXPECT_EQ(rbig.error().second.code, driver_error_code::bad_options);
+}
+
+TEST(driver, prepare_warms_a_finite_entry_set) {
+  auto h = fixture();
+  exec::cpu::cpu_executor ex;
+  auto d = serve(h, ex, small_options());
+  // Decode rows 1, 2, 4 and prefill chunks 16, 32.
+  EXPECT_EQ(d.entries().size(), 5u);
+  for (const auto& e : d.entries()) EXPECT_EQ(e.head, head_kind::sample);
+}
+
+TEST(driver, admission_refusals_are_typed_and_take_nothing) {
+  auto h = fixture();
+  exec::cpu::cpu_executor ex;
+  auto d = serve(h, ex, small_options());
+  auto code = [&](seq_request r) {
+    auto id = d.open(std::move(r));
+    return id ? std::optional<driver_error_code>{} : std::optional{id.error().code};
+  };
+  EXPECT_EQ(code(request({}, 4)), driver_error_code::bad_request);
+  EXPECT_EQ(code(request({1, 2, 512}, 4)), driver_error_code::bad_request);
+  EXPECT_EQ(code(request({1, 2, -1}, 4)), driver_error_code::bad_request);
+  EXPECT_EQ(code(request(prompt(100, 1), 29)), driver_error_code::too_long);
+  auto hot = request(prompt(4, 1), 4);
+  hot.sampling.temperature = -1;
+  EXPECT_EQ(code(hot), driver_error_code::bad_request);
+  auto bias = request(prompt(4, 1), 4);
+  bias.logit_bias = {{600, 1.0f}};
+  EXPECT_EQ(code(bias), driver_error_code::bad_request);
+  auto logits = request(prompt(4, 1), 4);
+  logits.head = head_kind::logits;
+  EXPECT_EQ(code(logits), driver_error_code::no_head);
+  auto beams = request(prompt(4, 1), 4);
+  beams.beams = 4;
+  EXPECT_EQ(code(beams), driver_error_code::unsupported_feature);
+  auto inputs = request(prompt(4, 1), 4);
+  inputs.inputs["image"] = request_input_value{tensor(dtype::f32, {4, 8}), {}};
+  auto ri = d.open(inputs);
+  ASSERT_FALSE(ri);
+  EXPECT_EQ(ri.error().code, driver_error_code::bad_input);
+  EXPECT_EQ(ri.error().input->code, input_error_code::undeclared);
+  auto pair = inputs;
+  pair.resume = true;
+  auto rp = d.open(pair);
+  ASSERT_FALSE(rp);
+  EXPECT_EQ(rp.error().code, driver_error_code::incompatible);
+  EXPECT_EQ(rp.error().pair->a, feature::request_inputs);
+  EXPECT_EQ(rp.error().pair->b, feature::resume);
+  EXPECT_TRUE(d.idle());
+  EXPECT_EQ(d.counters().pool_available, d.counters().pool_blocks);
+
+  auto tight = small_options();
+  tight.pool_blocks = 4;
+  exec::cpu::cpu_executor ex2;
+  auto dt = serve(h, ex2, tight);
+  auto too_big = dt.open(request(prompt(30, 1), 10));
+  ASSERT_FALSE(too_big);
+  EXPECT_EQ(too_big.error().code, driver_error_code::pool_too_small);
+}
+
+TEST(driver, request_inputs_are_checked_against_the_schema) {
+  families::model_schema schema;
+  ASSERT_TRUE(schema.declare({"embeds", dtype::f32, families::input_extent::per_position, {8}, 0.0, families::input_presence::optional}));
+  ASSERT_TRUE(schema.declare({"segment", dtype::i32, families::input_extent::per_position, {1}, 0.0, families::input_presence::required}));
+  ASSERT_TRUE(schema.declare({"style", dtype::f32, families::input_extent::per_row, {4}, 0.0, families::input_presence::defaulted, 1.0}));
+  auto code = [&](const request_inputs& in) {
+    auto r = check_inputs(schema, 6, in);
+    return r ? std::optional<input_error_code>{} : std::optional{r.error().code};
+  };
+  request_inputs ok;
+  ok["segment"] = {tensor(dtype::i32, {6, 1}), {}};
+  EXPECT_EQ(code(ok), std::nullopt);
+  auto sparse = ok;
+  sparse["embeds"] = {tensor(dtype::f32, {2, 8}), {0, 5}};
+  EXPECT_EQ(code(sparse), std::nullopt);
+  sparse["style"] = {tensor(dtype::f32, {1, 4}), {}};
+  EXPECT_EQ(code(sparse), std::nullopt);
+
+  EXPECT_EQ(code({}), input_error_code::missing_required);
+  auto extra = ok;
+  extra["pixels"] = {tensor(dtype::f32, {1, 1}), {}};
+  EXPECT_EQ(code(extra), input_error_code::undeclared);
+  request_inputs type;
+  type["segment"] = {tensor(dtype::f32, {6, 1}), {}};
+  EXPECT_EQ(code(type), input_error_code::wrong_type);
+  request_inputs width;
+  width["segment"] = {tensor(dtype::i32, {6, 2}), {}};
+  EXPECT_EQ(code(width), input_error_code::wrong_width);
+  request_inputs cover;
+  cover["segment"] = {tensor(dtype::i32, {5, 1}), {}};
+  EXPECT_EQ(code(cover), input_error_code::not_covering_prompt);
+  auto outside = ok;
+  outside["embeds"] = {tensor(dtype::f32, {2, 8}), {0, 6}};
+  EXPECT_EQ(code(outside), input_error_code::position_outside);
+  auto repeat = ok;
+  repeat["embeds"] = {tensor(dtype::f32, {2, 8}), {3, 3}};
+  EXPECT_EQ(code(repeat), input_error_code::position_outside);
+  auto row_positions = ok;
+  row_positions["style"] = {tensor(dtype::f32, {1, 4}), {0}};
+  EXPECT_EQ(code(row_positions), input_error_code::position_outside);
+}
+
+TEST(driver, the_compatibility_table_is_the_one_place_pairs_are_refused) {
+  const feature ok[] = {feature::paged_pool, feature::prefix_cache, feature::request_inputs};
+  EXPECT_EQ(check_compatible(ok), std::nullopt);
+  const feature bad[] = {feature::paged_pool, feature::recurrent_state, feature::prefix_cache};
+  auto c = check_compatible(bad);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->a, feature::recurrent_state);
+  EXPECT_EQ(c->b, feature::prefix_cache);
+  EXPECT_FALSE(c->reason.empty());
+  EXPECT_TRUE(implemented(feature::paged_pool));
+  EXPECT_FALSE(implemented(feature::beam_search));
+}
+
+}  // namespace
+}  // namespace troupe::driver

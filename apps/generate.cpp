@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <random>
 
 #include "apps/exec_runner.hpp"
+#include "engine/driver/driver.hpp"
 #include "apps/oracle_runner.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "families/fixtures/fixture.hpp"
@@ -20,8 +22,8 @@
 namespace troupe::app {
 namespace {
 
-// Host-side sampling for the oracle path: temperature, top-k, top-p with a seeded generator. Greedy
-// at temperature 0. The driver's on-executor sampler replaces this for served models.
+// Host-side sampling for the oracle path only (the reference, not served): temperature, top-k, top-p
+// with a seeded generator, greedy at temperature 0. The CPU backend samples through the driver.
 std::int32_t pick(const std::vector<double>& logprobs, const generate_options& o, std::mt19937_64& rng) {
   if (o.temperature <= 0) return static_cast<std::int32_t>(std::max_element(logprobs.begin(), logprobs.end()) - logprobs.begin());
   std::vector<std::int32_t> ids(logprobs.size());
@@ -89,46 +91,75 @@ int run_generate(const generate_options& o) {
     std::fprintf(stderr, "troupe generate: the prompt is empty\n");
     return 2;
   }
-  const std::int64_t capacity = static_cast<std::int64_t>(prompt_ids.size()) + o.max_tokens;
-  // One feed function over either path: the CPU executor, or the oracle that defines it.
-  std::unique_ptr<exec::cpu::cpu_executor> cpu;
-  std::optional<exec_runner> exec_run;
-  std::optional<oracle_runner> oracle_run;
-  if (o.backend == "cpu") {
-    cpu = std::make_unique<exec::cpu::cpu_executor>(exec::cpu::cpu_options{static_cast<int>(o.threads), std::nullopt});
-    auto r = exec_runner::create(*h, *cpu, capacity);
-    if (!r) {
-      std::fprintf(stderr, "troupe generate: %s\n", r.error().c_str());
-      return 1;
-    }
-    exec_run.emplace(std::move(*r));
-  } else {
-    oracle_run.emplace(*h, capacity);
-  }
-  auto feed = [&](std::span<const std::int32_t> ids) { return exec_run ? exec_run->feed(ids) : oracle_run->feed(ids); };
-  std::mt19937_64 rng(o.seed);
+  const std::int64_t capacity = static_cast<std::int64_t>(prompt_ids.size()) + std::max<std::int64_t>(o.max_tokens, 1);
   std::vector<std::int32_t> out;
   nlohmann::json logprobs = nlohmann::json::array();
-  auto logits = feed(prompt_ids);
-  for (std::int64_t i = 0; i < o.max_tokens; ++i) {
-    if (!logits) {
-      std::fprintf(stderr, "troupe generate: %s\n", logits.error().c_str());
+  if (o.backend == "cpu") {
+    // The served path: one sequence through the driver, sampled on the executor.
+    if (o.logprobs > exec::max_top_logprobs) {
+      std::fprintf(stderr, "troupe generate: --logprobs is at most %d\n", exec::max_top_logprobs);
+      return 2;
+    }
+    if (o.max_tokens == 0) {
+      std::printf(o.json ? "{\"tokens\":[],\"text\":\"\"}\n" : "\n");
+      return 0;
+    }
+    exec::cpu::cpu_executor cpu(exec::cpu::cpu_options{static_cast<int>(o.threads), std::nullopt});
+    driver::driver_options opt;
+    opt.max_rows = 1;
+    opt.capacity = capacity;
+    opt.block_size = std::min<std::int64_t>(16, capacity);
+    opt.prefill_chunk = std::min<std::int64_t>(256, std::bit_ceil(static_cast<std::uint64_t>(prompt_ids.size())));
+    opt.token_budget = opt.prefill_chunk + 1;
+    opt.prefix_cache = false;
+    auto prepared = driver::driver<driver::unprepared>(*h, cpu, opt).prepare();
+    if (!prepared) {
+      std::fprintf(stderr, "troupe generate: %s\n", prepared.error().second.message().c_str());
       return 1;
     }
-    const auto lp = log_softmax(*logits);
-    const auto next = pick(lp, o, rng);
-    out.push_back(next);
-    if (o.logprobs > 0) {
-      std::vector<std::int32_t> ids(lp.size());
-      std::iota(ids.begin(), ids.end(), 0);
-      const auto k = std::min<std::size_t>(static_cast<std::size_t>(o.logprobs), ids.size());
-      std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](auto a, auto b) { return lp[a] > lp[b]; });
+    driver::seq_request req;
+    req.prompt = prompt_ids;
+    req.max_tokens = o.max_tokens;
+    req.sampling.temperature = static_cast<float>(o.temperature);
+    req.sampling.top_k = static_cast<std::int32_t>(o.top_k);
+    req.sampling.top_p = static_cast<float>(o.top_p);
+    req.sampling.seed = o.seed;
+    req.sampling.top_logprobs = static_cast<std::int32_t>(o.logprobs);
+    auto g = prepared->generate(std::move(req));
+    if (!g) {
+      std::fprintf(stderr, "troupe generate: %s\n", g.error().message().c_str());
+      return g.error().code == driver::driver_error_code::step_failed ? 1 : 2;
+    }
+    out = g->tokens;
+    for (const auto& p : g->picks) {
       nlohmann::json top = nlohmann::json::array();
-      for (std::size_t j = 0; j < k; ++j) top.push_back({{"id", ids[j]}, {"logprob", lp[ids[j]]}});
+      for (const auto& e : p.top) top.push_back({{"id", e.token}, {"logprob", e.logprob}});
       logprobs.push_back(top);
     }
-    if (std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), next) != cfg.eos_ids.end()) break;
-    if (i + 1 < o.max_tokens) logits = feed(std::span(&out.back(), 1));
+  } else {
+    oracle_runner run(*h, capacity);
+    std::mt19937_64 rng(o.seed);
+    auto logits = run.feed(prompt_ids);
+    for (std::int64_t i = 0; i < o.max_tokens; ++i) {
+      if (!logits) {
+        std::fprintf(stderr, "troupe generate: %s\n", logits.error().c_str());
+        return 1;
+      }
+      const auto lp = log_softmax(*logits);
+      const auto next = pick(lp, o, rng);
+      out.push_back(next);
+      if (o.logprobs > 0) {
+        std::vector<std::int32_t> ids(lp.size());
+        std::iota(ids.begin(), ids.end(), 0);
+        const auto k = std::min<std::size_t>(static_cast<std::size_t>(o.logprobs), ids.size());
+        std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](auto a, auto b) { return lp[a] > lp[b]; });
+        nlohmann::json top = nlohmann::json::array();
+        for (std::size_t j = 0; j < k; ++j) top.push_back({{"id", ids[j]}, {"logprob", lp[ids[j]]}});
+        logprobs.push_back(top);
+      }
+      if (std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), next) != cfg.eos_ids.end()) break;
+      if (i + 1 < o.max_tokens) logits = run.feed(std::span(&out.back(), 1));
+    }
   }
   if (o.json) {
     nlohmann::json j;

@@ -109,7 +109,7 @@ int run_generate(const generate_options& o) {
     opt.max_rows = 1;
     opt.capacity = capacity;
     opt.block_size = std::min<std::int64_t>(16, capacity);
-    opt.prefill_chunk = std::min<std::int64_t>(256, std::bit_ceil(static_cast<std::uint64_t>(prompt_ids.size())));
+    opt.prefill_chunk = std::min<std::int64_t>(256, capacity);
     opt.token_budget = opt.prefill_chunk + 1;
     opt.prefix_cache = false;
     auto prepared = driver::driver<driver::unprepared>(*h, cpu, opt).prepare();

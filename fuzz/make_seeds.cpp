@@ -9,6 +9,7 @@
 
 #include "engine/load/gguf.hpp"
 #include "engine/load/safetensors.hpp"
+#include "transport/codec.hpp"
 
 namespace {
 
@@ -84,6 +85,38 @@ bool config_seeds(const std::filesystem::path& dir) {
          write_text(dir / "dotted.json", R"({"a.b":1,"a":{"b":{"c":[1.5,2]},"d":"x"},"e":true})");
 }
 
+// One envelope of each message kind the transport knows.
+bool transport_seeds(const std::filesystem::path& dir) {
+  using namespace troupe::transport;
+  job_submit j;
+  j.job_id = 1;
+  j.model = "m";
+  j.prompt = std::vector<std::int32_t>{1, 2, 3};
+  j.sampling.logit_bias = {{5, 1.0f}};
+  j.stop = {"x"};
+  j.inputs = {{"e", "f32", {1, 2}, std::string(8, '\0'), {0}}};
+  const message all[] = {j,
+                         token_chunk{1, {5}, "a", {{5, -1.0f, {{5, -1.0f}}}}, "eos", {1, 1, 0}},
+                         cancel_job{1},
+                         error{1, "overloaded", "busy", retry::overloaded},
+                         step_batch{"e", {1}, {0}, {0}, {0, -1}, {{1, 0, {}, false}}},
+                         step_result{"e", {{1, -1.0f, {}}}, {false}, ""},
+                         load_request{"m", "cpu:0", "", 1, 2, 3, 4},
+                         node_hello{"n", "h", 1, {{"cpu:0", "cpu", 1}}, "p"},
+                         heartbeat{"n", 1, {}},
+                         inventory{{{"n", {{"cpu:0", "cpu", 1}}}}},
+                         placement_plan{"m", {{{{"n", {"cpu:0"}, 0, 1}}, 1}}},
+                         deploy{"m", 1, {}},
+                         scale{"m", 2},
+                         stats{1, 2, 3, 4, 5.0, 6, 7}};
+  int i = 0;
+  for (const auto& m : all) {
+    const auto b = encode(m);
+    if (!write_file(dir / (std::string(kind(m)) + std::to_string(i++)), b.data(), b.size())) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,10 +126,10 @@ int main(int argc, char** argv) {
   }
   const std::filesystem::path out = argv[1];
   const std::filesystem::path st = out / "safetensors_header_fuzz", gg = out / "gguf_fuzz",
-                              cj = out / "config_json_fuzz";
+                              cj = out / "config_json_fuzz", tr = out / "transport_decode_fuzz";
   std::error_code ec;
-  for (const auto& d : {st, gg, cj}) std::filesystem::create_directories(d, ec);
-  if (ec || !safetensors_seeds(st) || !gguf_seeds(gg) || !config_seeds(cj)) {
+  for (const auto& d : {st, gg, cj, tr}) std::filesystem::create_directories(d, ec);
+  if (ec || !safetensors_seeds(st) || !gguf_seeds(gg) || !config_seeds(cj) || !transport_seeds(tr)) {
     std::fprintf(stderr, "%s: cannot write the seeds under %s\n", argv[0], out.c_str());
     return 1;
   }

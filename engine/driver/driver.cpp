@@ -291,7 +291,7 @@ result<void, driver_error> driver_state::validate() {
   const auto max_pos = handle->model().config().max_positions;
   if (max_pos > 0 && o.capacity > max_pos)
     return bad("capacity " + std::to_string(o.capacity) + " exceeds the model's " + std::to_string(max_pos) + " positions");
-  if (o.prefill_chunk < 1) return bad("prefill_chunk must be at least 1");
+  if (o.prefill_chunk < 1 || o.prefill_chunk > o.capacity) return bad("prefill_chunk must lie in [1, capacity]");
   if (o.token_budget < o.max_rows) return bad("token_budget must cover a decode row per sequence (at least max_rows)");
   if (o.max_entries < 1) return bad("max_entries must be at least 1");
   if (o.paged) {
@@ -736,6 +736,8 @@ bool driver<serving>::idle() const { return s_->waiting.empty() && s_->running.e
 driver_counters driver<serving>::counters() const {
   auto c = s_->counters;
   c.pool_available = s_->pool->available();
+  c.waiting = static_cast<std::int64_t>(s_->waiting.size());
+  c.running = static_cast<std::int64_t>(s_->running.size());
   return c;
 }
 

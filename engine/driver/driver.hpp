@@ -205,6 +205,8 @@ struct driver_counters {
   std::int64_t preemptions = 0;
   std::int64_t pool_blocks = 0;
   std::int64_t pool_available = 0;
+  std::int64_t waiting = 0;             // sequences opened and not yet admitted
+  std::int64_t running = 0;             // sequences holding a row
 };
 
 struct entry_key {

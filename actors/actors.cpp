@@ -1,0 +1,861 @@
+// The actors (CAF 0.17): coordinator, registry, node, executor, driver and client, and the local
+// cluster and client facade of actors/cluster.hpp. Every payload that could cross a process is a
+// transport envelope (bytes); actor handles and atoms travel beside it as CAF values. No handler
+// blocks: the driver actors, which compute, run detached on their own threads.
+#include "actors/cluster.hpp"
+
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+
+#include "engine/exec/cpu/cpu_executor.hpp"
+#include "engine/text/chat_template.hpp"
+#include "families/model_handle.hpp"
+#include "transport/codec.hpp"
+
+namespace troupe::actors {
+
+using submit_atom = caf::atom_constant<caf::atom("submit")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using chunk_atom = caf::atom_constant<caf::atom("chunk")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+using register_atom = caf::atom_constant<caf::atom("register")>;
+using deploy_atom = caf::atom_constant<caf::atom("deploy")>;
+using resolve_atom = caf::atom_constant<caf::atom("resolve")>;
+using ping_atom = caf::atom_constant<caf::atom("ping")>;
+using replicas_atom = caf::atom_constant<caf::atom("replicas")>;
+
+namespace {
+
+constexpr auto request_timeout = std::chrono::seconds(600);
+
+std::string error_bytes(std::uint64_t job, std::string code, std::string message, transport::retry r) {
+  return transport::encode(transport::error{job, std::move(code), std::move(message), r});
+}
+
+// ---- job streams (shared by a client actor and its facade) -------------------------------------------
+
+}  // namespace
+
+struct job_stream {
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<transport::token_chunk> pending;
+  job_result acc;
+  bool ended = false;
+
+  void push(transport::token_chunk c) {
+    std::lock_guard lock(m);
+    if (ended) return;
+    acc.tokens.insert(acc.tokens.end(), c.ids.begin(), c.ids.end());
+    acc.text += c.text;
+    acc.logprobs.insert(acc.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
+    acc.usage = c.usage;
+    ++acc.chunks;
+    if (!c.finish_reason.empty()) {
+      acc.finish_reason = c.finish_reason;
+      ended = true;
+    }
+    pending.push_back(std::move(c));
+    cv.notify_all();
+  }
+  void fail(transport::error e) {
+    std::lock_guard lock(m);
+    if (ended) return;
+    acc.finish_reason = "error";
+    acc.error = std::move(e);
+    ended = true;
+    cv.notify_all();
+  }
+};
+
+namespace {
+
+struct stream_table {
+  std::mutex m;
+  std::unordered_map<std::uint64_t, std::shared_ptr<job_stream>> streams;
+  std::shared_ptr<job_stream> get(std::uint64_t id) {
+    std::lock_guard lock(m);
+    auto& s = streams[id];
+    if (!s) {
+      s = std::make_shared<job_stream>();
+      s->acc.job_id = id;
+    }
+    return s;
+  }
+  void erase(std::uint64_t id) {
+    std::lock_guard lock(m);
+    streams.erase(id);
+  }
+};
+
+// ---- registry -------------------------------------------------------------------------------------------
+
+std::uintmax_t checkpoint_bytes(const std::filesystem::path& p) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(p, ec)) return std::filesystem::file_size(p, ec);
+  std::uintmax_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(p, ec))
+    if (e.is_regular_file(ec)) n += e.file_size(ec);
+  return n;
+}
+
+caf::behavior registry_actor(caf::event_based_actor*) {
+  return {
+      // A checkpoint to (family, bytes), or why not; reads the configuration only.
+      [](resolve_atom, const std::string& path) -> caf::message {
+        auto cfg = families::read_config(path);
+        if (!cfg) return caf::make_message(std::string(), std::string(families::message(cfg.error())));
+        auto e = families::registry::builtin().resolve(*cfg);
+        if (!e) return caf::make_message(std::string(), e.error().message());
+        return caf::make_message(std::string((*e)->family) + " " + std::to_string(checkpoint_bytes(path)) + " bytes", std::string());
+      },
+      [](ping_atom) { return ping_atom::value; },
+  };
+}
+
+// ---- executor -------------------------------------------------------------------------------------------
+
+// One per device: owns the device's Executor. Drivers in the same process step it directly from
+// their own threads; its actor answers for the device (memory, identity).
+caf::behavior executor_actor(caf::event_based_actor*, std::shared_ptr<exec::executor> ex, std::string device) {
+  return {
+      [ex, device](stats_atom) {
+        const auto m = ex->memory();
+        return caf::make_message(device, static_cast<std::int64_t>(m.weight_bytes + m.state_bytes + m.scratch_bytes));
+      },
+      [](ping_atom) { return ping_atom::value; },
+  };
+}
+
+// ---- driver ---------------------------------------------------------------------------------------------
+
+struct driver_job {
+  std::uint64_t job = 0;
+  caf::actor client;
+  std::int64_t prompt_tokens = 0;
+  std::int64_t generated = 0;
+  bool logprobs = false;
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  bool expired = false;
+};
+
+struct driver_actor_state {
+  std::shared_ptr<const families::model_handle> handle;
+  std::shared_ptr<exec::executor> ex;
+  std::optional<driver::driver<driver::serving>> drv;
+  std::optional<text::chat_template> chat;
+  std::map<driver::seq_id, driver_job> jobs;
+  std::unordered_map<std::uint64_t, driver::seq_id> by_job;
+  caf::actor coordinator;
+  bool ticking = false;
+  std::int64_t max_jobs = 0;
+  std::int64_t done = 0, refused = 0;
+  double tokens_per_second = 0;
+  static inline const char* name = "driver";
+};
+
+// The request's prompt as token ids, by its form.
+result<std::vector<std::int32_t>, std::string> prompt_ids(driver_actor_state& st, const transport::job_submit& j) {
+  if (const auto* ids = std::get_if<std::vector<std::int32_t>>(&j.prompt)) return *ids;
+  const auto* codec = st.handle->text();
+  if (!codec) return unexpected("a text prompt needs the model's tokenizer: " + st.handle->text_problem());
+  std::string text;
+  bool add_special = true;
+  if (const auto* t = std::get_if<std::string>(&j.prompt)) {
+    text = *t;
+  } else {
+    if (!st.chat) {
+      if (codec->chat_template().empty()) return unexpected(std::string("the model ships no chat template"));
+      auto t = text::chat_template::parse(codec->chat_template());
+      if (!t) return unexpected("chat template: " + t.error().message);
+      st.chat.emplace(std::move(*t));
+    }
+    nlohmann::json msgs = nlohmann::json::array();
+    for (const auto& m : std::get<std::vector<transport::chat_message>>(j.prompt)) msgs.push_back({{"role", m.role}, {"content", m.content}});
+    text::chat_render_options o;
+    o.add_generation_prompt = true;
+    const auto& sp = codec->specials();
+    if (sp.bos) o.bos_token = std::string(codec->token_string(*sp.bos).value_or(""));
+    if (sp.eos) o.eos_token = std::string(codec->token_string(*sp.eos).value_or(""));
+    auto r = st.chat->render(msgs.dump(), o);
+    if (!r) return unexpected("chat template: " + r.error().message);
+    text = std::move(*r);
+    add_special = false;  // the template wrote the special tokens it wants
+  }
+  auto ids = codec->encode(text, add_special);
+  if (!ids) return unexpected(ids.error().message());
+  return std::vector<std::int32_t>(ids->begin(), ids->end());
+}
+
+result<driver::request_inputs, std::string> request_inputs_of(const transport::job_submit& j) {
+  driver::request_inputs out;
+  for (const auto& in : j.inputs) {
+    const auto t = dtype_from_name(in.dtype);
+    if (!t || is_quantized(*t)) return unexpected("input '" + in.name + "': unknown element type '" + in.dtype + "'");
+    std::int64_t n = 1;
+    for (auto d : in.shape) {
+      if (d < 0 || d > (std::int64_t{1} << 31)) return unexpected("input '" + in.name + "': a dimension out of range");
+      n *= d;
+    }
+    if (in.shape.empty() || in.shape.size() > 7) return unexpected("input '" + in.name + "': a shape of 1 to 7 dimensions is needed");
+    const auto want = static_cast<std::size_t>(n) * static_cast<std::size_t>(info(*t).block_bytes);
+    if (want != in.data.size()) return unexpected("input '" + in.name + "': " + std::to_string(in.data.size()) + " bytes for a shape of " + std::to_string(want));
+    tensor v(*t, shape(std::span<const std::int64_t>(in.shape)));
+    std::memcpy(v.data(), in.data.data(), in.data.size());
+    out[in.name] = driver::request_input_value{std::move(v), in.positions};
+  }
+  return out;
+}
+
+transport::stats driver_stats(const driver_actor_state& st) {
+  transport::stats s;
+  if (!st.drv) return s;
+  const auto c = st.drv->counters();
+  s.queued = c.waiting;
+  s.running = c.running;
+  s.kv_blocks_total = c.pool_blocks;
+  s.kv_blocks_used = c.pool_blocks - c.pool_available;
+  s.tokens_per_second = st.tokens_per_second;
+  s.jobs_done = st.done;
+  s.jobs_refused = st.refused;
+  return s;
+}
+
+caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::shared_ptr<const families::model_handle> handle,
+                           std::shared_ptr<exec::executor> ex, driver::driver_options options, std::int64_t max_jobs,
+                           caf::actor coordinator, std::string model) {
+  auto& st = self->state;
+  st.handle = handle;
+  st.ex = ex;
+  st.coordinator = coordinator;
+  st.max_jobs = max_jobs;
+  // Prepared here, on the driver's own thread: the entries compile before it serves.
+  auto prepared = driver::driver<driver::unprepared>(handle, *ex, options).prepare();
+  if (!prepared) {
+    self->send(coordinator, register_atom::value, model, caf::actor_cast<caf::actor>(self), prepared.error().second.message());
+    self->quit(caf::sec::runtime_error);
+    return {};
+  }
+  st.drv.emplace(std::move(*prepared));
+  self->send(coordinator, register_atom::value, model, caf::actor_cast<caf::actor>(self), std::string());
+
+  auto finish_job = [self](std::uint64_t job) { self->send(self->state.coordinator, done_atom::value, job); };
+  auto refuse = [self, finish_job](std::uint64_t job, const caf::actor& client, std::string code, std::string why, transport::retry r) {
+    ++self->state.refused;
+    if (client) self->send(client, chunk_atom::value, error_bytes(job, std::move(code), std::move(why), r));
+    finish_job(job);
+  };
+  auto start_ticking = [self] {
+    if (self->state.ticking) return;
+    self->state.ticking = true;
+    self->send(self, tick_atom::value);
+  };
+
+  return {
+      [=](submit_atom, const std::string& bytes, const caf::actor& client) {
+        auto& st = self->state;
+        auto m = transport::decode(bytes);
+        if (!m) return refuse(0, client, "bad_message", m.error().message(), m.error().retry());
+        auto* j = std::get_if<transport::job_submit>(&*m);
+        if (!j) return refuse(0, client, "bad_message", "a driver takes job submissions, not " + std::string(transport::kind(*m)), transport::retry::failed);
+        if (static_cast<std::int64_t>(st.jobs.size()) >= st.max_jobs)
+          return refuse(j->job_id, client, "overloaded", "the replica holds " + std::to_string(st.jobs.size()) + " jobs", transport::retry::overloaded);
+        if (st.by_job.contains(j->job_id)) return refuse(j->job_id, client, "invalid_request", "job id already running", transport::retry::failed);
+        auto ids = prompt_ids(st, *j);
+        if (!ids) return refuse(j->job_id, client, "invalid_request", ids.error(), transport::retry::failed);
+        auto inputs = request_inputs_of(*j);
+        if (!inputs) return refuse(j->job_id, client, "invalid_request", inputs.error(), transport::retry::failed);
+        driver::seq_request r;
+        r.prompt = std::move(*ids);
+        const auto& s = j->sampling;
+        r.sampling = {s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty, s.presence_penalty, s.frequency_penalty, s.top_logprobs, s.seed};
+        r.logit_bias = s.logit_bias;
+        r.max_tokens = j->max_tokens;
+        r.stop_ids = j->stop_ids;
+        r.ignore_eos = j->ignore_eos;
+        r.stop = j->stop;
+        r.inputs = std::move(*inputs);
+        const auto prompt_len = static_cast<std::int64_t>(r.prompt.size());
+        auto id = st.drv->open(std::move(r));
+        if (!id) return refuse(j->job_id, client, std::string(driver::name(id.error().code)), id.error().message(), transport::retry::failed);
+        driver_job dj{j->job_id, client, prompt_len, 0, s.top_logprobs > 0, std::nullopt, false};
+        if (j->deadline_ms > 0) dj.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(j->deadline_ms);
+        st.jobs.emplace(*id, std::move(dj));
+        st.by_job[j->job_id] = *id;
+        start_ticking();
+      },
+      [=](cancel_atom, std::uint64_t job) {
+        auto& st = self->state;
+        if (auto it = st.by_job.find(job); it != st.by_job.end()) (void)st.drv->cancel(it->second);
+      },
+      [=](tick_atom) {
+        auto& st = self->state;
+        const auto now = std::chrono::steady_clock::now();
+        for (auto& [seq, j] : st.jobs)
+          if (j.deadline && now > *j.deadline && !j.expired) {
+            j.expired = true;
+            (void)st.drv->cancel(seq);
+          }
+        auto r = st.drv->step();
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count();
+        std::int64_t produced = 0;
+        if (r) {
+          for (const auto& u : r->updates) {
+            auto it = st.jobs.find(u.id);
+            if (it == st.jobs.end()) continue;
+            auto& j = it->second;
+            transport::token_chunk c;
+            c.job_id = j.job;
+            c.ids = u.tokens;
+            c.text = u.text;
+            if (j.logprobs)
+              for (const auto& p : u.picks) {
+                transport::token_logprob lp{p.token, p.logprob, {}};
+                for (const auto& t : p.top) lp.top.push_back({t.token, t.logprob});
+                c.logprobs.push_back(std::move(lp));
+              }
+            j.generated += static_cast<std::int64_t>(u.tokens.size());
+            produced += static_cast<std::int64_t>(u.tokens.size());
+            c.usage = {j.prompt_tokens, j.generated, 0};
+            if (u.finished) c.finish_reason = j.expired && *u.finished == driver::finish_reason::cancelled ? "deadline" : std::string(driver::name(*u.finished));
+            if (j.client) self->send(j.client, chunk_atom::value, transport::encode(c));
+            if (u.finished) {
+              ++st.done;
+              finish_job(j.job);
+              st.by_job.erase(j.job);
+              (void)st.drv->release(u.id);
+              st.jobs.erase(it);
+            }
+          }
+        } else {
+          for (auto& [seq, j] : st.jobs) {
+            if (j.client) self->send(j.client, chunk_atom::value, error_bytes(j.job, "internal", r.error().message(), transport::retry::failed));
+            finish_job(j.job);
+            (void)st.drv->release(seq);
+          }
+          st.jobs.clear();
+          st.by_job.clear();
+        }
+        if (secs > 0 && produced > 0) st.tokens_per_second = 0.8 * st.tokens_per_second + 0.2 * (static_cast<double>(produced) / secs);
+        if (st.drv->idle()) {
+          st.ticking = false;
+        } else {
+          self->send(self, tick_atom::value);
+        }
+      },
+      [=](stats_atom) { return transport::encode(driver_stats(self->state)); },
+      [](ping_atom) { return ping_atom::value; },
+  };
+}
+
+// ---- node -----------------------------------------------------------------------------------------------
+
+struct node_state {
+  std::string node_id = "node-0";
+  int executor_threads = 1;
+  std::int64_t max_per_replica = 256;
+  std::map<std::string, std::shared_ptr<const families::model_handle>> handles;
+  std::vector<caf::actor> spawned;
+  static inline const char* name = "node";
+};
+
+caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_threads, std::int64_t max_per_replica) {
+  self->state.executor_threads = executor_threads;
+  self->state.max_per_replica = max_per_replica;
+  return {
+      // Spawns the replicas of a deployment; each registers itself with `coordinator` once prepared.
+      // Replies with the number spawned, or 0 and why not.
+      [=](deploy_atom, const std::string& bytes, const caf::actor& coordinator) -> caf::message {
+        auto& st = self->state;
+        auto m = transport::decode(bytes);
+        if (!m) return caf::make_message(std::int32_t{0}, m.error().message());
+        auto* d = std::get_if<transport::deploy>(&*m);
+        if (!d) return caf::make_message(std::int32_t{0}, std::string("a node takes deployments, not ") + std::string(transport::kind(*m)));
+        auto& h = st.handles[d->model];
+        if (!h) {
+          auto loaded = families::model_handle::load(d->load.model, families::registry::builtin());
+          if (!loaded) {
+            st.handles.erase(d->model);
+            return caf::make_message(std::int32_t{0}, families::message(loaded.error()));
+          }
+          h = *loaded;
+        }
+        driver::driver_options o;
+        if (d->load.max_rows > 0) o.max_rows = d->load.max_rows;
+        if (d->load.capacity > 0) o.capacity = d->load.capacity;
+        if (d->load.block_size > 0) o.block_size = d->load.block_size;
+        o.pool_blocks = d->load.pool_blocks;
+        if (d->load.prefill_chunk > 0) o.prefill_chunk = d->load.prefill_chunk;
+        if (d->load.token_budget > 0) o.token_budget = d->load.token_budget;
+        o.prefix_cache = !d->load.no_prefix_cache;
+        o.preempt = !d->load.no_preempt;
+        for (std::int32_t r = 0; r < d->replicas; ++r) {
+          auto ex = std::make_shared<exec::cpu::cpu_executor>(exec::cpu::cpu_options{st.executor_threads, std::nullopt});
+          auto dev = self->spawn(executor_actor, std::shared_ptr<exec::executor>(ex), "cpu:" + std::to_string(st.spawned.size()));
+          auto drv = self->spawn<caf::detached>(driver_actor, h, std::shared_ptr<exec::executor>(ex), o, st.max_per_replica, coordinator, d->model);
+          self->link_to(dev);
+          self->link_to(drv);
+          st.spawned.push_back(dev);
+          st.spawned.push_back(drv);
+        }
+        return caf::make_message(d->replicas, std::string());
+      },
+      [=](stats_atom) {
+        transport::node_hello h;
+        h.node_id = self->state.node_id;
+        h.host = "127.0.0.1";
+        h.devices.push_back({"cpu:0", "cpu", 0});
+        return transport::encode(h);
+      },
+      [](ping_atom) { return ping_atom::value; },
+  };
+}
+
+// ---- coordinator ----------------------------------------------------------------------------------------
+
+struct replica_slot {
+  caf::actor driver;
+  std::string model;
+  std::int64_t outstanding = 0;
+};
+
+struct pending_deploy {
+  std::string model;
+  std::int32_t expected = 0;
+  std::int32_t ready = 0;
+  caf::response_promise rp;
+};
+
+struct coordinator_state {
+  caf::actor registry, node;
+  std::vector<replica_slot> replicas;
+  struct job_route {
+    std::size_t replica;
+    caf::actor client;
+  };
+  std::unordered_map<std::uint64_t, job_route> jobs;
+  std::uint64_t next_job = 1;
+  std::int64_t max_outstanding = 1024, max_per_replica = 256;
+  std::int64_t refused = 0;
+  std::optional<pending_deploy> deploying;
+  static inline const char* name = "coordinator";
+};
+
+std::uint64_t affinity_key(const transport::prompt& p) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  if (const auto* ids = std::get_if<std::vector<std::int32_t>>(&p)) {
+    for (std::size_t i = 0; i < std::min<std::size_t>(ids->size(), 32); ++i) mix(static_cast<std::uint32_t>((*ids)[i]));
+  } else if (const auto* t = std::get_if<std::string>(&p)) {
+    for (std::size_t i = 0; i < std::min<std::size_t>(t->size(), 128); ++i) mix(static_cast<unsigned char>((*t)[i]));
+  } else {
+    for (const auto& m : std::get<std::vector<transport::chat_message>>(p)) {
+      for (char c : m.role) mix(static_cast<unsigned char>(c));
+      for (std::size_t i = 0; i < std::min<std::size_t>(m.content.size(), 128); ++i) mix(static_cast<unsigned char>(m.content[i]));
+      break;  // the system prompt is what requests share
+    }
+  }
+  return h;
+}
+
+caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, caf::actor registry, caf::actor node, std::int64_t max_outstanding,
+                                std::int64_t max_per_replica) {
+  auto& st = self->state;
+  st.registry = registry;
+  st.node = node;
+  st.max_outstanding = max_outstanding;
+  st.max_per_replica = max_per_replica;
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    for (std::size_t i = 0; i < st.replicas.size(); ++i) {
+      if (st.replicas[i].driver.address() != dm.source) continue;
+      // Its jobs end with a disconnected error; the replica leaves the rotation.
+      for (auto it = st.jobs.begin(); it != st.jobs.end();) {
+        if (it->second.replica == i) {
+          if (it->second.client)
+            self->send(it->second.client, chunk_atom::value, error_bytes(it->first, "disconnected", "the replica serving this job went away", transport::retry::disconnected));
+          it = st.jobs.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      st.replicas[i].driver = caf::actor{};
+    }
+  });
+  return {
+      // Resolves the model through the registry, has the node spawn the replicas and answers once all
+      // registered: ("", model name) on success, (error, "").
+      [=](deploy_atom, const std::string& bytes) -> caf::response_promise {
+        auto rp = self->make_response_promise();
+        auto m = transport::decode(bytes);
+        if (!m || !std::holds_alternative<transport::deploy>(*m)) {
+          rp.deliver(std::string(m ? "not a deployment" : m.error().message()), std::string());
+          return rp;
+        }
+        const auto d = std::get<transport::deploy>(*m);
+        if (self->state.deploying) {
+          rp.deliver(std::string("a deployment is in progress"), std::string());
+          return rp;
+        }
+        self->state.deploying = pending_deploy{d.model, d.replicas, 0, rp};
+        self->request(self->state.registry, request_timeout, resolve_atom::value, d.load.model)
+            .then(
+                [=](const std::string& summary, const std::string& err) {
+                  if (summary.empty()) {
+                    self->state.deploying->rp.deliver("unknown_model: " + err, std::string());
+                    self->state.deploying.reset();
+                    return;
+                  }
+                  self->request(self->state.node, request_timeout, deploy_atom::value, bytes, caf::actor_cast<caf::actor>(self))
+                      .then(
+                          [=](std::int32_t n, const std::string& why) {
+                            if (n == 0 && self->state.deploying) {
+                              self->state.deploying->rp.deliver("deploy: " + why, std::string());
+                              self->state.deploying.reset();
+                            }
+                          },
+                          [=](caf::error& e) {
+                            if (!self->state.deploying) return;
+                            self->state.deploying->rp.deliver("deploy: " + self->system().render(e), std::string());
+                            self->state.deploying.reset();
+                          });
+                },
+                [=](caf::error& e) {
+                  if (!self->state.deploying) return;
+                  self->state.deploying->rp.deliver("registry: " + self->system().render(e), std::string());
+                  self->state.deploying.reset();
+                });
+        return rp;
+      },
+      [=](register_atom, const std::string& model, const caf::actor& driver, const std::string& err) {
+        auto& st = self->state;
+        if (!err.empty()) {
+          if (st.deploying) {
+            st.deploying->rp.deliver("replica refused to prepare: " + err, std::string());
+            st.deploying.reset();
+          }
+          return;
+        }
+        self->monitor(driver);
+        st.replicas.push_back({driver, model, 0});
+        if (st.deploying && st.deploying->model == model && ++st.deploying->ready == st.deploying->expected) {
+          st.deploying->rp.deliver(std::string(), model);
+          st.deploying.reset();
+        }
+      },
+      // Admission and routing. Replies (job id, "") or (0, error envelope bytes).
+      [=](submit_atom, const std::string& bytes, const caf::actor& client) -> caf::message {
+        auto& st = self->state;
+        auto refuse = [&](std::string code, std::string why, transport::retry r) {
+          ++st.refused;
+          return caf::make_message(std::uint64_t{0}, error_bytes(0, std::move(code), std::move(why), r));
+        };
+        auto m = transport::decode(bytes);
+        if (!m) return refuse("bad_message", m.error().message(), m.error().retry());
+        auto* j = std::get_if<transport::job_submit>(&*m);
+        if (!j) return refuse("bad_message", "the coordinator takes job submissions here, not " + std::string(transport::kind(*m)), transport::retry::failed);
+        if (static_cast<std::int64_t>(st.jobs.size()) >= st.max_outstanding)
+          return refuse("overloaded", "the cluster holds " + std::to_string(st.jobs.size()) + " jobs, its bound", transport::retry::overloaded);
+        // Prefix affinity: the replica a prompt's opening hashes to, unless it is clearly busier than
+        // the least loaded one; otherwise the least loaded.
+        std::vector<std::size_t> live;
+        for (std::size_t i = 0; i < st.replicas.size(); ++i)
+          if (st.replicas[i].driver && (j->model.empty() || j->model == st.replicas[i].model)) live.push_back(i);
+        if (live.empty()) return refuse("unknown_model", "no replica serves model '" + j->model + "'", transport::retry::failed);
+        std::size_t best = live.front();
+        for (auto i : live)
+          if (st.replicas[i].outstanding < st.replicas[best].outstanding) best = i;
+        const std::size_t preferred = live[affinity_key(j->prompt) % live.size()];
+        if (st.replicas[preferred].outstanding <= st.replicas[best].outstanding + 2) best = preferred;
+        if (st.replicas[best].outstanding >= st.max_per_replica)
+          return refuse("overloaded", "every replica holds its bound of jobs", transport::retry::overloaded);
+        j->job_id = st.next_job++;
+        ++st.replicas[best].outstanding;
+        st.jobs[j->job_id] = {best, client};
+        self->send(st.replicas[best].driver, submit_atom::value, transport::encode(*j), client);
+        return caf::make_message(j->job_id, std::string());
+      },
+      [=](cancel_atom, const std::string& bytes) {
+        auto& st = self->state;
+        auto m = transport::decode(bytes);
+        if (!m || !std::holds_alternative<transport::cancel_job>(*m)) return;
+        const auto id = std::get<transport::cancel_job>(*m).job_id;
+        if (auto it = st.jobs.find(id); it != st.jobs.end() && st.replicas[it->second.replica].driver)
+          self->send(st.replicas[it->second.replica].driver, cancel_atom::value, id);
+      },
+      [=](done_atom, std::uint64_t job) {
+        auto& st = self->state;
+        if (auto it = st.jobs.find(job); it != st.jobs.end()) {
+          auto& r = st.replicas[it->second.replica];
+          if (r.outstanding > 0) --r.outstanding;
+          st.jobs.erase(it);
+        }
+      },
+      [=](replicas_atom) {
+        std::vector<caf::actor> v;
+        for (const auto& r : self->state.replicas)
+          if (r.driver) v.push_back(r.driver);
+        return v;
+      },
+      [=](stats_atom) {
+        transport::stats s;
+        s.running = static_cast<std::int64_t>(self->state.jobs.size());
+        s.jobs_refused = self->state.refused;
+        return transport::encode(s);
+      },
+      [](ping_atom) { return ping_atom::value; },
+  };
+}
+
+// ---- client ---------------------------------------------------------------------------------------------
+
+struct client_actor_state {
+  caf::actor coordinator;
+  std::shared_ptr<stream_table> streams;
+  std::int64_t dropped = 0;  // chunks that did not decode
+  static inline const char* name = "client";
+};
+
+caf::behavior client_actor(caf::stateful_actor<client_actor_state>* self, caf::actor coordinator, std::shared_ptr<stream_table> streams) {
+  self->state.coordinator = coordinator;
+  self->state.streams = streams;
+  return {
+      // From the facade: forwards to the coordinator; replies (job id, "") or (0, error bytes).
+      [=](submit_atom, const std::string& bytes) -> caf::response_promise {
+        auto rp = self->make_response_promise();
+        self->request(self->state.coordinator, request_timeout, submit_atom::value, bytes, caf::actor_cast<caf::actor>(self))
+            .then(
+                [=](std::uint64_t id, const std::string& err) mutable {
+                  if (id != 0) self->state.streams->get(id);
+                  rp.deliver(id, err);
+                },
+                [=](caf::error& e) mutable {
+                  rp.deliver(std::uint64_t{0}, error_bytes(0, "disconnected", self->system().render(e), transport::retry::disconnected));
+                });
+        return rp;
+      },
+      [=](chunk_atom, const std::string& bytes) {
+        auto m = transport::decode(bytes);
+        if (!m) {
+          ++self->state.dropped;
+          return;
+        }
+        if (auto* c = std::get_if<transport::token_chunk>(&*m)) {
+          self->state.streams->get(c->job_id)->push(std::move(*c));
+        } else if (auto* e = std::get_if<transport::error>(&*m)) {
+          if (e->job_id != 0) self->state.streams->get(e->job_id)->fail(std::move(*e));
+        } else {
+          ++self->state.dropped;
+        }
+      },
+      [=](cancel_atom, std::uint64_t job) { self->send(self->state.coordinator, cancel_atom::value, transport::encode(transport::cancel_job{job})); },
+      [](ping_atom) { return ping_atom::value; },
+  };
+}
+
+}  // namespace
+
+// ---- facade ---------------------------------------------------------------------------------------------
+
+struct client_state {
+  caf::actor_system* sys = nullptr;
+  caf::actor actor;
+  std::shared_ptr<stream_table> streams = std::make_shared<stream_table>();
+  ~client_state() {
+    if (actor) caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+  }
+};
+
+client::~client() = default;
+
+result<job, transport::error> client::submit(const transport::job_submit& request) {
+  caf::scoped_actor self{*s_->sys};
+  std::uint64_t id = 0;
+  std::string err;
+  self->request(s_->actor, request_timeout, submit_atom::value, transport::encode(request))
+      .receive([&](std::uint64_t i, const std::string& e) { id = i, err = e; },
+               [&](caf::error& e) { err = error_bytes(0, "disconnected", s_->sys->render(e), transport::retry::disconnected); });
+  if (id == 0) {
+    auto m = transport::decode(err);
+    if (m && std::holds_alternative<transport::error>(*m)) return unexpected(std::get<transport::error>(*m));
+    return unexpected(transport::error{0, "internal", "the submission failed without a reason", transport::retry::failed});
+  }
+  job j;
+  j.id_ = id;
+  j.stream_ = s_->streams->get(id);
+  j.client_ = s_;
+  return j;
+}
+
+std::optional<transport::token_chunk> job::next() {
+  std::unique_lock lock(stream_->m);
+  stream_->cv.wait(lock, [&] { return !stream_->pending.empty() || stream_->ended; });
+  if (stream_->pending.empty()) return std::nullopt;
+  auto c = std::move(stream_->pending.front());
+  stream_->pending.pop_front();
+  return c;
+}
+
+job_result job::wait() {
+  std::unique_lock lock(stream_->m);
+  stream_->cv.wait(lock, [&] { return stream_->ended; });
+  auto r = stream_->acc;
+  lock.unlock();
+  std::static_pointer_cast<client_state>(client_)->streams->erase(id_);
+  return r;
+}
+
+void job::cancel() { caf::anon_send(std::static_pointer_cast<client_state>(client_)->actor, cancel_atom::value, id_); }
+
+struct cluster_state {
+  cluster_options options;
+  std::unique_ptr<caf::actor_system_config> cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  caf::actor registry, node, coordinator;
+  std::string model;
+  std::vector<std::weak_ptr<client_state>> clients;
+
+  ~cluster_state() {
+    if (!sys) return;
+    for (auto& w : clients)
+      if (auto c = w.lock()) {
+        caf::anon_send_exit(c->actor, caf::exit_reason::user_shutdown);
+        c->actor = caf::actor{};
+      }
+    for (auto* a : {&coordinator, &node, &registry})
+      if (*a) caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
+    coordinator = node = registry = caf::actor{};
+    sys.reset();  // waits for every actor to quit
+  }
+};
+
+local_cluster::local_cluster(std::unique_ptr<cluster_state> s) : s_(std::move(s)) {}
+local_cluster::~local_cluster() = default;
+const std::string& local_cluster::model_name() const { return s_->model; }
+
+result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const std::filesystem::path& model, const cluster_options& options) {
+  auto s = std::make_unique<cluster_state>();
+  s->options = options;
+  s->cfg = std::make_unique<caf::actor_system_config>();
+  s->cfg->set("scheduler.max-threads", static_cast<std::size_t>(std::max(1, options.scheduler_threads)));
+  s->sys = std::make_unique<caf::actor_system>(*s->cfg);
+  s->registry = s->sys->spawn(registry_actor);
+  s->node = s->sys->spawn(node_actor, options.executor_threads, options.max_per_replica);
+  s->coordinator = s->sys->spawn(coordinator_actor, s->registry, s->node, options.max_outstanding, options.max_per_replica);
+  s->model = model.filename().string();
+  transport::deploy d;
+  d.model = s->model;
+  d.replicas = options.replicas;
+  d.load.model = model.string();
+  d.load.device = "cpu";
+  d.load.max_rows = options.driver.max_rows;
+  d.load.capacity = options.driver.capacity;
+  d.load.block_size = options.driver.block_size;
+  d.load.pool_blocks = options.driver.pool_blocks;
+  d.load.prefill_chunk = options.driver.prefill_chunk;
+  d.load.token_budget = options.driver.token_budget;
+  d.load.no_prefix_cache = !options.driver.prefix_cache;
+  d.load.no_preempt = !options.driver.preempt;
+  caf::scoped_actor self{*s->sys};
+  std::string err;
+  self->request(s->coordinator, request_timeout, deploy_atom::value, transport::encode(d))
+      .receive([&](const std::string& e, const std::string&) { err = e; }, [&](caf::error& e) { err = s->sys->render(e); });
+  if (!err.empty()) return unexpected(err);
+  return std::unique_ptr<local_cluster>(new local_cluster(std::move(s)));
+}
+
+std::unique_ptr<client> local_cluster::connect() {
+  auto cs = std::make_shared<client_state>();
+  cs->sys = s_->sys.get();
+  cs->actor = s_->sys->spawn(client_actor, s_->coordinator, cs->streams);
+  s_->clients.push_back(cs);
+  return std::unique_ptr<client>(new client(cs));
+}
+
+std::vector<transport::stats> local_cluster::replica_stats() {
+  caf::scoped_actor self{*s_->sys};
+  std::vector<caf::actor> drivers;
+  self->request(s_->coordinator, request_timeout, replicas_atom::value).receive([&](const std::vector<caf::actor>& v) { drivers = v; }, [](caf::error&) {});
+  std::vector<transport::stats> out;
+  for (const auto& d : drivers)
+    self->request(d, request_timeout, stats_atom::value)
+        .receive(
+            [&](const std::string& b) {
+              auto m = transport::decode(b);
+              if (m && std::holds_alternative<transport::stats>(*m)) out.push_back(std::get<transport::stats>(*m));
+            },
+            [](caf::error&) {});
+  return out;
+}
+
+transport::stats local_cluster::stats() {
+  transport::stats total;
+  for (const auto& s : replica_stats()) {
+    total.queued += s.queued;
+    total.running += s.running;
+    total.kv_blocks_used += s.kv_blocks_used;
+    total.kv_blocks_total += s.kv_blocks_total;
+    total.tokens_per_second += s.tokens_per_second;
+    total.jobs_done += s.jobs_done;
+    total.jobs_refused += s.jobs_refused;
+  }
+  caf::scoped_actor self{*s_->sys};
+  self->request(s_->coordinator, request_timeout, stats_atom::value)
+      .receive(
+          [&](const std::string& b) {
+            auto m = transport::decode(b);
+            if (m && std::holds_alternative<transport::stats>(*m)) total.jobs_refused += std::get<transport::stats>(*m).jobs_refused;
+          },
+          [](caf::error&) {});
+  return total;
+}
+
+result<std::string, std::string> local_cluster::resolve(const std::filesystem::path& model) {
+  caf::scoped_actor self{*s_->sys};
+  std::string summary, err = "no answer";
+  self->request(s_->registry, request_timeout, resolve_atom::value, model.string())
+      .receive([&](const std::string& s, const std::string& e) { summary = s, err = e; }, [&](caf::error& e) { err = s_->sys->render(e); });
+  if (summary.empty()) return unexpected(err);
+  return summary;
+}
+
+bool local_cluster::poke(const std::string& actor, const std::string& bytes) {
+  caf::scoped_actor self{*s_->sys};
+  caf::actor target;
+  if (actor == "coordinator") {
+    target = s_->coordinator;
+    self->send(target, submit_atom::value, bytes, caf::actor{});
+    self->send(target, cancel_atom::value, bytes);
+    self->send(target, deploy_atom::value, bytes);
+  } else if (actor == "registry") {
+    target = s_->registry;
+    self->send(target, resolve_atom::value, bytes);
+  } else if (actor == "node") {
+    target = s_->node;
+    self->send(target, deploy_atom::value, bytes, caf::actor{});
+  } else if (actor == "driver") {
+    self->request(s_->coordinator, request_timeout, replicas_atom::value).receive([&](const std::vector<caf::actor>& v) {
+      if (!v.empty()) target = v.front();
+    }, [](caf::error&) {});
+    if (target) self->send(target, submit_atom::value, bytes, caf::actor{});
+  } else if (actor == "client") {
+    auto c = s_->clients.empty() ? nullptr : s_->clients.back().lock();
+    if (c) target = c->actor;
+    if (target) self->send(target, chunk_atom::value, bytes);
+  }
+  if (!target) return false;
+  bool alive = false;
+  self->request(target, std::chrono::seconds(60), ping_atom::value).receive([&](ping_atom) { alive = true; }, [](caf::error&) {});
+  return alive;
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,103 @@
+#pragma once
+// The actor layer's public face, free of CAF: a cluster in one process (coordinator, registry, one
+// node, driver replicas on CPU executors) and the client facade that submits jobs through a client
+// actor. Every message between the actors is a transport envelope (Cap'n Proto bytes), as it would be
+// between processes; actors/detail/ holds the CAF side.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/core/result.hpp"
+#include "engine/driver/driver.hpp"
+#include "transport/messages.hpp"
+
+namespace troupe::actors {
+
+struct cluster_options {
+  std::int32_t replicas = 2;               // driver replicas of the model (each with its own executor)
+  driver::driver_options driver;           // each replica's driver
+  int executor_threads = 1;                // compute threads per CPU executor
+  std::int64_t max_outstanding = 1024;     // jobs admitted cluster-wide and not finished; more: overloaded
+  std::int64_t max_per_replica = 256;      // jobs one replica may hold (queued or running)
+  int scheduler_threads = 2;               // CAF's worker threads (drivers run on their own threads)
+};
+
+// The end of a job: its tokens, text and logprobs in order, and how it ended.
+struct job_result {
+  std::uint64_t job_id = 0;
+  std::vector<std::int32_t> tokens;
+  std::string text;
+  std::vector<transport::token_logprob> logprobs;
+  std::string finish_reason;               // eos, stop_string, length, capacity, cancelled, deadline, ...
+  std::optional<transport::error> error;   // set when the job failed or was refused
+  transport::usage usage;
+  std::int64_t chunks = 0;
+};
+
+struct job_stream;
+
+// A submitted job's handle: pull chunks as they come, or wait for the end.
+class job {
+ public:
+  std::uint64_t id() const { return id_; }
+  // The next chunk, blocking; nullopt once the job has ended and every chunk was read.
+  std::optional<transport::token_chunk> next();
+  // Blocks until the job ends; returns everything it produced (chunks not yet pulled included).
+  job_result wait();
+  // Asks the cluster to stop the job; it ends with finish_reason "cancelled" within a step.
+  void cancel();
+
+ private:
+  friend class client;
+  std::uint64_t id_ = 0;
+  std::shared_ptr<job_stream> stream_;
+  std::shared_ptr<void> client_;  // keeps the client actor alive while the job is
+};
+
+struct client_state;
+
+// A client session: one client actor in the cluster's actor system.
+class client {
+ public:
+  ~client();
+  // Returns when the coordinator admitted the job (a handle) or refused it (an error whose retry says
+  // whether to try again: overloaded, or failed for a request that can never run).
+  result<job, transport::error> submit(const transport::job_submit& request);
+
+ private:
+  friend class local_cluster;
+  explicit client(std::shared_ptr<client_state> s) : s_(std::move(s)) {}
+  std::shared_ptr<client_state> s_;
+};
+
+struct cluster_state;
+
+class local_cluster {
+ public:
+  // Starts the actor system, the coordinator, the registry and a node, deploys `model` on `replicas`
+  // driver replicas and returns once every replica is prepared (or why not).
+  static result<std::unique_ptr<local_cluster>, std::string> start(const std::filesystem::path& model, const cluster_options& options);
+  ~local_cluster();
+
+  std::unique_ptr<client> connect();
+  // Cluster-wide and per-replica figures (queue, running, KV blocks, jobs done and refused).
+  transport::stats stats();
+  std::vector<transport::stats> replica_stats();
+  // Resolves a checkpoint through the registry actor without loading its tensors.
+  result<std::string, std::string> resolve(const std::filesystem::path& model);
+  // The model name jobs should use.
+  const std::string& model_name() const;
+
+  // For tests: delivers raw bytes, as a peer would, to an actor ("coordinator", "registry", "node",
+  // "driver", "client") and returns whether it still answers a stats or ping request afterwards.
+  bool poke(const std::string& actor, const std::string& bytes);
+
+ private:
+  explicit local_cluster(std::unique_ptr<cluster_state> s);
+  std::unique_ptr<cluster_state> s_;
+};
+
+}  // namespace troupe::actors

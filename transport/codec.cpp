@@ -1,0 +1,455 @@
+#include "transport/codec.hpp"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+
+#include <cstring>
+
+#include "transport/schema/troupe.capnp.h"
+
+namespace troupe::transport {
+
+std::string_view name(decode_error_code c) {
+  switch (c) {
+    case decode_error_code::too_large: return "too_large";
+    case decode_error_code::not_words: return "not_words";
+    case decode_error_code::malformed: return "malformed";
+    case decode_error_code::unknown_kind: return "unknown_kind";
+    case decode_error_code::bad_version: return "bad_version";
+    case decode_error_code::bad_value: return "bad_value";
+  }
+  return "unknown";
+}
+
+std::string decode_error::message() const { return "message refused: " + reason + " (" + std::string(name(code)) + ")"; }
+
+std::string_view kind(const message& m) {
+  static constexpr std::string_view names[] = {"submit", "chunk", "cancel", "error", "step_batch", "step_result", "load",
+                                               "hello", "heartbeat", "inventory", "plan", "deploy", "scale", "stats"};
+  return names[m.index()];
+}
+
+namespace {
+
+using namespace troupe::transport::wire;
+
+std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
+std::string bytes(capnp::Data::Reader d) { return std::string(reinterpret_cast<const char*>(d.begin()), d.size()); }
+capnp::Data::Reader data_of(const std::string& s) {
+  return capnp::Data::Reader(reinterpret_cast<const kj::byte*>(s.data()), s.size());
+}
+
+template <class T, class L>
+void set_list(L builder, const std::vector<T>& v) {
+  for (unsigned i = 0; i < v.size(); ++i) builder.set(i, v[i]);
+}
+template <class T, class R>
+std::vector<T> get_list(R reader) {
+  std::vector<T> v;
+  v.reserve(reader.size());
+  for (auto x : reader) v.push_back(static_cast<T>(x));
+  return v;
+}
+std::vector<std::string> get_texts(capnp::List<capnp::Text>::Reader r) {
+  std::vector<std::string> v;
+  for (auto t : r) v.push_back(text(t));
+  return v;
+}
+
+// ---- builders ---------------------------------------------------------------------------------------
+
+void put(Sampling::Builder b, const sampling& s) {
+  b.setTemperature(s.temperature);
+  b.setTopK(s.top_k);
+  b.setTopP(s.top_p);
+  b.setMinP(s.min_p);
+  b.setRepetitionPenalty(s.repetition_penalty);
+  b.setPresencePenalty(s.presence_penalty);
+  b.setFrequencyPenalty(s.frequency_penalty);
+  b.setTopLogprobs(s.top_logprobs);
+  b.setSeed(s.seed);
+  auto lb = b.initLogitBias(static_cast<unsigned>(s.logit_bias.size()));
+  for (unsigned i = 0; i < s.logit_bias.size(); ++i) {
+    lb[i].setToken(s.logit_bias[i].first);
+    lb[i].setBias(s.logit_bias[i].second);
+  }
+}
+
+void put(TokenLogprob::Builder b, const token_logprob& t) {
+  b.setToken(t.token);
+  b.setLogprob(t.logprob);
+  auto top = b.initTop(static_cast<unsigned>(t.top.size()));
+  for (unsigned i = 0; i < t.top.size(); ++i) {
+    top[i].setToken(t.top[i].token);
+    top[i].setLogprob(t.top[i].logprob);
+  }
+}
+
+void put(Stats::Builder b, const stats& s) {
+  b.setQueued(s.queued);
+  b.setRunning(s.running);
+  b.setKvBlocksUsed(s.kv_blocks_used);
+  b.setKvBlocksTotal(s.kv_blocks_total);
+  b.setTokensPerSecond(s.tokens_per_second);
+  b.setJobsDone(s.jobs_done);
+  b.setJobsRefused(s.jobs_refused);
+}
+
+void put(LoadRequest::Builder b, const load_request& l) {
+  b.setModel(l.model);
+  b.setDevice(l.device);
+  b.setShard(l.shard);
+  b.setMaxRows(l.max_rows);
+  b.setCapacity(l.capacity);
+  b.setBlockSize(l.block_size);
+  b.setPoolBlocks(l.pool_blocks);
+  b.setPrefillChunk(l.prefill_chunk);
+  b.setTokenBudget(l.token_budget);
+  b.setNoPrefixCache(l.no_prefix_cache);
+  b.setNoPreempt(l.no_preempt);
+}
+
+template <class L>
+void put_devices(L b, const std::vector<device>& ds) {
+  for (unsigned i = 0; i < ds.size(); ++i) {
+    b[i].setName(ds[i].name);
+    b[i].setKind(ds[i].kind);
+    b[i].setMemoryBytes(ds[i].memory_bytes);
+  }
+}
+
+struct body_writer {
+  Envelope::Body::Builder body;
+
+  void operator()(const job_submit& m) {
+    auto b = body.initSubmit();
+    b.setJobId(m.job_id);
+    b.setModel(m.model);
+    auto p = b.getPrompt();
+    if (const auto* t = std::get_if<std::string>(&m.prompt)) {
+      p.setText(*t);
+    } else if (const auto* ids = std::get_if<std::vector<std::int32_t>>(&m.prompt)) {
+      set_list(p.initIds(static_cast<unsigned>(ids->size())), *ids);
+    } else {
+      const auto& chat = std::get<std::vector<chat_message>>(m.prompt);
+      auto c = p.initChat(static_cast<unsigned>(chat.size()));
+      for (unsigned i = 0; i < chat.size(); ++i) {
+        c[i].setRole(chat[i].role);
+        c[i].setContent(chat[i].content);
+      }
+    }
+    put(b.initSampling(), m.sampling);
+    auto stop = b.initStop(static_cast<unsigned>(m.stop.size()));
+    for (unsigned i = 0; i < m.stop.size(); ++i) stop.set(i, m.stop[i]);
+    set_list(b.initStopIds(static_cast<unsigned>(m.stop_ids.size())), m.stop_ids);
+    b.setMaxTokens(m.max_tokens);
+    b.setIgnoreEos(m.ignore_eos);
+    auto in = b.initInputs(static_cast<unsigned>(m.inputs.size()));
+    for (unsigned i = 0; i < m.inputs.size(); ++i) {
+      in[i].setName(m.inputs[i].name);
+      in[i].setDtype(m.inputs[i].dtype);
+      set_list(in[i].initShape(static_cast<unsigned>(m.inputs[i].shape.size())), m.inputs[i].shape);
+      in[i].setData(data_of(m.inputs[i].data));
+      set_list(in[i].initPositions(static_cast<unsigned>(m.inputs[i].positions.size())), m.inputs[i].positions);
+    }
+    b.setPriority(m.priority);
+    b.setDeadlineMs(m.deadline_ms);
+  }
+  void operator()(const token_chunk& m) {
+    auto b = body.initChunk();
+    b.setJobId(m.job_id);
+    set_list(b.initIds(static_cast<unsigned>(m.ids.size())), m.ids);
+    b.setText(m.text);
+    auto lp = b.initLogprobs(static_cast<unsigned>(m.logprobs.size()));
+    for (unsigned i = 0; i < m.logprobs.size(); ++i) put(lp[i], m.logprobs[i]);
+    b.setFinishReason(m.finish_reason);
+    auto u = b.initUsage();
+    u.setPromptTokens(m.usage.prompt_tokens);
+    u.setCompletionTokens(m.usage.completion_tokens);
+    u.setCachedTokens(m.usage.cached_tokens);
+  }
+  void operator()(const cancel_job& m) { body.initCancel().setJobId(m.job_id); }
+  void operator()(const error& m) {
+    auto b = body.initError();
+    b.setJobId(m.job_id);
+    b.setCode(m.code);
+    b.setMessage(m.message);
+    b.setRetry(static_cast<Retry>(m.retry));
+  }
+  void operator()(const step_batch& m) {
+    auto b = body.initStepBatch();
+    b.setEntry(m.entry);
+    set_list(b.initTokenIds(static_cast<unsigned>(m.token_ids.size())), m.token_ids);
+    set_list(b.initPositions(static_cast<unsigned>(m.positions.size())), m.positions);
+    set_list(b.initKvWriteMap(static_cast<unsigned>(m.kv_write_map.size())), m.kv_write_map);
+    set_list(b.initKvReadMap(static_cast<unsigned>(m.kv_read_map.size())), m.kv_read_map);
+    auto rows = b.initRows(static_cast<unsigned>(m.rows.size()));
+    for (unsigned i = 0; i < m.rows.size(); ++i) {
+      rows[i].setSequence(m.rows[i].sequence);
+      rows[i].setDraw(m.rows[i].draw);
+      put(rows[i].initSampling(), m.rows[i].sampling);
+      rows[i].setWantLogits(m.rows[i].want_logits);
+    }
+  }
+  void operator()(const step_result& m) {
+    auto b = body.initStepResult();
+    b.setEntry(m.entry);
+    auto p = b.initPicks(static_cast<unsigned>(m.picks.size()));
+    for (unsigned i = 0; i < m.picks.size(); ++i) put(p[i], m.picks[i]);
+    auto nf = b.initNonFinite(static_cast<unsigned>(m.non_finite.size()));
+    for (unsigned i = 0; i < m.non_finite.size(); ++i) nf.set(i, m.non_finite[i]);
+    b.setError(m.error);
+  }
+  void operator()(const load_request& m) { put(body.initLoad(), m); }
+  void operator()(const node_hello& m) {
+    auto b = body.initHello();
+    b.setNodeId(m.node_id);
+    b.setHost(m.host);
+    b.setPort(m.port);
+    put_devices(b.initDevices(static_cast<unsigned>(m.devices.size())), m.devices);
+    b.setProof(data_of(m.proof));
+  }
+  void operator()(const heartbeat& m) {
+    auto b = body.initHeartbeat();
+    b.setNodeId(m.node_id);
+    b.setSequence(m.sequence);
+    put(b.initLoad(), m.load);
+  }
+  void operator()(const inventory& m) {
+    auto n = body.initInventory().initNodes(static_cast<unsigned>(m.nodes.size()));
+    for (unsigned i = 0; i < m.nodes.size(); ++i) {
+      n[i].setNodeId(m.nodes[i].node_id);
+      put_devices(n[i].initDevices(static_cast<unsigned>(m.nodes[i].devices.size())), m.nodes[i].devices);
+    }
+  }
+  void operator()(const placement_plan& m) {
+    auto b = body.initPlan();
+    b.setModel(m.model);
+    auto r = b.initReplicas(static_cast<unsigned>(m.replicas.size()));
+    for (unsigned i = 0; i < m.replicas.size(); ++i) {
+      r[i].setKvTokens(m.replicas[i].kv_tokens);
+      auto st = r[i].initStages(static_cast<unsigned>(m.replicas[i].stages.size()));
+      for (unsigned j = 0; j < m.replicas[i].stages.size(); ++j) {
+        const auto& s = m.replicas[i].stages[j];
+        st[j].setNode(s.node);
+        auto d = st[j].initDevices(static_cast<unsigned>(s.devices.size()));
+        for (unsigned k = 0; k < s.devices.size(); ++k) d.set(k, s.devices[k]);
+        st[j].setFirstLayer(s.first_layer);
+        st[j].setEndLayer(s.end_layer);
+      }
+    }
+  }
+  void operator()(const deploy& m) {
+    auto b = body.initDeploy();
+    b.setModel(m.model);
+    b.setReplicas(m.replicas);
+    put(b.initLoad(), m.load);
+  }
+  void operator()(const scale& m) {
+    auto b = body.initScale();
+    b.setModel(m.model);
+    b.setReplicas(m.replicas);
+  }
+  void operator()(const stats& m) { put(body.initStats(), m); }
+};
+
+// ---- readers ----------------------------------------------------------------------------------------
+
+struct value_error {
+  std::string reason;
+};
+
+sampling get(Sampling::Reader r) {
+  sampling s;
+  s.temperature = r.getTemperature();
+  s.top_k = r.getTopK();
+  s.top_p = r.getTopP();
+  s.min_p = r.getMinP();
+  s.repetition_penalty = r.getRepetitionPenalty();
+  s.presence_penalty = r.getPresencePenalty();
+  s.frequency_penalty = r.getFrequencyPenalty();
+  s.top_logprobs = r.getTopLogprobs();
+  s.seed = r.getSeed();
+  for (auto b : r.getLogitBias()) s.logit_bias.emplace_back(b.getToken(), b.getBias());
+  return s;
+}
+
+token_logprob get(TokenLogprob::Reader r) {
+  token_logprob t;
+  t.token = r.getToken();
+  t.logprob = r.getLogprob();
+  for (auto x : r.getTop()) t.top.push_back({x.getToken(), x.getLogprob()});
+  return t;
+}
+
+stats get(Stats::Reader r) {
+  return {r.getQueued(), r.getRunning(), r.getKvBlocksUsed(), r.getKvBlocksTotal(), r.getTokensPerSecond(), r.getJobsDone(), r.getJobsRefused()};
+}
+
+load_request get(LoadRequest::Reader r) {
+  return {text(r.getModel()), text(r.getDevice()), text(r.getShard()), r.getMaxRows(), r.getCapacity(), r.getBlockSize(), r.getPoolBlocks(),
+          r.getPrefillChunk(), r.getTokenBudget(), r.getNoPrefixCache(), r.getNoPreempt()};
+}
+
+std::vector<device> get_devices(capnp::List<Device>::Reader r) {
+  std::vector<device> v;
+  for (auto d : r) v.push_back({text(d.getName()), text(d.getKind()), d.getMemoryBytes()});
+  return v;
+}
+
+result<message, decode_error> read_body(Envelope::Body::Reader body) {
+  auto bad = [](std::string why) { return unexpected(decode_error{decode_error_code::bad_value, std::move(why)}); };
+  switch (body.which()) {
+    case Envelope::Body::SUBMIT: {
+      auto r = body.getSubmit();
+      job_submit m;
+      m.job_id = r.getJobId();
+      m.model = text(r.getModel());
+      auto p = r.getPrompt();
+      switch (p.which()) {
+        case JobSubmit::Prompt::TEXT: m.prompt = text(p.getText()); break;
+        case JobSubmit::Prompt::IDS: m.prompt = get_list<std::int32_t>(p.getIds()); break;
+        case JobSubmit::Prompt::CHAT: {
+          std::vector<chat_message> chat;
+          for (auto c : p.getChat()) chat.push_back({text(c.getRole()), text(c.getContent())});
+          m.prompt = std::move(chat);
+          break;
+        }
+        default: return unexpected(decode_error{decode_error_code::unknown_kind, "a prompt form this build does not know"});
+      }
+      m.sampling = get(r.getSampling());
+      m.stop = get_texts(r.getStop());
+      m.stop_ids = get_list<std::int32_t>(r.getStopIds());
+      m.max_tokens = r.getMaxTokens();
+      if (m.max_tokens < 0) return bad("max_tokens is negative");
+      m.ignore_eos = r.getIgnoreEos();
+      for (auto in : r.getInputs())
+        m.inputs.push_back({text(in.getName()), text(in.getDtype()), get_list<std::int64_t>(in.getShape()), bytes(in.getData()),
+                            get_list<std::int64_t>(in.getPositions())});
+      m.priority = r.getPriority();
+      m.deadline_ms = r.getDeadlineMs();
+      if (m.deadline_ms < 0) return bad("deadline_ms is negative");
+      return m;
+    }
+    case Envelope::Body::CHUNK: {
+      auto r = body.getChunk();
+      token_chunk m;
+      m.job_id = r.getJobId();
+      m.ids = get_list<std::int32_t>(r.getIds());
+      m.text = text(r.getText());
+      for (auto l : r.getLogprobs()) m.logprobs.push_back(get(l));
+      m.finish_reason = text(r.getFinishReason());
+      auto u = r.getUsage();
+      m.usage = {u.getPromptTokens(), u.getCompletionTokens(), u.getCachedTokens()};
+      return m;
+    }
+    case Envelope::Body::CANCEL: return cancel_job{body.getCancel().getJobId()};
+    case Envelope::Body::ERROR: {
+      auto r = body.getError();
+      const auto rt = static_cast<unsigned>(r.getRetry());
+      if (rt > static_cast<unsigned>(retry::unimplemented)) return bad("an unknown retry disposition");
+      return error{r.getJobId(), text(r.getCode()), text(r.getMessage()), static_cast<retry>(rt)};
+    }
+    case Envelope::Body::STEP_BATCH: {
+      auto r = body.getStepBatch();
+      step_batch m;
+      m.entry = text(r.getEntry());
+      m.token_ids = get_list<std::int32_t>(r.getTokenIds());
+      m.positions = get_list<std::int32_t>(r.getPositions());
+      m.kv_write_map = get_list<std::int32_t>(r.getKvWriteMap());
+      m.kv_read_map = get_list<std::int32_t>(r.getKvReadMap());
+      for (auto row : r.getRows()) m.rows.push_back({row.getSequence(), row.getDraw(), get(row.getSampling()), row.getWantLogits()});
+      return m;
+    }
+    case Envelope::Body::STEP_RESULT: {
+      auto r = body.getStepResult();
+      step_result m;
+      m.entry = text(r.getEntry());
+      for (auto p : r.getPicks()) m.picks.push_back(get(p));
+      for (auto b : r.getNonFinite()) m.non_finite.push_back(b);
+      m.error = text(r.getError());
+      return m;
+    }
+    case Envelope::Body::LOAD: return get(body.getLoad());
+    case Envelope::Body::HELLO: {
+      auto r = body.getHello();
+      return node_hello{text(r.getNodeId()), text(r.getHost()), r.getPort(), get_devices(r.getDevices()), bytes(r.getProof())};
+    }
+    case Envelope::Body::HEARTBEAT: {
+      auto r = body.getHeartbeat();
+      return heartbeat{text(r.getNodeId()), r.getSequence(), get(r.getLoad())};
+    }
+    case Envelope::Body::INVENTORY: {
+      inventory m;
+      for (auto n : body.getInventory().getNodes()) m.nodes.push_back({text(n.getNodeId()), get_devices(n.getDevices())});
+      return m;
+    }
+    case Envelope::Body::PLAN: {
+      auto r = body.getPlan();
+      placement_plan m;
+      m.model = text(r.getModel());
+      for (auto rep : r.getReplicas()) {
+        replica x;
+        x.kv_tokens = rep.getKvTokens();
+        for (auto s : rep.getStages()) x.stages.push_back({text(s.getNode()), get_texts(s.getDevices()), s.getFirstLayer(), s.getEndLayer()});
+        m.replicas.push_back(std::move(x));
+      }
+      return m;
+    }
+    case Envelope::Body::DEPLOY: {
+      auto r = body.getDeploy();
+      if (r.getReplicas() < 0) return bad("a negative replica count");
+      return deploy{text(r.getModel()), r.getReplicas(), get(r.getLoad())};
+    }
+    case Envelope::Body::SCALE: {
+      auto r = body.getScale();
+      if (r.getReplicas() < 0) return bad("a negative replica count");
+      return scale{text(r.getModel()), r.getReplicas()};
+    }
+    case Envelope::Body::STATS: return get(body.getStats());
+  }
+  return unexpected(decode_error{decode_error_code::unknown_kind, "body kind " + std::to_string(static_cast<unsigned>(body.which())) +
+                                                                      " is not known to protocol version " + std::to_string(protocol_version)});
+}
+
+}  // namespace
+
+std::string encode(const message& m) {
+  capnp::MallocMessageBuilder mb;
+  auto env = mb.initRoot<Envelope>();
+  env.setVersion(protocol_version);
+  std::visit(body_writer{env.getBody()}, m);
+  const auto words = capnp::messageToFlatArray(mb);
+  const auto b = words.asBytes();
+  return std::string(reinterpret_cast<const char*>(b.begin()), b.size());
+}
+
+result<message, decode_error> decode(std::string_view in, const decode_limits& limits) {
+  if (in.size() > limits.max_bytes)
+    return unexpected(decode_error{decode_error_code::too_large, std::to_string(in.size()) + " bytes, over the bound of " + std::to_string(limits.max_bytes)});
+  if (in.empty() || in.size() % sizeof(capnp::word) != 0)
+    return unexpected(decode_error{decode_error_code::not_words, std::to_string(in.size()) + " bytes is not a whole number of 8-byte words"});
+  // Cap'n Proto reads words in place: copy into aligned storage.
+  auto words = kj::heapArray<capnp::word>(in.size() / sizeof(capnp::word));
+  std::memcpy(words.begin(), in.data(), in.size());
+  capnp::ReaderOptions opt;
+  opt.traversalLimitInWords = limits.traversal_words;
+  opt.nestingLimit = limits.nesting;
+  result<message, decode_error> out = unexpected(decode_error{decode_error_code::malformed, "not decoded"});
+  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&] {
+    capnp::FlatArrayMessageReader reader(words.asPtr(), opt);
+    auto env = reader.getRoot<Envelope>();
+    if (env.getVersion() == 0) {
+      out = unexpected(decode_error{decode_error_code::bad_version, "version 0"});
+      return;
+    }
+    out = read_body(env.getBody());
+  });
+  KJ_IF_MAYBE(e, failure) {
+    return unexpected(decode_error{decode_error_code::malformed, std::string(e->getDescription().cStr())});
+  }
+  return out;
+}
+
+}  // namespace troupe::transport

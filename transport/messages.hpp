@@ -1,0 +1,216 @@
+#pragma once
+// The domain form of every message that may cross a process (transport/schema/troupe.capnp is the wire
+// form). Plain values: no Cap'n Proto or CAF here, so actors and tests include this cheaply. The codec
+// (transport/codec.hpp) is the one place that converts between the two.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace troupe::transport {
+
+inline constexpr std::uint32_t protocol_version = 1;
+
+struct sampling {
+  float temperature = 0.0f;
+  std::int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::int32_t top_logprobs = 0;
+  std::uint64_t seed = 0;
+  std::vector<std::pair<std::int32_t, float>> logit_bias;
+  friend bool operator==(const sampling&, const sampling&) = default;
+};
+
+struct chat_message {
+  std::string role;
+  std::string content;
+  friend bool operator==(const chat_message&, const chat_message&) = default;
+};
+
+struct request_input {
+  std::string name;
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+  std::string data;
+  std::vector<std::int64_t> positions;
+  friend bool operator==(const request_input&, const request_input&) = default;
+};
+
+// Exactly one prompt form.
+using prompt = std::variant<std::string, std::vector<std::int32_t>, std::vector<chat_message>>;
+
+struct job_submit {
+  std::uint64_t job_id = 0;
+  std::string model;
+  transport::prompt prompt;
+  transport::sampling sampling;
+  std::vector<std::string> stop;
+  std::vector<std::int32_t> stop_ids;
+  std::int64_t max_tokens = 16;
+  bool ignore_eos = false;
+  std::vector<request_input> inputs;
+  std::int32_t priority = 0;
+  std::int64_t deadline_ms = 0;
+  friend bool operator==(const job_submit&, const job_submit&) = default;
+};
+
+struct top_logprob {
+  std::int32_t token = 0;
+  float logprob = 0.0f;
+  friend bool operator==(const top_logprob&, const top_logprob&) = default;
+};
+
+struct token_logprob {
+  std::int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<top_logprob> top;
+  friend bool operator==(const token_logprob&, const token_logprob&) = default;
+};
+
+struct usage {
+  std::int64_t prompt_tokens = 0;
+  std::int64_t completion_tokens = 0;
+  std::int64_t cached_tokens = 0;
+  friend bool operator==(const usage&, const usage&) = default;
+};
+
+struct token_chunk {
+  std::uint64_t job_id = 0;
+  std::vector<std::int32_t> ids;
+  std::string text;
+  std::vector<token_logprob> logprobs;
+  std::string finish_reason;  // empty while the job runs
+  transport::usage usage;
+  friend bool operator==(const token_chunk&, const token_chunk&) = default;
+};
+
+struct cancel_job {
+  std::uint64_t job_id = 0;
+  friend bool operator==(const cancel_job&, const cancel_job&) = default;
+};
+
+enum class retry : std::uint8_t { failed, overloaded, disconnected, unimplemented };
+
+struct error {
+  std::uint64_t job_id = 0;
+  std::string code;  // bad_message, invalid_request, unknown_model, overloaded, cancelled, internal, ...
+  std::string message;
+  transport::retry retry = retry::failed;
+  friend bool operator==(const error&, const error&) = default;
+};
+
+struct sample_row {
+  std::uint64_t sequence = 0;
+  std::uint64_t draw = 0;
+  transport::sampling sampling;
+  bool want_logits = false;
+  friend bool operator==(const sample_row&, const sample_row&) = default;
+};
+
+struct step_batch {
+  std::string entry;
+  std::vector<std::int32_t> token_ids, positions, kv_write_map, kv_read_map;
+  std::vector<sample_row> rows;
+  friend bool operator==(const step_batch&, const step_batch&) = default;
+};
+
+struct step_result {
+  std::string entry;
+  std::vector<token_logprob> picks;
+  std::vector<bool> non_finite;
+  std::string error;
+  friend bool operator==(const step_result&, const step_result&) = default;
+};
+
+struct load_request {
+  std::string model;
+  std::string device;
+  std::string shard;
+  std::int64_t max_rows = 0, capacity = 0, block_size = 0, pool_blocks = 0;  // 0: the driver's default
+  std::int64_t prefill_chunk = 0, token_budget = 0;
+  bool no_prefix_cache = false, no_preempt = false;
+  friend bool operator==(const load_request&, const load_request&) = default;
+};
+
+struct device {
+  std::string name;
+  std::string kind;
+  std::uint64_t memory_bytes = 0;
+  friend bool operator==(const device&, const device&) = default;
+};
+
+struct stats {
+  std::int64_t queued = 0, running = 0, kv_blocks_used = 0, kv_blocks_total = 0;
+  double tokens_per_second = 0;
+  std::int64_t jobs_done = 0, jobs_refused = 0;
+  friend bool operator==(const stats&, const stats&) = default;
+};
+
+struct node_hello {
+  std::string node_id, host;
+  std::uint16_t port = 0;
+  std::vector<device> devices;
+  std::string proof;
+  friend bool operator==(const node_hello&, const node_hello&) = default;
+};
+
+struct heartbeat {
+  std::string node_id;
+  std::uint64_t sequence = 0;
+  stats load;
+  friend bool operator==(const heartbeat&, const heartbeat&) = default;
+};
+
+struct node_inventory {
+  std::string node_id;
+  std::vector<device> devices;
+  friend bool operator==(const node_inventory&, const node_inventory&) = default;
+};
+
+struct inventory {
+  std::vector<node_inventory> nodes;
+  friend bool operator==(const inventory&, const inventory&) = default;
+};
+
+struct stage {
+  std::string node;
+  std::vector<std::string> devices;
+  std::int32_t first_layer = 0, end_layer = 0;
+  friend bool operator==(const stage&, const stage&) = default;
+};
+
+struct replica {
+  std::vector<stage> stages;
+  std::int64_t kv_tokens = 0;
+  friend bool operator==(const replica&, const replica&) = default;
+};
+
+struct placement_plan {
+  std::string model;
+  std::vector<replica> replicas;
+  friend bool operator==(const placement_plan&, const placement_plan&) = default;
+};
+
+struct deploy {
+  std::string model;
+  std::int32_t replicas = 1;
+  load_request load;
+  friend bool operator==(const deploy&, const deploy&) = default;
+};
+
+struct scale {
+  std::string model;
+  std::int32_t replicas = 1;
+  friend bool operator==(const scale&, const scale&) = default;
+};
+
+using message = std::variant<job_submit, token_chunk, cancel_job, error, step_batch, step_result, load_request, node_hello, heartbeat,
+                             inventory, placement_plan, deploy, scale, stats>;
+
+}  // namespace troupe::transport

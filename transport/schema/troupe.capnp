@@ -1,0 +1,231 @@
+@0xbc307882ed7045a1;
+# Every message that may cross a process between troupe actors. One Envelope per CAF message, carried
+# as bytes. Versioned: `version` is the sender's protocol version; a reader accepts any version from
+# 1 up (fields it does not know are ignored, as Cap'n Proto does) and refuses an envelope whose body
+# kind it does not know with the `unimplemented` disposition.
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("troupe::transport::wire");
+
+struct Envelope {
+  version @0 :UInt32;
+  body :union {
+    submit @1 :JobSubmit;
+    chunk @2 :TokenChunk;
+    cancel @3 :CancelJob;
+    error @4 :Error;
+    stepBatch @5 :StepBatch;
+    stepResult @6 :StepResult;
+    load @7 :LoadRequest;
+    hello @8 :NodeHello;
+    heartbeat @9 :Heartbeat;
+    inventory @10 :Inventory;
+    plan @11 :PlacementPlan;
+    deploy @12 :Deploy;
+    scale @13 :Scale;
+    stats @14 :Stats;
+  }
+}
+
+# ---- jobs ---------------------------------------------------------------------------------------------
+
+struct LogitBias {
+  token @0 :Int32;
+  bias @1 :Float32;
+}
+
+struct Sampling {
+  temperature @0 :Float32;
+  topK @1 :Int32;
+  topP @2 :Float32 = 1.0;
+  minP @3 :Float32;
+  repetitionPenalty @4 :Float32 = 1.0;
+  presencePenalty @5 :Float32;
+  frequencyPenalty @6 :Float32;
+  topLogprobs @7 :Int32;
+  seed @8 :UInt64;
+  logitBias @9 :List(LogitBias);
+}
+
+struct ChatMessage {
+  role @0 :Text;
+  content @1 :Text;
+}
+
+struct RequestInput {
+  name @0 :Text;
+  dtype @1 :Text;             # "f32", "i32", ...
+  shape @2 :List(Int64);      # [n, width...]
+  data @3 :Data;              # little-endian elements, row-major
+  positions @4 :List(Int64);  # empty: dense
+}
+
+struct JobSubmit {
+  jobId @0 :UInt64;
+  model @1 :Text;
+  prompt :union {
+    text @2 :Text;
+    ids @3 :List(Int32);
+    chat @4 :List(ChatMessage);
+  }
+  sampling @5 :Sampling;
+  stop @6 :List(Text);
+  stopIds @7 :List(Int32);
+  maxTokens @8 :Int64 = 16;
+  ignoreEos @9 :Bool;
+  inputs @10 :List(RequestInput);
+  priority @11 :Int32;
+  deadlineMs @12 :Int64;      # milliseconds from submission; 0: none
+}
+
+struct TopLogprob {
+  token @0 :Int32;
+  logprob @1 :Float32;
+}
+
+struct TokenLogprob {
+  token @0 :Int32;
+  logprob @1 :Float32;
+  top @2 :List(TopLogprob);
+}
+
+struct Usage {
+  promptTokens @0 :Int64;
+  completionTokens @1 :Int64;
+  cachedTokens @2 :Int64;
+}
+
+struct TokenChunk {
+  jobId @0 :UInt64;
+  ids @1 :List(Int32);
+  text @2 :Text;
+  logprobs @3 :List(TokenLogprob);
+  finishReason @4 :Text;      # empty while the job runs: eos, stop_string, length, capacity, cancelled, ...
+  usage @5 :Usage;
+}
+
+struct CancelJob {
+  jobId @0 :UInt64;
+}
+
+enum Retry {
+  failed @0;         # do not retry: the request itself is refused
+  overloaded @1;     # retry later or elsewhere
+  disconnected @2;   # the peer went away; the job may be resumed
+  unimplemented @3;  # the receiver does not know this message
+}
+
+struct Error {
+  jobId @0 :UInt64;
+  code @1 :Text;              # a typed code name: bad_message, invalid_request, unknown_model, overloaded, ...
+  message @2 :Text;
+  retry @3 :Retry;
+}
+
+# ---- driver and executors ---------------------------------------------------------------------------
+
+struct SampleRow {
+  sequence @0 :UInt64;
+  draw @1 :UInt64;
+  sampling @2 :Sampling;
+  wantLogits @3 :Bool;
+}
+
+struct StepBatch {
+  entry @0 :Text;             # the entry key (program, shape, head)
+  tokenIds @1 :List(Int32);
+  positions @2 :List(Int32);
+  kvWriteMap @3 :List(Int32);
+  kvReadMap @4 :List(Int32);  # rows x capacity, row-major
+  rows @5 :List(SampleRow);
+}
+
+struct StepResult {
+  entry @0 :Text;
+  picks @1 :List(TokenLogprob);
+  nonFinite @2 :List(Bool);
+  error @3 :Text;             # empty on success
+}
+
+struct LoadRequest {
+  model @0 :Text;
+  device @1 :Text;            # "cpu:0", "cuda:3"
+  shard @2 :Text;             # the shard spec; empty: the whole model
+  maxRows @3 :Int64;
+  capacity @4 :Int64;
+  blockSize @5 :Int64;
+  poolBlocks @6 :Int64;
+  prefillChunk @7 :Int64;
+  tokenBudget @8 :Int64;
+  noPrefixCache @9 :Bool;
+  noPreempt @10 :Bool;
+}
+
+# ---- nodes and the cluster --------------------------------------------------------------------------
+
+struct Device {
+  name @0 :Text;              # "cpu:0"
+  kind @1 :Text;              # "cpu", "cuda"
+  memoryBytes @2 :UInt64;
+}
+
+struct NodeHello {
+  nodeId @0 :Text;
+  host @1 :Text;
+  port @2 :UInt16;
+  devices @3 :List(Device);
+  proof @4 :Data;             # proves the node holds the cluster's secret
+}
+
+struct Heartbeat {
+  nodeId @0 :Text;
+  sequence @1 :UInt64;
+  load @2 :Stats;
+}
+
+struct NodeInventory {
+  nodeId @0 :Text;
+  devices @1 :List(Device);
+}
+
+struct Inventory {
+  nodes @0 :List(NodeInventory);
+}
+
+struct Stage {
+  node @0 :Text;
+  devices @1 :List(Text);     # a tensor-parallel group on one node
+  firstLayer @2 :Int32;
+  endLayer @3 :Int32;
+}
+
+struct Replica {
+  stages @0 :List(Stage);
+  kvTokens @1 :Int64;
+}
+
+struct PlacementPlan {
+  model @0 :Text;
+  replicas @1 :List(Replica);
+}
+
+struct Deploy {
+  model @0 :Text;
+  replicas @1 :Int32;
+  load @2 :LoadRequest;
+}
+
+struct Scale {
+  model @0 :Text;
+  replicas @1 :Int32;
+}
+
+struct Stats {
+  queued @0 :Int64;
+  running @1 :Int64;
+  kvBlocksUsed @2 :Int64;
+  kvBlocksTotal @3 :Int64;
+  tokensPerSecond @4 :Float64;
+  jobsDone @5 :Int64;
+  jobsRefused @6 :Int64;
+}

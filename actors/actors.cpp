@@ -183,6 +183,7 @@ result<std::vector<std::int32_t>, std::string> prompt_ids(driver_actor_state& st
     for (const auto& m : std::get<std::vector<transport::chat_message>>(j.prompt)) msgs.push_back({{"role", m.role}, {"content", m.content}});
     text::chat_render_options o;
     o.add_generation_prompt = true;
+    o.tools_json = j.tools_json;
     const auto& sp = codec->specials();
     if (sp.bos) o.bos_token = std::string(codec->token_string(*sp.bos).value_or(""));
     if (sp.eos) o.eos_token = std::string(codec->token_string(*sp.eos).value_or(""));
@@ -227,6 +228,8 @@ transport::stats driver_stats(const driver_actor_state& st) {
   s.tokens_per_second = st.tokens_per_second;
   s.jobs_done = st.done;
   s.jobs_refused = st.refused;
+  s.prompt_tokens = c.prefill_tokens + c.prefix_hit_tokens;
+  s.prefix_hit_tokens = c.prefix_hit_tokens;
   return s;
 }
 
@@ -807,6 +810,8 @@ transport::stats local_cluster::stats() {
     total.tokens_per_second += s.tokens_per_second;
     total.jobs_done += s.jobs_done;
     total.jobs_refused += s.jobs_refused;
+    total.prompt_tokens += s.prompt_tokens;
+    total.prefix_hit_tokens += s.prefix_hit_tokens;
   }
   caf::scoped_actor self{*s_->sys};
   self->request(s_->coordinator, request_timeout, stats_atom::value)

@@ -14,6 +14,8 @@ struct bench_options {
   int threads = 0;
   int runs = 3;
   bool json = false;
+  bool actors = false;  // --batch N jobs through a one-process actor cluster vs the driver directly
+
 };
 int run_bench(const bench_options& opt);
 

@@ -7,6 +7,7 @@
 #include "apps/bench.hpp"
 #include "apps/generate.hpp"
 #include "apps/inspect.hpp"
+#include "apps/serve.hpp"
 #include "apps/tokenize.hpp"
 
 int main(int argc, char** argv) {
@@ -102,7 +103,21 @@ int main(int argc, char** argv) {
   bn->add_option("--threads", bench.threads)->check(CLI::Range(0, 4096));
   bn->add_option("--runs", bench.runs, "measured runs (after one warm-up); medians are printed")->check(CLI::Range(1, 1000));
   bn->add_flag("--json", bench.json);
+  bn->add_flag("--actors", bench.actors, "with --batch N: N jobs through the actor cluster vs the driver directly");
   bn->callback([&] { rc = troupe::app::run_bench(bench); });
+
+  troupe::app::serve_options serve;
+  auto* sv = app.add_subcommand("serve", "a single-machine cluster with the OpenAI-compatible HTTP API");
+  sv->add_option("--model", serve.model, "a GGUF file or a Hugging Face directory");
+  sv->add_option("--host", serve.host, "address to listen on (default 127.0.0.1)");
+  sv->add_option("--port", serve.port, "port (0: any free port)")->check(CLI::Range(0, 65535));
+  sv->add_option("--api-key-file", serve.api_key_file, "one API key a line; none: no authentication");
+  sv->add_option("--replicas", serve.replicas)->check(CLI::Range(1, 64));
+  sv->add_option("--max-rows", serve.max_rows, "sequences decoding together per replica")->check(CLI::Range(1, 1024));
+  sv->add_option("--capacity", serve.capacity, "positions per sequence (prompt and output)")->check(CLI::Range(16, 1 << 20));
+  sv->add_option("--threads", serve.threads, "compute threads per replica (0: one per core)")->check(CLI::Range(0, 4096));
+  sv->add_option("--max-outstanding", serve.max_outstanding, "jobs admitted and not finished; more get 429")->check(CLI::Range(1, 1 << 20));
+  sv->callback([&] { rc = troupe::app::run_serve(serve); });
 
   app.add_subcommand("feature-matrix", "print the feature matrix (docs/feature-matrix.md)")->callback([&] {
     rc = troupe::app::run_feature_matrix();

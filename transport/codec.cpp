@@ -94,6 +94,8 @@ void put(Stats::Builder b, const stats& s) {
   b.setTokensPerSecond(s.tokens_per_second);
   b.setJobsDone(s.jobs_done);
   b.setJobsRefused(s.jobs_refused);
+  b.setPromptTokens(s.prompt_tokens);
+  b.setPrefixHitTokens(s.prefix_hit_tokens);
 }
 
 void put(LoadRequest::Builder b, const load_request& l) {
@@ -155,6 +157,7 @@ struct body_writer {
     }
     b.setPriority(m.priority);
     b.setDeadlineMs(m.deadline_ms);
+    b.setToolsJson(m.tools_json);
   }
   void operator()(const token_chunk& m) {
     auto b = body.initChunk();
@@ -284,7 +287,8 @@ token_logprob get(TokenLogprob::Reader r) {
 }
 
 stats get(Stats::Reader r) {
-  return {r.getQueued(), r.getRunning(), r.getKvBlocksUsed(), r.getKvBlocksTotal(), r.getTokensPerSecond(), r.getJobsDone(), r.getJobsRefused()};
+  return {r.getQueued(),   r.getRunning(),     r.getKvBlocksUsed(),  r.getKvBlocksTotal(), r.getTokensPerSecond(),
+          r.getJobsDone(), r.getJobsRefused(), r.getPromptTokens(), r.getPrefixHitTokens()};
 }
 
 load_request get(LoadRequest::Reader r) {
@@ -330,6 +334,7 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       m.priority = r.getPriority();
       m.deadline_ms = r.getDeadlineMs();
       if (m.deadline_ms < 0) return bad("deadline_ms is negative");
+      m.tools_json = text(r.getToolsJson());
       return m;
     }
     case Envelope::Body::CHUNK: {

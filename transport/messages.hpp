@@ -57,6 +57,7 @@ struct job_submit {
   std::vector<request_input> inputs;
   std::int32_t priority = 0;
   std::int64_t deadline_ms = 0;
+  std::string tools_json;
   friend bool operator==(const job_submit&, const job_submit&) = default;
 };
 
@@ -149,6 +150,7 @@ struct stats {
   std::int64_t queued = 0, running = 0, kv_blocks_used = 0, kv_blocks_total = 0;
   double tokens_per_second = 0;
   std::int64_t jobs_done = 0, jobs_refused = 0;
+  std::int64_t prompt_tokens = 0, prefix_hit_tokens = 0;
   friend bool operator==(const stats&, const stats&) = default;
 };
 

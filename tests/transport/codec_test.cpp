@@ -40,6 +40,7 @@ std::vector<message> one_of_each() {
   j.inputs = {{"embeds", "f32", {2, 4}, std::string(32, '\x01'), {0, 3}}};
   j.priority = -3;
   j.deadline_ms = 1500;
+  j.tools_json = R"([{"type":"function"}])";
   all.push_back(j);
   j.prompt = std::string("héllo wörld");
   all.push_back(j);
@@ -52,12 +53,12 @@ std::vector<message> one_of_each() {
   all.push_back(step_result{"step rows=2", {{4, -1.0f, {}}}, {false, true}, ""});
   all.push_back(load_request{"/m.gguf", "cpu:0", "layers 0-11", 16, 1024, 16, 1024, 256, 512, true, false});
   all.push_back(node_hello{"node-1", "127.0.0.1", 4242, {{"cpu:0", "cpu", 1ull << 34}}, std::string("\0proof", 6)});
-  all.push_back(heartbeat{"node-1", 17, {1, 2, 3, 4, 5.5, 6, 7}});
+  all.push_back(heartbeat{"node-1", 17, {1, 2, 3, 4, 5.5, 6, 7, 8, 9}});
   all.push_back(inventory{{{"node-1", {{"cpu:0", "cpu", 1}}}, {"node-2", {{"cuda:0", "cuda", 2}, {"cuda:1", "cuda", 3}}}}});
   all.push_back(placement_plan{"m", {{{{"node-1", {"cuda:0", "cuda:1"}, 0, 12}, {"node-2", {"cuda:0"}, 12, 24}}, 4096}}});
   all.push_back(deploy{"m", 2, {"/m.gguf", "cpu:0", "", 4, 256, 16, 0}});
   all.push_back(scale{"m", 3});
-  all.push_back(stats{1, 2, 3, 4, 123.5, 6, 7});
+  all.push_back(stats{1, 2, 3, 4, 123.5, 6, 7, 8, 9});
   return all;
 }
 

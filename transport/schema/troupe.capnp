@@ -76,6 +76,7 @@ struct JobSubmit {
   inputs @10 :List(RequestInput);
   priority @11 :Int32;
   deadlineMs @12 :Int64;      # milliseconds from submission; 0: none
+  toolsJson @13 :Text;        # a JSON array of tool schemas for the chat template; empty: none
 }
 
 struct TopLogprob {
@@ -228,4 +229,6 @@ struct Stats {
   tokensPerSecond @4 :Float64;
   jobsDone @5 :Int64;
   jobsRefused @6 :Int64;
+  promptTokens @7 :Int64;     # prompt tokens admitted
+  prefixHitTokens @8 :Int64;  # of those, served from the prefix cache
 }

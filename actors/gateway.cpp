@@ -1,0 +1,684 @@
+#include "actors/gateway.hpp"
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "engine/text/text_codec.hpp"
+
+namespace troupe::actors {
+
+using json = nlohmann::json;
+
+result<std::vector<std::string>, std::string> read_api_keys(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) return unexpected("cannot read the API key file " + file.string());
+  std::vector<std::string> keys;
+  std::string line;
+  while (std::getline(in, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
+    std::size_t b = line.find_first_not_of(" \t");
+    if (b == std::string::npos || line[b] == '#') continue;
+    keys.push_back(line.substr(b));
+  }
+  if (keys.empty()) return unexpected("the API key file " + file.string() + " holds no key");
+  return keys;
+}
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+// A Prometheus histogram with fixed bucket bounds (seconds).
+struct histogram {
+  static constexpr std::array<double, 12> bounds{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+  std::array<std::int64_t, bounds.size()> counts{};
+  std::int64_t count = 0;
+  double sum = 0;
+  void observe(double v) {
+    for (std::size_t i = 0; i < bounds.size(); ++i)
+      if (v <= bounds[i]) ++counts[i];
+    ++count;
+    sum += v;
+  }
+  void print(std::string& out, const std::string& name, const std::string& help) const {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+    for (std::size_t i = 0; i < bounds.size(); ++i) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%g", bounds[i]);
+      out += name + "_bucket{le=\"" + b + "\"} " + std::to_string(counts[i]) + "\n";
+    }
+    out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count) + "\n";
+    out += name + "_sum " + std::to_string(sum) + "\n" + name + "_count " + std::to_string(count) + "\n";
+  }
+};
+
+struct metrics {
+  std::mutex m;
+  std::map<std::pair<std::string, int>, std::int64_t> requests;  // (endpoint, status)
+  std::int64_t prompt_tokens = 0, generation_tokens = 0;
+  histogram ttft, tpot;
+};
+
+// An OpenAI-style error body.
+struct api_error {
+  int status = 400;
+  std::string message;
+  std::string param;
+  std::string code;
+  std::string type = "invalid_request_error";
+};
+
+// JSON text; invalid UTF-8 (a token string that is a lone byte) becomes U+FFFD instead of throwing.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string error_body(const api_error& e) {
+  json j = {{"error", {{"message", e.message}, {"type", e.type}, {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+                       {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+  return dump(j);
+}
+
+api_error from_transport(const transport::error& e) {
+  api_error a;
+  a.message = e.message;
+  a.code = e.code;
+  if (e.code == "overloaded") {
+    a.status = 429;
+    a.type = "rate_limit_error";
+  } else if (e.code == "unknown_model") {
+    a.status = 404;
+  } else if (e.code == "bad_request" || e.code == "too_long" || e.code == "invalid_request" || e.code == "bad_input" ||
+             e.code == "incompatible" || e.code == "unsupported_feature" || e.code == "no_head" || e.code == "pool_too_small" ||
+             e.code == "bad_message") {
+    a.status = 400;
+  } else {
+    a.status = 500;
+    a.type = "server_error";
+  }
+  return a;
+}
+
+// Parameter checks, each naming its field.
+struct params {
+  const json& body;
+  std::optional<api_error> err;
+
+  void fail(std::string field, std::string why) {
+    if (!err) err = api_error{400, "'" + field + "': " + why, field, "invalid_parameter"};
+  }
+  template <class T>
+  std::optional<T> number(const char* field, double lo, double hi) {
+    auto it = body.find(field);
+    if (it == body.end() || it->is_null()) return std::nullopt;
+    if (!it->is_number()) {
+      fail(field, "must be a number");
+      return std::nullopt;
+    }
+    const double v = it->get<double>();
+    if (!(v >= lo && v <= hi) || (std::is_integral_v<T> && v != std::floor(v))) {
+      fail(field, "must be " + std::string(std::is_integral_v<T> ? "an integer" : "a number") + " in [" + json(lo).dump() + ", " + json(hi).dump() + "]");
+      return std::nullopt;
+    }
+    return static_cast<T>(v);
+  }
+  std::optional<bool> boolean(const char* field) {
+    auto it = body.find(field);
+    if (it == body.end() || it->is_null()) return std::nullopt;
+    if (!it->is_boolean()) {
+      fail(field, "must be a boolean");
+      return std::nullopt;
+    }
+    return it->get<bool>();
+  }
+};
+
+struct request_plan {
+  transport::job_submit job;
+  std::int32_t n = 1;
+  bool stream = false;
+  bool include_usage = false;
+  std::int32_t logprobs = -1;  // completions: top alternatives (-1: none); chat: top_logprobs when logprobs
+  bool tools = false;
+};
+
+// Reads the sampling and stop fields shared by both endpoints.
+void read_common(params& p, request_plan& plan) {
+  auto& j = plan.job;
+  auto& s = j.sampling;
+  if (auto v = p.number<std::int64_t>("max_tokens", 1, 1 << 20)) j.max_tokens = *v;
+  if (auto v = p.number<std::int64_t>("max_completion_tokens", 1, 1 << 20)) j.max_tokens = *v;
+  if (auto v = p.number<float>("temperature", 0, 2)) s.temperature = *v;
+  else if (!p.body.contains("temperature")) s.temperature = 1.0f;  // OpenAI's default
+  if (auto v = p.number<float>("top_p", 1e-9, 1)) s.top_p = *v;
+  if (auto v = p.number<std::int32_t>("top_k", -1, 1 << 30)) s.top_k = *v < 0 ? 0 : *v;
+  if (auto v = p.number<float>("min_p", 0, 1)) s.min_p = *v;
+  if (auto v = p.number<float>("presence_penalty", -2, 2)) s.presence_penalty = *v;
+  if (auto v = p.number<float>("frequency_penalty", -2, 2)) s.frequency_penalty = *v;
+  if (auto v = p.number<float>("repetition_penalty", 1e-6, 100)) s.repetition_penalty = *v;
+  if (auto v = p.number<std::int64_t>("seed", -9.2e18, 9.2e18)) s.seed = static_cast<std::uint64_t>(*v);
+  if (auto v = p.number<std::int32_t>("n", 1, 16)) plan.n = *v;
+  if (auto v = p.boolean("stream")) plan.stream = *v;
+  if (auto v = p.boolean("ignore_eos")) j.ignore_eos = *v;
+  if (auto it = p.body.find("stream_options"); it != p.body.end() && !it->is_null()) {
+    if (!it->is_object()) p.fail("stream_options", "must be an object");
+    else if (auto u = it->find("include_usage"); u != it->end()) {
+      if (!u->is_boolean()) p.fail("stream_options.include_usage", "must be a boolean");
+      else plan.include_usage = u->get<bool>();
+    }
+  }
+  if (auto it = p.body.find("logit_bias"); it != p.body.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      p.fail("logit_bias", "must be an object of token id to bias");
+    } else {
+      for (auto& [k, v] : it->items()) {
+        char* end = nullptr;
+        const long id = std::strtol(k.c_str(), &end, 10);
+        if (k.empty() || *end != '\0' || id < 0 || id > (1L << 30) || !v.is_number() || v.get<double>() < -100 || v.get<double>() > 100) {
+          p.fail("logit_bias", "keys are token ids, values numbers in [-100, 100]");
+          break;
+        }
+        s.logit_bias.emplace_back(static_cast<std::int32_t>(id), v.get<float>());
+      }
+    }
+  }
+  if (auto it = p.body.find("stop"); it != p.body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      j.stop.push_back(it->get<std::string>());
+    } else if (it->is_array() && it->size() <= 16) {
+      for (const auto& x : *it) {
+        if (!x.is_string()) {
+          p.fail("stop", "must be a string or an array of up to 16 strings");
+          break;
+        }
+        j.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      p.fail("stop", "must be a string or an array of up to 16 strings");
+    }
+  }
+  if (auto it = p.body.find("stop_token_ids"); it != p.body.end() && !it->is_null()) {
+    if (!it->is_array()) p.fail("stop_token_ids", "must be an array of token ids");
+    else
+      for (const auto& x : *it) {
+        if (!x.is_number_integer()) {
+          p.fail("stop_token_ids", "must be an array of token ids");
+          break;
+        }
+        j.stop_ids.push_back(x.get<std::int32_t>());
+      }
+  }
+}
+
+std::string finish_of(const std::string& r) {
+  if (r == "eos" || r == "stop_string") return "stop";
+  if (r == "length" || r == "capacity") return "length";
+  return r;  // cancelled, deadline, pool_exhausted, error
+}
+
+std::pair<std::string, json> parse_tool_calls_json(const std::string& text) {
+  json calls = json::array();
+  std::string rest;
+  std::size_t pos = 0;
+  auto add = [&](const json& c) {
+    if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) return false;
+    json args = c.contains("arguments") ? c["arguments"] : (c.contains("parameters") ? c["parameters"] : json::object());
+    calls.push_back({{"id", "call_" + std::to_string(calls.size())},
+                     {"type", "function"},
+                     {"function", {{"name", c["name"]}, {"arguments", args.is_string() ? args.get<std::string>() : args.dump()}}}});
+    return true;
+  };
+  while (true) {
+    const auto open = text.find("<tool_call>", pos);
+    if (open == std::string::npos) break;
+    const auto close = text.find("</tool_call>", open);
+    if (close == std::string::npos) break;
+    rest += text.substr(pos, open - pos);
+    const auto body = text.substr(open + 11, close - open - 11);
+    auto c = json::parse(body, nullptr, false);
+    if (c.is_discarded() || !add(c)) rest += text.substr(open, close + 12 - open);
+    pos = close + 12;
+  }
+  rest += text.substr(pos);
+  if (calls.empty()) {
+    auto c = json::parse(text, nullptr, false);
+    if (!c.is_discarded() && add(c)) rest.clear();
+  }
+  return {rest, calls};
+}
+
+}  // namespace
+
+std::pair<std::string, std::string> parse_tool_calls(const std::string& text) {
+  auto [rest, calls] = parse_tool_calls_json(text);
+  return {rest, calls.empty() ? std::string() : dump(calls)};
+}
+
+struct gateway_state {
+  gateway_options options;
+  local_cluster* cluster = nullptr;
+  std::unique_ptr<client> cl;
+  std::optional<text::text_codec> codec;
+  std::string model;
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+  metrics stats;
+  std::atomic<bool> stopped{false};
+
+  std::string token_text(std::int32_t id) const {
+    if (!codec) return std::to_string(id);
+    const std::int32_t ids[] = {id};
+    return codec->decode(ids, false);
+  }
+
+  void count(const std::string& endpoint, int status) {
+    std::lock_guard lock(stats.m);
+    ++stats.requests[{endpoint, status}];
+  }
+  bool authorized(const httplib::Request& req) const {
+    if (options.api_keys.empty()) return true;
+    const auto h = req.get_header_value("Authorization");
+    if (h.rfind("Bearer ", 0) != 0) return false;
+    const auto key = h.substr(7);
+    return std::find(options.api_keys.begin(), options.api_keys.end(), key) != options.api_keys.end();
+  }
+  void reply_error(const std::string& endpoint, httplib::Response& res, const api_error& e) {
+    res.status = e.status;
+    if (e.status == 429) res.set_header("Retry-After", "1");
+    res.set_content(error_body(e), "application/json");
+    count(endpoint, e.status);
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res, bool chat);
+  std::string metrics_text();
+};
+
+namespace {
+
+json usage_json(std::int64_t prompt, std::int64_t completion) {
+  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+}
+
+}  // namespace
+
+void gateway_state::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const std::string endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
+  if (!authorized(req)) return reply_error(endpoint, res, {401, "Incorrect API key provided", "", "invalid_api_key"});
+  const json body = json::parse(req.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object()) return reply_error(endpoint, res, {400, "the body is not a JSON object", "", "invalid_json"});
+  params p{body, std::nullopt};
+  request_plan plan;
+  auto& j = plan.job;
+  if (auto it = body.find("model"); it == body.end() || !it->is_string()) {
+    p.fail("model", "a model name is required");
+  } else {
+    j.model = it->get<std::string>();
+    if (j.model != model) return reply_error(endpoint, res, {404, "The model '" + j.model + "' does not exist", "model", "model_not_found"});
+    j.model.clear();  // the coordinator's deployment
+  }
+  read_common(p, plan);
+  if (chat) {
+    auto it = body.find("messages");
+    if (it == body.end() || !it->is_array() || it->empty()) {
+      p.fail("messages", "a non-empty array of messages is required");
+    } else {
+      std::vector<transport::chat_message> msgs;
+      for (const auto& m : *it) {
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+          p.fail("messages", "each message needs a role");
+          break;
+        }
+        std::string content;
+        const auto c = m.value("content", json(nullptr));
+        if (c.is_string()) {
+          content = c.get<std::string>();
+        } else if (c.is_array()) {
+          for (const auto& part : c)
+            if (part.is_object() && part.value("type", "") == "text" && part.contains("text") && part["text"].is_string()) content += part["text"].get<std::string>();
+        } else if (!c.is_null()) {
+          p.fail("messages", "content must be a string or an array of text parts");
+          break;
+        }
+        msgs.push_back({m["role"].get<std::string>(), content});
+      }
+      j.prompt = std::move(msgs);
+    }
+    if (auto v = p.boolean("logprobs"); v && *v) plan.logprobs = 0;
+    if (auto v = p.number<std::int32_t>("top_logprobs", 0, 20)) {
+      if (plan.logprobs < 0) p.fail("top_logprobs", "needs logprobs: true");
+      else plan.logprobs = *v;
+    }
+    if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
+      if (!t->is_array()) {
+        p.fail("tools", "must be an array of tools");
+      } else if (!t->empty() && body.value("tool_choice", json("auto")) != json("none")) {
+        j.tools_json = t->dump();
+        plan.tools = true;
+      }
+    }
+  } else {
+    auto it = body.find("prompt");
+    if (it == body.end()) {
+      p.fail("prompt", "a prompt is required");
+    } else if (it->is_string()) {
+      j.prompt = it->get<std::string>();
+    } else if (it->is_array() && !it->empty() && std::all_of(it->begin(), it->end(), [](const json& x) { return x.is_number_integer(); })) {
+      j.prompt = it->get<std::vector<std::int32_t>>();
+    } else if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) {
+      j.prompt = (*it)[0].get<std::string>();
+    } else {
+      p.fail("prompt", "must be a string or an array of token ids (one prompt per request)");
+    }
+    if (auto v = p.number<std::int32_t>("logprobs", 0, 20)) plan.logprobs = *v;
+    if (auto v = p.boolean("echo"); v && *v) p.fail("echo", "echo is not supported");
+  }
+  if (!body.contains("max_tokens") && !body.contains("max_completion_tokens")) j.max_tokens = chat ? 256 : 16;
+  if (plan.logprobs >= 0) j.sampling.top_logprobs = plan.logprobs;
+  if (plan.n > options.max_n) p.fail("n", "at most " + std::to_string(options.max_n));
+  if (p.err) return reply_error(endpoint, res, *p.err);
+
+  // One job per choice; choice i draws with seed + i, so n choices differ and each is reproducible.
+  const auto t0 = clock_type::now();
+  std::vector<std::shared_ptr<job>> jobs;
+  for (std::int32_t i = 0; i < plan.n; ++i) {
+    auto ji = j;
+    ji.sampling.seed = j.sampling.seed + static_cast<std::uint64_t>(i);
+    auto r = cl->submit(ji);
+    if (!r) {
+      for (auto& x : jobs) x->cancel();
+      return reply_error(endpoint, res, from_transport(r.error()));
+    }
+    jobs.push_back(std::make_shared<job>(std::move(*r)));
+  }
+  const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(jobs.front()->id());
+  const auto created = static_cast<std::int64_t>(std::time(nullptr));
+
+  auto logprob_entry = [this, chat](const transport::token_logprob& t, json& content, json& lp_tokens, json& lp_values, json& lp_top) {
+    if (chat) {
+      json top = json::array();
+      for (const auto& x : t.top) top.push_back({{"token", token_text(x.token)}, {"logprob", x.logprob}, {"bytes", nullptr}});
+      content.push_back({{"token", token_text(t.token)}, {"logprob", t.logprob}, {"bytes", nullptr}, {"top_logprobs", top}});
+    } else {
+      lp_tokens.push_back(token_text(t.token));
+      lp_values.push_back(t.logprob);
+      json top = json::object();
+      for (const auto& x : t.top) top[token_text(x.token)] = x.logprob;
+      lp_top.push_back(top);
+    }
+  };
+
+  if (!plan.stream) {
+    json choices = json::array();
+    std::int64_t prompt_tokens = 0, completion_tokens = 0;
+    std::optional<double> first_token;
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      // Pull chunk by chunk to time the first token.
+      job_result r;
+      while (auto c = jobs[i]->next()) {
+        if (!first_token && !c->ids.empty()) first_token = std::chrono::duration<double>(clock_type::now() - t0).count();
+      }
+      r = jobs[i]->wait();
+      if (r.error) {
+        for (auto& x : jobs) x->cancel();
+        return reply_error(endpoint, res, from_transport(*r.error));
+      }
+      prompt_tokens = r.usage.prompt_tokens;
+      completion_tokens += static_cast<std::int64_t>(r.tokens.size());
+      json content = json::array(), lt = json::array(), lv = json::array(), ltop = json::array();
+      for (const auto& t : r.logprobs) logprob_entry(t, content, lt, lv, ltop);
+      std::string finish = finish_of(r.finish_reason);
+      if (chat) {
+        json message = {{"role", "assistant"}, {"content", r.text}};
+        if (plan.tools) {
+          auto [rest, calls] = parse_tool_calls_json(r.text);
+          if (!calls.empty()) {
+            message["content"] = rest.empty() ? json(nullptr) : json(rest);
+            message["tool_calls"] = calls;
+            finish = "tool_calls";
+          }
+        }
+        json choice = {{"index", i}, {"message", message}, {"finish_reason", finish}, {"logprobs", nullptr}};
+        if (plan.logprobs >= 0) choice["logprobs"] = {{"content", content}};
+        choices.push_back(choice);
+      } else {
+        json choice = {{"index", i}, {"text", r.text}, {"finish_reason", finish}, {"logprobs", nullptr}};
+        if (plan.logprobs >= 0) choice["logprobs"] = {{"tokens", lt}, {"token_logprobs", lv}, {"top_logprobs", ltop}, {"text_offset", json::array()}};
+        choices.push_back(choice);
+      }
+    }
+    const double total = std::chrono::duration<double>(clock_type::now() - t0).count();
+    {
+      std::lock_guard lock(stats.m);
+      stats.prompt_tokens += prompt_tokens;
+      stats.generation_tokens += completion_tokens;
+      if (first_token) stats.ttft.observe(*first_token);
+      if (completion_tokens > static_cast<std::int64_t>(jobs.size()) && first_token)
+        stats.tpot.observe((total - *first_token) / static_cast<double>(completion_tokens / static_cast<std::int64_t>(jobs.size()) - 1));
+    }
+    json out = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created}, {"model", model},
+                {"choices", choices}, {"usage", usage_json(prompt_tokens, completion_tokens)}};
+    res.set_content(dump(out), "application/json");
+    count(endpoint, 200);
+    return;
+  }
+
+  // Server-sent events: one event per chunk, then the usage event when asked, then [DONE]. A write
+  // that fails (the client went away) cancels the jobs.
+  count(endpoint, 200);
+  struct stream_state {
+    std::size_t current = 0;
+    bool role_sent = false;
+    bool done = false;
+    std::int64_t prompt_tokens = 0, completion_tokens = 0;
+    std::optional<double> first_token;
+    std::string held;  // with tools, the text is held to parse tool calls at the end
+  };
+  auto st = std::make_shared<stream_state>();
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, jobs, st, chat, plan, id, created, t0, logprob_entry](std::size_t, httplib::DataSink& sink) {
+        auto send = [&](const json& j) {
+          const std::string line = "data: " + dump(j) + "\n\n";
+          return sink.write(line.data(), line.size());
+        };
+        auto cancel_all = [&] {
+          for (auto& x : jobs) x->cancel();
+        };
+        if (st->done) {
+          sink.done();
+          return true;
+        }
+        if (st->current >= jobs.size()) {
+          if (plan.include_usage) {
+            json u = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created}, {"model", model},
+                      {"choices", json::array()}, {"usage", usage_json(st->prompt_tokens, st->completion_tokens)}};
+            if (!send(u)) return false;
+          }
+          const std::string done = "data: [DONE]\n\n";
+          if (!sink.write(done.data(), done.size())) return false;
+          const double total = std::chrono::duration<double>(clock_type::now() - t0).count();
+          {
+            std::lock_guard lock(stats.m);
+            stats.prompt_tokens += st->prompt_tokens;
+            stats.generation_tokens += st->completion_tokens;
+            if (st->first_token) stats.ttft.observe(*st->first_token);
+            const auto per = st->completion_tokens / static_cast<std::int64_t>(jobs.size());
+            if (st->first_token && per > 1) stats.tpot.observe((total - *st->first_token) / static_cast<double>(per - 1));
+          }
+          st->done = true;
+          sink.done();
+          return true;
+        }
+        auto& jb = *jobs[st->current];
+        const auto index = st->current;
+        auto c = jb.next();
+        if (!c) {
+          auto r = jb.wait();
+          if (r.error) {
+            json e = json::parse(error_body(from_transport(*r.error)));
+            send(e);
+            cancel_all();
+            st->current = jobs.size();
+            return true;
+          }
+          ++st->current;
+          return true;
+        }
+        if (!st->first_token && !c->ids.empty()) st->first_token = std::chrono::duration<double>(clock_type::now() - t0).count();
+        st->prompt_tokens = c->usage.prompt_tokens;
+        st->completion_tokens += static_cast<std::int64_t>(c->ids.size());
+        json content = json::array(), lt = json::array(), lv = json::array(), ltop = json::array();
+        for (const auto& t : c->logprobs) logprob_entry(t, content, lt, lv, ltop);
+        const bool last = !c->finish_reason.empty();
+        std::string finish = last ? finish_of(c->finish_reason) : std::string();
+        json choice;
+        if (chat) {
+          json delta = json::object();
+          if (!st->role_sent) {
+            delta["role"] = "assistant";
+            st->role_sent = true;
+          }
+          if (plan.tools) {
+            st->held += c->text;
+            if (last) {
+              auto [rest, calls] = parse_tool_calls_json(st->held);
+              if (!calls.empty()) {
+                for (std::size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
+                delta["tool_calls"] = calls;
+                finish = "tool_calls";
+                if (!rest.empty()) delta["content"] = rest;
+              } else {
+                delta["content"] = st->held;
+              }
+            }
+          } else if (!c->text.empty()) {
+            delta["content"] = c->text;
+          }
+          choice = {{"index", index}, {"delta", delta}, {"finish_reason", last ? json(finish) : json(nullptr)}, {"logprobs", nullptr}};
+          if (plan.logprobs >= 0 && !content.empty()) choice["logprobs"] = {{"content", content}};
+        } else {
+          choice = {{"index", index}, {"text", c->text}, {"finish_reason", last ? json(finish) : json(nullptr)}, {"logprobs", nullptr}};
+          if (plan.logprobs >= 0 && !lt.empty()) choice["logprobs"] = {{"tokens", lt}, {"token_logprobs", lv}, {"top_logprobs", ltop}, {"text_offset", json::array()}};
+        }
+        json event = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created}, {"model", model},
+                      {"choices", json::array({choice})}};
+        if (!send(event)) {
+          cancel_all();
+          return false;
+        }
+        return true;
+      },
+      [jobs, st](bool success) {
+        if (!success || !st->done)
+          for (auto& x : jobs) x->cancel();
+      });
+}
+
+std::string gateway_state::metrics_text() {
+  std::string out;
+  const auto replicas = cluster->replica_stats();
+  std::lock_guard lock(stats.m);
+  out += "# HELP troupe_requests_total HTTP requests by endpoint and status.\n# TYPE troupe_requests_total counter\n";
+  for (const auto& [k, v] : stats.requests)
+    out += "troupe_requests_total{endpoint=\"" + k.first + "\",status=\"" + std::to_string(k.second) + "\"} " + std::to_string(v) + "\n";
+  out += "# HELP troupe_prompt_tokens_total Prompt tokens of completed requests.\n# TYPE troupe_prompt_tokens_total counter\n";
+  out += "troupe_prompt_tokens_total " + std::to_string(stats.prompt_tokens) + "\n";
+  out += "# HELP troupe_generation_tokens_total Generated tokens of completed requests.\n# TYPE troupe_generation_tokens_total counter\n";
+  out += "troupe_generation_tokens_total " + std::to_string(stats.generation_tokens) + "\n";
+  stats.ttft.print(out, "troupe_time_to_first_token_seconds", "Time from the request to its first token.");
+  stats.tpot.print(out, "troupe_time_per_output_token_seconds", "Time per output token after the first.");
+  auto gauge = [&](const std::string& name, const std::string& help, auto field) {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n";
+    for (std::size_t i = 0; i < replicas.size(); ++i)
+      out += name + "{node=\"node-0\",replica=\"" + std::to_string(i) + "\"} " + dump(json(field(replicas[i]))) + "\n";
+  };
+  gauge("troupe_queue_depth", "Sequences waiting for a row.", [](const transport::stats& s) { return s.queued; });
+  gauge("troupe_running_sequences", "Sequences holding a row.", [](const transport::stats& s) { return s.running; });
+  gauge("troupe_kv_blocks_used", "KV blocks in use.", [](const transport::stats& s) { return s.kv_blocks_used; });
+  gauge("troupe_kv_blocks_total", "KV blocks in the pool.", [](const transport::stats& s) { return s.kv_blocks_total; });
+  gauge("troupe_kv_usage_ratio", "Share of the KV pool in use.",
+        [](const transport::stats& s) { return s.kv_blocks_total ? static_cast<double>(s.kv_blocks_used) / static_cast<double>(s.kv_blocks_total) : 0.0; });
+  gauge("troupe_prefix_cache_hit_ratio", "Share of prompt tokens served from the prefix cache.",
+        [](const transport::stats& s) { return s.prompt_tokens ? static_cast<double>(s.prefix_hit_tokens) / static_cast<double>(s.prompt_tokens) : 0.0; });
+  gauge("troupe_decode_tokens_per_second", "Recent decode throughput.", [](const transport::stats& s) { return s.tokens_per_second; });
+  gauge("troupe_jobs_done", "Jobs finished.", [](const transport::stats& s) { return s.jobs_done; });
+  return out;
+}
+
+gateway::gateway(std::unique_ptr<gateway_state> s) : s_(std::move(s)) {}
+
+gateway::~gateway() {
+  stop();
+  if (s_->thread.joinable()) s_->thread.join();
+}
+
+int gateway::port() const { return s_->port; }
+void gateway::wait() {
+  if (s_->thread.joinable()) s_->thread.join();
+}
+void gateway::stop() {
+  if (!s_->stopped.exchange(true)) s_->server.stop();
+}
+
+result<std::unique_ptr<gateway>, std::string> gateway::start(local_cluster& cluster, const std::filesystem::path& model, gateway_options options) {
+  auto s = std::make_unique<gateway_state>();
+  s->options = options;
+  s->cluster = &cluster;
+  s->cl = cluster.connect();
+  s->model = cluster.model_name();
+  if (auto c = text::text_codec::open(model)) s->codec.emplace(std::move(*c));
+  auto* st = s.get();
+  auto& srv = s->server;
+  const int threads = std::max(4, options.http_threads);
+  srv.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
+  srv.set_payload_max_length(options.max_body_bytes);
+  srv.set_read_timeout(options.io_timeout_s, 0);
+  srv.set_write_timeout(options.io_timeout_s, 0);
+  srv.set_error_handler([st](const httplib::Request& req, httplib::Response& res) {
+    // Errors httplib produced itself (413, 404 of unknown paths, 400 of unparsable requests).
+    if (!res.body.empty()) return;
+    api_error e{res.status, res.status == 413 ? "the request body is too large" : "no such endpoint: " + req.method + " " + req.path, "", ""};
+    res.set_content(error_body(e), "application/json");
+    st->count(req.path, res.status);
+  });
+  srv.Get("/health", [st](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"status":"ok"})", "application/json");
+    st->count("/health", 200);
+  });
+  srv.Get("/ready", [st](const httplib::Request&, httplib::Response& res) {
+    const bool ready = !st->cluster->replica_stats().empty();
+    res.status = ready ? 200 : 503;
+    res.set_content(ready ? R"({"status":"ready"})" : R"({"status":"starting"})", "application/json");
+    st->count("/ready", res.status);
+  });
+  srv.Get("/metrics", [st](const httplib::Request&, httplib::Response& res) {
+    res.set_content(st->metrics_text(), "text/plain; version=0.0.4");
+    st->count("/metrics", 200);
+  });
+  srv.Get("/v1/models", [st](const httplib::Request& req, httplib::Response& res) {
+    if (!st->authorized(req)) return st->reply_error("/v1/models", res, {401, "Incorrect API key provided", "", "invalid_api_key"});
+    json j = {{"object", "list"}, {"data", json::array({{{"id", st->model}, {"object", "model"}, {"created", 0}, {"owned_by", "troupe"}}})}};
+    res.set_content(dump(j), "application/json");
+    st->count("/v1/models", 200);
+  });
+  srv.Post("/v1/completions", [st](const httplib::Request& req, httplib::Response& res) { st->completions(req, res, false); });
+  srv.Post("/v1/chat/completions", [st](const httplib::Request& req, httplib::Response& res) { st->completions(req, res, true); });
+  srv.Post("/v1/embeddings", [st](const httplib::Request&, httplib::Response& res) {
+    st->reply_error("/v1/embeddings", res, {501, "embeddings are not served yet", "", "unsupported"});
+  });
+  const int port = options.port == 0 ? srv.bind_to_any_port(options.host) : (srv.bind_to_port(options.host, options.port) ? options.port : -1);
+  if (port < 0) return unexpected("cannot listen on " + options.host + ":" + std::to_string(options.port));
+  s->port = port;
+  s->thread = std::thread([st] { st->server.listen_after_bind(); });
+  return std::unique_ptr<gateway>(new gateway(std::move(s)));
+}
+
+}  // namespace troupe::actors

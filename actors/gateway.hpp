@@ -1,0 +1,54 @@
+#pragma once
+// The OpenAI-compatible HTTP gateway over a cluster's client actors: /v1/chat/completions,
+// /v1/completions (streaming with server-sent events or not), /v1/models, /health, /ready, /metrics.
+// HTTP is Debian's cpp-httplib (libcpp-httplib-dev): a small, well-kept server with a thread pool,
+// chunked responses for SSE and body size limits, and no framework around it; the gateway blocks only
+// its own HTTP worker threads, never an actor.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/cluster.hpp"
+#include "engine/core/result.hpp"
+
+namespace troupe::actors {
+
+struct gateway_options {
+  std::string host = "127.0.0.1";
+  int port = 8000;                         // 0: any free port (see gateway::port)
+  std::vector<std::string> api_keys;       // empty: no authentication
+  std::size_t max_body_bytes = 4 << 20;    // larger bodies get 413
+  int http_threads = 128;                  // concurrent connections served (streams hold one each)
+  int io_timeout_s = 30;                   // read/write timeout per connection
+  std::int32_t max_n = 16;                 // choices per request
+};
+
+// Reads an API key file: one key a line; blank lines and lines starting with '#' are skipped.
+result<std::vector<std::string>, std::string> read_api_keys(const std::filesystem::path& file);
+
+// Tool calls in a reply, in the Hermes format most chat templates use (<tool_call>{"name": ...,
+// "arguments": {...}}</tool_call>, any number), or a reply that is one such JSON object: the text left
+// outside them and the OpenAI tool_calls array as JSON (empty when there is none).
+std::pair<std::string, std::string> parse_tool_calls(const std::string& text);
+
+struct gateway_state;
+
+class gateway {
+ public:
+  // Serves `cluster` (which must outlive the gateway) from a background thread; returns once bound.
+  static result<std::unique_ptr<gateway>, std::string> start(local_cluster& cluster, const std::filesystem::path& model,
+                                                             gateway_options options);
+  ~gateway();  // stops accepting, then waits for the server thread
+  int port() const;
+  // Blocks until stop() (from another thread or a signal handler's helper).
+  void wait();
+  void stop();
+
+ private:
+  explicit gateway(std::unique_ptr<gateway_state> s);
+  std::unique_ptr<gateway_state> s_;
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,69 @@
+// `troupe serve`: a whole single-machine cluster in one process (coordinator, registry, a node, driver
+// replicas on CPU executors) behind the OpenAI-compatible HTTP gateway. SIGINT or SIGTERM stops it:
+// the gateway stops accepting, then the actors shut down.
+#include "apps/serve.hpp"
+
+#include <csignal>
+#include <cstdio>
+
+#include "actors/gateway.hpp"
+
+namespace troupe::app {
+
+int run_serve(const serve_options& o) {
+  if (o.model.empty()) {
+    std::fprintf(stderr, "troupe serve: --model is required (this build ships no embedded default model)\n");
+    return 2;
+  }
+  actors::gateway_options g;
+  g.host = o.host;
+  g.port = o.port;
+  if (!o.api_key_file.empty()) {
+    auto keys = actors::read_api_keys(o.api_key_file);
+    if (!keys) {
+      std::fprintf(stderr, "troupe serve: %s\n", keys.error().c_str());
+      return 2;
+    }
+    g.api_keys = std::move(*keys);
+  } else {
+    std::fprintf(stderr, "troupe serve: warning: no --api-key-file, so the HTTP API takes requests from anyone who can reach it\n");
+  }
+  // Signals are taken by this thread alone (sigwait), blocked everywhere else: the threads the
+  // cluster and the gateway start inherit the mask.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  actors::cluster_options c;
+  c.replicas = o.replicas;
+  c.driver.max_rows = o.max_rows;
+  c.driver.capacity = o.capacity;
+  c.driver.prefill_chunk = std::min<std::int64_t>(256, o.capacity);
+  c.driver.token_budget = c.driver.prefill_chunk + o.max_rows;
+  c.executor_threads = o.threads;
+  c.max_outstanding = o.max_outstanding;
+  std::fprintf(stderr, "troupe serve: loading %s on %d replica(s)...\n", o.model.c_str(), o.replicas);
+  auto cluster = actors::local_cluster::start(o.model, c);
+  if (!cluster) {
+    std::fprintf(stderr, "troupe serve: %s\n", cluster.error().c_str());
+    return 1;
+  }
+  auto gw = actors::gateway::start(**cluster, o.model, g);
+  if (!gw) {
+    std::fprintf(stderr, "troupe serve: %s\n", gw.error().c_str());
+    return 1;
+  }
+  std::printf("troupe serve: http://%s:%d/v1 serving '%s'\n", o.host.c_str(), (*gw)->port(), (*cluster)->model_name().c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::fprintf(stderr, "troupe serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  (*gw)->stop();
+  gw->reset();
+  cluster->reset();
+  return 0;
+}
+
+}  // namespace troupe::app

@@ -1,0 +1,20 @@
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace troupe::app {
+
+struct serve_options {
+  std::string model;
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port (printed)
+  std::string api_key_file;
+  int replicas = 1;
+  std::int64_t max_rows = 16;
+  std::int64_t capacity = 2048;
+  int threads = 0;  // per executor; 0: one per core
+  std::int64_t max_outstanding = 1024;
+};
+int run_serve(const serve_options& o);
+
+}  // namespace troupe::app

@@ -1,0 +1,312 @@
+// The HTTP gateway over raw HTTP: responses match the driver alone for the same seed, OpenAI-style
+// errors for bad keys, bad parameters, malformed JSON and oversized bodies, SSE framing, metrics, and
+// no leaked sequence when a streaming client disconnects or a client stalls.
+#include "actors/gateway.hpp"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "engine/exec/cpu/cpu_executor.hpp"
+#include "engine/text/chat_template.hpp"
+#include "families/fixtures/fixture.hpp"
+
+namespace troupe::actors {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+fs::path fixture_path() {
+  static const fs::path p = [] {
+    families::fixture_dims d;
+    d.vocab = 512;
+    d.hidden = 128;
+    d.ffn = 256;
+    d.heads = 4;
+    d.kv_heads = 2;
+    d.head_dim = 32;
+    d.layers = 2;
+    const auto dir = fs::temp_directory_path() / ("troupe-gateway-test-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    const auto path = dir / "tiny.gguf";
+    EXPECT_TRUE(families::write_fixture("llama", d, path, true));
+    return path;
+  }();
+  return p;
+}
+
+cluster_options options() {
+  cluster_options o;
+  o.replicas = 1;
+  o.driver.max_rows = 8;
+  o.driver.capacity = 256;
+  o.driver.block_size = 16;
+  o.driver.prefill_chunk = 64;
+  o.driver.token_budget = 128;
+  return o;
+}
+
+struct served {
+  std::unique_ptr<local_cluster> cluster;
+  std::unique_ptr<gateway> gw;
+  std::unique_ptr<httplib::Client> http;
+};
+
+served serve(gateway_options g = {}) {
+  served s;
+  auto c = local_cluster::start(fixture_path(), options());
+  EXPECT_TRUE(c) << (c ? "" : c.error());
+  s.cluster = std::move(*c);
+  g.port = 0;
+  g.api_keys = {"test-key"};
+  g.io_timeout_s = 2;
+  g.max_body_bytes = 1 << 20;
+  auto gw = gateway::start(*s.cluster, fixture_path(), g);
+  EXPECT_TRUE(gw) << (gw ? "" : gw.error());
+  s.gw = std::move(*gw);
+  s.http = std::make_unique<httplib::Client>("127.0.0.1", s.gw->port());
+  s.http->set_bearer_token_auth("test-key");
+  s.http->set_read_timeout(60, 0);
+  return s;
+}
+
+// The engine's own answer: the same prompt ids and sampling through a driver.
+driver::generation engine(const std::vector<std::int32_t>& prompt, float temperature, std::uint64_t seed, std::int64_t max_tokens,
+                          std::int32_t top_logprobs = 0) {
+  auto h = families::model_handle::load(fixture_path(), families::registry::builtin());
+  EXPECT_TRUE(h);
+  exec::cpu::cpu_executor ex({1, std::nullopt});
+  auto d = driver::driver<driver::unprepared>(*h, ex, options().driver).prepare();
+  EXPECT_TRUE(d);
+  driver::seq_request r;
+  r.prompt = prompt;
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = temperature;
+  r.sampling.seed = seed;
+  r.sampling.top_logprobs = top_logprobs;
+  auto g = d->generate(r);
+  EXPECT_TRUE(g);
+  return *g;
+}
+
+std::vector<std::int32_t> encode(const std::string& text) {
+  auto h = families::model_handle::load(fixture_path(), families::registry::builtin());
+  auto ids = (*h)->text()->encode(text, true);
+  return std::vector<std::int32_t>(ids->begin(), ids->end());
+}
+
+std::int64_t kv_used(local_cluster& c) {
+  std::int64_t used = 0;
+  for (const auto& s : c.replica_stats()) used += s.kv_blocks_used + s.running + s.queued;
+  return used;
+}
+
+bool eventually_idle(local_cluster& c) {
+  for (int i = 0; i < 200; ++i) {
+    if (kv_used(c) == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+TEST(gateway, completions_match_the_engine) {
+  auto s = serve();
+  json req = {{"model", "tiny.gguf"}, {"prompt", "w300 w301 w302"}, {"max_tokens", 6}, {"temperature", 0.7}, {"seed", 11}, {"logprobs", 2}};
+  auto r = s.http->Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto j = json::parse(r->body);
+  const auto ref = engine(encode("w300 w301 w302"), 0.7f, 11, 6, 2);
+  EXPECT_EQ(j["choices"][0]["text"], ref.text);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 6);
+  ASSERT_EQ(j["choices"][0]["logprobs"]["token_logprobs"].size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(j["choices"][0]["logprobs"]["token_logprobs"][i].get<float>(), ref.picks[i].logprob);
+
+  // Token ids as the prompt, n = 2 with seeds 3 and 4.
+  json ids = {{"model", "tiny.gguf"}, {"prompt", {5, 6, 7, 8}}, {"max_tokens", 5}, {"temperature", 1.0}, {"seed", 3}, {"n", 2}};
+  auto r2 = s.http->Post("/v1/completions", ids.dump(), "application/json");
+  ASSERT_EQ(r2->status, 200) << r2->body;
+  const auto j2 = json::parse(r2->body);
+  ASSERT_EQ(j2["choices"].size(), 2u);
+  EXPECT_EQ(j2["choices"][0]["text"], engine({5, 6, 7, 8}, 1.0f, 3, 5).text);
+  EXPECT_EQ(j2["choices"][1]["text"], engine({5, 6, 7, 8}, 1.0f, 4, 5).text);
+  EXPECT_EQ(j2["usage"]["completion_tokens"], 10);
+}
+
+TEST(gateway, streaming_sends_sse_events_usage_and_done) {
+  auto s = serve();
+  json req = {{"model", "tiny.gguf"}, {"messages", {{{"role", "user"}, {"content", "w300"}}}}, {"max_tokens", 5}, {"temperature", 0},
+              {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  std::string body;
+  auto r = s.http->Post("/v1/chat/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  std::vector<json> events;
+  bool done = false;
+  std::size_t pos = 0;
+  while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
+    const auto end = r->body.find("\n\n", pos);
+    const auto payload = r->body.substr(pos + 6, end - pos - 6);
+    if (payload == "[DONE]") done = true;
+    else events.push_back(json::parse(payload));
+    pos = end;
+  }
+  EXPECT_TRUE(done);
+  ASSERT_GE(events.size(), 6u);  // 5 token events and the usage event
+  EXPECT_EQ(events.front()["choices"][0]["delta"]["role"], "assistant");
+  std::string content;
+  for (const auto& e : events)
+    if (!e["choices"].empty() && e["choices"][0]["delta"].contains("content")) content += e["choices"][0]["delta"]["content"].get<std::string>();
+  EXPECT_EQ(events[events.size() - 2]["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(events.back()["usage"]["completion_tokens"], 5);
+  // The chat template renders the conversation; the engine gets the same ids.
+  auto h = families::model_handle::load(fixture_path(), families::registry::builtin());
+  auto tpl = text::chat_template::parse((*h)->text()->chat_template());
+  ASSERT_TRUE(tpl);
+  text::chat_render_options ro;
+  ro.add_generation_prompt = true;
+  auto rendered = tpl->render(R"([{"role":"user","content":"w300"}])", ro);
+  ASSERT_TRUE(rendered);
+  auto ids = (*h)->text()->encode(*rendered, false);
+  EXPECT_EQ(content, engine(std::vector<std::int32_t>(ids->begin(), ids->end()), 0.0f, 0, 5).text);
+}
+
+TEST(gateway, errors_are_openai_shaped) {
+  auto s = serve();
+  httplib::Client anon("127.0.0.1", s.gw->port());
+  auto r = anon.Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "invalid_api_key");
+  anon.set_bearer_token_auth("wrong");
+  EXPECT_EQ(anon.Get("/v1/models")->status, 401);
+  EXPECT_EQ(anon.Get("/health")->status, 200);  // health needs no key
+
+  auto post = [&](const std::string& path, const std::string& body) { return s.http->Post(path, body, "application/json"); };
+  auto bad = post("/v1/chat/completions", "{not json");
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"]["type"], "invalid_request_error");
+  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
+           {"temperature", -1}, {"top_p", 0}, {"n", 0}, {"max_tokens", 0}, {"logit_bias", {{"x", 1}}}, {"stop", 5}, {"seed", "s"}}) {
+    json req = {{"model", "tiny.gguf"}, {"prompt", "w300"}};
+    req[field] = value;
+    auto e = post("/v1/completions", req.dump());
+    EXPECT_EQ(e->status, 400) << field;
+    EXPECT_EQ(json::parse(e->body)["error"]["param"], field);
+  }
+  auto missing = post("/v1/chat/completions", R"({"model":"tiny.gguf"})");
+  EXPECT_EQ(json::parse(missing->body)["error"]["param"], "messages");
+  auto unknown = post("/v1/completions", R"({"model":"other","prompt":"x"})");
+  EXPECT_EQ(unknown->status, 404);
+  auto too_long = post("/v1/completions", R"({"model":"tiny.gguf","prompt":"x","max_tokens":100000})");
+  EXPECT_EQ(too_long->status, 400);
+  EXPECT_EQ(json::parse(too_long->body)["error"]["code"], "too_long");
+  auto big = post("/v1/completions", std::string(2 << 20, ' '));
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 413);
+  EXPECT_EQ(s.http->Get("/nope")->status, 404);
+  EXPECT_TRUE(eventually_idle(*s.cluster));
+}
+
+TEST(gateway, stop_strings_and_metrics) {
+  auto s = serve();
+  const auto full = engine(encode("w300 w301 w302"), 0.0f, 0, 12);
+  // A stop string from the middle of the greedy text.
+  const auto piece = full.text.substr(full.text.size() / 2, 3);
+  json req = {{"model", "tiny.gguf"}, {"prompt", "w300 w301 w302"}, {"max_tokens", 12}, {"temperature", 0}, {"stop", {piece}}};
+  auto r = s.http->Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_EQ(r->status, 200);
+  const auto j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["text"], full.text.substr(0, full.text.find(piece)));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  auto m = s.http->Get("/metrics");
+  ASSERT_EQ(m->status, 200);
+  EXPECT_NE(m->body.find("troupe_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("troupe_time_to_first_token_seconds_count 1"), std::string::npos);
+  EXPECT_NE(m->body.find("troupe_kv_blocks_total{node=\"node-0\",replica=\"0\"}"), std::string::npos);
+  EXPECT_EQ(s.http->Get("/ready")->status, 200);
+}
+
+int connect_raw(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return -1;
+  return fd;
+}
+
+TEST(gateway, disconnects_and_stalled_clients_leak_nothing) {
+  auto s = serve();
+  // A streaming client that reads its first event and hangs up: the job is cancelled.
+  const int fd = connect_raw(s.gw->port());
+  ASSERT_GE(fd, 0);
+  const std::string body = json{{"model", "tiny.gguf"}, {"prompt", "w300"}, {"max_tokens", 200}, {"stream", true}}.dump();
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-key\r\nContent-Type: application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+  char buf[512];
+  ASSERT_GT(::read(fd, buf, sizeof buf), 0);
+  ::close(fd);
+  EXPECT_TRUE(eventually_idle(*s.cluster));
+
+  // A client that sends half a body and stalls is dropped after the I/O timeout, taking nothing.
+  const int slow = connect_raw(s.gw->port());
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-key\r\nContent-Length: 100\r\n\r\n{\"model\":";
+  ASSERT_EQ(::write(slow, head.data(), head.size()), static_cast<ssize_t>(head.size()));
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  ::close(slow);
+  EXPECT_TRUE(eventually_idle(*s.cluster));
+
+  // The gateway still serves.
+  auto ok = s.http->Post("/v1/completions", R"({"model":"tiny.gguf","prompt":"w300","max_tokens":2})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+}
+
+TEST(gateway, tool_calls_in_the_hermes_format_are_parsed) {
+  auto [rest, calls] = parse_tool_calls(
+      "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+      "<tool_call>{\"name\": \"get_time\", \"arguments\": \"{}\"}</tool_call>");
+  EXPECT_EQ(rest, "Let me check.");
+  const auto j = json::parse(calls);
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["type"], "function");
+  EXPECT_EQ(j[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(j[0]["function"]["arguments"].get<std::string>())["city"], "Paris");
+  EXPECT_EQ(j[1]["function"]["arguments"], "{}");
+  EXPECT_NE(j[0]["id"], j[1]["id"]);
+  // A whole reply that is one call object; malformed calls stay text.
+  EXPECT_FALSE(parse_tool_calls(R"({"name":"f","parameters":{"x":1}})").second.empty());
+  auto [text, none] = parse_tool_calls("<tool_call>{broken</tool_call> plain");
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(text, "<tool_call>{broken</tool_call> plain");
+
+  // A chat request with tools renders them through the template and answers in the chat shape.
+  auto s = serve();
+  json req = {{"model", "tiny.gguf"},
+              {"messages", {{{"role", "user"}, {"content", "weather?"}}}},
+              {"max_tokens", 4},
+              {"temperature", 0},
+              {"tools", json::array({json{{"type", "function"}, {"function", json{{"name", "get_weather"}, {"parameters", json{{"type", "object"}}}}}}})}};
+  auto r = s.http->Post("/v1/chat/completions", req.dump(), "application/json");
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto out = json::parse(r->body);
+  EXPECT_EQ(out["choices"][0]["message"]["role"], "assistant");
+  EXPECT_GT(out["usage"]["prompt_tokens"].get<int>(), json::parse(s.http->Post("/v1/chat/completions",
+      json{{"model", "tiny.gguf"}, {"messages", {{{"role", "user"}, {"content", "weather?"}}}}, {"max_tokens", 1}}.dump(), "application/json")->body)["usage"]["prompt_tokens"].get<int>());
+}
+
+}  // namespace
+}  // namespace troupe::actors

@@ -1,0 +1,156 @@
+// The gateway against the official `openai` npm client (pinned in tests/reference/package.json): every
+// response parses in the client and carries the engine's own output for the same seed.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "actors/gateway.hpp"
+#include "engine/exec/cpu/cpu_executor.hpp"
+#include "engine/text/chat_template.hpp"
+#include "families/fixtures/fixture.hpp"
+
+namespace troupe::actors {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+fs::path fixture_path() {
+  families::fixture_dims d;
+  d.vocab = 512;
+  d.hidden = 128;
+  d.ffn = 256;
+  d.heads = 4;
+  d.kv_heads = 2;
+  d.head_dim = 32;
+  d.layers = 2;
+  const auto dir = fs::temp_directory_path() / ("troupe-openai-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto path = dir / "tiny.gguf";
+  EXPECT_TRUE(families::write_fixture("llama", d, path, true));
+  return path;
+}
+
+cluster_options options() {
+  cluster_options o;
+  o.replicas = 2;
+  o.driver.max_rows = 8;
+  o.driver.capacity = 256;
+  o.driver.block_size = 16;
+  o.driver.prefill_chunk = 64;
+  o.driver.token_budget = 128;
+  return o;
+}
+
+struct engine {
+  std::shared_ptr<const families::model_handle> h;
+  exec::cpu::cpu_executor ex{exec::cpu::cpu_options{1, std::nullopt}};
+  std::optional<driver::driver<driver::serving>> d;
+  explicit engine(const fs::path& p) {
+    h = *families::model_handle::load(p, families::registry::builtin());
+    auto r = driver::driver<driver::unprepared>(h, ex, options().driver).prepare();
+    EXPECT_TRUE(r);
+    d.emplace(std::move(*r));
+  }
+  std::vector<std::int32_t> text_ids(const std::string& t) {
+    auto ids = h->text()->encode(t, true);
+    return {ids->begin(), ids->end()};
+  }
+  std::vector<std::int32_t> chat_ids(const std::string& user) {
+    auto tpl = text::chat_template::parse(h->text()->chat_template());
+    text::chat_render_options o;
+    o.add_generation_prompt = true;
+    auto r = tpl->render(json::array({{{"role", "user"}, {"content", user}}}).dump(), o);
+    auto ids = h->text()->encode(*r, false);
+    return {ids->begin(), ids->end()};
+  }
+  driver::generation run(std::vector<std::int32_t> prompt, float temperature, std::uint64_t seed, std::int64_t max_tokens,
+                         std::int32_t top = 0, std::vector<std::string> stop = {}) {
+    driver::seq_request r;
+    r.prompt = std::move(prompt);
+    r.sampling.temperature = temperature;
+    r.sampling.seed = seed;
+    r.sampling.top_logprobs = top;
+    r.max_tokens = max_tokens;
+    r.stop = std::move(stop);
+    return *d->generate(r);
+  }
+};
+
+TEST(openai_client, every_scenario_parses_and_matches_the_engine) {
+  const auto model = fixture_path();
+  auto c = local_cluster::start(model, options());
+  ASSERT_TRUE(c) << c.error();
+  gateway_options g;
+  g.port = 0;
+  g.api_keys = {"sk-test"};
+  auto gw = gateway::start(**c, model, g);
+  ASSERT_TRUE(gw) << gw.error();
+
+  engine e(model);
+  const auto greedy = e.run(e.text_ids("w300 w301 w302"), 0.0f, 0, 12);
+  // A stop string from the second half of the greedy text, made of word characters (a shell argument).
+  std::string stop = greedy.text.substr(greedy.text.size() / 2, 3);
+  if (const auto w = greedy.text.find(" w", greedy.text.size() / 2); w != std::string::npos) stop = greedy.text.substr(w, 3);
+  ASSERT_EQ(stop.find('\''), std::string::npos);
+
+  const auto root = fs::path(TROUPE_SOURCE_DIR);
+  const auto out = fs::temp_directory_path() / ("troupe-openai-" + std::to_string(::getpid()) + ".json");
+  const std::string cmd = "node \"" + (root / "tests/reference/openai_client.mjs").string() + "\" --base-url http://127.0.0.1:" +
+                          std::to_string((*gw)->port()) + "/v1 --api-key sk-test --model tiny.gguf --stop '" + stop + "' > \"" + out.string() + "\"";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::ifstream f(out);
+  const json r = json::parse(f);
+  fs::remove(out);
+
+  EXPECT_EQ(r["models"], json::array({"tiny.gguf"}));
+
+  const auto chat = e.run(e.chat_ids("w300 w301 w302"), 0.8f, 5, 8);
+  EXPECT_EQ(r["chat"]["content"], chat.text) << r["chat"].dump();
+  EXPECT_EQ(r["chat"]["object"], "chat.completion");
+  EXPECT_EQ(r["chat"]["usage"]["completion_tokens"], 8);
+  EXPECT_EQ(r["chat_stream"]["content"], chat.text) << r["chat_stream"].dump();
+  EXPECT_EQ(r["chat_stream"]["role"], "assistant");
+  EXPECT_EQ(r["chat_stream"]["finish_reason"], "length");
+  EXPECT_EQ(r["chat_stream"]["usage"]["completion_tokens"], 8);
+
+  const auto lp = e.run(e.text_ids("w300 w301 w302"), 0.0f, 0, 6, 2);
+  EXPECT_EQ(r["completion_logprobs"]["text"], lp.text);
+  ASSERT_EQ(r["completion_logprobs"]["logprobs"]["token_logprobs"].size(), 6u) << r["completion_logprobs"].dump();
+  for (std::size_t i = 0; i < 6; ++i) {
+    EXPECT_NEAR(r["completion_logprobs"]["logprobs"]["token_logprobs"][i].get<double>(), lp.picks[i].logprob, 1e-6);
+    EXPECT_EQ(r["completion_logprobs"]["logprobs"]["top_logprobs"][i].size(), 2u);
+  }
+
+  EXPECT_EQ(r["completion_ids"]["text"], e.run({5, 6, 7, 8}, 0.0f, 0, 5).text);
+  EXPECT_EQ(r["completion_ids"]["usage"]["prompt_tokens"], 4);
+
+  ASSERT_EQ(r["n2"]["texts"].size(), 2u) << r["n2"].dump();
+  EXPECT_EQ(r["n2"]["texts"][0], e.run(e.text_ids("w310 w311"), 1.0f, 7, 6).text);
+  EXPECT_EQ(r["n2"]["texts"][1], e.run(e.text_ids("w310 w311"), 1.0f, 8, 6).text);
+
+  EXPECT_EQ(r["stop"]["text"], greedy.text.substr(0, greedy.text.find(stop))) << r["stop"].dump();
+  EXPECT_EQ(r["stop"]["finish_reason"], "stop");
+
+  const auto clp = e.run(e.chat_ids("w320"), 0.0f, 0, 4, 2);
+  EXPECT_EQ(r["chat_logprobs"]["content"], clp.text);
+  ASSERT_EQ(r["chat_logprobs"]["logprobs"].size(), 4u) << r["chat_logprobs"].dump();
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_NEAR(r["chat_logprobs"]["logprobs"][i]["logprob"].get<double>(), clp.picks[i].logprob, 1e-6);
+    EXPECT_EQ(r["chat_logprobs"]["logprobs"][i]["top"].size(), 2u);
+  }
+
+  EXPECT_FALSE(r["tools"].contains("error")) << r["tools"].dump();
+  EXPECT_TRUE(r["tools"]["finish_reason"] == "length" || r["tools"]["finish_reason"] == "tool_calls");
+
+  EXPECT_EQ(r["bad_key"]["error"]["status"], 401);
+  EXPECT_EQ(r["invalid_param"]["error"]["status"], 400);
+  EXPECT_EQ(r["invalid_param"]["error"]["param"], "temperature");
+  EXPECT_EQ(r["unknown_model"]["error"]["status"], 404);
+}
+
+}  // namespace
+}  // namespace troupe::actors

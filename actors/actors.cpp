@@ -3,16 +3,27 @@
 // transport envelope (bytes); actor handles and atoms travel beside it as CAF values. No handler
 // blocks: the driver actors, which compute, run detached on their own threads.
 #include "actors/cluster.hpp"
+#include "actors/remote.hpp"
 
 #include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <pthread.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <csignal>
 #include <deque>
+#include <fstream>
+#include <random>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "engine/text/chat_template.hpp"
@@ -32,6 +43,9 @@ using deploy_atom = caf::atom_constant<caf::atom("deploy")>;
 using resolve_atom = caf::atom_constant<caf::atom("resolve")>;
 using ping_atom = caf::atom_constant<caf::atom("ping")>;
 using replicas_atom = caf::atom_constant<caf::atom("replicas")>;
+using node_atom = caf::atom_constant<caf::atom("node")>;
+using status_atom = caf::atom_constant<caf::atom("status")>;
+using join_atom = caf::atom_constant<caf::atom("join")>;
 
 namespace {
 
@@ -51,6 +65,19 @@ struct job_stream {
   std::deque<transport::token_chunk> pending;
   job_result acc;
   bool ended = false;
+  // For resuming elsewhere when the serving replica is lost (touched by the client actor only).
+  std::optional<transport::job_submit> request;
+  int resumes = 0;
+  std::atomic<std::uint64_t> current{0};  // the id the job runs under now (it changes when resumed)
+
+  std::vector<std::int32_t> delivered() {
+    std::lock_guard lock(m);
+    return acc.tokens;
+  }
+  bool is_ended() {
+    std::lock_guard lock(m);
+    return ended;
+  }
 
   void push(transport::token_chunk c) {
     std::lock_guard lock(m);
@@ -79,21 +106,44 @@ struct job_stream {
 
 namespace {
 
+// Job id -> stream. A stream is created when the coordinator admits the job; a resumed job's new id
+// is an alias of the same stream, and the id it replaced is dropped (its late chunks are ignored), so
+// the client sees each token once.
 struct stream_table {
   std::mutex m;
   std::unordered_map<std::uint64_t, std::shared_ptr<job_stream>> streams;
-  std::shared_ptr<job_stream> get(std::uint64_t id) {
+  std::unordered_set<std::uint64_t> dropped;
+  std::shared_ptr<job_stream> create(std::uint64_t id) {
     std::lock_guard lock(m);
     auto& s = streams[id];
     if (!s) {
       s = std::make_shared<job_stream>();
       s->acc.job_id = id;
+      s->current = id;
     }
     return s;
   }
-  void erase(std::uint64_t id) {
+  std::shared_ptr<job_stream> find(std::uint64_t id) {
     std::lock_guard lock(m);
-    streams.erase(id);
+    auto it = streams.find(id);
+    return it == streams.end() ? nullptr : it->second;
+  }
+  bool is_dropped(std::uint64_t id) {
+    std::lock_guard lock(m);
+    return dropped.contains(id);
+  }
+  void alias(std::uint64_t old_id, std::uint64_t new_id) {
+    std::lock_guard lock(m);
+    auto it = streams.find(old_id);
+    if (it == streams.end()) return;
+    streams[new_id] = it->second;
+    it->second->current = new_id;
+    streams.erase(old_id);
+    dropped.insert(old_id);
+  }
+  void erase(std::shared_ptr<job_stream> s) {
+    std::lock_guard lock(m);
+    std::erase_if(streams, [&](const auto& kv) { return kv.second == s; });
   }
 };
 
@@ -287,10 +337,11 @@ caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::s
         r.ignore_eos = j->ignore_eos;
         r.stop = j->stop;
         r.inputs = std::move(*inputs);
+        r.prior_output = j->prior_output;
         const auto prompt_len = static_cast<std::int64_t>(r.prompt.size());
         auto id = st.drv->open(std::move(r));
         if (!id) return refuse(j->job_id, client, std::string(driver::name(id.error().code)), id.error().message(), transport::retry::failed);
-        driver_job dj{j->job_id, client, prompt_len, 0, s.top_logprobs > 0, std::nullopt, false};
+        driver_job dj{j->job_id, client, prompt_len, static_cast<std::int64_t>(j->prior_output.size()), s.top_logprobs > 0, std::nullopt, false};
         if (j->deadline_ms > 0) dj.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(j->deadline_ms);
         st.jobs.emplace(*id, std::move(dj));
         st.by_job[j->job_id] = *id;
@@ -438,8 +489,15 @@ struct pending_deploy {
   caf::response_promise rp;
 };
 
+struct node_slot {
+  std::string id;
+  caf::actor actor;
+};
+
 struct coordinator_state {
-  caf::actor registry, node;
+  caf::actor registry;
+  std::vector<node_slot> nodes;
+  std::size_t next_node = 0;
   std::vector<replica_slot> replicas;
   struct job_route {
     std::size_t replica;
@@ -474,11 +532,12 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
                                 std::int64_t max_per_replica) {
   auto& st = self->state;
   st.registry = registry;
-  st.node = node;
+  if (node) st.nodes.push_back({"node-0", node});
   st.max_outstanding = max_outstanding;
   st.max_per_replica = max_per_replica;
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
+    std::erase_if(st.nodes, [&](const node_slot& n) { return n.actor.address() == dm.source; });
     for (std::size_t i = 0; i < st.replicas.size(); ++i) {
       if (st.replicas[i].driver.address() != dm.source) continue;
       // Its jobs end with a disconnected error; the replica leaves the rotation.
@@ -518,19 +577,32 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
                     self->state.deploying.reset();
                     return;
                   }
-                  self->request(self->state.node, request_timeout, deploy_atom::value, bytes, caf::actor_cast<caf::actor>(self))
-                      .then(
-                          [=](std::int32_t n, const std::string& why) {
-                            if (n == 0 && self->state.deploying) {
-                              self->state.deploying->rp.deliver("deploy: " + why, std::string());
+                  auto& st = self->state;
+                  if (st.nodes.empty()) {
+                    st.deploying->rp.deliver(std::string("no node has joined"), std::string());
+                    st.deploying.reset();
+                    return;
+                  }
+                  // One replica per request, round robin over the nodes that joined.
+                  auto one = d;
+                  one.replicas = 1;
+                  const auto one_bytes = transport::encode(one);
+                  for (std::int32_t r = 0; r < d.replicas; ++r) {
+                    const auto& node = st.nodes[st.next_node++ % st.nodes.size()];
+                    self->request(node.actor, request_timeout, deploy_atom::value, one_bytes, caf::actor_cast<caf::actor>(self))
+                        .then(
+                            [=](std::int32_t n, const std::string& why) {
+                              if (n == 0 && self->state.deploying) {
+                                self->state.deploying->rp.deliver("deploy: " + why, std::string());
+                                self->state.deploying.reset();
+                              }
+                            },
+                            [=](caf::error& e) {
+                              if (!self->state.deploying) return;
+                              self->state.deploying->rp.deliver("deploy: " + self->system().render(e), std::string());
                               self->state.deploying.reset();
-                            }
-                          },
-                          [=](caf::error& e) {
-                            if (!self->state.deploying) return;
-                            self->state.deploying->rp.deliver("deploy: " + self->system().render(e), std::string());
-                            self->state.deploying.reset();
-                          });
+                            });
+                  }
                 },
                 [=](caf::error& e) {
                   if (!self->state.deploying) return;
@@ -603,6 +675,23 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
           st.jobs.erase(it);
         }
       },
+      // A node that proved it holds the cluster's secret (the gatekeeper checked it).
+      [=](node_atom, const std::string& id, const caf::actor& node) {
+        self->monitor(node);
+        self->state.nodes.push_back({id, node});
+      },
+      [=](status_atom) {
+        const auto& st = self->state;
+        nlohmann::json j;
+        j["nodes"] = nlohmann::json::array();
+        for (const auto& n : st.nodes) j["nodes"].push_back(n.id);
+        j["replicas"] = nlohmann::json::array();
+        for (const auto& r : st.replicas)
+          if (r.driver) j["replicas"].push_back({{"model", r.model}, {"outstanding", r.outstanding}, {"node", to_string(r.driver.node())}});
+        j["jobs"] = st.jobs.size();
+        j["refused"] = st.refused;
+        return j.dump();
+      },
       [=](replicas_atom) {
         std::vector<caf::actor> v;
         for (const auto& r : self->state.replicas)
@@ -624,9 +713,88 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
 struct client_actor_state {
   caf::actor coordinator;
   std::shared_ptr<stream_table> streams;
-  std::int64_t dropped = 0;  // chunks that did not decode
+  // Chunks that arrived before their job's admission reached this actor (drivers answer the client
+  // directly, so they may overtake the coordinator's reply); bounded.
+  std::unordered_map<std::uint64_t, std::vector<std::string>> early;
+  std::size_t early_count = 0;
+  std::int64_t dropped = 0;  // chunks that did not decode, or belonged to nobody
   static inline const char* name = "client";
 };
+
+constexpr std::size_t max_early_chunks = 1 << 16;
+constexpr int max_resumes = 3;
+
+void deliver(caf::stateful_actor<client_actor_state>* self, const std::string& bytes);
+
+// A job whose replica was lost is submitted again with the output already delivered, so it resumes
+// where it stopped on another replica.
+void resume(caf::stateful_actor<client_actor_state>* self, std::uint64_t old_id, std::shared_ptr<job_stream> stream, transport::error why) {
+  if (!stream->request || stream->resumes >= max_resumes || stream->is_ended()) return stream->fail(std::move(why));
+  auto req = *stream->request;
+  req.prior_output = stream->delivered();
+  if (static_cast<std::int64_t>(req.prior_output.size()) >= req.max_tokens) {
+    transport::token_chunk done;
+    done.job_id = old_id;
+    done.finish_reason = "length";
+    return stream->push(std::move(done));
+  }
+  ++stream->resumes;
+  req.job_id = 0;
+  self->request(self->state.coordinator, request_timeout, submit_atom::value, transport::encode(req), caf::actor_cast<caf::actor>(self))
+      .then(
+          [=](std::uint64_t id, const std::string& err) {
+            if (id == 0) {
+              auto m = transport::decode(err);
+              stream->fail(m && std::holds_alternative<transport::error>(*m) ? std::get<transport::error>(*m) : why);
+              return;
+            }
+            self->state.streams->alias(old_id, id);
+            if (auto it = self->state.early.find(id); it != self->state.early.end()) {
+              auto chunks = std::move(it->second);
+              self->state.early_count -= chunks.size();
+              self->state.early.erase(it);
+              for (const auto& c : chunks) deliver(self, c);
+            }
+          },
+          [=](caf::error&) { stream->fail(why); });
+}
+
+void deliver(caf::stateful_actor<client_actor_state>* self, const std::string& bytes) {
+  auto& st = self->state;
+  auto m = transport::decode(bytes);
+  if (!m) {
+    ++st.dropped;
+    return;
+  }
+  std::uint64_t id = 0;
+  if (auto* c = std::get_if<transport::token_chunk>(&*m)) id = c->job_id;
+  else if (auto* e = std::get_if<transport::error>(&*m)) id = e->job_id;
+  else {
+    ++st.dropped;
+    return;
+  }
+  if (id == 0 || st.streams->is_dropped(id)) {
+    ++st.dropped;
+    return;
+  }
+  auto stream = st.streams->find(id);
+  if (!stream) {
+    if (st.early_count >= max_early_chunks) {
+      ++st.dropped;
+      return;
+    }
+    st.early[id].push_back(bytes);
+    ++st.early_count;
+    return;
+  }
+  if (auto* c = std::get_if<transport::token_chunk>(&*m)) {
+    stream->push(std::move(*c));
+  } else {
+    auto& e = std::get<transport::error>(*m);
+    if (e.retry == transport::retry::disconnected) return resume(self, id, stream, std::move(e));
+    stream->fail(std::move(e));
+  }
+}
 
 caf::behavior client_actor(caf::stateful_actor<client_actor_state>* self, caf::actor coordinator, std::shared_ptr<stream_table> streams) {
   self->state.coordinator = coordinator;
@@ -638,7 +806,17 @@ caf::behavior client_actor(caf::stateful_actor<client_actor_state>* self, caf::a
         self->request(self->state.coordinator, request_timeout, submit_atom::value, bytes, caf::actor_cast<caf::actor>(self))
             .then(
                 [=](std::uint64_t id, const std::string& err) mutable {
-                  if (id != 0) self->state.streams->get(id);
+                  if (id != 0) {
+                    auto stream = self->state.streams->create(id);
+                    if (auto m = transport::decode(bytes); m && std::holds_alternative<transport::job_submit>(*m))
+                      stream->request = std::get<transport::job_submit>(*m);
+                    if (auto it = self->state.early.find(id); it != self->state.early.end()) {
+                      auto chunks = std::move(it->second);
+                      self->state.early_count -= chunks.size();
+                      self->state.early.erase(it);
+                      for (const auto& c : chunks) deliver(self, c);
+                    }
+                  }
                   rp.deliver(id, err);
                 },
                 [=](caf::error& e) mutable {
@@ -646,20 +824,7 @@ caf::behavior client_actor(caf::stateful_actor<client_actor_state>* self, caf::a
                 });
         return rp;
       },
-      [=](chunk_atom, const std::string& bytes) {
-        auto m = transport::decode(bytes);
-        if (!m) {
-          ++self->state.dropped;
-          return;
-        }
-        if (auto* c = std::get_if<transport::token_chunk>(&*m)) {
-          self->state.streams->get(c->job_id)->push(std::move(*c));
-        } else if (auto* e = std::get_if<transport::error>(&*m)) {
-          if (e->job_id != 0) self->state.streams->get(e->job_id)->fail(std::move(*e));
-        } else {
-          ++self->state.dropped;
-        }
-      },
+      [=](chunk_atom, const std::string& bytes) { deliver(self, bytes); },
       [=](cancel_atom, std::uint64_t job) { self->send(self->state.coordinator, cancel_atom::value, transport::encode(transport::cancel_job{job})); },
       [](ping_atom) { return ping_atom::value; },
   };
@@ -694,7 +859,8 @@ result<job, transport::error> client::submit(const transport::job_submit& reques
   }
   job j;
   j.id_ = id;
-  j.stream_ = s_->streams->get(id);
+  j.stream_ = s_->streams->find(id);
+  if (!j.stream_) j.stream_ = s_->streams->create(id);
   j.client_ = s_;
   return j;
 }
@@ -712,12 +878,13 @@ job_result job::wait() {
   std::unique_lock lock(stream_->m);
   stream_->cv.wait(lock, [&] { return stream_->ended; });
   auto r = stream_->acc;
+  r.resumes = stream_->resumes;
   lock.unlock();
-  std::static_pointer_cast<client_state>(client_)->streams->erase(id_);
+  std::static_pointer_cast<client_state>(client_)->streams->erase(stream_);
   return r;
 }
 
-void job::cancel() { caf::anon_send(std::static_pointer_cast<client_state>(client_)->actor, cancel_atom::value, id_); }
+void job::cancel() { caf::anon_send(std::static_pointer_cast<client_state>(client_)->actor, cancel_atom::value, stream_->current.load()); }
 
 struct cluster_state {
   cluster_options options;
@@ -861,6 +1028,256 @@ bool local_cluster::poke(const std::string& actor, const std::string& bytes) {
   bool alive = false;
   self->request(target, std::chrono::seconds(60), ping_atom::value).receive([&](ping_atom) { alive = true; }, [](caf::error&) {});
   return alive;
+}
+
+// ---- across processes ------------------------------------------------------------------------------------
+
+result<std::string, std::string> read_secret(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return unexpected("cannot read the secret file " + file.string());
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  if (s.size() < 16) return unexpected("the secret in " + file.string() + " is shorter than 16 bytes");
+  return s;
+}
+
+std::string hmac_sha256_hex(const std::string& key, const std::string& message) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &len);
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string h;
+  for (unsigned i = 0; i < len; ++i) {
+    h += hex[out[i] >> 4];
+    h += hex[out[i] & 15];
+  }
+  return h;
+}
+
+namespace {
+
+std::string random_nonce() {
+  std::random_device rd;
+  std::string n;
+  static constexpr char hex[] = "0123456789abcdef";
+  for (int i = 0; i < 32; ++i) n += hex[rd() & 15];
+  return n;
+}
+
+struct gatekeeper_state {
+  std::string secret;
+  caf::actor coordinator;
+  std::deque<std::string> nonces;  // issued, unused
+  static inline const char* name = "gatekeeper";
+};
+
+// What a peer reaches before it is trusted: a nonce, then the coordinator's handle for a valid proof.
+caf::behavior gatekeeper_actor(caf::stateful_actor<gatekeeper_state>* self, std::string secret, caf::actor coordinator) {
+  self->state.secret = std::move(secret);
+  self->state.coordinator = coordinator;
+  return {
+      [=](join_atom) {
+        auto& n = self->state.nonces;
+        if (n.size() >= 1024) n.pop_front();
+        n.push_back(random_nonce());
+        return n.back();
+      },
+      [=](join_atom, const std::string& role, const std::string& id, const std::string& nonce, const std::string& proof,
+          const caf::actor& peer) -> caf::message {
+        auto& st = self->state;
+        auto it = std::find(st.nonces.begin(), st.nonces.end(), nonce);
+        if (it == st.nonces.end()) return caf::make_message(caf::actor{}, std::string("refused: unknown or used nonce"));
+        st.nonces.erase(it);
+        const auto expected = hmac_sha256_hex(st.secret, nonce + "|" + role + "|" + id);
+        if (proof.size() != expected.size() || CRYPTO_memcmp(proof.data(), expected.data(), expected.size()) != 0) {
+          std::fprintf(stderr, "troupe coordinator: refused %s '%s': its proof does not match the cluster secret\n", role.c_str(), id.c_str());
+          return caf::make_message(caf::actor{}, std::string("refused: the proof does not match the cluster secret"));
+        }
+        if (role == "node") {
+          if (!peer) return caf::make_message(caf::actor{}, std::string("refused: a node must send its handle"));
+          self->send(st.coordinator, node_atom::value, id, peer);
+          std::fprintf(stderr, "troupe coordinator: node '%s' joined\n", id.c_str());
+        }
+        return caf::make_message(st.coordinator, std::string());
+      },
+  };
+}
+
+void configure(caf::actor_system_config& cfg, const heartbeat_options& hb, std::size_t threads) {
+  cfg.load<caf::io::middleman>();
+  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(hb.interval_ms)});
+  cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::milliseconds(hb.timeout_ms)});
+  cfg.set("scheduler.max-threads", threads);
+}
+
+sigset_t block_stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+// Proves the secret to a gatekeeper; the coordinator's handle, or why not.
+result<caf::actor, std::string> join(caf::actor_system& sys, const std::string& host, int port, const std::string& secret,
+                                     const std::string& role, const std::string& id, const caf::actor& peer) {
+  auto gk = sys.middleman().remote_actor(host, static_cast<std::uint16_t>(port));
+  if (!gk) return unexpected("cannot reach the coordinator at " + host + ":" + std::to_string(port) + ": " + sys.render(gk.error()));
+  caf::scoped_actor self{sys};
+  std::string nonce, err;
+  self->request(*gk, std::chrono::seconds(30), join_atom::value).receive([&](const std::string& n) { nonce = n; }, [&](caf::error& e) { err = sys.render(e); });
+  if (nonce.empty()) return unexpected("no challenge from the coordinator: " + err);
+  caf::actor coordinator;
+  self->request(*gk, std::chrono::seconds(30), join_atom::value, role, id, nonce, hmac_sha256_hex(secret, nonce + "|" + role + "|" + id), peer)
+      .receive([&](const caf::actor& c, const std::string& e) { coordinator = c, err = e; }, [&](caf::error& e) { err = sys.render(e); });
+  if (!coordinator) return unexpected(err.empty() ? std::string("refused") : err);
+  return coordinator;
+}
+
+}  // namespace
+
+int run_coordinator(const coordinator_process_options& o) {
+  auto set = block_stop_signals();
+  caf::actor_system_config cfg;
+  configure(cfg, o.heartbeat, 2);
+  caf::actor_system sys{cfg};
+  auto registry = sys.spawn(registry_actor);
+  auto coordinator = sys.spawn(coordinator_actor, registry, caf::actor{}, o.max_outstanding, o.max_per_replica);
+  auto gatekeeper = sys.spawn(gatekeeper_actor, o.secret, coordinator);
+  auto stop = [&] {
+    for (auto* a : {&gatekeeper, &coordinator, &registry}) caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
+  };
+  auto port = sys.middleman().publish(gatekeeper, static_cast<std::uint16_t>(o.port), o.host.c_str(), true);
+  if (!port) {
+    std::fprintf(stderr, "troupe coordinator: cannot listen on %s:%d: %s\n", o.host.c_str(), o.port, sys.render(port.error()).c_str());
+    stop();
+    return 1;
+  }
+  if (!o.port_file.empty()) {
+    std::ofstream f(o.port_file);
+    f << *port << "\n";
+  }
+  std::printf("troupe coordinator: listening on %s:%u\n", o.host.c_str(), static_cast<unsigned>(*port));
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::fprintf(stderr, "troupe coordinator: stopping\n");
+  stop();
+  return 0;
+}
+
+int run_node(const node_process_options& o) {
+  auto set = block_stop_signals();
+  caf::actor_system_config cfg;
+  configure(cfg, o.heartbeat, 2);
+  caf::actor_system sys{cfg};
+  const std::string id = o.node_id.empty() ? "node-" + std::to_string(::getpid()) : o.node_id;
+  std::atomic<bool> signalled{false};
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    signalled = true;
+  });
+  int rc = 0;
+  bool joined_once = false;
+  // Joins, serves until the coordinator is lost, then (its replicas gone with the link) joins again
+  // with a fresh node actor: a node that comes back rejoins cleanly.
+  while (!signalled) {
+    auto node = sys.spawn(node_actor, o.executor_threads, o.max_per_replica);
+    auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, node);
+    if (!coordinator) {
+      caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+      const bool refused = coordinator.error().rfind("refused", 0) == 0;
+      if (refused || !joined_once) {
+        std::fprintf(stderr, "troupe node: %s\n", coordinator.error().c_str());
+        rc = refused ? 3 : 1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      continue;
+    }
+    joined_once = true;
+    std::printf("troupe node: '%s' joined %s:%d\n", id.c_str(), o.host.c_str(), o.port);
+    std::fflush(stdout);
+    caf::scoped_actor self{sys};
+    self->monitor(*coordinator);
+    bool lost = false;
+    while (!signalled && !lost)
+      self->receive([&](caf::down_msg&) { lost = true; }, caf::after(std::chrono::milliseconds(200)) >> [] {});
+    caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+    if (lost) std::fprintf(stderr, "troupe node: lost the coordinator; joining again\n");
+  }
+  if (!signalled) pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  return rc;
+}
+
+struct session_state {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  caf::actor coordinator;
+  std::vector<std::weak_ptr<client_state>> clients;
+  ~session_state() {
+    for (auto& w : clients)
+      if (auto c = w.lock()) {
+        caf::anon_send_exit(c->actor, caf::exit_reason::user_shutdown);
+        c->actor = caf::actor{};
+      }
+    coordinator = caf::actor{};
+    sys.reset();
+  }
+};
+
+session::session(std::unique_ptr<session_state> s) : s_(std::move(s)) {}
+session::~session() = default;
+
+result<std::unique_ptr<session>, std::string> session::connect(const std::string& host, int port, const std::string& secret, heartbeat_options hb) {
+  auto s = std::make_unique<session_state>();
+  configure(s->cfg, hb, 2);
+  s->sys = std::make_unique<caf::actor_system>(s->cfg);
+  auto c = join(*s->sys, host, port, secret, "client", "client-" + std::to_string(::getpid()), caf::actor{});
+  if (!c) return unexpected(c.error());
+  s->coordinator = *c;
+  return std::unique_ptr<session>(new session(std::move(s)));
+}
+
+std::unique_ptr<client> session::client_session() {
+  auto cs = std::make_shared<client_state>();
+  cs->sys = s_->sys.get();
+  cs->actor = s_->sys->spawn(client_actor, s_->coordinator, cs->streams);
+  s_->clients.push_back(cs);
+  return std::unique_ptr<client>(new client(cs));
+}
+
+result<std::string, std::string> session::deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& o) {
+  transport::deploy d;
+  d.model = model.filename().string();
+  d.replicas = replicas;
+  d.load.model = std::filesystem::absolute(model).string();
+  d.load.device = "cpu";
+  d.load.max_rows = o.max_rows;
+  d.load.capacity = o.capacity;
+  d.load.block_size = o.block_size;
+  d.load.pool_blocks = o.pool_blocks;
+  d.load.prefill_chunk = o.prefill_chunk;
+  d.load.token_budget = o.token_budget;
+  d.load.no_prefix_cache = !o.prefix_cache;
+  d.load.no_preempt = !o.preempt;
+  caf::scoped_actor self{*s_->sys};
+  std::string err = "no answer", name;
+  self->request(s_->coordinator, request_timeout, deploy_atom::value, transport::encode(d))
+      .receive([&](const std::string& e, const std::string& n) { err = e, name = n; }, [&](caf::error& e) { err = s_->sys->render(e); });
+  if (!err.empty()) return unexpected(err);
+  return name;
+}
+
+result<std::string, std::string> session::status() {
+  caf::scoped_actor self{*s_->sys};
+  std::string out, err;
+  self->request(s_->coordinator, std::chrono::seconds(30), status_atom::value).receive([&](const std::string& j) { out = j; }, [&](caf::error& e) { err = s_->sys->render(e); });
+  if (out.empty()) return unexpected(err);
+  return out;
 }
 
 }  // namespace troupe::actors

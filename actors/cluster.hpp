@@ -35,6 +35,7 @@ struct job_result {
   std::optional<transport::error> error;   // set when the job failed or was refused
   transport::usage usage;
   std::int64_t chunks = 0;
+  std::int32_t resumes = 0;               // times the job moved to another replica after losing its own
 };
 
 struct job_stream;
@@ -69,6 +70,7 @@ class client {
 
  private:
   friend class local_cluster;
+  friend class session;
   explicit client(std::shared_ptr<client_state> s) : s_(std::move(s)) {}
   std::shared_ptr<client_state> s_;
 };

@@ -378,6 +378,8 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
     }
     if (auto v = p.number<std::int32_t>("logprobs", 0, 20)) plan.logprobs = *v;
     if (auto v = p.boolean("echo"); v && *v) p.fail("echo", "echo is not supported");
+    if (auto v = p.number<std::int32_t>("best_of", 1, 16); v && *v > 1) p.fail("best_of", "best_of is not supported");
+    if (auto it = body.find("suffix"); it != body.end() && !it->is_null()) p.fail("suffix", "suffix is not supported");
   }
   if (!body.contains("max_tokens") && !body.contains("max_completion_tokens")) j.max_tokens = chat ? 256 : 16;
   if (plan.logprobs >= 0) j.sampling.top_logprobs = plan.logprobs;

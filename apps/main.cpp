@@ -8,6 +8,7 @@
 #include "apps/generate.hpp"
 #include "apps/inspect.hpp"
 #include "apps/serve.hpp"
+#include "apps/cluster_cmd.hpp"
 #include "apps/tokenize.hpp"
 
 int main(int argc, char** argv) {
@@ -118,6 +119,47 @@ int main(int argc, char** argv) {
   sv->add_option("--threads", serve.threads, "compute threads per replica (0: one per core)")->check(CLI::Range(0, 4096));
   sv->add_option("--max-outstanding", serve.max_outstanding, "jobs admitted and not finished; more get 429")->check(CLI::Range(1, 1 << 20));
   sv->callback([&] { rc = troupe::app::run_serve(serve); });
+
+  troupe::app::cluster_cmd_options cc;
+  auto common = [&](CLI::App* c, const char* flag, const char* what) {
+    c->add_option(flag, cc.address, what)->required();
+    c->add_option("--secret-file", cc.secret_file, "the cluster's shared secret (16 bytes or more)")->required();
+    c->add_option("--heartbeat-ms", cc.heartbeat_ms, "middleman heartbeat interval")->check(CLI::Range(10, 60000));
+    c->add_option("--timeout-ms", cc.timeout_ms, "a peer silent this long is lost")->check(CLI::Range(50, 600000));
+  };
+  auto* co = app.add_subcommand("coordinator", "run a cluster's coordinator");
+  common(co, "--listen", "HOST:PORT to listen on (port 0: any)");
+  co->add_option("--port-file", cc.port_file, "write the bound port here");
+  co->callback([&] { rc = troupe::app::run_coordinator_cmd(cc); });
+  auto* nd = app.add_subcommand("node", "run a node that joins a coordinator");
+  common(nd, "--join", "the coordinator's HOST:PORT");
+  nd->add_option("--node-id", cc.node_id);
+  nd->add_option("--devices", cc.devices, "devices this node offers (cpu:0)");
+  nd->add_option("--threads", cc.threads, "compute threads per executor")->check(CLI::Range(0, 4096));
+  nd->callback([&] { rc = troupe::app::run_node_cmd(cc); });
+  auto* dp = app.add_subcommand("deploy", "deploy a model on a running cluster");
+  common(dp, "--coordinator", "the coordinator's HOST:PORT");
+  dp->add_option("--model", cc.model, "a path every node can read")->required();
+  dp->add_option("--replicas", cc.replicas)->check(CLI::Range(1, 1024));
+  dp->add_option("--max-rows", cc.max_rows)->check(CLI::Range(1, 1024));
+  dp->add_option("--capacity", cc.capacity)->check(CLI::Range(16, 1 << 20));
+  dp->callback([&] { rc = troupe::app::run_deploy_cmd(cc); });
+  auto* sb = app.add_subcommand("submit", "submit a job to a running cluster and stream its answer");
+  common(sb, "--coordinator", "the coordinator's HOST:PORT");
+  auto* stext = sb->add_option("--prompt", cc.prompt, "prompt text");
+  auto* sids = sb->add_option("--prompt-ids", cc.prompt_ids, "prompt token ids, used as given")->delimiter(',');
+  stext->excludes(sids);
+  sb->add_option("--max-tokens", cc.max_tokens)->check(CLI::Range(1, 1 << 20));
+  sb->add_option("--temperature", cc.temperature)->check(CLI::Range(0.0, 100.0));
+  sb->add_option("--seed", cc.seed);
+  sb->add_flag("--json", cc.json);
+  sb->callback([&] {
+    cc.has_prompt_ids = sids->count() > 0;
+    rc = troupe::app::run_submit_cmd(cc);
+  });
+  auto* ss = app.add_subcommand("status", "nodes, replicas and load of a running cluster");
+  common(ss, "--coordinator", "the coordinator's HOST:PORT");
+  ss->callback([&] { rc = troupe::app::run_status_cmd(cc); });
 
   app.add_subcommand("feature-matrix", "print the feature matrix (docs/feature-matrix.md)")->callback([&] {
     rc = troupe::app::run_feature_matrix();

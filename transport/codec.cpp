@@ -158,6 +158,7 @@ struct body_writer {
     b.setPriority(m.priority);
     b.setDeadlineMs(m.deadline_ms);
     b.setToolsJson(m.tools_json);
+    set_list(b.initPriorOutput(static_cast<unsigned>(m.prior_output.size())), m.prior_output);
   }
   void operator()(const token_chunk& m) {
     auto b = body.initChunk();
@@ -335,6 +336,7 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       m.deadline_ms = r.getDeadlineMs();
       if (m.deadline_ms < 0) return bad("deadline_ms is negative");
       m.tools_json = text(r.getToolsJson());
+      m.prior_output = get_list<std::int32_t>(r.getPriorOutput());
       return m;
     }
     case Envelope::Body::CHUNK: {

@@ -58,6 +58,7 @@ struct job_submit {
   std::int32_t priority = 0;
   std::int64_t deadline_ms = 0;
   std::string tools_json;
+  std::vector<std::int32_t> prior_output;
   friend bool operator==(const job_submit&, const job_submit&) = default;
 };
 

@@ -770,6 +770,10 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
   for (const auto& [id, b] : req.logit_bias)
     if (id < 0 || id >= st.vocab || !std::isfinite(b)) return refuse(driver_error_code::bad_request, "logit bias on id " + std::to_string(id) + " is out of range or not finite");
   if (req.max_tokens < 1) return refuse(driver_error_code::bad_request, "max_tokens must be at least 1");
+  if (static_cast<std::int64_t>(req.prior_output.size()) >= req.max_tokens)
+    return refuse(driver_error_code::bad_request, "the prior output already holds max_tokens tokens");
+  for (auto t : req.prior_output)
+    if (t < 0 || t >= st.vocab) return refuse(driver_error_code::bad_request, "a prior output id is outside the vocabulary");
   if (n + req.max_tokens > st.options.capacity)
     return refuse(driver_error_code::too_long, "prompt (" + std::to_string(n) + ") + max_tokens (" + std::to_string(req.max_tokens) +
                                                    ") exceeds the capacity of " + std::to_string(st.options.capacity) + " positions");
@@ -795,6 +799,13 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
   }
   if (auto h = st.ex->open_history(s.id, st.vocab, req.prompt, req.logit_bias); !h)
     return refuse(driver_error_code::bad_request, h.error().message());
+  if (!req.prior_output.empty()) {
+    st.ex->record_history(s.id, req.prior_output);
+    s.tokens.insert(s.tokens.end(), req.prior_output.begin(), req.prior_output.end());
+    s.generated = static_cast<std::int64_t>(req.prior_output.size());
+    if (s.detok)
+      for (auto t : req.prior_output) (void)s.detok->push(t);  // already delivered: only the stop matcher's state matters
+  }
   s.req = std::move(req);
   const auto id = s.id;
   st.seqs.emplace(id, std::move(s));

@@ -162,6 +162,10 @@ using guide_fn = std::function<void(std::span<const std::int32_t> output, std::s
 
 struct seq_request {
   std::vector<std::int32_t> prompt;
+  // Output already delivered by an earlier run of this request (resuming it elsewhere after a failure):
+  // it is computed like prompt, counts as output for max_tokens, penalties and stop strings, and the
+  // next draw is number prior_output.size(), so the continuation equals the uninterrupted run's.
+  std::vector<std::int32_t> prior_output;
   exec::sample_params sampling;
   std::vector<std::pair<std::int32_t, float>> logit_bias;
   std::int64_t max_tokens = 16;

@@ -30,6 +30,12 @@ result<void, exec_error> executor::open_history(std::uint64_t sequence, std::int
 
 void executor::close_history(std::uint64_t sequence) { histories_.erase(sequence); }
 
+void executor::record_history(std::uint64_t sequence, std::span<const std::int32_t> tokens) {
+  auto it = histories_.find(sequence);
+  if (it == histories_.end()) return;
+  for (auto t : tokens) it->second.record(t);
+}
+
 const token_history* executor::history(std::uint64_t sequence) const {
   auto it = histories_.find(sequence);
   return it == histories_.end() ? nullptr : &it->second;

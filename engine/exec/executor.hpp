@@ -119,6 +119,8 @@ class executor {
   result<void, exec_error> open_history(std::uint64_t sequence, std::int64_t vocab, std::span<const std::int32_t> prompt,
                                         std::span<const std::pair<std::int32_t, float>> bias = {});
   void close_history(std::uint64_t sequence);
+  // Records tokens the sequence produced elsewhere (a resumed sequence's earlier output).
+  void record_history(std::uint64_t sequence, std::span<const std::int32_t> tokens);
   const token_history* history(std::uint64_t sequence) const;
   std::size_t open_histories() const { return histories_.size(); }
 

@@ -197,7 +197,8 @@ TEST(gateway, errors_are_openai_shaped) {
   EXPECT_EQ(bad->status, 400);
   EXPECT_EQ(json::parse(bad->body)["error"]["type"], "invalid_request_error");
   for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
-           {"temperature", -1}, {"top_p", 0}, {"n", 0}, {"max_tokens", 0}, {"logit_bias", {{"x", 1}}}, {"stop", 5}, {"seed", "s"}}) {
+           {"temperature", -1}, {"top_p", 0}, {"n", 0}, {"max_tokens", 0}, {"logit_bias", {{"x", 1}}}, {"stop", 5}, {"seed", "s"},
+           {"echo", true}, {"best_of", 3}, {"suffix", "x"}}) {
     json req = {{"model", "tiny.gguf"}, {"prompt", "w300"}};
     req[field] = value;
     auto e = post("/v1/completions", req.dump());

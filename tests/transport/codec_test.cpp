@@ -41,6 +41,7 @@ std::vector<message> one_of_each() {
   j.priority = -3;
   j.deadline_ms = 1500;
   j.tools_json = R"([{"type":"function"}])";
+  j.prior_output = {9, 8};
   all.push_back(j);
   j.prompt = std::string("héllo wörld");
   all.push_back(j);

@@ -77,6 +77,7 @@ struct JobSubmit {
   priority @11 :Int32;
   deadlineMs @12 :Int64;      # milliseconds from submission; 0: none
   toolsJson @13 :Text;        # a JSON array of tool schemas for the chat template; empty: none
+  priorOutput @14 :List(Int32);  # output already delivered (a job resumed after its replica was lost)
 }
 
 struct TopLogprob {

@@ -305,6 +305,27 @@ TEST(driver, stop_conditions_and_cancellation) {
   EXPECT_EQ(d.counters().pool_available, d.counters().pool_blocks);
 }
 
+TEST(driver, a_resumed_sequence_continues_exactly_where_it_stopped) {
+  auto h = fixture();
+  exec::cpu::cpu_executor ex;
+  auto d = serve(h, ex, small_options());
+  for (float temperature : {0.0f, 0.9f}) {
+    auto r = request(prompt(20, 6), 12, temperature, 42);
+    r.sampling.frequency_penalty = 0.5f;  // the resumed history must count the prior output
+    auto whole = d.generate(r);
+    ASSERT_TRUE(whole);
+    auto resumed = r;
+    resumed.prior_output.assign(whole->tokens.begin(), whole->tokens.begin() + 5);
+    auto rest = d.generate(resumed);
+    ASSERT_TRUE(rest) << rest.error().message();
+    EXPECT_EQ(rest->tokens, std::vector<std::int32_t>(whole->tokens.begin() + 5, whole->tokens.end()));
+    EXPECT_EQ(rest->finished, finish_reason::length);
+  }
+  auto full = request(prompt(4, 1), 3);
+  full.prior_output = {5, 6, 7};
+  EXPECT_EQ(d.open(full).error().code, driver_error_code::bad_request);
+}
+
 TEST(driver, guided_rows_draw_only_allowed_tokens) {
   auto h = fixture();
   exec::cpu::cpu_executor ex;

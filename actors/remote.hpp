@@ -1,0 +1,74 @@
+#pragma once
+// The cluster across processes (CAF's middleman over TCP): a coordinator process, node processes that
+// join it, and sessions (clients, `troupe deploy`, `troupe status`) that connect to it. A peer gets the
+// coordinator's handle only after an HMAC-SHA256 challenge-response over the cluster's secret: the
+// coordinator publishes a gatekeeper, which hands out a fresh nonce and checks
+// HMAC(secret, nonce | role | id) before it answers with the coordinator. Links are plain TCP (no TLS):
+// the secret authenticates peers, it does not encrypt traffic (docs/cluster.md).
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "actors/cluster.hpp"
+#include "engine/core/result.hpp"
+
+namespace troupe::actors {
+
+// Reads a secret file (its bytes, without a trailing newline); refuses one shorter than 16 bytes.
+result<std::string, std::string> read_secret(const std::filesystem::path& file);
+// HMAC-SHA256 as lowercase hex.
+std::string hmac_sha256_hex(const std::string& key, const std::string& message);
+
+struct heartbeat_options {
+  int interval_ms = 500;   // middleman heartbeats
+  int timeout_ms = 1500;   // a peer silent this long is lost
+};
+
+struct coordinator_process_options {
+  std::string host = "127.0.0.1";
+  int port = 0;                          // 0: any free port
+  std::string secret;
+  std::filesystem::path port_file;       // where the bound port is written (optional)
+  std::int64_t max_outstanding = 1024;
+  std::int64_t max_per_replica = 256;
+  heartbeat_options heartbeat;
+};
+// Runs until SIGINT or SIGTERM. Returns the process exit code.
+int run_coordinator(const coordinator_process_options& o);
+
+struct node_process_options {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string secret;
+  std::string node_id;                   // empty: node-<pid>
+  int executor_threads = 1;
+  std::int64_t max_per_replica = 256;
+  heartbeat_options heartbeat;
+};
+// Joins the coordinator and serves until SIGINT/SIGTERM; when the link to the coordinator is lost it
+// drops its replicas and joins again. Exit code 3 when the coordinator refuses the join, 1 when it
+// cannot be reached at first.
+int run_node(const node_process_options& o);
+
+struct session_state;
+
+// A connection to a running coordinator: clients, deployments and status.
+class session {
+ public:
+  static result<std::unique_ptr<session>, std::string> connect(const std::string& host, int port, const std::string& secret,
+                                                               heartbeat_options heartbeat = {});
+  ~session();
+  std::unique_ptr<client> client_session();
+  // Deploys `model` (a path every node can read) on `replicas` replicas spread over the nodes; returns
+  // the model's name once every replica is prepared.
+  result<std::string, std::string> deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& options);
+  // Nodes, replicas and load as JSON text.
+  result<std::string, std::string> status();
+
+ private:
+  explicit session(std::unique_ptr<session_state> s);
+  std::unique_ptr<session_state> s_;
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,157 @@
+#include "apps/cluster_cmd.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <optional>
+
+#include "actors/remote.hpp"
+
+namespace troupe::app {
+namespace {
+
+struct endpoint {
+  std::string host;
+  int port = 0;
+};
+
+std::optional<endpoint> parse_address(const std::string& a) {
+  const auto colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0) return std::nullopt;
+  char* end = nullptr;
+  const long p = std::strtol(a.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || p < 0 || p > 65535) return std::nullopt;
+  return endpoint{a.substr(0, colon), static_cast<int>(p)};
+}
+
+struct prepared {
+  endpoint at;
+  std::string secret;
+};
+
+std::optional<prepared> prepare(const cluster_cmd_options& o, const char* cmd, const char* flag) {
+  auto at = parse_address(o.address);
+  if (!at) {
+    std::fprintf(stderr, "troupe %s: %s takes HOST:PORT, got '%s'\n", cmd, flag, o.address.c_str());
+    return std::nullopt;
+  }
+  auto secret = actors::read_secret(o.secret_file);
+  if (!secret) {
+    std::fprintf(stderr, "troupe %s: %s\n", cmd, secret.error().c_str());
+    return std::nullopt;
+  }
+  return prepared{*at, *secret};
+}
+
+actors::heartbeat_options heartbeat(const cluster_cmd_options& o) { return {o.heartbeat_ms, o.timeout_ms}; }
+
+}  // namespace
+
+int run_coordinator_cmd(const cluster_cmd_options& o) {
+  auto p = prepare(o, "coordinator", "--listen");
+  if (!p) return 2;
+  actors::coordinator_process_options c;
+  c.host = p->at.host;
+  c.port = p->at.port;
+  c.secret = p->secret;
+  c.port_file = o.port_file;
+  c.heartbeat = heartbeat(o);
+  return actors::run_coordinator(c);
+}
+
+int run_node_cmd(const cluster_cmd_options& o) {
+  auto p = prepare(o, "node", "--join");
+  if (!p) return 2;
+  if (o.devices.rfind("cpu", 0) != 0) {
+    std::fprintf(stderr, "troupe node: only cpu devices exist in this build (got --devices %s)\n", o.devices.c_str());
+    return 2;
+  }
+  actors::node_process_options n;
+  n.host = p->at.host;
+  n.port = p->at.port;
+  n.secret = p->secret;
+  n.node_id = o.node_id;
+  n.executor_threads = o.threads;
+  n.heartbeat = heartbeat(o);
+  return actors::run_node(n);
+}
+
+int run_deploy_cmd(const cluster_cmd_options& o) {
+  auto p = prepare(o, "deploy", "--coordinator");
+  if (!p) return 2;
+  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o));
+  if (!s) {
+    std::fprintf(stderr, "troupe deploy: %s\n", s.error().c_str());
+    return 1;
+  }
+  driver::driver_options d;
+  d.max_rows = o.max_rows;
+  d.capacity = o.capacity;
+  d.prefill_chunk = std::min<std::int64_t>(256, o.capacity);
+  d.token_budget = d.prefill_chunk + o.max_rows;
+  auto r = (*s)->deploy(o.model, o.replicas, d);
+  if (!r) {
+    std::fprintf(stderr, "troupe deploy: %s\n", r.error().c_str());
+    return 1;
+  }
+  std::printf("deployed '%s' on %d replica(s)\n", r->c_str(), o.replicas);
+  return 0;
+}
+
+int run_submit_cmd(const cluster_cmd_options& o) {
+  auto p = prepare(o, "submit", "--coordinator");
+  if (!p) return 2;
+  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o));
+  if (!s) {
+    std::fprintf(stderr, "troupe submit: %s\n", s.error().c_str());
+    return 1;
+  }
+  transport::job_submit j;
+  if (o.has_prompt_ids) j.prompt = o.prompt_ids;
+  else j.prompt = o.prompt;
+  j.max_tokens = o.max_tokens;
+  j.sampling.temperature = static_cast<float>(o.temperature);
+  j.sampling.seed = o.seed;
+  auto cl = (*s)->client_session();
+  auto jb = cl->submit(j);
+  if (!jb) {
+    std::fprintf(stderr, "troupe submit: %s (%s)\n", jb.error().message.c_str(), jb.error().code.c_str());
+    return jb.error().retry == transport::retry::overloaded ? 75 : 1;
+  }
+  if (!o.json)
+    while (auto c = jb->next()) {
+      std::fwrite(c->text.data(), 1, c->text.size(), stdout);
+      std::fflush(stdout);
+    }
+  auto r = jb->wait();
+  if (r.error) {
+    std::fprintf(stderr, "\ntroupe submit: %s (%s)\n", r.error->message.c_str(), r.error->code.c_str());
+    return 1;
+  }
+  if (o.json) {
+    nlohmann::json out = {{"tokens", r.tokens}, {"text", r.text}, {"finish_reason", r.finish_reason}};
+    std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("\n");
+  }
+  return 0;
+}
+
+int run_status_cmd(const cluster_cmd_options& o) {
+  auto p = prepare(o, "status", "--coordinator");
+  if (!p) return 2;
+  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o));
+  if (!s) {
+    std::fprintf(stderr, "troupe status: %s\n", s.error().c_str());
+    return 1;
+  }
+  auto st = (*s)->status();
+  if (!st) {
+    std::fprintf(stderr, "troupe status: %s\n", st.error().c_str());
+    return 1;
+  }
+  std::printf("%s\n", nlohmann::json::parse(*st).dump(2).c_str());
+  return 0;
+}
+
+}  // namespace troupe::app

@@ -1,0 +1,39 @@
+#pragma once
+// The cluster's command line: troupe coordinator, node, deploy, submit, status.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace troupe::app {
+
+struct cluster_cmd_options {
+  std::string address;      // HOST:PORT (--listen, --join or --coordinator)
+  std::string secret_file;
+  std::string port_file;    // coordinator: where to write the bound port
+  std::string node_id;
+  std::string devices = "cpu:0";
+  int threads = 1;
+  int heartbeat_ms = 500;
+  int timeout_ms = 1500;
+  // deploy
+  std::string model;
+  int replicas = 1;
+  std::int64_t max_rows = 16;
+  std::int64_t capacity = 1024;
+  // submit
+  std::string prompt;
+  std::vector<std::int32_t> prompt_ids;
+  bool has_prompt_ids = false;
+  std::int64_t max_tokens = 16;
+  double temperature = 0.0;
+  std::uint64_t seed = 0;
+  bool json = false;
+};
+
+int run_coordinator_cmd(const cluster_cmd_options& o);
+int run_node_cmd(const cluster_cmd_options& o);
+int run_deploy_cmd(const cluster_cmd_options& o);
+int run_submit_cmd(const cluster_cmd_options& o);
+int run_status_cmd(const cluster_cmd_options& o);
+
+}  // namespace troupe::app

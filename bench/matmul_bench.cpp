@@ -5,6 +5,7 @@
 //    read passes of the same size, `bw`, and reports the median ratio as of_bw). The weights rotate
 //    through enough copies to exceed the last-level cache many times over, as a model's layers do in
 //    decode.
+//  * batched decode (M = 16): GFLOP/s (2 M N K per product), the weights rotating as in decode.
 //  * prefill (M = 512): GFLOP/s (2 M N K per product).
 // k-quants need K to be a multiple of 256, so they run at 896x4864 (the down projection) only.
 #include <benchmark/benchmark.h>
@@ -179,7 +180,9 @@ std::vector<cpu::packed_matrix> make_weights(dtype t, std::int64_t n, std::int64
 
 void matmul_run(benchmark::State& st, dtype t, std::int64_t n, std::int64_t k, std::int64_t M) {
   const std::size_t one = *troupe::storage_bytes(t, static_cast<std::uint64_t>(n * k));
-  const int copies = M == 1 ? static_cast<int>(std::max<std::size_t>(2, rotate_bytes / one)) : 1;
+  // Decode shapes (M = 1, and the batched decode of M = 16) stream their weights from memory.
+  const bool streams = M <= 16;
+  const int copies = streams ? static_cast<int>(std::max<std::size_t>(2, rotate_bytes / one)) : 1;
   const auto w = make_weights(t, n, k, copies);
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -193,9 +196,11 @@ void matmul_run(benchmark::State& st, dtype t, std::int64_t n, std::int64_t k, s
   if (M > 1) {
     const auto t0 = std::chrono::steady_clock::now();
     std::int64_t runs = 0;
+    std::size_t next = 0;
     for (auto _ : st) {
-      cpu::matmul(w[0], x.data(), k, M, y.data(), n, pool(), level);
+      cpu::matmul(w[next], x.data(), k, M, y.data(), n, pool(), level);
       ++runs;
+      if (++next == w.size()) next = 0;
     }
     const double secs = seconds_since(t0);
     benchmark::DoNotOptimize(y.data());
@@ -248,11 +253,11 @@ constexpr shape_case shapes[] = {
 int register_all() {
   benchmark::RegisterBenchmark("memory_read_bandwidth", memory_read_bandwidth)->UseManualTime()->Iterations(1);
   const dtype formats[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k};
-  for (const std::int64_t M : {1, 512}) {
+  for (const std::int64_t M : {1, 16, 512}) {
     for (const dtype t : formats) {
       for (const auto& s : shapes) {
         if (s.k % static_cast<std::int64_t>(troupe::info(t).block_elems) != 0) continue;
-        if (M > 1 && s.n > 10000) continue;  // the LM head runs for one position in prefill
+        if (M > 16 && s.n > 10000) continue;  // the LM head runs for one position in prefill
         const std::string label = "matmul/" + std::string(troupe::name(t)) + "/" + s.name + "/M=" + std::to_string(M);
         benchmark::RegisterBenchmark(label.c_str(), matmul_run, t, s.n, s.k, M)
             ->Unit(benchmark::kMicrosecond)

@@ -261,6 +261,33 @@ TEST(matmul, any_pool_size) {
   }
 }
 
+// A row's result must not depend on the rest of the batch: row r of an M-row product (M = 16 is
+// batched decode; the others put rows in every position of a row tile, a remainder tile and a second
+// row chunk) equals the product of that row alone, bit for bit, on every level.
+TEST(matmul, rows_do_not_depend_on_the_batch) {
+  std::mt19937 rng(2024);
+  constexpr std::int64_t n = 257, k = 768;
+  for (const dtype t : {dtype::q8_0, dtype::q4_0, dtype::f32, dtype::f16, dtype::bf16, dtype::q4_k, dtype::q6_k}) {
+    const weights w = make_weights(t, n, k, rng);
+    auto pm = packed_matrix::pack(w.view());
+    ASSERT_TRUE(pm.has_value()) << pm.error();
+    for (const isa level : all_levels) {
+      if (!usable(level)) continue;
+      for (const std::int64_t M : {16, 5, 130}) {
+        const std::int64_t ldx = k + 3, ldy = n + 5;
+        const std::vector<float> x = make_activations(M, k, ldx, rng);
+        std::vector<float> y(static_cast<std::size_t>(M * ldy)), one(static_cast<std::size_t>(n));
+        matmul(*pm, x.data(), ldx, M, y.data(), ldy, shared_pool(), level);
+        for (std::int64_t r = 0; r < M; ++r) {
+          matmul(*pm, x.data() + r * ldx, ldx, 1, one.data(), n, shared_pool(), level);
+          ASSERT_EQ(std::memcmp(y.data() + r * ldy, one.data(), static_cast<std::size_t>(n) * sizeof(float)), 0)
+              << name(t) << " " << isa_name(level) << " M=" << M << ": row " << r << " differs from its M=1 product";
+        }
+      }
+    }
+  }
+}
+
 TEST(matmul, zero_k_gives_zeros) {
   std::mt19937 rng(1);
   const weights w = make_weights(dtype::f32, 5, 0, rng);

@@ -917,6 +917,9 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
   s->options = options;
   s->cfg = std::make_unique<caf::actor_system_config>();
   s->cfg->set("scheduler.max-threads", static_cast<std::size_t>(std::max(1, options.scheduler_threads)));
+  // Work sharing parks idle workers on a condition variable; work stealing polls, which takes cycles
+  // from the executors' compute threads on a small machine.
+  s->cfg->set("scheduler.policy", caf::atom("sharing"));
   s->sys = std::make_unique<caf::actor_system>(*s->cfg);
   s->registry = s->sys->spawn(registry_actor);
   s->node = s->sys->spawn(node_actor, options.executor_threads, options.max_per_replica);
@@ -1108,6 +1111,7 @@ void configure(caf::actor_system_config& cfg, const heartbeat_options& hb, std::
   cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(hb.interval_ms)});
   cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::milliseconds(hb.timeout_ms)});
   cfg.set("scheduler.max-threads", threads);
+  cfg.set("scheduler.policy", caf::atom("sharing"));
 }
 
 sigset_t block_stop_signals() {

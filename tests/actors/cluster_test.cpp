@@ -133,13 +133,14 @@ TEST(cluster, concurrent_jobs_from_eight_clients_match_the_driver_alone) {
 TEST(cluster, cancelled_jobs_stop_within_a_step_and_free_their_blocks) {
   auto o = small_cluster();
   o.driver.prefix_cache = false;
+  o.driver.capacity = 2048;  // long jobs, so each is still running when its cancellation arrives
   auto c = local_cluster::start(fixture_path(), o);
   ASSERT_TRUE(c) << c.error();
   auto cl = (*c)->connect();
   std::vector<job> jobs;
   for (int i = 0; i < 4; ++i) {
     auto j = job_for(i);
-    j.max_tokens = 100;
+    j.max_tokens = 2000;
     auto jb = cl->submit(j);
     ASSERT_TRUE(jb);
     jobs.push_back(std::move(*jb));
@@ -152,7 +153,7 @@ TEST(cluster, cancelled_jobs_stop_within_a_step_and_free_their_blocks) {
   for (auto& j : jobs) {
     auto r = j.wait();
     EXPECT_EQ(r.finish_reason, "cancelled");
-    EXPECT_LT(r.tokens.size(), 100u);
+    EXPECT_LT(r.tokens.size(), 2000u);
   }
   for (const auto& s : (*c)->replica_stats()) {
     EXPECT_EQ(s.kv_blocks_used, 0);
@@ -177,6 +178,7 @@ TEST(cluster, deadlines_end_jobs) {
 TEST(cluster, admission_limits_refuse_excess_jobs_at_once) {
   auto o = small_cluster();
   o.max_outstanding = 2;
+  o.driver.capacity = 2048;
   auto c = local_cluster::start(fixture_path(), o);
   ASSERT_TRUE(c) << c.error();
   auto cl = (*c)->connect();
@@ -184,7 +186,7 @@ TEST(cluster, admission_limits_refuse_excess_jobs_at_once) {
   int overloaded = 0;
   for (int i = 0; i < 10; ++i) {
     auto j = job_for(i);
-    j.max_tokens = 60;
+    j.max_tokens = 2000;  // long enough to outlive the burst of submissions
     auto jb = cl->submit(j);
     if (jb) {
       admitted.push_back(std::move(*jb));
@@ -194,9 +196,12 @@ TEST(cluster, admission_limits_refuse_excess_jobs_at_once) {
       ++overloaded;
     }
   }
-  EXPECT_LE(admitted.size(), 2u + 1u);  // one may finish between two submissions
-  EXPECT_GE(overloaded, 7);
-  for (auto& j : admitted) EXPECT_EQ(j.wait().finish_reason, "length");
+  EXPECT_EQ(admitted.size(), 2u);
+  EXPECT_EQ(overloaded, 8);
+  for (auto& j : admitted) {
+    j.cancel();
+    EXPECT_EQ(j.wait().finish_reason, "cancelled");
+  }
   EXPECT_GE((*c)->stats().jobs_refused, overloaded);
 }
 

@@ -129,7 +129,7 @@ int run_submit_cmd(const cluster_cmd_options& o) {
     return 1;
   }
   if (o.json) {
-    nlohmann::json out = {{"tokens", r.tokens}, {"text", r.text}, {"finish_reason", r.finish_reason}};
+    nlohmann::json out = {{"tokens", r.tokens}, {"text", r.text}, {"finish_reason", r.finish_reason}, {"resumes", r.resumes}};
     std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("\n");

@@ -910,7 +910,7 @@ struct cluster_state {
 
 local_cluster::local_cluster(std::unique_ptr<cluster_state> s) : s_(std::move(s)) {}
 local_cluster::~local_cluster() = default;
-const std::string& local_cluster::model_name() const { return s_->model; }
+const std::string& local_cluster::name() const { return s_->model; }
 
 result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const std::filesystem::path& model, const cluster_options& options) {
   auto s = std::make_unique<cluster_state>();
@@ -1218,6 +1218,7 @@ int run_node(const node_process_options& o) {
 }
 
 struct session_state {
+  std::string model;  // what deploy() named, when this session deployed
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
   caf::actor coordinator;
@@ -1246,6 +1247,8 @@ result<std::unique_ptr<session>, std::string> session::connect(const std::string
   return std::unique_ptr<session>(new session(std::move(s)));
 }
 
+std::unique_ptr<client> session::connect() { return client_session(); }
+
 std::unique_ptr<client> session::client_session() {
   auto cs = std::make_shared<client_state>();
   cs->sys = s_->sys.get();
@@ -1273,7 +1276,34 @@ result<std::string, std::string> session::deploy(const std::filesystem::path& mo
   self->request(s_->coordinator, request_timeout, deploy_atom::value, transport::encode(d))
       .receive([&](const std::string& e, const std::string& n) { err = e, name = n; }, [&](caf::error& e) { err = s_->sys->render(e); });
   if (!err.empty()) return unexpected(err);
+  s_->model = name;
   return name;
+}
+
+std::vector<transport::stats> session::replica_stats() {
+  caf::scoped_actor self{*s_->sys};
+  std::vector<caf::actor> drivers;
+  self->request(s_->coordinator, std::chrono::seconds(30), replicas_atom::value).receive([&](const std::vector<caf::actor>& v) { drivers = v; }, [](caf::error&) {});
+  std::vector<transport::stats> out;
+  for (const auto& d : drivers)
+    self->request(d, std::chrono::seconds(30), stats_atom::value)
+        .receive(
+            [&](const std::string& b) {
+              auto m = transport::decode(b);
+              if (m && std::holds_alternative<transport::stats>(*m)) out.push_back(std::get<transport::stats>(*m));
+            },
+            [](caf::error&) {});
+  return out;
+}
+
+std::string session::model_name() const {
+  if (!s_->model.empty()) return s_->model;
+  caf::scoped_actor self{*s_->sys};
+  std::string j;
+  self->request(s_->coordinator, std::chrono::seconds(30), status_atom::value).receive([&](const std::string& x) { j = x; }, [](caf::error&) {});
+  auto parsed = nlohmann::json::parse(j, nullptr, false);
+  if (parsed.is_discarded() || !parsed.contains("replicas") || parsed["replicas"].empty()) return {};
+  return parsed["replicas"][0].value("model", "");
 }
 
 result<std::string, std::string> session::status() {

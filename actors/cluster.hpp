@@ -75,23 +75,34 @@ class client {
   std::shared_ptr<client_state> s_;
 };
 
+// What a gateway serves from: client sessions, replica figures, the model's name. A cluster in this
+// process (local_cluster) or a connection to a remote coordinator (actors/remote.hpp's session).
+class serving_backend {
+ public:
+  virtual ~serving_backend() = default;
+  virtual std::unique_ptr<client> connect() = 0;
+  virtual std::vector<transport::stats> replica_stats() = 0;
+  virtual std::string model_name() const = 0;
+};
+
 struct cluster_state;
 
-class local_cluster {
+class local_cluster final : public serving_backend {
  public:
   // Starts the actor system, the coordinator, the registry and a node, deploys `model` on `replicas`
   // driver replicas and returns once every replica is prepared (or why not).
   static result<std::unique_ptr<local_cluster>, std::string> start(const std::filesystem::path& model, const cluster_options& options);
   ~local_cluster();
 
-  std::unique_ptr<client> connect();
+  std::unique_ptr<client> connect() override;
   // Cluster-wide and per-replica figures (queue, running, KV blocks, jobs done and refused).
   transport::stats stats();
-  std::vector<transport::stats> replica_stats();
+  std::vector<transport::stats> replica_stats() override;
+  std::string model_name() const override { return name(); }
   // Resolves a checkpoint through the registry actor without loading its tensors.
   result<std::string, std::string> resolve(const std::filesystem::path& model);
   // The model name jobs should use.
-  const std::string& model_name() const;
+  const std::string& name() const;
 
   // For tests: delivers raw bytes, as a peer would, to an actor ("coordinator", "registry", "node",
   // "driver", "client") and returns whether it still answers a stats or ping request afterwards.

@@ -262,7 +262,7 @@ std::pair<std::string, std::string> parse_tool_calls(const std::string& text) {
 
 struct gateway_state {
   gateway_options options;
-  local_cluster* cluster = nullptr;
+  serving_backend* cluster = nullptr;
   std::unique_ptr<client> cl;
   std::optional<text::text_codec> codec;
   std::string model;
@@ -630,13 +630,14 @@ void gateway::stop() {
   if (!s_->stopped.exchange(true)) s_->server.stop();
 }
 
-result<std::unique_ptr<gateway>, std::string> gateway::start(local_cluster& cluster, const std::filesystem::path& model, gateway_options options) {
+result<std::unique_ptr<gateway>, std::string> gateway::start(serving_backend& cluster, const std::filesystem::path& model, gateway_options options) {
   auto s = std::make_unique<gateway_state>();
   s->options = options;
   s->cluster = &cluster;
   s->cl = cluster.connect();
   s->model = cluster.model_name();
-  if (auto c = text::text_codec::open(model)) s->codec.emplace(std::move(*c));
+  if (!model.empty())
+    if (auto c = text::text_codec::open(model)) s->codec.emplace(std::move(*c));
   auto* st = s.get();
   auto& srv = s->server;
   const int threads = std::max(4, options.http_threads);

@@ -37,8 +37,9 @@ struct gateway_state;
 
 class gateway {
  public:
-  // Serves `cluster` (which must outlive the gateway) from a background thread; returns once bound.
-  static result<std::unique_ptr<gateway>, std::string> start(local_cluster& cluster, const std::filesystem::path& model,
+  // Serves `backend` (which must outlive the gateway) from a background thread; returns once bound.
+  // `model` is read for its tokenizer only (token strings in logprobs); it may be empty.
+  static result<std::unique_ptr<gateway>, std::string> start(serving_backend& backend, const std::filesystem::path& model,
                                                              gateway_options options);
   ~gateway();  // stops accepting, then waits for the server thread
   int port() const;

@@ -54,12 +54,16 @@ int run_node(const node_process_options& o);
 struct session_state;
 
 // A connection to a running coordinator: clients, deployments and status.
-class session {
+class session final : public serving_backend {
  public:
   static result<std::unique_ptr<session>, std::string> connect(const std::string& host, int port, const std::string& secret,
                                                                heartbeat_options heartbeat = {});
   ~session();
   std::unique_ptr<client> client_session();
+  std::unique_ptr<client> connect() override;
+  std::vector<transport::stats> replica_stats() override;
+  // The deployed model's name (the first replica's, or what this session deployed).
+  std::string model_name() const override;
   // Deploys `model` (a path every node can read) on `replicas` replicas spread over the nodes; returns
   // the model's name once every replica is prepared.
   result<std::string, std::string> deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& options);

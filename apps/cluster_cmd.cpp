@@ -5,7 +5,10 @@
 #include <cstdio>
 #include <optional>
 
+#include "actors/gateway.hpp"
 #include "actors/remote.hpp"
+
+#include <csignal>
 
 namespace troupe::app {
 namespace {
@@ -151,6 +154,51 @@ int run_status_cmd(const cluster_cmd_options& o) {
     return 1;
   }
   std::printf("%s\n", nlohmann::json::parse(*st).dump(2).c_str());
+  return 0;
+}
+
+int run_gateway_cmd(const cluster_cmd_options& o) {
+  auto p = prepare(o, "gateway", "--coordinator");
+  if (!p) return 2;
+  auto at = parse_address(o.listen);
+  if (!at) {
+    std::fprintf(stderr, "troupe gateway: --listen takes HOST:PORT, got '%s'\n", o.listen.c_str());
+    return 2;
+  }
+  actors::gateway_options g;
+  g.host = at->host;
+  g.port = at->port;
+  if (!o.api_key_file.empty()) {
+    auto keys = actors::read_api_keys(o.api_key_file);
+    if (!keys) {
+      std::fprintf(stderr, "troupe gateway: %s\n", keys.error().c_str());
+      return 2;
+    }
+    g.api_keys = std::move(*keys);
+  } else {
+    std::fprintf(stderr, "troupe gateway: warning: no --api-key-file, so the HTTP API takes requests from anyone who can reach it\n");
+  }
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o));
+  if (!s) {
+    std::fprintf(stderr, "troupe gateway: %s\n", s.error().c_str());
+    return 1;
+  }
+  auto gw = actors::gateway::start(**s, o.model, g);
+  if (!gw) {
+    std::fprintf(stderr, "troupe gateway: %s\n", gw.error().c_str());
+    return 1;
+  }
+  std::printf("troupe gateway: http://%s:%d/v1 serving '%s' from %s\n", g.host.c_str(), (*gw)->port(), (*s)->model_name().c_str(),
+              o.address.c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&set, &sig);
+  (*gw)->stop();
   return 0;
 }
 

@@ -28,6 +28,9 @@ struct cluster_cmd_options {
   double temperature = 0.0;
   std::uint64_t seed = 0;
   bool json = false;
+  // gateway
+  std::string listen = "127.0.0.1:8000";
+  std::string api_key_file;
 };
 
 int run_coordinator_cmd(const cluster_cmd_options& o);
@@ -35,5 +38,6 @@ int run_node_cmd(const cluster_cmd_options& o);
 int run_deploy_cmd(const cluster_cmd_options& o);
 int run_submit_cmd(const cluster_cmd_options& o);
 int run_status_cmd(const cluster_cmd_options& o);
+int run_gateway_cmd(const cluster_cmd_options& o);
 
 }  // namespace troupe::app

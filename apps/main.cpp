@@ -157,6 +157,12 @@ int main(int argc, char** argv) {
     cc.has_prompt_ids = sids->count() > 0;
     rc = troupe::app::run_submit_cmd(cc);
   });
+  auto* gwc = app.add_subcommand("gateway", "the OpenAI-compatible HTTP API in front of a running cluster");
+  common(gwc, "--coordinator", "the coordinator's HOST:PORT");
+  gwc->add_option("--listen", cc.listen, "HOST:PORT for HTTP (default 127.0.0.1:8000)");
+  gwc->add_option("--model", cc.model, "the deployed checkpoint's path, for its tokenizer (token strings in logprobs)");
+  gwc->add_option("--api-key-file", cc.api_key_file, "one API key a line; none: no authentication");
+  gwc->callback([&] { rc = troupe::app::run_gateway_cmd(cc); });
   auto* ss = app.add_subcommand("status", "nodes, replicas and load of a running cluster");
   common(ss, "--coordinator", "the coordinator's HOST:PORT");
   ss->callback([&] { rc = troupe::app::run_status_cmd(cc); });

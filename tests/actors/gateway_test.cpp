@@ -60,9 +60,9 @@ struct served {
   std::unique_ptr<httplib::Client> http;
 };
 
-served serve(gateway_options g = {}) {
+served serve(gateway_options g = {}, cluster_options co = options()) {
   served s;
-  auto c = local_cluster::start(fixture_path(), options());
+  auto c = local_cluster::start(fixture_path(), co);
   EXPECT_TRUE(c) << (c ? "" : c.error());
   s.cluster = std::move(*c);
   g.port = 0;
@@ -246,6 +246,44 @@ int connect_raw(int port) {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return -1;
   return fd;
+}
+
+TEST(gateway, refused_admission_is_429_with_retry_after) {
+  auto co = options();
+  co.max_outstanding = 1;
+  co.driver.capacity = 2048;
+  auto s = serve({}, co);
+  // Eight long requests at once against a cluster that admits one job at a time: the others are
+  // refused immediately, not queued.
+  struct outcome {
+    int status = 0;
+    std::string retry_after, body;
+  };
+  std::vector<outcome> results(8);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i)
+    threads.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", s.gw->port());
+      c.set_bearer_token_auth("test-key");
+      c.set_read_timeout(60, 0);
+      auto r = c.Post("/v1/completions", R"({"model":"tiny.gguf","prompt":"w300","max_tokens":1500})", "application/json");
+      if (r) results[static_cast<std::size_t>(i)] = {r->status, r->get_header_value("Retry-After"), r->body};
+    });
+  for (auto& t : threads) t.join();
+  int ok = 0, refused = 0;
+  for (const auto& r : results) {
+    if (r.status == 200) {
+      ++ok;
+    } else {
+      EXPECT_EQ(r.status, 429);
+      EXPECT_EQ(r.retry_after, "1");
+      EXPECT_EQ(json::parse(r.body)["error"]["type"], "rate_limit_error");
+      ++refused;
+    }
+  }
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(refused, 1);
+  EXPECT_TRUE(eventually_idle(*s.cluster));
 }
 
 TEST(gateway, disconnects_and_stalled_clients_leak_nothing) {

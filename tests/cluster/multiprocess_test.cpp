@@ -3,6 +3,7 @@
 // and every output equal to the driver alone with the same seeds; a paused node past the heartbeat
 // timeout costs nothing and rejoins; a node with the wrong secret is refused.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <fcntl.h>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <thread>
 
+#include "actors/gateway.hpp"
 #include "actors/remote.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "families/fixtures/fixture.hpp"
@@ -258,6 +260,35 @@ TEST(multiprocess, a_node_with_the_wrong_secret_is_refused) {
   std::ifstream log(c.dir / "coordinator.log");
   std::string text((std::istreambuf_iterator<char>(log)), {});
   EXPECT_NE(text.find("refused node 'evil'"), std::string::npos) << text;
+}
+
+TEST(multiprocess, a_gateway_in_front_of_a_remote_cluster_serves) {
+  cluster_fixture c;
+  c.nodes.push_back(c.node("g0", (c.dir / "secret").string()));
+  auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  ASSERT_TRUE(s) << s.error();
+  for (int i = 0; i < 100; ++i) {
+    auto st = (*s)->status();
+    if (st && st->find("\"g0\"") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE((*s)->deploy(model_path(), 1, driver_opts()));
+  // A second session, as `troupe gateway` on another machine would open.
+  auto gs = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  ASSERT_TRUE(gs);
+  gateway_options g;
+  g.port = 0;
+  auto gw = gateway::start(**gs, model_path(), g);
+  ASSERT_TRUE(gw) << gw.error();
+  httplib::Client http("127.0.0.1", (*gw)->port());
+  const std::string name = model_path().filename().string();
+  auto r = http.Post("/v1/completions", "{\"model\":\"" + name + "\",\"prompt\":[5,6,7],\"max_tokens\":4,\"temperature\":0}", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_NE(r->body.find("\"completion_tokens\":4"), std::string::npos) << r->body;
+  auto m = http.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("troupe_kv_blocks_total{node=\"node-0\",replica=\"0\"}"), std::string::npos);
 }
 
 }  // namespace

@@ -46,6 +46,8 @@ using replicas_atom = caf::atom_constant<caf::atom("replicas")>;
 using node_atom = caf::atom_constant<caf::atom("node")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
+using scale_atom = caf::atom_constant<caf::atom("scale")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
 
 namespace {
 
@@ -407,6 +409,8 @@ caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::s
         }
       },
       [=](stats_atom) { return transport::encode(driver_stats(self->state)); },
+      // Drained: quits with the normal reason, so the node it is linked to keeps running.
+      [=](stop_atom) { self->quit(); },
       [](ping_atom) { return ping_atom::value; },
   };
 }
@@ -480,6 +484,7 @@ struct replica_slot {
   caf::actor driver;
   std::string model;
   std::int64_t outstanding = 0;
+  bool draining = false;  // takes no new job; stops once its last job ends
 };
 
 struct pending_deploy {
@@ -508,6 +513,7 @@ struct coordinator_state {
   std::int64_t max_outstanding = 1024, max_per_replica = 256;
   std::int64_t refused = 0;
   std::optional<pending_deploy> deploying;
+  std::map<std::string, transport::deploy> deployments;  // by model name: how to start one more replica
   static inline const char* name = "coordinator";
 };
 
@@ -564,6 +570,7 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
           return rp;
         }
         const auto d = std::get<transport::deploy>(*m);
+        self->state.deployments[d.model] = d;
         if (self->state.deploying) {
           rp.deliver(std::string("a deployment is in progress"), std::string());
           return rp;
@@ -644,7 +651,7 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
         // the least loaded one; otherwise the least loaded.
         std::vector<std::size_t> live;
         for (std::size_t i = 0; i < st.replicas.size(); ++i)
-          if (st.replicas[i].driver && (j->model.empty() || j->model == st.replicas[i].model)) live.push_back(i);
+          if (st.replicas[i].driver && !st.replicas[i].draining && (j->model.empty() || j->model == st.replicas[i].model)) live.push_back(i);
         if (live.empty()) return refuse("unknown_model", "no replica serves model '" + j->model + "'", transport::retry::failed);
         std::size_t best = live.front();
         for (auto i : live)
@@ -673,7 +680,68 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
           auto& r = st.replicas[it->second.replica];
           if (r.outstanding > 0) --r.outstanding;
           st.jobs.erase(it);
+          if (r.draining && r.outstanding == 0 && r.driver) self->send(r.driver, stop_atom::value);
         }
+      },
+      // Scaling: more replicas are placed round robin on the nodes and prepared before they take
+      // traffic (the answer comes once they are registered); fewer drain the newest replicas (no new
+      // jobs; each stops when its last job ends). Replies (error, model).
+      [=](scale_atom, const std::string& bytes) -> caf::response_promise {
+        auto rp = self->make_response_promise();
+        auto& st = self->state;
+        auto m = transport::decode(bytes);
+        if (!m || !std::holds_alternative<transport::scale>(*m)) {
+          rp.deliver(std::string(m ? "not a scale command" : m.error().message()), std::string());
+          return rp;
+        }
+        const auto sc = std::get<transport::scale>(*m);
+        auto dep = st.deployments.find(sc.model);
+        if (dep == st.deployments.end()) {
+          rp.deliver("unknown_model: nothing named '" + sc.model + "' is deployed", std::string());
+          return rp;
+        }
+        std::vector<std::size_t> live;
+        for (std::size_t i = 0; i < st.replicas.size(); ++i)
+          if (st.replicas[i].driver && !st.replicas[i].draining && st.replicas[i].model == sc.model) live.push_back(i);
+        const auto have = static_cast<std::int32_t>(live.size());
+        if (sc.replicas < have) {
+          for (std::int32_t k = 0; k < have - sc.replicas; ++k) {
+            auto& r = st.replicas[live[live.size() - 1 - static_cast<std::size_t>(k)]];
+            r.draining = true;
+            if (r.outstanding == 0) self->send(r.driver, stop_atom::value);
+          }
+          rp.deliver(std::string(), sc.model);
+          return rp;
+        }
+        if (sc.replicas == have) {
+          rp.deliver(std::string(), sc.model);
+          return rp;
+        }
+        if (st.deploying || st.nodes.empty()) {
+          rp.deliver(std::string(st.nodes.empty() ? "no node has joined" : "a deployment is in progress"), std::string());
+          return rp;
+        }
+        st.deploying = pending_deploy{sc.model, sc.replicas - have, 0, rp};
+        auto one = dep->second;
+        one.replicas = 1;
+        const auto one_bytes = transport::encode(one);
+        for (std::int32_t r = 0; r < sc.replicas - have; ++r) {
+          const auto& node = st.nodes[st.next_node++ % st.nodes.size()];
+          self->request(node.actor, request_timeout, deploy_atom::value, one_bytes, caf::actor_cast<caf::actor>(self))
+              .then(
+                  [=](std::int32_t n, const std::string& why) {
+                    if (n == 0 && self->state.deploying) {
+                      self->state.deploying->rp.deliver("scale: " + why, std::string());
+                      self->state.deploying.reset();
+                    }
+                  },
+                  [=](caf::error& e) {
+                    if (!self->state.deploying) return;
+                    self->state.deploying->rp.deliver("scale: " + self->system().render(e), std::string());
+                    self->state.deploying.reset();
+                  });
+        }
+        return rp;
       },
       // A node that proved it holds the cluster's secret (the gatekeeper checked it).
       [=](node_atom, const std::string& id, const caf::actor& node) {
@@ -687,7 +755,8 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
         for (const auto& n : st.nodes) j["nodes"].push_back(n.id);
         j["replicas"] = nlohmann::json::array();
         for (const auto& r : st.replicas)
-          if (r.driver) j["replicas"].push_back({{"model", r.model}, {"outstanding", r.outstanding}, {"node", to_string(r.driver.node())}});
+          if (r.driver)
+            j["replicas"].push_back({{"model", r.model}, {"outstanding", r.outstanding}, {"draining", r.draining}, {"node", to_string(r.driver.node())}});
         j["jobs"] = st.jobs.size();
         j["refused"] = st.refused;
         return j.dump();
@@ -1277,6 +1346,15 @@ result<std::string, std::string> session::deploy(const std::filesystem::path& mo
       .receive([&](const std::string& e, const std::string& n) { err = e, name = n; }, [&](caf::error& e) { err = s_->sys->render(e); });
   if (!err.empty()) return unexpected(err);
   s_->model = name;
+  return name;
+}
+
+result<std::string, std::string> session::scale(const std::string& model, std::int32_t replicas) {
+  caf::scoped_actor self{*s_->sys};
+  std::string err = "no answer", name;
+  self->request(s_->coordinator, request_timeout, scale_atom::value, transport::encode(transport::scale{model, replicas}))
+      .receive([&](const std::string& e, const std::string& n) { err = e, name = n; }, [&](caf::error& e) { err = s_->sys->render(e); });
+  if (!err.empty()) return unexpected(err);
   return name;
 }
 

@@ -140,6 +140,23 @@ int run_submit_cmd(const cluster_cmd_options& o) {
   return 0;
 }
 
+int run_scale_cmd(const cluster_cmd_options& o) {
+  auto p = prepare(o, "scale", "--coordinator");
+  if (!p) return 2;
+  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o));
+  if (!s) {
+    std::fprintf(stderr, "troupe scale: %s\n", s.error().c_str());
+    return 1;
+  }
+  auto r = (*s)->scale(o.model, o.replicas);
+  if (!r) {
+    std::fprintf(stderr, "troupe scale: %s\n", r.error().c_str());
+    return 1;
+  }
+  std::printf("'%s' scaled to %d replica(s)\n", r->c_str(), o.replicas);
+  return 0;
+}
+
 int run_status_cmd(const cluster_cmd_options& o) {
   auto p = prepare(o, "status", "--coordinator");
   if (!p) return 2;

@@ -39,5 +39,6 @@ int run_deploy_cmd(const cluster_cmd_options& o);
 int run_submit_cmd(const cluster_cmd_options& o);
 int run_status_cmd(const cluster_cmd_options& o);
 int run_gateway_cmd(const cluster_cmd_options& o);
+int run_scale_cmd(const cluster_cmd_options& o);
 
 }  // namespace troupe::app

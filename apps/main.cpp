@@ -8,6 +8,7 @@
 #include "apps/generate.hpp"
 #include "apps/inspect.hpp"
 #include "apps/serve.hpp"
+#include "apps/sim.hpp"
 #include "apps/cluster_cmd.hpp"
 #include "apps/tokenize.hpp"
 
@@ -120,6 +121,19 @@ int main(int argc, char** argv) {
   sv->add_option("--max-outstanding", serve.max_outstanding, "jobs admitted and not finished; more get 429")->check(CLI::Range(1, 1 << 20));
   sv->callback([&] { rc = troupe::app::run_serve(serve); });
 
+  troupe::app::sim_options sim;
+  auto* sm = app.add_subcommand("sim", "a simulated cluster of node processes on loopback, with fault injection on stdin");
+  sm->add_option("--nodes", sim.nodes)->check(CLI::Range(1, 64));
+  sm->add_option("--model", sim.model, "deploy this checkpoint on the nodes");
+  sm->add_option("--replicas", sim.replicas, "replicas of the model (default: one per node)")->check(CLI::Range(0, 1024));
+  sm->add_option("--threads", sim.threads, "compute threads per node")->check(CLI::Range(0, 4096));
+  sm->add_option("--max-rows", sim.max_rows)->check(CLI::Range(1, 1024));
+  sm->add_option("--capacity", sim.capacity)->check(CLI::Range(16, 1 << 20));
+  sm->add_option("--heartbeat-ms", sim.heartbeat_ms)->check(CLI::Range(10, 60000));
+  sm->add_option("--timeout-ms", sim.timeout_ms)->check(CLI::Range(50, 600000));
+  sm->add_option("--dir", sim.dir, "where the secret and the logs go");
+  sm->callback([&] { rc = troupe::app::run_sim(sim); });
+
   troupe::app::cluster_cmd_options cc;
   auto common = [&](CLI::App* c, const char* flag, const char* what) {
     c->add_option(flag, cc.address, what)->required();
@@ -157,6 +171,11 @@ int main(int argc, char** argv) {
     cc.has_prompt_ids = sids->count() > 0;
     rc = troupe::app::run_submit_cmd(cc);
   });
+  auto* scl = app.add_subcommand("scale", "set a deployed model's replica count (new ones warm first, removed ones drain)");
+  common(scl, "--coordinator", "the coordinator's HOST:PORT");
+  scl->add_option("--model", cc.model, "the deployed model's name")->required();
+  scl->add_option("--replicas", cc.replicas)->required()->check(CLI::Range(0, 1024));
+  scl->callback([&] { rc = troupe::app::run_scale_cmd(cc); });
   auto* gwc = app.add_subcommand("gateway", "the OpenAI-compatible HTTP API in front of a running cluster");
   common(gwc, "--coordinator", "the coordinator's HOST:PORT");
   gwc->add_option("--listen", cc.listen, "HOST:PORT for HTTP (default 127.0.0.1:8000)");

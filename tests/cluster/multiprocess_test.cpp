@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "actors/gateway.hpp"
@@ -260,6 +261,53 @@ TEST(multiprocess, a_node_with_the_wrong_secret_is_refused) {
   std::ifstream log(c.dir / "coordinator.log");
   std::string text((std::istreambuf_iterator<char>(log)), {});
   EXPECT_NE(text.find("refused node 'evil'"), std::string::npos) << text;
+}
+
+TEST(multiprocess, scaling_one_to_three_to_one_under_load_fails_no_job) {
+  cluster_fixture c;
+  for (int i = 0; i < 3; ++i) c.nodes.push_back(c.node("s" + std::to_string(i), (c.dir / "secret").string()));
+  auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  ASSERT_TRUE(s) << s.error();
+  for (int i = 0; i < 100; ++i) {
+    auto st = (*s)->status();
+    if (st && st->find("\"s0\"") != std::string::npos && st->find("\"s1\"") != std::string::npos && st->find("\"s2\"") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto name = (*s)->deploy(model_path(), 1, driver_opts());
+  ASSERT_TRUE(name) << name.error();
+  const auto ref = reference(60);
+  auto cl = (*s)->client_session();
+  std::vector<job> jobs;
+  auto submit = [&](int from, int to) {
+    for (int i = from; i < to; ++i) {
+      auto jb = cl->submit(job_for(i));
+      ASSERT_TRUE(jb) << jb.error().message;
+      jobs.push_back(std::move(*jb));
+    }
+  };
+  submit(0, 20);
+  auto up = (*s)->scale(*name, 3);
+  ASSERT_TRUE(up) << up.error();
+  submit(20, 40);
+  auto st3 = (*s)->status();
+  ASSERT_TRUE(st3);
+  EXPECT_EQ(nlohmann::json::parse(*st3)["replicas"].size(), 3u) << *st3;
+  auto down = (*s)->scale(*name, 1);
+  ASSERT_TRUE(down) << down.error();
+  submit(40, 60);
+  for (int i = 0; i < 60; ++i) {
+    const auto r = jobs[static_cast<std::size_t>(i)].wait();
+    EXPECT_FALSE(r.error) << "job " << i << ": " << (r.error ? r.error->message : "");
+    EXPECT_EQ(r.tokens, ref[static_cast<std::size_t>(i)]) << "job " << i;
+  }
+  // The drained replicas stop once their last job ends.
+  std::size_t replicas = 0;
+  for (int i = 0; i < 100; ++i) {
+    replicas = nlohmann::json::parse(*(*s)->status())["replicas"].size();
+    if (replicas == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(replicas, 1u);
 }
 
 TEST(multiprocess, a_gateway_in_front_of_a_remote_cluster_serves) {

@@ -1,0 +1,191 @@
+// `troupe sim`: a simulated cluster on this machine. A coordinator and N node processes (this same
+// binary) on loopback, joined with a fresh secret; optionally a model deployed on them. It prints the
+// coordinator's address and secret file, then reads fault-injection commands on stdin
+//   kill I | pause I | resume I | restart I | status | quit   (I: a node's index)
+// and runs until `quit`, SIGINT or SIGTERM (stdin at its end only stops the commands).
+#include "apps/sim.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "actors/remote.hpp"
+
+namespace troupe::app {
+namespace {
+
+namespace fs = std::filesystem;
+
+pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const std::string log_path = log.string();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    // The parent blocked SIGINT/SIGTERM for sigwait; the child must receive them.
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+void stop(pid_t pid) {
+  if (pid <= 0) return;
+  ::kill(pid, SIGCONT);
+  ::kill(pid, SIGTERM);
+  for (int i = 0; i < 100; ++i) {
+    if (::waitpid(pid, nullptr, WNOHANG) == pid) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
+}  // namespace
+
+int run_sim(const sim_options& o) {
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const fs::path dir = o.dir.empty() ? fs::temp_directory_path() / ("troupe-sim-" + std::to_string(::getpid())) : fs::path(o.dir);
+  fs::create_directories(dir);
+  {
+    std::random_device rd;
+    std::ofstream f(dir / "secret");
+    for (int i = 0; i < 32; ++i) f << "0123456789abcdef"[rd() & 15];
+    f << "\n";
+  }
+  fs::permissions(dir / "secret", fs::perms::owner_read | fs::perms::owner_write);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  const auto hb = {std::string("--heartbeat-ms"), std::to_string(o.heartbeat_ms), std::string("--timeout-ms"), std::to_string(o.timeout_ms)};
+  std::vector<std::string> cargs{self, "coordinator", "--listen", "127.0.0.1:0", "--secret-file", (dir / "secret").string(), "--port-file",
+                                 (dir / "port").string()};
+  cargs.insert(cargs.end(), hb.begin(), hb.end());
+  fs::remove(dir / "port");
+  const pid_t coordinator = spawn(cargs, dir / "coordinator.log");
+  int port = 0;
+  for (int i = 0; i < 200 && port == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::ifstream(dir / "port") >> port;
+  }
+  if (port == 0) {
+    std::fprintf(stderr, "troupe sim: the coordinator did not start (see %s)\n", (dir / "coordinator.log").c_str());
+    stop(coordinator);
+    return 1;
+  }
+  auto node_args = [&](int i) {
+    std::vector<std::string> a{self, "node", "--join", "127.0.0.1:" + std::to_string(port), "--secret-file", (dir / "secret").string(),
+                               "--node-id", "sim-node-" + std::to_string(i), "--threads", std::to_string(o.threads)};
+    a.insert(a.end(), hb.begin(), hb.end());
+    return a;
+  };
+  std::vector<pid_t> nodes;
+  for (int i = 0; i < o.nodes; ++i) nodes.push_back(spawn(node_args(i), dir / ("node-" + std::to_string(i) + ".log")));
+  auto stop_all = [&] {
+    for (auto p : nodes) stop(p);
+    stop(coordinator);
+  };
+  auto secret = actors::read_secret(dir / "secret");
+  auto s = actors::session::connect("127.0.0.1", port, secret ? *secret : std::string());
+  if (!s) {
+    std::fprintf(stderr, "troupe sim: %s\n", s.error().c_str());
+    stop_all();
+    return 1;
+  }
+  for (int i = 0; i < 200; ++i) {
+    auto st = (*s)->status();
+    if (st && st->find("sim-node-" + std::to_string(o.nodes - 1)) != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::printf("troupe sim: coordinator 127.0.0.1:%d, secret %s, %d node(s), logs in %s\n", port, (dir / "secret").c_str(), o.nodes, dir.c_str());
+  if (!o.model.empty()) {
+    driver::driver_options d;
+    d.max_rows = o.max_rows;
+    d.capacity = o.capacity;
+    d.prefill_chunk = std::min<std::int64_t>(256, o.capacity);
+    d.token_budget = d.prefill_chunk + o.max_rows;
+    auto r = (*s)->deploy(o.model, o.replicas > 0 ? o.replicas : o.nodes, d);
+    if (!r) {
+      std::fprintf(stderr, "troupe sim: deploy: %s\n", r.error().c_str());
+      stop_all();
+      return 1;
+    }
+    std::printf("troupe sim: '%s' deployed on %d replica(s)\n", r->c_str(), o.replicas > 0 ? o.replicas : o.nodes);
+  }
+  std::printf("commands: kill I | pause I | resume I | restart I | status | quit\n");
+  std::fflush(stdout);
+
+  std::atomic<bool> signalled{false};
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    signalled = true;
+    ::close(0);  // ends the command loop
+  });
+  std::string line;
+  bool quit = false;
+  while (!signalled && std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd;
+    int i = -1;
+    in >> cmd >> i;
+    const bool indexed = cmd == "kill" || cmd == "pause" || cmd == "resume" || cmd == "restart";
+    if (indexed && (i < 0 || i >= static_cast<int>(nodes.size()))) {
+      std::printf("no node %d\n", i);
+    } else if (cmd == "kill") {
+      ::kill(nodes[static_cast<std::size_t>(i)], SIGKILL);
+      ::waitpid(nodes[static_cast<std::size_t>(i)], nullptr, 0);
+      nodes[static_cast<std::size_t>(i)] = -1;
+      std::printf("node %d killed\n", i);
+    } else if (cmd == "pause") {
+      ::kill(nodes[static_cast<std::size_t>(i)], SIGSTOP);
+      std::printf("node %d paused\n", i);
+    } else if (cmd == "resume") {
+      ::kill(nodes[static_cast<std::size_t>(i)], SIGCONT);
+      std::printf("node %d resumed\n", i);
+    } else if (cmd == "restart") {
+      stop(nodes[static_cast<std::size_t>(i)]);
+      nodes[static_cast<std::size_t>(i)] = spawn(node_args(i), dir / ("node-" + std::to_string(i) + ".log"));
+      std::printf("node %d restarted\n", i);
+    } else if (cmd == "status") {
+      auto st = (*s)->status();
+      std::printf("%s\n", st ? st->c_str() : st.error().c_str());
+    } else if (cmd == "quit") {
+      quit = true;
+      break;
+    } else if (!cmd.empty()) {
+      std::printf("unknown command '%s'\n", cmd.c_str());
+    }
+    std::fflush(stdout);
+  }
+  // Without a terminal (stdin at its end) the cluster runs until a signal.
+  if (quit && !signalled) pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  s->reset();
+  stop_all();
+  std::printf("troupe sim: stopped\n");
+  return 0;
+}
+
+}  // namespace troupe::app

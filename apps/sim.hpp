@@ -1,0 +1,20 @@
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace troupe::app {
+
+struct sim_options {
+  int nodes = 2;
+  std::string model;  // deployed when given
+  int replicas = 0;   // 0: one per node
+  int threads = 1;    // compute threads per node
+  std::int64_t max_rows = 16;
+  std::int64_t capacity = 1024;
+  int heartbeat_ms = 500;
+  int timeout_ms = 1500;
+  std::string dir;    // logs and the secret; a temporary directory otherwise
+};
+int run_sim(const sim_options& o);
+
+}  // namespace troupe::app

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# troupe sim end to end: two node processes join, a model deploys on both, a job is served through
+# `troupe submit`, a killed node leaves the status, `quit` stops every process.
+set -euo pipefail
+troupe="$1"
+dir="$(mktemp -d /tmp/troupe-sim-test.XXXXXX)"
+trap 'rm -rf "$dir"' EXIT
+"$troupe" fixture --family llama --gguf --dims 512,128,256,2,4,2,32 --out "$dir/m.gguf" >/dev/null
+mkfifo "$dir/cmd"
+"$troupe" sim --nodes 2 --model "$dir/m.gguf" --capacity 256 --max-rows 4 --dir "$dir/sim" < "$dir/cmd" > "$dir/out" 2>&1 &
+sim=$!
+exec 3> "$dir/cmd"
+for _ in $(seq 300); do grep -q "deployed on 2 replica" "$dir/out" && break; sleep 0.1; done
+grep -q "deployed on 2 replica" "$dir/out" || { cat "$dir/out"; exit 1; }
+port="$(sed -n 's/.*coordinator 127.0.0.1:\([0-9]*\),.*/\1/p' "$dir/out")"
+answer="$("$troupe" submit --coordinator "127.0.0.1:$port" --secret-file "$dir/sim/secret" --prompt-ids 5,6,7 --max-tokens 6 --json)"
+echo "$answer" | grep -q '"finish_reason":"length"' || { echo "bad answer: $answer"; exit 1; }
+echo "kill 1" >&3
+echo "status" >&3
+for _ in $(seq 100); do grep -q '"nodes":\["sim-node-0"\]' "$dir/out" && break; sleep 0.1; echo "status" >&3; done
+grep -q '"nodes":\["sim-node-0"\]' "$dir/out" || { cat "$dir/out"; exit 1; }
+echo "quit" >&3
+exec 3>&-
+wait "$sim"
+grep -q "troupe sim: stopped" "$dir/out"
+if pgrep -f "$dir/sim/secret" >/dev/null; then echo "processes left behind"; exit 1; fi
+echo "sim smoke test passed"

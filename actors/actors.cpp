@@ -81,9 +81,14 @@ struct job_stream {
     return ended;
   }
 
+  std::optional<std::chrono::steady_clock::time_point> last_chunk;
+
   void push(transport::token_chunk c) {
     std::lock_guard lock(m);
     if (ended) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (last_chunk) acc.longest_gap_s = std::max(acc.longest_gap_s, std::chrono::duration<double>(now - *last_chunk).count());
+    last_chunk = now;
     acc.tokens.insert(acc.tokens.end(), c.ids.begin(), c.ids.end());
     acc.text += c.text;
     acc.logprobs.insert(acc.logprobs.end(), c.logprobs.begin(), c.logprobs.end());

@@ -7,6 +7,7 @@
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <caf/openssl/all.hpp>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -1180,8 +1181,14 @@ caf::behavior gatekeeper_actor(caf::stateful_actor<gatekeeper_state>* self, std:
   };
 }
 
-void configure(caf::actor_system_config& cfg, const heartbeat_options& hb, std::size_t threads) {
+void configure(caf::actor_system_config& cfg, const heartbeat_options& hb, std::size_t threads, const tls_options& tls = {}) {
   cfg.load<caf::io::middleman>();
+  if (tls.enabled()) {
+    cfg.load<caf::openssl::manager>();
+    cfg.openssl_certificate = tls.certificate;
+    cfg.openssl_key = tls.key;
+    cfg.openssl_cafile = tls.ca_file;
+  }
   cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(hb.interval_ms)});
   cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::milliseconds(hb.timeout_ms)});
   cfg.set("scheduler.max-threads", threads);
@@ -1199,8 +1206,9 @@ sigset_t block_stop_signals() {
 
 // Proves the secret to a gatekeeper; the coordinator's handle, or why not.
 result<caf::actor, std::string> join(caf::actor_system& sys, const std::string& host, int port, const std::string& secret,
-                                     const std::string& role, const std::string& id, const caf::actor& peer) {
-  auto gk = sys.middleman().remote_actor(host, static_cast<std::uint16_t>(port));
+                                     const std::string& role, const std::string& id, const caf::actor& peer, bool tls) {
+  auto gk = tls ? caf::openssl::remote_actor<caf::actor>(sys, host, static_cast<std::uint16_t>(port))
+                : sys.middleman().remote_actor(host, static_cast<std::uint16_t>(port));
   if (!gk) return unexpected("cannot reach the coordinator at " + host + ":" + std::to_string(port) + ": " + sys.render(gk.error()));
   caf::scoped_actor self{sys};
   std::string nonce, err;
@@ -1218,7 +1226,7 @@ result<caf::actor, std::string> join(caf::actor_system& sys, const std::string& 
 int run_coordinator(const coordinator_process_options& o) {
   auto set = block_stop_signals();
   caf::actor_system_config cfg;
-  configure(cfg, o.heartbeat, 2);
+  configure(cfg, o.heartbeat, 2, o.tls);
   caf::actor_system sys{cfg};
   auto registry = sys.spawn(registry_actor);
   auto coordinator = sys.spawn(coordinator_actor, registry, caf::actor{}, o.max_outstanding, o.max_per_replica);
@@ -1226,7 +1234,8 @@ int run_coordinator(const coordinator_process_options& o) {
   auto stop = [&] {
     for (auto* a : {&gatekeeper, &coordinator, &registry}) caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
   };
-  auto port = sys.middleman().publish(gatekeeper, static_cast<std::uint16_t>(o.port), o.host.c_str(), true);
+  auto port = o.tls.enabled() ? caf::openssl::publish(gatekeeper, static_cast<std::uint16_t>(o.port), o.host.c_str(), true)
+                              : sys.middleman().publish(gatekeeper, static_cast<std::uint16_t>(o.port), o.host.c_str(), true);
   if (!port) {
     std::fprintf(stderr, "troupe coordinator: cannot listen on %s:%d: %s\n", o.host.c_str(), o.port, sys.render(port.error()).c_str());
     stop();
@@ -1248,7 +1257,7 @@ int run_coordinator(const coordinator_process_options& o) {
 int run_node(const node_process_options& o) {
   auto set = block_stop_signals();
   caf::actor_system_config cfg;
-  configure(cfg, o.heartbeat, 2);
+  configure(cfg, o.heartbeat, 2, o.tls);
   caf::actor_system sys{cfg};
   const std::string id = o.node_id.empty() ? "node-" + std::to_string(::getpid()) : o.node_id;
   std::atomic<bool> signalled{false};
@@ -1263,7 +1272,7 @@ int run_node(const node_process_options& o) {
   // with a fresh node actor: a node that comes back rejoins cleanly.
   while (!signalled) {
     auto node = sys.spawn(node_actor, o.executor_threads, o.max_per_replica);
-    auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, node);
+    auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, node, o.tls.enabled());
     if (!coordinator) {
       caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
       const bool refused = coordinator.error().rfind("refused", 0) == 0;
@@ -1311,11 +1320,12 @@ struct session_state {
 session::session(std::unique_ptr<session_state> s) : s_(std::move(s)) {}
 session::~session() = default;
 
-result<std::unique_ptr<session>, std::string> session::connect(const std::string& host, int port, const std::string& secret, heartbeat_options hb) {
+result<std::unique_ptr<session>, std::string> session::connect(const std::string& host, int port, const std::string& secret, heartbeat_options hb,
+                                                              tls_options tls) {
   auto s = std::make_unique<session_state>();
-  configure(s->cfg, hb, 2);
+  configure(s->cfg, hb, 2, tls);
   s->sys = std::make_unique<caf::actor_system>(s->cfg);
-  auto c = join(*s->sys, host, port, secret, "client", "client-" + std::to_string(::getpid()), caf::actor{});
+  auto c = join(*s->sys, host, port, secret, "client", "client-" + std::to_string(::getpid()), caf::actor{}, tls.enabled());
   if (!c) return unexpected(c.error());
   s->coordinator = *c;
   return std::unique_ptr<session>(new session(std::move(s)));

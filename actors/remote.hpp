@@ -3,8 +3,8 @@
 // join it, and sessions (clients, `troupe deploy`, `troupe status`) that connect to it. A peer gets the
 // coordinator's handle only after an HMAC-SHA256 challenge-response over the cluster's secret: the
 // coordinator publishes a gatekeeper, which hands out a fresh nonce and checks
-// HMAC(secret, nonce | role | id) before it answers with the coordinator. Links are plain TCP (no TLS):
-// the secret authenticates peers, it does not encrypt traffic (docs/cluster.md).
+// HMAC(secret, nonce | role | id) before it answers with the coordinator. Links are plain TCP unless
+// mutual TLS is configured (tls_options; docs/cluster.md).
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -25,6 +25,16 @@ struct heartbeat_options {
   int timeout_ms = 1500;   // a peer silent this long is lost
 };
 
+// Mutual TLS on the links (CAF's OpenSSL module, Debian's libcaf-openssl): every process of the
+// cluster gets a certificate and key signed by the cluster's CA and the CA file; a peer without a
+// certificate the CA signed cannot connect. Off when `certificate` is empty.
+struct tls_options {
+  std::string certificate;  // PEM
+  std::string key;          // PEM
+  std::string ca_file;      // PEM of the CA that signs every peer
+  bool enabled() const { return !certificate.empty(); }
+};
+
 struct coordinator_process_options {
   std::string host = "127.0.0.1";
   int port = 0;                          // 0: any free port
@@ -33,6 +43,7 @@ struct coordinator_process_options {
   std::int64_t max_outstanding = 1024;
   std::int64_t max_per_replica = 256;
   heartbeat_options heartbeat;
+  tls_options tls;
 };
 // Runs until SIGINT or SIGTERM. Returns the process exit code.
 int run_coordinator(const coordinator_process_options& o);
@@ -45,6 +56,7 @@ struct node_process_options {
   int executor_threads = 1;
   std::int64_t max_per_replica = 256;
   heartbeat_options heartbeat;
+  tls_options tls;
 };
 // Joins the coordinator and serves until SIGINT/SIGTERM; when the link to the coordinator is lost it
 // drops its replicas and joins again. Exit code 3 when the coordinator refuses the join, 1 when it
@@ -57,7 +69,7 @@ struct session_state;
 class session final : public serving_backend {
  public:
   static result<std::unique_ptr<session>, std::string> connect(const std::string& host, int port, const std::string& secret,
-                                                               heartbeat_options heartbeat = {});
+                                                               heartbeat_options heartbeat = {}, tls_options tls = {});
   ~session();
   std::unique_ptr<client> client_session();
   std::unique_ptr<client> connect() override;

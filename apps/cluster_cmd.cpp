@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <fstream>
 #include <optional>
 
 #include "actors/gateway.hpp"
@@ -43,10 +44,21 @@ std::optional<prepared> prepare(const cluster_cmd_options& o, const char* cmd, c
     std::fprintf(stderr, "troupe %s: %s\n", cmd, secret.error().c_str());
     return std::nullopt;
   }
+  const bool any_tls = !o.tls_cert.empty() || !o.tls_key.empty() || !o.tls_ca.empty();
+  if (any_tls && (o.tls_cert.empty() || o.tls_key.empty() || o.tls_ca.empty())) {
+    std::fprintf(stderr, "troupe %s: TLS needs --tls-cert, --tls-key and --tls-ca together\n", cmd);
+    return std::nullopt;
+  }
+  for (const auto* f : {&o.tls_cert, &o.tls_key, &o.tls_ca})
+    if (!f->empty() && !std::ifstream(*f)) {
+      std::fprintf(stderr, "troupe %s: cannot read %s\n", cmd, f->c_str());
+      return std::nullopt;
+    }
   return prepared{*at, *secret};
 }
 
 actors::heartbeat_options heartbeat(const cluster_cmd_options& o) { return {o.heartbeat_ms, o.timeout_ms}; }
+actors::tls_options tls(const cluster_cmd_options& o) { return {o.tls_cert, o.tls_key, o.tls_ca}; }
 
 }  // namespace
 
@@ -59,6 +71,7 @@ int run_coordinator_cmd(const cluster_cmd_options& o) {
   c.secret = p->secret;
   c.port_file = o.port_file;
   c.heartbeat = heartbeat(o);
+  c.tls = tls(o);
   return actors::run_coordinator(c);
 }
 
@@ -76,13 +89,14 @@ int run_node_cmd(const cluster_cmd_options& o) {
   n.node_id = o.node_id;
   n.executor_threads = o.threads;
   n.heartbeat = heartbeat(o);
+  n.tls = tls(o);
   return actors::run_node(n);
 }
 
 int run_deploy_cmd(const cluster_cmd_options& o) {
   auto p = prepare(o, "deploy", "--coordinator");
   if (!p) return 2;
-  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o));
+  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
   if (!s) {
     std::fprintf(stderr, "troupe deploy: %s\n", s.error().c_str());
     return 1;
@@ -104,7 +118,7 @@ int run_deploy_cmd(const cluster_cmd_options& o) {
 int run_submit_cmd(const cluster_cmd_options& o) {
   auto p = prepare(o, "submit", "--coordinator");
   if (!p) return 2;
-  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o));
+  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
   if (!s) {
     std::fprintf(stderr, "troupe submit: %s\n", s.error().c_str());
     return 1;
@@ -143,7 +157,7 @@ int run_submit_cmd(const cluster_cmd_options& o) {
 int run_scale_cmd(const cluster_cmd_options& o) {
   auto p = prepare(o, "scale", "--coordinator");
   if (!p) return 2;
-  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o));
+  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
   if (!s) {
     std::fprintf(stderr, "troupe scale: %s\n", s.error().c_str());
     return 1;
@@ -160,7 +174,7 @@ int run_scale_cmd(const cluster_cmd_options& o) {
 int run_status_cmd(const cluster_cmd_options& o) {
   auto p = prepare(o, "status", "--coordinator");
   if (!p) return 2;
-  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o));
+  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
   if (!s) {
     std::fprintf(stderr, "troupe status: %s\n", s.error().c_str());
     return 1;
@@ -200,7 +214,7 @@ int run_gateway_cmd(const cluster_cmd_options& o) {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o));
+  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
   if (!s) {
     std::fprintf(stderr, "troupe gateway: %s\n", s.error().c_str());
     return 1;

@@ -15,6 +15,7 @@ struct cluster_cmd_options {
   int threads = 1;
   int heartbeat_ms = 500;
   int timeout_ms = 1500;
+  std::string tls_cert, tls_key, tls_ca;  // mutual TLS on the cluster's links
   // deploy
   std::string model;
   int replicas = 1;

@@ -140,6 +140,9 @@ int main(int argc, char** argv) {
     c->add_option("--secret-file", cc.secret_file, "the cluster's shared secret (16 bytes or more)")->required();
     c->add_option("--heartbeat-ms", cc.heartbeat_ms, "middleman heartbeat interval")->check(CLI::Range(10, 60000));
     c->add_option("--timeout-ms", cc.timeout_ms, "a peer silent this long is lost")->check(CLI::Range(50, 600000));
+    c->add_option("--tls-cert", cc.tls_cert, "this process's certificate (PEM), for mutual TLS on the links");
+    c->add_option("--tls-key", cc.tls_key, "its private key (PEM)");
+    c->add_option("--tls-ca", cc.tls_ca, "the CA (PEM) that signs every process of the cluster");
   };
   auto* co = app.add_subcommand("coordinator", "run a cluster's coordinator");
   common(co, "--listen", "HOST:PORT to listen on (port 0: any)");

@@ -317,6 +317,50 @@ TEST(multiprocess, scaling_one_to_three_to_one_under_load_fails_no_job) {
   EXPECT_EQ(replicas, 1u);
 }
 
+TEST(multiprocess, tls_links_carry_jobs_and_refuse_plain_peers) {
+  cluster_fixture plain;  // only for its directory and secret; its plain coordinator is not used
+  const auto d = plain.dir;
+  const std::string gen = "cd '" + d.string() + "' && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=troupe-test-ca"
+                          " >/dev/null 2>&1 && for n in coord node client; do openssl req -newkey rsa:2048 -nodes -keyout $n.key -out $n.csr -subj /CN=$n"
+                          " >/dev/null 2>&1 && openssl x509 -req -in $n.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out $n.pem -days 1 >/dev/null 2>&1 || exit 1; done";
+  ASSERT_EQ(std::system(gen.c_str()), 0) << "openssl could not make the test certificates";
+  auto tls_args = [&](const std::string& who) {
+    return std::vector<std::string>{"--tls-cert", (d / (who + ".pem")).string(), "--tls-key", (d / (who + ".key")).string(), "--tls-ca",
+                                    (d / "ca.pem").string()};
+  };
+  std::vector<std::string> cargs{TROUPE_BIN, "coordinator", "--listen", "127.0.0.1:0", "--secret-file", (d / "secret").string(), "--port-file",
+                                 (d / "tls-port").string()};
+  for (auto& a : tls_args("coord")) cargs.push_back(a);
+  process coordinator = spawn(cargs, d / "tls-coordinator.log");
+  int port = 0;
+  for (int i = 0; i < 600 && port == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::ifstream(d / "tls-port") >> port;
+  }
+  ASSERT_GT(port, 0);
+  std::vector<std::string> nargs{TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(port), "--secret-file", (d / "secret").string(),
+                                 "--node-id", "t0"};
+  for (auto& a : tls_args("node")) nargs.push_back(a);
+  process node = spawn(nargs, d / "tls-node.log");
+  const tls_options tls{(d / "client.pem").string(), (d / "client.key").string(), (d / "ca.pem").string()};
+  auto s = session::connect("127.0.0.1", port, plain.secret, {200, 800}, tls);
+  ASSERT_TRUE(s) << s.error();
+  for (int i = 0; i < 100; ++i) {
+    auto st = (*s)->status();
+    if (st && st->find("\"t0\"") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE((*s)->deploy(model_path(), 1, driver_opts()));
+  auto cl = (*s)->client_session();
+  const auto ref = reference(3);
+  for (int i = 0; i < 3; ++i) {
+    auto r = cl->submit(job_for(i))->wait();
+    EXPECT_EQ(r.tokens, ref[static_cast<std::size_t>(i)]) << "job " << i;
+  }
+  // A peer without TLS cannot even reach the gatekeeper.
+  EXPECT_FALSE(session::connect("127.0.0.1", port, plain.secret, {200, 800}));
+}
+
 TEST(multiprocess, a_gateway_in_front_of_a_remote_cluster_serves) {
   cluster_fixture c;
   c.nodes.push_back(c.node("g0", (c.dir / "secret").string()));

@@ -3,10 +3,14 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <set>
 #include <fstream>
 #include <optional>
 
 #include "actors/gateway.hpp"
+// toml++ reports parse errors as values (no exceptions); only this file includes it.
+#define TOML_EXCEPTIONS 0
+#include <toml++/toml.h>
 #include "actors/remote.hpp"
 
 #include <csignal>
@@ -33,7 +37,74 @@ struct prepared {
   std::string secret;
 };
 
-std::optional<prepared> prepare(const cluster_cmd_options& o, const char* cmd, const char* flag) {
+struct deployment_entry {
+  std::string model;
+  int replicas = 1;
+  std::int64_t max_rows = 16, capacity = 1024;
+};
+
+// Reads a cluster file into the options the flags left unset; the deployments it lists.
+result<std::vector<deployment_entry>, std::string> apply_cluster_file(cluster_cmd_options& o, bool is_node) {
+  std::vector<deployment_entry> deployments;
+  if (o.cluster_file.empty()) return deployments;
+  toml::parse_result parsed = toml::parse_file(o.cluster_file);
+  if (!parsed) {
+    const auto& e = parsed.error();
+    return unexpected(o.cluster_file + ":" + std::to_string(e.source().begin.line) + ": " + std::string(e.description()));
+  }
+  const toml::table& t = parsed.table();
+  static const std::set<std::string> top{"cluster", "node", "deployment"};
+  for (const auto& [k, v] : t)
+    if (!top.contains(std::string(k.str()))) return unexpected(o.cluster_file + ": unknown section '" + std::string(k.str()) + "'");
+  if (const auto* c = t["cluster"].as_table()) {
+    static const std::set<std::string> keys{"coordinator", "secret_file", "heartbeat_ms", "timeout_ms", "tls_cert", "tls_key", "tls_ca"};
+    for (const auto& [k, v] : *c)
+      if (!keys.contains(std::string(k.str()))) return unexpected(o.cluster_file + ": unknown key cluster." + std::string(k.str()));
+    if (o.address.empty()) o.address = c->get("coordinator") ? (*c)["coordinator"].value_or(std::string()) : std::string();
+    if (o.secret_file.empty()) o.secret_file = (*c)["secret_file"].value_or(std::string());
+    o.heartbeat_ms = (*c)["heartbeat_ms"].value_or(o.heartbeat_ms);
+    o.timeout_ms = (*c)["timeout_ms"].value_or(o.timeout_ms);
+    if (o.tls_cert.empty()) o.tls_cert = (*c)["tls_cert"].value_or(std::string());
+    if (o.tls_key.empty()) o.tls_key = (*c)["tls_key"].value_or(std::string());
+    if (o.tls_ca.empty()) o.tls_ca = (*c)["tls_ca"].value_or(std::string());
+  }
+  if (const auto* nodes = t["node"].as_array())
+    for (const auto& n : *nodes) {
+      const auto* nt = n.as_table();
+      if (!nt) return unexpected(o.cluster_file + ": [[node]] entries are tables");
+      for (const auto& [k, v] : *nt)
+        if (k.str() != "id" && k.str() != "threads") return unexpected(o.cluster_file + ": unknown key node." + std::string(k.str()));
+      if (is_node && (*nt)["id"].value_or(std::string()) == o.node_id) o.threads = (*nt)["threads"].value_or(o.threads);
+    }
+  if (const auto* deps = t["deployment"].as_array())
+    for (const auto& d : *deps) {
+      const auto* dt = d.as_table();
+      if (!dt) return unexpected(o.cluster_file + ": [[deployment]] entries are tables");
+      static const std::set<std::string> keys{"model", "replicas", "max_rows", "capacity"};
+      for (const auto& [k, v] : *dt)
+        if (!keys.contains(std::string(k.str()))) return unexpected(o.cluster_file + ": unknown key deployment." + std::string(k.str()));
+      deployment_entry e;
+      e.model = (*dt)["model"].value_or(std::string());
+      if (e.model.empty()) return unexpected(o.cluster_file + ": a [[deployment]] needs a model");
+      e.replicas = (*dt)["replicas"].value_or(1);
+      e.max_rows = (*dt)["max_rows"].value_or(std::int64_t{16});
+      e.capacity = (*dt)["capacity"].value_or(std::int64_t{1024});
+      deployments.push_back(e);
+    }
+  return deployments;
+}
+
+std::optional<prepared> prepare(cluster_cmd_options& o, const char* cmd, const char* flag, std::vector<deployment_entry>* deployments = nullptr) {
+  auto file = apply_cluster_file(o, std::string(cmd) == "node");
+  if (!file) {
+    std::fprintf(stderr, "troupe %s: %s\n", cmd, file.error().c_str());
+    return std::nullopt;
+  }
+  if (deployments) *deployments = std::move(*file);
+  if (o.address.empty() || o.secret_file.empty()) {
+    std::fprintf(stderr, "troupe %s: %s and --secret-file are needed (or a --cluster-file naming them)\n", cmd, flag);
+    return std::nullopt;
+  }
   auto at = parse_address(o.address);
   if (!at) {
     std::fprintf(stderr, "troupe %s: %s takes HOST:PORT, got '%s'\n", cmd, flag, o.address.c_str());
@@ -62,7 +133,8 @@ actors::tls_options tls(const cluster_cmd_options& o) { return {o.tls_cert, o.tl
 
 }  // namespace
 
-int run_coordinator_cmd(const cluster_cmd_options& o) {
+int run_coordinator_cmd(const cluster_cmd_options& given) {
+  auto o = given;
   auto p = prepare(o, "coordinator", "--listen");
   if (!p) return 2;
   actors::coordinator_process_options c;
@@ -75,7 +147,8 @@ int run_coordinator_cmd(const cluster_cmd_options& o) {
   return actors::run_coordinator(c);
 }
 
-int run_node_cmd(const cluster_cmd_options& o) {
+int run_node_cmd(const cluster_cmd_options& given) {
+  auto o = given;
   auto p = prepare(o, "node", "--join");
   if (!p) return 2;
   if (o.devices.rfind("cpu", 0) != 0) {
@@ -93,29 +166,41 @@ int run_node_cmd(const cluster_cmd_options& o) {
   return actors::run_node(n);
 }
 
-int run_deploy_cmd(const cluster_cmd_options& o) {
-  auto p = prepare(o, "deploy", "--coordinator");
+int run_deploy_cmd(const cluster_cmd_options& given) {
+  auto o = given;
+  std::vector<deployment_entry> file_deployments;
+  auto p = prepare(o, "deploy", "--coordinator", &file_deployments);
   if (!p) return 2;
   auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
   if (!s) {
     std::fprintf(stderr, "troupe deploy: %s\n", s.error().c_str());
     return 1;
   }
-  driver::driver_options d;
-  d.max_rows = o.max_rows;
-  d.capacity = o.capacity;
-  d.prefill_chunk = std::min<std::int64_t>(256, o.capacity);
-  d.token_budget = d.prefill_chunk + o.max_rows;
-  auto r = (*s)->deploy(o.model, o.replicas, d);
-  if (!r) {
-    std::fprintf(stderr, "troupe deploy: %s\n", r.error().c_str());
-    return 1;
+  std::vector<deployment_entry> todo;
+  if (!o.model.empty()) todo.push_back({o.model, o.replicas, o.max_rows, o.capacity});
+  else todo = file_deployments;
+  if (todo.empty()) {
+    std::fprintf(stderr, "troupe deploy: --model is needed (or a cluster file with [[deployment]] entries)\n");
+    return 2;
   }
-  std::printf("deployed '%s' on %d replica(s)\n", r->c_str(), o.replicas);
+  for (const auto& e : todo) {
+    driver::driver_options d;
+    d.max_rows = e.max_rows;
+    d.capacity = e.capacity;
+    d.prefill_chunk = std::min<std::int64_t>(256, e.capacity);
+    d.token_budget = d.prefill_chunk + e.max_rows;
+    auto r = (*s)->deploy(e.model, e.replicas, d);
+    if (!r) {
+      std::fprintf(stderr, "troupe deploy: %s: %s\n", e.model.c_str(), r.error().c_str());
+      return 1;
+    }
+    std::printf("deployed '%s' on %d replica(s)\n", r->c_str(), e.replicas);
+  }
   return 0;
 }
 
-int run_submit_cmd(const cluster_cmd_options& o) {
+int run_submit_cmd(const cluster_cmd_options& given) {
+  auto o = given;
   auto p = prepare(o, "submit", "--coordinator");
   if (!p) return 2;
   auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
@@ -154,7 +239,8 @@ int run_submit_cmd(const cluster_cmd_options& o) {
   return 0;
 }
 
-int run_scale_cmd(const cluster_cmd_options& o) {
+int run_scale_cmd(const cluster_cmd_options& given) {
+  auto o = given;
   auto p = prepare(o, "scale", "--coordinator");
   if (!p) return 2;
   auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
@@ -171,7 +257,8 @@ int run_scale_cmd(const cluster_cmd_options& o) {
   return 0;
 }
 
-int run_status_cmd(const cluster_cmd_options& o) {
+int run_status_cmd(const cluster_cmd_options& given) {
+  auto o = given;
   auto p = prepare(o, "status", "--coordinator");
   if (!p) return 2;
   auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
@@ -188,7 +275,8 @@ int run_status_cmd(const cluster_cmd_options& o) {
   return 0;
 }
 
-int run_gateway_cmd(const cluster_cmd_options& o) {
+int run_gateway_cmd(const cluster_cmd_options& given) {
+  auto o = given;
   auto p = prepare(o, "gateway", "--coordinator");
   if (!p) return 2;
   auto at = parse_address(o.listen);

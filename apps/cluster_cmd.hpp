@@ -7,6 +7,7 @@
 namespace troupe::app {
 
 struct cluster_cmd_options {
+  std::string cluster_file; // TOML: [cluster] coordinator, secret_file, heartbeat, TLS; [[node]]; [[deployment]]
   std::string address;      // HOST:PORT (--listen, --join or --coordinator)
   std::string secret_file;
   std::string port_file;    // coordinator: where to write the bound port

@@ -136,8 +136,9 @@ int main(int argc, char** argv) {
 
   troupe::app::cluster_cmd_options cc;
   auto common = [&](CLI::App* c, const char* flag, const char* what) {
-    c->add_option(flag, cc.address, what)->required();
-    c->add_option("--secret-file", cc.secret_file, "the cluster's shared secret (16 bytes or more)")->required();
+    c->add_option(flag, cc.address, what);
+    c->add_option("--secret-file", cc.secret_file, "the cluster's shared secret (16 bytes or more)");
+    c->add_option("--cluster-file", cc.cluster_file, "a TOML cluster file (deploy/cluster.example.toml); flags given override it");
     c->add_option("--heartbeat-ms", cc.heartbeat_ms, "middleman heartbeat interval")->check(CLI::Range(10, 60000));
     c->add_option("--timeout-ms", cc.timeout_ms, "a peer silent this long is lost")->check(CLI::Range(50, 600000));
     c->add_option("--tls-cert", cc.tls_cert, "this process's certificate (PEM), for mutual TLS on the links");
@@ -156,7 +157,7 @@ int main(int argc, char** argv) {
   nd->callback([&] { rc = troupe::app::run_node_cmd(cc); });
   auto* dp = app.add_subcommand("deploy", "deploy a model on a running cluster");
   common(dp, "--coordinator", "the coordinator's HOST:PORT");
-  dp->add_option("--model", cc.model, "a path every node can read")->required();
+  dp->add_option("--model", cc.model, "a path every node can read (default: every [[deployment]] of the cluster file)");
   dp->add_option("--replicas", cc.replicas)->check(CLI::Range(1, 1024));
   dp->add_option("--max-rows", cc.max_rows)->check(CLI::Range(1, 1024));
   dp->add_option("--capacity", cc.capacity)->check(CLI::Range(16, 1 << 20));

@@ -13,6 +13,7 @@
 #include <openssl/hmac.h>
 #include <pthread.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <atomic>
@@ -49,6 +50,7 @@ using status_atom = caf::atom_constant<caf::atom("status")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using scale_atom = caf::atom_constant<caf::atom("scale")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
 
 namespace {
 
@@ -351,6 +353,7 @@ caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::s
         if (!id) return refuse(j->job_id, client, std::string(driver::name(id.error().code)), id.error().message(), transport::retry::failed);
         driver_job dj{j->job_id, client, prompt_len, static_cast<std::int64_t>(j->prior_output.size()), s.top_logprobs > 0, std::nullopt, false};
         if (j->deadline_ms > 0) dj.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(j->deadline_ms);
+        spdlog::debug("event=job_admitted job={} seq={} prompt_tokens={} prior_output={}", j->job_id, *id, prompt_len, j->prior_output.size());
         st.jobs.emplace(*id, std::move(dj));
         st.by_job[j->job_id] = *id;
         start_ticking();
@@ -391,6 +394,7 @@ caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::s
             if (u.finished) c.finish_reason = j.expired && *u.finished == driver::finish_reason::cancelled ? "deadline" : std::string(driver::name(*u.finished));
             if (j.client) self->send(j.client, chunk_atom::value, transport::encode(c));
             if (u.finished) {
+              spdlog::debug("event=job_finished job={} tokens={} reason={}", j.job, j.generated, c.finish_reason);
               ++st.done;
               finish_job(j.job);
               st.by_job.erase(j.job);
@@ -553,6 +557,7 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
     for (std::size_t i = 0; i < st.replicas.size(); ++i) {
       if (st.replicas[i].driver.address() != dm.source) continue;
       // Its jobs end with a disconnected error; the replica leaves the rotation.
+      spdlog::info("event=replica_down replica={} draining={} jobs_in_flight={}", i, st.replicas[i].draining, st.replicas[i].outstanding);
       for (auto it = st.jobs.begin(); it != st.jobs.end();) {
         if (it->second.replica == i) {
           if (it->second.client)
@@ -667,6 +672,7 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
         if (st.replicas[best].outstanding >= st.max_per_replica)
           return refuse("overloaded", "every replica holds its bound of jobs", transport::retry::overloaded);
         j->job_id = st.next_job++;
+        spdlog::debug("event=job_routed job={} replica={} outstanding={}", j->job_id, best, st.replicas[best].outstanding + 1);
         ++st.replicas[best].outstanding;
         st.jobs[j->job_id] = {best, client};
         self->send(st.replicas[best].driver, submit_atom::value, transport::encode(*j), client);
@@ -748,6 +754,20 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
                   });
         }
         return rp;
+      },
+      // A node leaving (SIGTERM): its replicas take no new job and stop after their last one. Answers
+      // how many of its replicas still run; the node asks again until none does.
+      [=](drain_atom, const caf::actor& node) {
+        std::int32_t left = 0;
+        for (auto& r : self->state.replicas) {
+          if (!r.driver || r.driver.node() != node.node()) continue;
+          if (!r.draining) {
+            r.draining = true;
+            if (r.outstanding == 0) self->send(r.driver, stop_atom::value);
+          }
+          ++left;
+        }
+        return left;
       },
       // A node that proved it holds the cluster's secret (the gatekeeper checked it).
       [=](node_atom, const std::string& id, const caf::actor& node) {
@@ -1142,6 +1162,13 @@ std::string random_nonce() {
   return n;
 }
 
+// Structured logs: one line per event, `key=value` fields after the time and level, the process's role
+// and id first. TROUPE_LOG sets the level (trace, debug, info, warn, error; default info).
+void init_logging(const std::string& role, const std::string& id) {
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ " + role + "=" + id + " %v");
+  if (const char* lvl = std::getenv("TROUPE_LOG")) spdlog::set_level(spdlog::level::from_str(lvl));
+}
+
 struct gatekeeper_state {
   std::string secret;
   caf::actor coordinator;
@@ -1168,13 +1195,13 @@ caf::behavior gatekeeper_actor(caf::stateful_actor<gatekeeper_state>* self, std:
         st.nonces.erase(it);
         const auto expected = hmac_sha256_hex(st.secret, nonce + "|" + role + "|" + id);
         if (proof.size() != expected.size() || CRYPTO_memcmp(proof.data(), expected.data(), expected.size()) != 0) {
-          std::fprintf(stderr, "troupe coordinator: refused %s '%s': its proof does not match the cluster secret\n", role.c_str(), id.c_str());
+          spdlog::warn("event=join_refused role={} id={} reason=bad_proof", role, id);
           return caf::make_message(caf::actor{}, std::string("refused: the proof does not match the cluster secret"));
         }
         if (role == "node") {
           if (!peer) return caf::make_message(caf::actor{}, std::string("refused: a node must send its handle"));
           self->send(st.coordinator, node_atom::value, id, peer);
-          std::fprintf(stderr, "troupe coordinator: node '%s' joined\n", id.c_str());
+          spdlog::info("event=node_joined node={}", id);
         }
         return caf::make_message(st.coordinator, std::string());
       },
@@ -1224,6 +1251,7 @@ result<caf::actor, std::string> join(caf::actor_system& sys, const std::string& 
 }  // namespace
 
 int run_coordinator(const coordinator_process_options& o) {
+  init_logging("coordinator", o.host + ":" + std::to_string(o.port));
   auto set = block_stop_signals();
   caf::actor_system_config cfg;
   configure(cfg, o.heartbeat, 2, o.tls);
@@ -1237,7 +1265,7 @@ int run_coordinator(const coordinator_process_options& o) {
   auto port = o.tls.enabled() ? caf::openssl::publish(gatekeeper, static_cast<std::uint16_t>(o.port), o.host.c_str(), true)
                               : sys.middleman().publish(gatekeeper, static_cast<std::uint16_t>(o.port), o.host.c_str(), true);
   if (!port) {
-    std::fprintf(stderr, "troupe coordinator: cannot listen on %s:%d: %s\n", o.host.c_str(), o.port, sys.render(port.error()).c_str());
+    spdlog::error("event=listen_failed address={}:{} reason=\"{}\"", o.host, o.port, sys.render(port.error()));
     stop();
     return 1;
   }
@@ -1249,7 +1277,7 @@ int run_coordinator(const coordinator_process_options& o) {
   std::fflush(stdout);
   int sig = 0;
   sigwait(&set, &sig);
-  std::fprintf(stderr, "troupe coordinator: stopping\n");
+  spdlog::info("event=stopping");
   stop();
   return 0;
 }
@@ -1260,6 +1288,7 @@ int run_node(const node_process_options& o) {
   configure(cfg, o.heartbeat, 2, o.tls);
   caf::actor_system sys{cfg};
   const std::string id = o.node_id.empty() ? "node-" + std::to_string(::getpid()) : o.node_id;
+  init_logging("node", id);
   std::atomic<bool> signalled{false};
   std::thread waiter([&] {
     int sig = 0;
@@ -1277,7 +1306,7 @@ int run_node(const node_process_options& o) {
       caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
       const bool refused = coordinator.error().rfind("refused", 0) == 0;
       if (refused || !joined_once) {
-        std::fprintf(stderr, "troupe node: %s\n", coordinator.error().c_str());
+        spdlog::error("event=join_failed reason=\"{}\"", coordinator.error());
         rc = refused ? 3 : 1;
         break;
       }
@@ -1292,8 +1321,21 @@ int run_node(const node_process_options& o) {
     bool lost = false;
     while (!signalled && !lost)
       self->receive([&](caf::down_msg&) { lost = true; }, caf::after(std::chrono::milliseconds(200)) >> [] {});
+    if (signalled && !lost) {
+      // Graceful leave: the coordinator routes nothing new here, running jobs finish, then we go.
+      spdlog::info("event=draining");
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.drain_timeout_s);
+      std::int32_t left = 1;
+      while (left > 0 && !lost && std::chrono::steady_clock::now() < deadline) {
+        self->request(*coordinator, std::chrono::seconds(10), drain_atom::value, node)
+            .receive([&](std::int32_t n) { left = n; }, [&](caf::error&) { lost = true; });
+        if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      if (left == 0) spdlog::info("event=drained");
+      else spdlog::warn("event=drain_timeout replicas_running={}", left);
+    }
     caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
-    if (lost) std::fprintf(stderr, "troupe node: lost the coordinator; joining again\n");
+    if (lost && !signalled) spdlog::warn("event=coordinator_lost action=rejoin");
   }
   if (!signalled) pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();

@@ -55,11 +55,13 @@ struct node_process_options {
   std::string node_id;                   // empty: node-<pid>
   int executor_threads = 1;
   std::int64_t max_per_replica = 256;
+  int drain_timeout_s = 60;              // on SIGTERM: how long running jobs may take to finish
   heartbeat_options heartbeat;
   tls_options tls;
 };
-// Joins the coordinator and serves until SIGINT/SIGTERM; when the link to the coordinator is lost it
-// drops its replicas and joins again. Exit code 3 when the coordinator refuses the join, 1 when it
+// Joins the coordinator and serves until SIGINT/SIGTERM, then drains (its replicas take no new job and
+// finish the running ones, up to drain_timeout_s) and exits; when the link to the coordinator is lost
+// it drops its replicas and joins again. Exit code 3 when the coordinator refuses the join, 1 when it
 // cannot be reached at first.
 int run_node(const node_process_options& o);
 

@@ -267,7 +267,7 @@ TEST(multiprocess, a_node_with_the_wrong_secret_is_refused) {
   EXPECT_FALSE(session::connect("127.0.0.1", c.port, "not-the-cluster-secret-at-all", {200, 800}));
   std::ifstream log(c.dir / "coordinator.log");
   std::string text((std::istreambuf_iterator<char>(log)), {});
-  EXPECT_NE(text.find("refused node 'evil'"), std::string::npos) << text;
+  EXPECT_NE(text.find("event=join_refused role=node id=evil reason=bad_proof"), std::string::npos) << text;
 }
 
 TEST(multiprocess, scaling_one_to_three_to_one_under_load_fails_no_job) {
@@ -359,6 +359,35 @@ TEST(multiprocess, tls_links_carry_jobs_and_refuse_plain_peers) {
   }
   // A peer without TLS cannot even reach the gatekeeper.
   EXPECT_FALSE(session::connect("127.0.0.1", port, plain.secret, {200, 800}));
+}
+
+TEST(multiprocess, sigterm_drains_a_node_before_it_leaves) {
+  cluster_fixture c;
+  for (int i = 0; i < 2; ++i) c.nodes.push_back(c.node("d" + std::to_string(i), (c.dir / "secret").string()));
+  auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  ASSERT_TRUE(s) << s.error();
+  for (int i = 0; i < 100; ++i) {
+    auto st = (*s)->status();
+    if (st && st->find("\"d0\"") != std::string::npos && st->find("\"d1\"") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE((*s)->deploy(model_path(), 2, driver_opts()));
+  const auto ref = reference(20);
+  auto cl = (*s)->client_session();
+  std::vector<job> jobs;
+  for (int i = 0; i < 10; ++i) jobs.push_back(std::move(*cl->submit(job_for(i))));
+  ASSERT_TRUE(jobs.front().next());
+  ::kill(c.nodes[0].pid, SIGTERM);
+  for (int i = 10; i < 20; ++i) jobs.push_back(std::move(*cl->submit(job_for(i))));
+  for (int i = 0; i < 20; ++i) {
+    const auto r = jobs[static_cast<std::size_t>(i)].wait();
+    EXPECT_EQ(r.tokens, ref[static_cast<std::size_t>(i)]) << "job " << i;
+    EXPECT_EQ(r.resumes, 0) << "job " << i << " had to move: the node left before finishing it";
+  }
+  EXPECT_EQ(c.nodes[0].wait_exit(), 0);
+  std::ifstream log(c.dir / "d0.log");
+  std::string text((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(text.find("node=d0 event=drained"), std::string::npos) << text;
 }
 
 TEST(multiprocess, a_gateway_in_front_of_a_remote_cluster_serves) {

@@ -51,6 +51,7 @@ using join_atom = caf::atom_constant<caf::atom("join")>;
 using scale_atom = caf::atom_constant<caf::atom("scale")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using capacity_atom = caf::atom_constant<caf::atom("capacity")>;
 
 namespace {
 
@@ -507,7 +508,11 @@ struct pending_deploy {
 struct node_slot {
   std::string id;
   caf::actor actor;
+  std::int32_t max_replicas = 0;  // executors its device may host; 0: no bound
 };
+
+struct coordinator_state;
+std::optional<std::size_t> next_node_with_room(coordinator_state& st, std::map<std::size_t, std::int32_t>& planned);
 
 struct coordinator_state {
   caf::actor registry;
@@ -526,6 +531,23 @@ struct coordinator_state {
   std::map<std::string, transport::deploy> deployments;  // by model name: how to start one more replica
   static inline const char* name = "coordinator";
 };
+
+// Round robin over the nodes, skipping those whose device already hosts max_replicas executors
+// (counting the ones this plan adds).
+std::optional<std::size_t> next_node_with_room(coordinator_state& st, std::map<std::size_t, std::int32_t>& planned) {
+  for (std::size_t tries = 0; tries < st.nodes.size(); ++tries) {
+    const std::size_t i = st.next_node++ % st.nodes.size();
+    const auto& n = st.nodes[i];
+    std::int32_t hosted = planned[i];
+    for (const auto& r : st.replicas)
+      if (r.driver && r.driver.node() == n.actor.node()) ++hosted;
+    if (n.max_replicas == 0 || hosted < n.max_replicas) {
+      ++planned[i];
+      return i;
+    }
+  }
+  return std::nullopt;
+}
 
 std::uint64_t affinity_key(const transport::prompt& p) {
   std::uint64_t h = 1469598103934665603ull;
@@ -605,8 +627,17 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
                   auto one = d;
                   one.replicas = 1;
                   const auto one_bytes = transport::encode(one);
+                  std::map<std::size_t, std::int32_t> planned;
                   for (std::int32_t r = 0; r < d.replicas; ++r) {
-                    const auto& node = st.nodes[st.next_node++ % st.nodes.size()];
+                    const auto slot = next_node_with_room(st, planned);
+                    if (!slot) {
+                      st.deploying->rp.deliver("no node has room for replica " + std::to_string(r + 1) + " of " + std::to_string(d.replicas) +
+                                                   " (each node's --max-replicas)",
+                                               std::string());
+                      st.deploying.reset();
+                      return;
+                    }
+                    const auto& node = st.nodes[*slot];
                     self->request(node.actor, request_timeout, deploy_atom::value, one_bytes, caf::actor_cast<caf::actor>(self))
                         .then(
                             [=](std::int32_t n, const std::string& why) {
@@ -737,8 +768,15 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
         auto one = dep->second;
         one.replicas = 1;
         const auto one_bytes = transport::encode(one);
+        std::map<std::size_t, std::int32_t> planned;
         for (std::int32_t r = 0; r < sc.replicas - have; ++r) {
-          const auto& node = st.nodes[st.next_node++ % st.nodes.size()];
+          const auto slot = next_node_with_room(st, planned);
+          if (!slot) {
+            st.deploying->rp.deliver("no node has room for more replicas (each node's --max-replicas)", std::string());
+            st.deploying.reset();
+            return rp;
+          }
+          const auto& node = st.nodes[*slot];
           self->request(node.actor, request_timeout, deploy_atom::value, one_bytes, caf::actor_cast<caf::actor>(self))
               .then(
                   [=](std::int32_t n, const std::string& why) {
@@ -768,6 +806,11 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
           ++left;
         }
         return left;
+      },
+      // A node's bound on the executors its device hosts (sent right after it joins).
+      [=](capacity_atom, const caf::actor& node, std::int32_t max_replicas) {
+        for (auto& n : self->state.nodes)
+          if (n.actor == node) n.max_replicas = max_replicas;
       },
       // A node that proved it holds the cluster's secret (the gatekeeper checked it).
       [=](node_atom, const std::string& id, const caf::actor& node) {
@@ -1314,6 +1357,7 @@ int run_node(const node_process_options& o) {
       continue;
     }
     joined_once = true;
+    caf::anon_send(*coordinator, capacity_atom::value, node, o.max_replicas);
     std::printf("troupe node: '%s' joined %s:%d\n", id.c_str(), o.host.c_str(), o.port);
     std::fflush(stdout);
     caf::scoped_actor self{sys};

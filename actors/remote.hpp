@@ -56,6 +56,7 @@ struct node_process_options {
   int executor_threads = 1;
   std::int64_t max_per_replica = 256;
   int drain_timeout_s = 60;              // on SIGTERM: how long running jobs may take to finish
+  std::int32_t max_replicas = 0;         // executors (replicas) its device may host; 0: no bound
   heartbeat_options heartbeat;
   tls_options tls;
 };

@@ -73,8 +73,12 @@ result<std::vector<deployment_entry>, std::string> apply_cluster_file(cluster_cm
       const auto* nt = n.as_table();
       if (!nt) return unexpected(o.cluster_file + ": [[node]] entries are tables");
       for (const auto& [k, v] : *nt)
-        if (k.str() != "id" && k.str() != "threads") return unexpected(o.cluster_file + ": unknown key node." + std::string(k.str()));
-      if (is_node && (*nt)["id"].value_or(std::string()) == o.node_id) o.threads = (*nt)["threads"].value_or(o.threads);
+        if (k.str() != "id" && k.str() != "threads" && k.str() != "max_replicas")
+          return unexpected(o.cluster_file + ": unknown key node." + std::string(k.str()));
+      if (is_node && (*nt)["id"].value_or(std::string()) == o.node_id) {
+        o.threads = (*nt)["threads"].value_or(o.threads);
+        o.max_replicas = (*nt)["max_replicas"].value_or(o.max_replicas);
+      }
     }
   if (const auto* deps = t["deployment"].as_array())
     for (const auto& d : *deps) {
@@ -161,6 +165,7 @@ int run_node_cmd(const cluster_cmd_options& given) {
   n.secret = p->secret;
   n.node_id = o.node_id;
   n.executor_threads = o.threads;
+  n.max_replicas = o.max_replicas;
   n.heartbeat = heartbeat(o);
   n.tls = tls(o);
   return actors::run_node(n);

@@ -154,6 +154,7 @@ int main(int argc, char** argv) {
   nd->add_option("--node-id", cc.node_id);
   nd->add_option("--devices", cc.devices, "devices this node offers (cpu:0)");
   nd->add_option("--threads", cc.threads, "compute threads per executor")->check(CLI::Range(0, 4096));
+  nd->add_option("--max-replicas", cc.max_replicas, "executors (replicas) this node's device may host; 0: no bound")->check(CLI::Range(0, 1024));
   nd->callback([&] { rc = troupe::app::run_node_cmd(cc); });
   auto* dp = app.add_subcommand("deploy", "deploy a model on a running cluster");
   common(dp, "--coordinator", "the coordinator's HOST:PORT");

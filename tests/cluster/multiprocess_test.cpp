@@ -390,6 +390,30 @@ TEST(multiprocess, sigterm_drains_a_node_before_it_leaves) {
   EXPECT_NE(text.find("node=d0 event=drained"), std::string::npos) << text;
 }
 
+TEST(multiprocess, a_device_hosts_as_many_executors_as_its_node_allows) {
+  cluster_fixture c;
+  auto node = spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--secret-file", (c.dir / "secret").string(), "--node-id",
+                     "m0", "--max-replicas", "2", "--heartbeat-ms", "200", "--timeout-ms", "800"},
+                    c.dir / "m0.log");
+  auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  ASSERT_TRUE(s) << s.error();
+  for (int i = 0; i < 100; ++i) {
+    auto st = (*s)->status();
+    if (st && st->find("\"m0\"") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the node's bound follows its join
+  // Two small replicas share the one device; a third does not fit.
+  auto two = (*s)->deploy(model_path(), 2, driver_opts());
+  ASSERT_TRUE(two) << two.error();
+  EXPECT_EQ(nlohmann::json::parse(*(*s)->status())["replicas"].size(), 2u);
+  auto three = (*s)->scale(*two, 3);
+  ASSERT_FALSE(three);
+  EXPECT_NE(three.error().find("no node has room"), std::string::npos) << three.error();
+  auto cl = (*s)->client_session();
+  EXPECT_EQ(cl->submit(job_for(1))->wait().tokens, reference(2)[1]);
+}
+
 TEST(multiprocess, a_gateway_in_front_of_a_remote_cluster_serves) {
   cluster_fixture c;
   c.nodes.push_back(c.node("g0", (c.dir / "secret").string()));

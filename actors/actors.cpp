@@ -432,13 +432,27 @@ struct node_state {
   std::string node_id = "node-0";
   int executor_threads = 1;
   std::int64_t max_per_replica = 256;
+  std::uint64_t device_memory = 0;  // bytes the device offers its executors; 0: no bound
   std::map<std::string, std::shared_ptr<const families::model_handle>> handles;
   std::vector<caf::actor> spawned;
+  std::vector<std::weak_ptr<exec::executor>> executors;
   static inline const char* name = "node";
 };
 
-caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_threads, std::int64_t max_per_replica) {
+// What one replica of `h` with options `o` will hold: its packed weights (at least the checkpoint's
+// tensor bytes) and its KV pool (every slot, every layer, keys and values in f32).
+std::uint64_t replica_bytes(const families::model_handle& h, const driver::driver_options& o) {
+  const std::uint64_t weights = h.store().total_bytes();
+  const auto& cfg = h.model().config();
+  const std::uint64_t slots = o.pool_blocks > 0 ? static_cast<std::uint64_t>(o.pool_blocks * o.block_size)
+                                                : static_cast<std::uint64_t>(o.max_rows * o.capacity);
+  return weights + slots * static_cast<std::uint64_t>(std::max<std::int64_t>(cfg.kv_elems_per_token_per_layer, 0)) *
+                       static_cast<std::uint64_t>(cfg.layers) * 4;
+}
+
+caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory) {
   self->state.executor_threads = executor_threads;
+  self->state.device_memory = device_memory;
   self->state.max_per_replica = max_per_replica;
   return {
       // Spawns the replicas of a deployment; each registers itself with `coordinator` once prepared.
@@ -467,6 +481,21 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_thr
         if (d->load.token_budget > 0) o.token_budget = d->load.token_budget;
         o.prefix_cache = !d->load.no_prefix_cache;
         o.preempt = !d->load.no_preempt;
+        if (st.device_memory > 0) {
+          // The device's memory decides how many replicas share it: what the running executors hold
+          // (their own reports) plus what the new ones will.
+          std::uint64_t used = 0;
+          std::erase_if(st.executors, [](const auto& w) { return w.expired(); });
+          for (const auto& w : st.executors)
+            if (auto e = w.lock()) {
+              const auto m = e->memory();
+              used += m.weight_bytes + m.state_bytes + m.scratch_bytes;
+            }
+          const auto need = replica_bytes(*h, o) * static_cast<std::uint64_t>(d->replicas);
+          if (used + need > st.device_memory)
+            return caf::make_message(std::int32_t{0}, "device memory: " + std::to_string(used) + " bytes in use + " + std::to_string(need) +
+                                                          " needed > " + std::to_string(st.device_memory));
+        }
         for (std::int32_t r = 0; r < d->replicas; ++r) {
           auto ex = std::make_shared<exec::cpu::cpu_executor>(exec::cpu::cpu_options{st.executor_threads, std::nullopt});
           auto dev = self->spawn(executor_actor, std::shared_ptr<exec::executor>(ex), "cpu:" + std::to_string(st.spawned.size()));
@@ -475,6 +504,7 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_thr
           self->link_to(drv);
           st.spawned.push_back(dev);
           st.spawned.push_back(drv);
+          st.executors.push_back(ex);
         }
         return caf::make_message(d->replicas, std::string());
       },
@@ -482,7 +512,7 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_thr
         transport::node_hello h;
         h.node_id = self->state.node_id;
         h.host = "127.0.0.1";
-        h.devices.push_back({"cpu:0", "cpu", 0});
+        h.devices.push_back({"cpu:0", "cpu", self->state.device_memory});
         return transport::encode(h);
       },
       [](ping_atom) { return ping_atom::value; },
@@ -1060,7 +1090,7 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
   s->cfg->set("scheduler.policy", caf::atom("sharing"));
   s->sys = std::make_unique<caf::actor_system>(*s->cfg);
   s->registry = s->sys->spawn(registry_actor);
-  s->node = s->sys->spawn(node_actor, options.executor_threads, options.max_per_replica);
+  s->node = s->sys->spawn(node_actor, options.executor_threads, options.max_per_replica, std::uint64_t{0});
   s->coordinator = s->sys->spawn(coordinator_actor, s->registry, s->node, options.max_outstanding, options.max_per_replica);
   s->model = model.filename().string();
   transport::deploy d;
@@ -1343,7 +1373,7 @@ int run_node(const node_process_options& o) {
   // Joins, serves until the coordinator is lost, then (its replicas gone with the link) joins again
   // with a fresh node actor: a node that comes back rejoins cleanly.
   while (!signalled) {
-    auto node = sys.spawn(node_actor, o.executor_threads, o.max_per_replica);
+    auto node = sys.spawn(node_actor, o.executor_threads, o.max_per_replica, o.device_memory);
     auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, node, o.tls.enabled());
     if (!coordinator) {
       caf::anon_send_exit(node, caf::exit_reason::user_shutdown);

@@ -57,6 +57,8 @@ struct node_process_options {
   std::int64_t max_per_replica = 256;
   int drain_timeout_s = 60;              // on SIGTERM: how long running jobs may take to finish
   std::int32_t max_replicas = 0;         // executors (replicas) its device may host; 0: no bound
+  std::uint64_t device_memory = 0;       // bytes its (simulated) device offers; a deployment that would
+                                         // pass it is refused; 0: no bound
   heartbeat_options heartbeat;
   tls_options tls;
 };

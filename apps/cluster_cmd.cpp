@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <fstream>
 #include <optional>
@@ -151,6 +152,21 @@ int run_coordinator_cmd(const cluster_cmd_options& given) {
   return actors::run_coordinator(c);
 }
 
+// "16GiB", "512MiB", "2000000" -> bytes.
+std::optional<std::uint64_t> parse_bytes(const std::string& t) {
+  char* end = nullptr;
+  const double v = std::strtod(t.c_str(), &end);
+  if (end == t.c_str() || v < 0) return std::nullopt;
+  const std::string unit(end);
+  double scale = 1;
+  if (unit == "KiB") scale = 1024.0;
+  else if (unit == "MiB") scale = 1024.0 * 1024;
+  else if (unit == "GiB") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "TiB") scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B") return std::nullopt;
+  return static_cast<std::uint64_t>(v * scale);
+}
+
 int run_node_cmd(const cluster_cmd_options& given) {
   auto o = given;
   auto p = prepare(o, "node", "--join");
@@ -166,6 +182,14 @@ int run_node_cmd(const cluster_cmd_options& given) {
   n.node_id = o.node_id;
   n.executor_threads = o.threads;
   n.max_replicas = o.max_replicas;
+  if (!o.device_memory.empty()) {
+    auto b = parse_bytes(o.device_memory);
+    if (!b) {
+      std::fprintf(stderr, "troupe node: --device-memory takes bytes or a size like 16GiB, got '%s'\n", o.device_memory.c_str());
+      return 2;
+    }
+    n.device_memory = *b;
+  }
   n.heartbeat = heartbeat(o);
   n.tls = tls(o);
   return actors::run_node(n);

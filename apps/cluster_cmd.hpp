@@ -15,6 +15,7 @@ struct cluster_cmd_options {
   std::string devices = "cpu:0";
   int threads = 1;
   int max_replicas = 0;     // node: executors its device may host (0: no bound)
+  std::string device_memory;  // node: "16GiB", "512MiB" or bytes; empty: no bound
   int heartbeat_ms = 500;
   int timeout_ms = 1500;
   std::string tls_cert, tls_key, tls_ca;  // mutual TLS on the cluster's links

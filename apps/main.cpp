@@ -132,6 +132,7 @@ int main(int argc, char** argv) {
   sm->add_option("--heartbeat-ms", sim.heartbeat_ms)->check(CLI::Range(10, 60000));
   sm->add_option("--timeout-ms", sim.timeout_ms)->check(CLI::Range(50, 600000));
   sm->add_option("--dir", sim.dir, "where the secret and the logs go");
+  sm->add_option("--device-memory", sim.device_memory, "each node's simulated CPU device memory, e.g. 8GiB");
   sm->callback([&] { rc = troupe::app::run_sim(sim); });
 
   troupe::app::cluster_cmd_options cc;
@@ -154,6 +155,7 @@ int main(int argc, char** argv) {
   nd->add_option("--node-id", cc.node_id);
   nd->add_option("--devices", cc.devices, "devices this node offers (cpu:0)");
   nd->add_option("--threads", cc.threads, "compute threads per executor")->check(CLI::Range(0, 4096));
+  nd->add_option("--device-memory", cc.device_memory, "memory the (simulated) device offers its executors, e.g. 8GiB; deployments past it are refused");
   nd->add_option("--max-replicas", cc.max_replicas, "executors (replicas) this node's device may host; 0: no bound")->check(CLI::Range(0, 1024));
   nd->callback([&] { rc = troupe::app::run_node_cmd(cc); });
   auto* dp = app.add_subcommand("deploy", "deploy a model on a running cluster");

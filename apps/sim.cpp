@@ -98,6 +98,10 @@ int run_sim(const sim_options& o) {
     std::vector<std::string> a{self, "node", "--join", "127.0.0.1:" + std::to_string(port), "--secret-file", (dir / "secret").string(),
                                "--node-id", "sim-node-" + std::to_string(i), "--threads", std::to_string(o.threads)};
     a.insert(a.end(), hb.begin(), hb.end());
+    if (!o.device_memory.empty()) {
+      a.push_back("--device-memory");
+      a.push_back(o.device_memory);
+    }
     return a;
   };
   std::vector<pid_t> nodes;

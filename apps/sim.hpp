@@ -14,6 +14,7 @@ struct sim_options {
   int heartbeat_ms = 500;
   int timeout_ms = 1500;
   std::string dir;    // logs and the secret; a temporary directory otherwise
+  std::string device_memory;  // each node's simulated device, e.g. 8GiB; empty: no bound
 };
 int run_sim(const sim_options& o);
 

@@ -414,6 +414,27 @@ TEST(multiprocess, a_device_hosts_as_many_executors_as_its_node_allows) {
   EXPECT_EQ(cl->submit(job_for(1))->wait().tokens, reference(2)[1]);
 }
 
+TEST(multiprocess, a_simulated_device_of_declared_memory_takes_what_fits) {
+  cluster_fixture c;
+  // About 16 MB per replica of the test model (weights and KV pool): 24 MiB holds one, not two.
+  auto node = spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--secret-file", (c.dir / "secret").string(), "--node-id",
+                     "mem0", "--device-memory", "24MiB", "--heartbeat-ms", "200", "--timeout-ms", "800"},
+                    c.dir / "mem0.log");
+  auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  ASSERT_TRUE(s) << s.error();
+  for (int i = 0; i < 100; ++i) {
+    auto st = (*s)->status();
+    if (st && st->find("\"mem0\"") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto one = (*s)->deploy(model_path(), 1, driver_opts());
+  ASSERT_TRUE(one) << one.error();
+  auto two = (*s)->scale(*one, 2);
+  ASSERT_FALSE(two);
+  EXPECT_NE(two.error().find("device memory"), std::string::npos) << two.error();
+  EXPECT_EQ(nlohmann::json::parse(*(*s)->status())["replicas"].size(), 1u);
+}
+
 TEST(multiprocess, a_gateway_in_front_of_a_remote_cluster_serves) {
   cluster_fixture c;
   c.nodes.push_back(c.node("g0", (c.dir / "secret").string()));

@@ -1,7 +1,8 @@
 // `troupe sim`: a simulated cluster on this machine. A coordinator and N node processes (this same
 // binary) on loopback, joined with a fresh secret; optionally a model deployed on them. It prints the
 // coordinator's address and secret file, then reads fault-injection commands on stdin
-//   kill I | pause I | resume I | restart I | status | quit   (I: a node's index)
+//   kill I | pause I | resume I | restart I | cut I | restore I | status | quit   (I: a node's index)
+// (cut and restore act on a loopback relay between node I and the coordinator)
 // and runs until `quit`, SIGINT or SIGTERM (stdin at its end only stops the commands).
 #include "apps/sim.hpp"
 
@@ -21,6 +22,12 @@
 #include <thread>
 
 #include "actors/remote.hpp"
+
+#include <arpa/inet.h>
+#include <mutex>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 namespace troupe::app {
 namespace {
@@ -59,6 +66,111 @@ void stop(pid_t pid) {
   ::waitpid(pid, nullptr, 0);
 }
 
+// A loopback TCP relay between one node and the coordinator, so the sim can cut that node's link and
+// restore it without network namespaces: while cut, open connections are shut down and new ones are
+// accepted and closed at once.
+class link_relay {
+ public:
+  explicit link_relay(int upstream_port) : upstream_(upstream_port) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::listen(listen_fd_, 16);
+    socklen_t len = sizeof a;
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+  ~link_relay() {
+    stopping_ = true;
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    ::close(listen_fd_);
+    cut();
+    acceptor_.join();
+    std::lock_guard lock(m_);
+    for (auto& t : pumps_) t.join();
+  }
+  int port() const { return port_; }
+  void cut() {
+    cut_ = true;
+    std::lock_guard lock(m_);
+    for (int fd : open_) ::shutdown(fd, SHUT_RDWR);
+  }
+  void restore() { cut_ = false; }
+
+ private:
+  void accept_loop() {
+    while (!stopping_) {
+      const int c = ::accept(listen_fd_, nullptr, nullptr);
+      if (c < 0) {
+        if (stopping_) return;
+        continue;
+      }
+      if (cut_) {
+        ::close(c);
+        continue;
+      }
+      const int u = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(static_cast<std::uint16_t>(upstream_));
+      if (::connect(u, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+        ::close(c);
+        ::close(u);
+        continue;
+      }
+      std::lock_guard lock(m_);
+      open_.push_back(c);
+      open_.push_back(u);
+      pumps_.emplace_back([this, c, u] { pump(c, u); });
+    }
+  }
+  void pump(int a, int b) {
+    char buf[1 << 16];
+    pollfd fds[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+    while (!cut_ && !stopping_) {
+      if (::poll(fds, 2, 200) < 0) break;
+      bool done = false;
+      for (int k = 0; k < 2 && !done; ++k) {
+        if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        const ssize_t n = ::read(fds[k].fd, buf, sizeof buf);
+        if (n <= 0) {
+          done = true;
+          break;
+        }
+        for (ssize_t off = 0; off < n;) {
+          const ssize_t w = ::write(fds[1 - k].fd, buf + off, static_cast<std::size_t>(n - off));
+          if (w <= 0) {
+            done = true;
+            break;
+          }
+          off += w;
+        }
+      }
+      if (done) break;
+    }
+    std::lock_guard lock(m_);
+    std::erase(open_, a);
+    std::erase(open_, b);
+    ::close(a);
+    ::close(b);
+  }
+
+  int upstream_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> cut_{false}, stopping_{false};
+  std::mutex m_;
+  std::vector<int> open_;
+  std::vector<std::thread> pumps_;
+  std::thread acceptor_;
+};
+
 }  // namespace
 
 int run_sim(const sim_options& o) {
@@ -94,8 +206,11 @@ int run_sim(const sim_options& o) {
     stop(coordinator);
     return 1;
   }
+  // Each node reaches the coordinator through its own relay (cut / restore).
+  std::vector<std::unique_ptr<link_relay>> relays;
+  for (int i = 0; i < o.nodes; ++i) relays.push_back(std::make_unique<link_relay>(port));
   auto node_args = [&](int i) {
-    std::vector<std::string> a{self, "node", "--join", "127.0.0.1:" + std::to_string(port), "--secret-file", (dir / "secret").string(),
+    std::vector<std::string> a{self, "node", "--join", "127.0.0.1:" + std::to_string(relays[static_cast<std::size_t>(i)]->port()), "--secret-file", (dir / "secret").string(),
                                "--node-id", "sim-node-" + std::to_string(i), "--threads", std::to_string(o.threads)};
     a.insert(a.end(), hb.begin(), hb.end());
     if (!o.device_memory.empty()) {
@@ -137,7 +252,7 @@ int run_sim(const sim_options& o) {
     }
     std::printf("troupe sim: '%s' deployed on %d replica(s)\n", r->c_str(), o.replicas > 0 ? o.replicas : o.nodes);
   }
-  std::printf("commands: kill I | pause I | resume I | restart I | status | quit\n");
+  std::printf("commands: kill I | pause I | resume I | restart I | cut I | restore I | status | quit\n");
   std::fflush(stdout);
 
   std::atomic<bool> signalled{false};
@@ -154,7 +269,7 @@ int run_sim(const sim_options& o) {
     std::string cmd;
     int i = -1;
     in >> cmd >> i;
-    const bool indexed = cmd == "kill" || cmd == "pause" || cmd == "resume" || cmd == "restart";
+    const bool indexed = cmd == "kill" || cmd == "pause" || cmd == "resume" || cmd == "restart" || cmd == "cut" || cmd == "restore";
     if (indexed && (i < 0 || i >= static_cast<int>(nodes.size()))) {
       std::printf("no node %d\n", i);
     } else if (cmd == "kill") {
@@ -172,6 +287,12 @@ int run_sim(const sim_options& o) {
       stop(nodes[static_cast<std::size_t>(i)]);
       nodes[static_cast<std::size_t>(i)] = spawn(node_args(i), dir / ("node-" + std::to_string(i) + ".log"));
       std::printf("node %d restarted\n", i);
+    } else if (cmd == "cut") {
+      relays[static_cast<std::size_t>(i)]->cut();
+      std::printf("node %d's link cut\n", i);
+    } else if (cmd == "restore") {
+      relays[static_cast<std::size_t>(i)]->restore();
+      std::printf("node %d's link restored\n", i);
     } else if (cmd == "status") {
       auto st = (*s)->status();
       std::printf("%s\n", st ? st->c_str() : st.error().c_str());
@@ -188,6 +309,7 @@ int run_sim(const sim_options& o) {
   waiter.join();
   s->reset();
   stop_all();
+  relays.clear();
   std::printf("troupe sim: stopped\n");
   return 0;
 }

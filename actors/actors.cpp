@@ -169,7 +169,9 @@ std::uintmax_t checkpoint_bytes(const std::filesystem::path& p) {
   return n;
 }
 
-caf::behavior registry_actor(caf::event_based_actor*) {
+// `name` only labels the actor: CAF 0.17 dereferences a null argument tuple when an actor function takes
+// no arguments besides self (UBSan reports it), so every actor here takes at least one.
+caf::behavior registry_actor(caf::event_based_actor*, std::string /*name*/) {
   return {
       // A checkpoint to (family, bytes), or why not; reads the configuration only.
       [](resolve_atom, const std::string& path) -> caf::message {
@@ -1089,7 +1091,7 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
   // from the executors' compute threads on a small machine.
   s->cfg->set("scheduler.policy", caf::atom("sharing"));
   s->sys = std::make_unique<caf::actor_system>(*s->cfg);
-  s->registry = s->sys->spawn(registry_actor);
+  s->registry = s->sys->spawn(registry_actor, std::string("registry"));
   s->node = s->sys->spawn(node_actor, options.executor_threads, options.max_per_replica, std::uint64_t{0});
   s->coordinator = s->sys->spawn(coordinator_actor, s->registry, s->node, options.max_outstanding, options.max_per_replica);
   s->model = model.filename().string();
@@ -1329,7 +1331,7 @@ int run_coordinator(const coordinator_process_options& o) {
   caf::actor_system_config cfg;
   configure(cfg, o.heartbeat, 2, o.tls);
   caf::actor_system sys{cfg};
-  auto registry = sys.spawn(registry_actor);
+  auto registry = sys.spawn(registry_actor, std::string("registry"));
   auto coordinator = sys.spawn(coordinator_actor, registry, caf::actor{}, o.max_outstanding, o.max_per_replica);
   auto gatekeeper = sys.spawn(gatekeeper_actor, o.secret, coordinator);
   auto stop = [&] {

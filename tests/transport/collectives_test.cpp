@@ -1,0 +1,291 @@
+// The Gloo communicator across real processes on loopback: all_reduce_sum, all_gather and broadcast
+// give the exact expected values for groups of 2 and 4 and buffers of 1, 7 and 100000 floats; a peer
+// that never joins is a timeout error within a bounded time, not a hang; a peer that leaves makes the
+// next collective an error; bad arguments are typed refusals.
+//
+// Each rank is a forked child that does all its Gloo work after the fork and reports through its exit
+// status (0: success). The parent process never touches Gloo (Gloo's TCP device starts threads, and a
+// process with threads must not fork), it only makes the rendezvous directory, forks, and waits with
+// a deadline (killing children that overrun it, so a hang fails the test instead of stalling it).
+#include "transport/collectives.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace troupe::transport {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct child_status {
+  bool exited = false;   // exited normally (not killed by a signal or by the deadline)
+  int code = -1;         // exit code when exited
+  int signal = 0;        // terminating signal otherwise
+  bool overran = false;  // killed by the parent at the deadline
+};
+
+class collectives : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "troupe-gloo-XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  gloo_options options(int rank, int size, const std::string& prefix, std::chrono::milliseconds timeout = 20s) {
+    gloo_options o;
+    o.rank = rank;
+    o.size = size;
+    o.rendezvous_dir = dir_;
+    o.prefix = prefix;
+    o.host = "127.0.0.1";
+    o.timeout = timeout;
+    return o;
+  }
+
+  // Forks one child per rank in `ranks`, each running body(rank) and exiting with its result; waits
+  // for all of them, killing any still running at the deadline.
+  std::vector<child_status> run_ranks(const std::vector<int>& ranks, const std::function<int(int)>& body,
+                                      std::chrono::seconds deadline = 60s) {
+    std::fflush(nullptr);  // don't let children flush the parent's buffered output again
+    std::vector<pid_t> pids;
+    for (int r : ranks) {
+      pid_t pid = fork();
+      if (pid == 0) {
+        int code = 100;
+        try {
+          code = body(r);
+        } catch (...) {
+          code = 101;  // an exception escaped the communicator: the boundary leaked
+        }
+        std::fflush(nullptr);
+        _exit(code);
+      }
+      EXPECT_GT(pid, 0) << "fork failed";
+      pids.push_back(pid);
+    }
+    std::vector<child_status> out(pids.size());
+    std::vector<bool> done(pids.size(), false);
+    auto until = std::chrono::steady_clock::now() + deadline;
+    std::size_t left = pids.size();
+    for (std::size_t i = 0; i < pids.size(); ++i) done[i] = pids[i] <= 0;  // fork failed
+    while (left > 0) {
+      left = 0;
+      for (std::size_t i = 0; i < pids.size(); ++i) {
+        if (done[i]) continue;
+        int st = 0;
+        pid_t w = waitpid(pids[i], &st, WNOHANG);
+        if (w == pids[i]) {
+          done[i] = true;
+          out[i].exited = WIFEXITED(st);
+          out[i].code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+          out[i].signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+        } else {
+          ++left;
+        }
+      }
+      if (left == 0) break;
+      if (std::chrono::steady_clock::now() > until) {
+        for (std::size_t i = 0; i < pids.size(); ++i) {
+          if (done[i]) continue;
+          kill(pids[i], SIGKILL);
+          waitpid(pids[i], nullptr, 0);
+          done[i] = true;
+          out[i].overran = true;
+        }
+        break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return out;
+  }
+
+  static void expect_all_ok(const std::vector<child_status>& st) {
+    for (std::size_t i = 0; i < st.size(); ++i) {
+      EXPECT_FALSE(st[i].overran) << "child " << i << " overran the deadline (hang)";
+      EXPECT_TRUE(st[i].exited) << "child " << i << " killed by signal " << st[i].signal;
+      EXPECT_EQ(st[i].code, 0) << "child " << i << " failed with exit code " << st[i].code;
+    }
+  }
+
+  std::string dir_;
+};
+
+// Values chosen so every sum is a small integer (exact in float, whatever the reduction order).
+float reduce_input(int rank, std::size_t i) { return static_cast<float>(rank + 1) + static_cast<float>(i % 97); }
+float reduce_expected(int size, std::size_t i) {
+  return static_cast<float>(size * (size + 1) / 2) + static_cast<float>(size) * static_cast<float>(i % 97);
+}
+float gather_input(int rank, std::size_t i) { return static_cast<float>(rank * 1000) + static_cast<float>(i % 13); }
+float broadcast_root_value(std::size_t i) { return 7.0f + 0.5f * static_cast<float>(i % 31); }
+
+#define CHILD_CHECK(cond, code)                                                          \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      std::fprintf(stderr, "rank %d: check failed (%d): %s\n", rank, code, #cond);       \
+      return code;                                                                       \
+    }                                                                                    \
+  } while (0)
+
+// One rank's part of the full exercise: connect, then for each length all_reduce_sum, all_gather and
+// broadcast from root 1 (root 0 when alone), checking every element.
+int exercise(const gloo_options& o) {
+  const int rank = o.rank;
+  auto comm = connect_gloo(o);
+  if (!comm) {
+    std::fprintf(stderr, "rank %d: connect: %s\n", rank, comm.error().message().c_str());
+    return 2;
+  }
+  communicator& c = **comm;
+  CHILD_CHECK(c.rank() == o.rank && c.size() == o.size, 3);
+  const int size = o.size;
+  const int root = size > 1 ? 1 : 0;
+  for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{100000}}) {
+    std::vector<float> data(n);
+    for (std::size_t i = 0; i < n; ++i) data[i] = reduce_input(rank, i);
+    auto r = c.all_reduce_sum(data);
+    if (!r) std::fprintf(stderr, "rank %d: all_reduce_sum: %s\n", rank, r.error().message().c_str());
+    CHILD_CHECK(r.has_value(), 10);
+    for (std::size_t i = 0; i < n; ++i) CHILD_CHECK(data[i] == reduce_expected(size, i), 11);
+
+    std::vector<float> mine(n), all(n * static_cast<std::size_t>(size), -1.0f);
+    for (std::size_t i = 0; i < n; ++i) mine[i] = gather_input(rank, i);
+    auto g = c.all_gather(mine, all);
+    if (!g) std::fprintf(stderr, "rank %d: all_gather: %s\n", rank, g.error().message().c_str());
+    CHILD_CHECK(g.has_value(), 20);
+    for (int from = 0; from < size; ++from)
+      for (std::size_t i = 0; i < n; ++i)
+        CHILD_CHECK(all[static_cast<std::size_t>(from) * n + i] == gather_input(from, i), 21);
+
+    std::vector<float> b(n, -1.0f);
+    if (rank == root)
+      for (std::size_t i = 0; i < n; ++i) b[i] = broadcast_root_value(i);
+    auto br = c.broadcast(b, root);
+    if (!br) std::fprintf(stderr, "rank %d: broadcast: %s\n", rank, br.error().message().c_str());
+    CHILD_CHECK(br.has_value(), 30);
+    for (std::size_t i = 0; i < n; ++i) CHILD_CHECK(b[i] == broadcast_root_value(i), 31);
+  }
+  // A second all_reduce on the same buffer after the others: collectives compose in sequence.
+  std::vector<float> again(7, 1.0f);
+  CHILD_CHECK(c.all_reduce_sum(again).has_value(), 40);
+  for (float v : again) CHILD_CHECK(v == static_cast<float>(size), 41);
+  return 0;
+}
+
+TEST_F(collectives, two_ranks) {
+  auto st = run_ranks({0, 1}, [&](int r) { return exercise(options(r, 2, "two")); });
+  expect_all_ok(st);
+}
+
+TEST_F(collectives, four_ranks) {
+  auto st = run_ranks({0, 1, 2, 3}, [&](int r) { return exercise(options(r, 4, "four")); });
+  expect_all_ok(st);
+}
+
+TEST_F(collectives, one_rank_is_local) {
+  auto st = run_ranks({0}, [&](int r) { return exercise(options(r, 1, "one")); });
+  expect_all_ok(st);
+}
+
+TEST_F(collectives, peer_that_never_joins_is_a_timeout) {
+  // Size 2, only rank 0 starts: connect must come back with a timeout error, not hang. Gloo's
+  // FileStore rounds the elapsed time down to whole seconds, so a 2 s timeout ends within ~3 s.
+  auto st = run_ranks({0}, [&](int rank) {
+    auto start = std::chrono::steady_clock::now();
+    auto comm = connect_gloo(options(rank, 2, "alone", 2s));
+    auto took = std::chrono::steady_clock::now() - start;
+    CHILD_CHECK(!comm.has_value(), 2);
+    std::fprintf(stderr, "rank %d: connect alone -> %s after %lld ms\n", rank, comm.error().message().c_str(),
+                 static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+    CHILD_CHECK(comm.error().code == collective_error_code::timeout, 3);
+    CHILD_CHECK(took >= 1500ms, 4);
+    CHILD_CHECK(took < 10s, 5);
+    return 0;
+  }, 30s);
+  expect_all_ok(st);
+}
+
+TEST_F(collectives, peer_that_leaves_makes_the_next_collective_an_error) {
+  // Rank 1 connects and exits at once; rank 0's connect or next collective must fail (typed), within
+  // the timeout, and the process must survive (no SIGPIPE death).
+  auto st = run_ranks({0, 1}, [&](int rank) {
+    auto comm = connect_gloo(options(rank, 2, "leaves", 3s));
+    if (rank == 1) return comm ? 0 : 2;
+    if (!comm) return 0;  // rank 1 left during the handshake: also a typed error
+    auto start = std::chrono::steady_clock::now();
+    std::vector<float> data(100000, 1.0f);
+    // A few attempts: the first may still be buffered by the kernel before the close is seen.
+    bool failed = false;
+    for (int attempt = 0; attempt < 5 && !failed; ++attempt) {
+      auto r = (*comm)->all_reduce_sum(data);
+      if (!r) {
+        std::fprintf(stderr, "rank 0: after peer left -> %s\n", r.error().message().c_str());
+        failed = true;
+      }
+    }
+    CHILD_CHECK(failed, 3);
+    CHILD_CHECK(std::chrono::steady_clock::now() - start < 20s, 4);
+    return 0;
+  }, 60s);
+  expect_all_ok(st);
+}
+
+TEST_F(collectives, peer_that_stalls_makes_the_collective_a_timeout) {
+  // Both ranks connect; rank 1 then never calls the collective. Rank 0's all_reduce_sum must come
+  // back with a timeout error after about the 2 s timeout.
+  auto st = run_ranks({0, 1}, [&](int rank) {
+    auto comm = connect_gloo(options(rank, 2, "stalls", 2s));
+    CHILD_CHECK(comm.has_value(), 2);
+    if (rank == 1) {
+      std::this_thread::sleep_for(4s);
+      return 0;
+    }
+    std::vector<float> data(7, 1.0f);
+    auto start = std::chrono::steady_clock::now();
+    auto r = (*comm)->all_reduce_sum(data);
+    auto took = std::chrono::steady_clock::now() - start;
+    CHILD_CHECK(!r.has_value(), 3);
+    std::fprintf(stderr, "rank 0: stalled all_reduce -> %s after %lld ms\n", r.error().message().c_str(),
+                 static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+    CHILD_CHECK(r.error().code == collective_error_code::timeout, 4);
+    CHILD_CHECK(took >= 1500ms && took < 6s, 5);
+    return 0;
+  }, 60s);
+  expect_all_ok(st);
+}
+
+TEST_F(collectives, bad_arguments_are_typed_refusals) {
+  auto st = run_ranks({0}, [&](int rank) {
+    CHILD_CHECK(connect_gloo(options(2, 2, "bad")).error().code == collective_error_code::invalid_argument, 2);
+    CHILD_CHECK(connect_gloo(options(0, 0, "bad")).error().code == collective_error_code::invalid_argument, 3);
+    auto o = options(0, 1, "bad");
+    o.rendezvous_dir = dir_ + "/missing";
+    CHILD_CHECK(connect_gloo(o).error().code == collective_error_code::invalid_argument, 4);
+    auto comm = connect_gloo(options(0, 1, "bad-ok"));
+    CHILD_CHECK(comm.has_value(), 5);
+    std::vector<float> d(3, 1.0f), all(5);
+    CHILD_CHECK((*comm)->broadcast(d, 1).error().code == collective_error_code::invalid_argument, 6);
+    CHILD_CHECK((*comm)->broadcast(d, -1).error().code == collective_error_code::invalid_argument, 7);
+    CHILD_CHECK((*comm)->all_gather(d, all).error().code == collective_error_code::invalid_argument, 8);
+    return 0;
+  });
+  expect_all_ok(st);
+}
+
+}  // namespace
+}  // namespace troupe::transport

@@ -1,0 +1,66 @@
+#pragma once
+// Collective operations between the ranks of one tensor-parallel group (CPU replicas: Gloo over TCP).
+// Plain C++: no Gloo type appears here; Gloo stays inside gloo_communicator.cpp. Every failure (a
+// peer that never joins, a peer that dies mid-collective, a bad argument) is a typed error, never an
+// exception and never an unbounded wait: every wait is bounded by gloo_options::timeout.
+//
+// A communicator is used by one thread at a time, and every rank must call the same collectives in
+// the same order with the same element counts. After any error other than invalid_argument the
+// communicator is broken (peers may be mid-collective): drop it and connect a new group.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "engine/core/result.hpp"
+
+namespace troupe::transport {
+
+enum class collective_error_code : std::uint8_t {
+  invalid_argument,  // bad rank/size/root, mismatched span sizes, missing rendezvous directory
+  timeout,           // a peer did not join the rendezvous, or did not answer, within the timeout
+  connect_failed,    // the rendezvous or the TCP connection failed for another reason
+  transport,         // a collective failed (peer closed the connection, I/O error, ...)
+};
+std::string_view name(collective_error_code c);
+
+struct collective_error {
+  collective_error_code code;
+  std::string reason;
+  std::string message() const;
+};
+
+class communicator {
+ public:
+  virtual ~communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In place: every rank ends with the element-wise sum over all ranks. Same length on every rank.
+  virtual result<void, collective_error> all_reduce_sum(std::span<float> data) = 0;
+  // `all` receives size() blocks of mine.size() floats, block r from rank r (all.size() must be
+  // size() * mine.size()).
+  virtual result<void, collective_error> all_gather(std::span<const float> mine, std::span<float> all) = 0;
+  // In place: every rank ends with root's data. Same length on every rank.
+  virtual result<void, collective_error> broadcast(std::span<float> data, int root) = 0;
+};
+
+struct gloo_options {
+  int rank = 0;
+  int size = 1;
+  // Rendezvous through a directory every rank can see (Gloo's FileStore). The directory must exist.
+  std::string rendezvous_dir;
+  // Keys are scoped by this prefix, so one directory can serve successive groups; it must be fresh
+  // for each group (the same on every rank of the group), since Gloo refuses to overwrite a key.
+  std::string prefix = "troupe";
+  // The address (or hostname) this rank listens on; peers connect to it.
+  std::string host = "127.0.0.1";
+  // Bounds the rendezvous, the connection and each collective.
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+};
+
+// Joins the group: blocks until all size() ranks have joined (or the timeout passes).
+result<std::unique_ptr<communicator>, collective_error> connect_gloo(const gloo_options& options);
+
+}  // namespace troupe::transport

@@ -581,6 +581,31 @@ std::optional<std::size_t> next_node_with_room(coordinator_state& st, std::map<s
   return std::nullopt;
 }
 
+// Asks nodes with room to start `count` replicas of `d`, one per request, round robin; the pending
+// deployment completes when they register (register_atom). A refusal fails it, prefixed with `label`.
+void place_replicas(caf::stateful_actor<coordinator_state>* self, transport::deploy d, std::int32_t count, const std::string& label) {
+  auto fail = [self, label](const std::string& why) {
+    if (!self->state.deploying) return;
+    self->state.deploying->rp.deliver(label + ": " + why, std::string());
+    self->state.deploying.reset();
+  };
+  d.replicas = 1;
+  const auto bytes = transport::encode(d);
+  std::map<std::size_t, std::int32_t> planned;
+  for (std::int32_t r = 0; r < count; ++r) {
+    const auto slot = next_node_with_room(self->state, planned);
+    if (!slot)
+      return fail("no node has room for replica " + std::to_string(r + 1) + " of " + std::to_string(count) +
+                  " (each node's --max-replicas and --device-memory)");
+    self->request(self->state.nodes[*slot].actor, request_timeout, deploy_atom::value, bytes, caf::actor_cast<caf::actor>(self))
+        .then(
+            [=](std::int32_t n, const std::string& why) {
+              if (n == 0) fail(why);
+            },
+            [=](caf::error& e) { fail(self->system().render(e)); });
+  }
+}
+
 std::uint64_t affinity_key(const transport::prompt& p) {
   std::uint64_t h = 1469598103934665603ull;
   auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
@@ -655,35 +680,7 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
                     st.deploying.reset();
                     return;
                   }
-                  // One replica per request, round robin over the nodes that joined.
-                  auto one = d;
-                  one.replicas = 1;
-                  const auto one_bytes = transport::encode(one);
-                  std::map<std::size_t, std::int32_t> planned;
-                  for (std::int32_t r = 0; r < d.replicas; ++r) {
-                    const auto slot = next_node_with_room(st, planned);
-                    if (!slot) {
-                      st.deploying->rp.deliver("no node has room for replica " + std::to_string(r + 1) + " of " + std::to_string(d.replicas) +
-                                                   " (each node's --max-replicas)",
-                                               std::string());
-                      st.deploying.reset();
-                      return;
-                    }
-                    const auto& node = st.nodes[*slot];
-                    self->request(node.actor, request_timeout, deploy_atom::value, one_bytes, caf::actor_cast<caf::actor>(self))
-                        .then(
-                            [=](std::int32_t n, const std::string& why) {
-                              if (n == 0 && self->state.deploying) {
-                                self->state.deploying->rp.deliver("deploy: " + why, std::string());
-                                self->state.deploying.reset();
-                              }
-                            },
-                            [=](caf::error& e) {
-                              if (!self->state.deploying) return;
-                              self->state.deploying->rp.deliver("deploy: " + self->system().render(e), std::string());
-                              self->state.deploying.reset();
-                            });
-                  }
+                  place_replicas(self, d, d.replicas, "deploy");
                 },
                 [=](caf::error& e) {
                   if (!self->state.deploying) return;
@@ -797,32 +794,7 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
           return rp;
         }
         st.deploying = pending_deploy{sc.model, sc.replicas - have, 0, rp};
-        auto one = dep->second;
-        one.replicas = 1;
-        const auto one_bytes = transport::encode(one);
-        std::map<std::size_t, std::int32_t> planned;
-        for (std::int32_t r = 0; r < sc.replicas - have; ++r) {
-          const auto slot = next_node_with_room(st, planned);
-          if (!slot) {
-            st.deploying->rp.deliver("no node has room for more replicas (each node's --max-replicas)", std::string());
-            st.deploying.reset();
-            return rp;
-          }
-          const auto& node = st.nodes[*slot];
-          self->request(node.actor, request_timeout, deploy_atom::value, one_bytes, caf::actor_cast<caf::actor>(self))
-              .then(
-                  [=](std::int32_t n, const std::string& why) {
-                    if (n == 0 && self->state.deploying) {
-                      self->state.deploying->rp.deliver("scale: " + why, std::string());
-                      self->state.deploying.reset();
-                    }
-                  },
-                  [=](caf::error& e) {
-                    if (!self->state.deploying) return;
-                    self->state.deploying->rp.deliver("scale: " + self->system().render(e), std::string());
-                    self->state.deploying.reset();
-                  });
-        }
+        place_replicas(self, dep->second, sc.replicas - have, "scale");
         return rp;
       },
       // A node leaving (SIGTERM): its replicas take no new job and stop after their last one. Answers

@@ -10,6 +10,7 @@
 
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "families/fixtures/fixture.hpp"
+#include "tests/support/tiny_model.hpp"
 #include "transport/codec.hpp"
 
 namespace troupe::actors {
@@ -17,25 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path fixture_path() {
-  static const fs::path p = [] {
-    families::fixture_dims d;
-    d.vocab = 512;
-    d.hidden = 128;
-    d.ffn = 256;
-    d.heads = 4;
-    d.kv_heads = 2;
-    d.head_dim = 32;
-    d.layers = 2;
-    const auto dir = fs::temp_directory_path() / ("troupe-actors-test-" + std::to_string(::getpid()));
-    fs::create_directories(dir);
-    const auto path = dir / "llama.gguf";
-    auto w = families::write_fixture("llama", d, path, true);
-    EXPECT_TRUE(w);
-    return path;
-  }();
-  return p;
-}
+fs::path fixture_path() { return test::tiny_llama_gguf("llama.gguf"); }
 
 cluster_options small_cluster() {
   cluster_options o;

@@ -17,6 +17,7 @@
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "engine/text/chat_template.hpp"
 #include "families/fixtures/fixture.hpp"
+#include "tests/support/tiny_model.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -24,24 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-fs::path fixture_path() {
-  static const fs::path p = [] {
-    families::fixture_dims d;
-    d.vocab = 512;
-    d.hidden = 128;
-    d.ffn = 256;
-    d.heads = 4;
-    d.kv_heads = 2;
-    d.head_dim = 32;
-    d.layers = 2;
-    const auto dir = fs::temp_directory_path() / ("troupe-gateway-test-" + std::to_string(::getpid()));
-    fs::create_directories(dir);
-    const auto path = dir / "tiny.gguf";
-    EXPECT_TRUE(families::write_fixture("llama", d, path, true));
-    return path;
-  }();
-  return p;
-}
+fs::path fixture_path() { return test::tiny_llama_gguf("tiny.gguf"); }
 
 cluster_options options() {
   cluster_options o;

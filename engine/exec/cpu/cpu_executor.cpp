@@ -35,6 +35,7 @@ struct entry {
   std::vector<std::byte*> ptr;  // per value
   std::vector<instr> program;
   std::deque<packed_matrix> own_packed;  // folded weights packed for this entry (stable addresses)
+  std::vector<std::int64_t> residual_linear;  // per equation: for an add fused as a residual epilogue, its linear
 };
 
 std::optional<exec_error> fail(exec_error_code c, std::string where, std::string why) {
@@ -119,6 +120,44 @@ unary_kind to_unary(op o) {
   }
 }
 
+// The residual epilogue: add(linear(x, W), r) (either operand order, f32, one shape), where the linear
+// runs just before the add and its result has no other reader, becomes one matmul that stores
+// x W^T + r straight into the add's buffer. Per equation: the fused add's linear, else -1.
+std::vector<std::int64_t> residual_fusions(const graph::graph& g, const compile::pruned_graph& p) {
+  std::vector<int> uses(g.values().size(), 0);
+  for (std::size_t i = 0; i < g.equations().size(); ++i)
+    if (p.runs[i])
+      for (auto v : g.equations()[i].inputs) ++uses[v.index];
+  for (const auto& o : g.outputs()) ++uses[o.value.index];
+  for (const auto& s : g.states()) ++uses[s.out.index];
+  std::vector<std::int64_t> linear_of(g.equations().size(), -1);
+  std::vector<std::int64_t> producer(g.values().size(), -1);
+  std::int64_t prev = -1;
+  for (std::size_t i = 0; i < g.equations().size(); ++i) {
+    if (!p.runs[i]) continue;
+    const auto& e = g.equations()[i];
+    const auto& ot = g.info(e.out).type;
+    if (e.code == op::add && ot.type == dtype::f32 && e.inputs[0] != e.inputs[1]) {
+      for (int side = 0; side < 2; ++side) {
+        const auto lv = e.inputs[static_cast<std::size_t>(side)], rv = e.inputs[static_cast<std::size_t>(1 - side)];
+        const std::int64_t j = producer[lv.index];
+        if (j < 0 || j != prev || uses[lv.index] != 1) continue;
+        const auto& le = g.equations()[static_cast<std::size_t>(j)];
+        const auto& lt = g.info(lv).type;
+        const auto& rt = g.info(rv).type;
+        if (le.code != op::linear || g.info(le.inputs[0]).type.type != dtype::f32 || lt.type != dtype::f32 ||
+            rt.type != dtype::f32 || lt.dims != ot.dims || rt.dims != ot.dims)
+          continue;
+        linear_of[i] = j;
+        break;
+      }
+    }
+    producer[e.out.index] = static_cast<std::int64_t>(i);
+    prev = static_cast<std::int64_t>(i);
+  }
+  return linear_of;
+}
+
 }  // namespace
 
 struct cpu_executor::impl {
@@ -131,13 +170,17 @@ struct cpu_executor::impl {
   explicit impl(cpu_options o) : opt(o), level(o.level && usable(*o.level) ? *o.level : best_isa()), pool(o.threads) {}
 
   result<void, exec_error> lower(entry& en, executable& ex);
-  instr lower_eqn(entry& en, executable& ex, std::size_t i, std::vector<int>& uses, std::vector<bool>& fused, std::optional<exec_error>& err);
+  instr lower_eqn(entry& en, executable& ex, std::size_t i, std::vector<int>& uses, std::vector<bool>& fused,
+                  const std::vector<std::int64_t>& residual_of, std::optional<exec_error>& err);
 };
 
 cpu_executor::cpu_executor(cpu_options opt) : impl_(std::make_unique<impl>(opt)) {}
 cpu_executor::~cpu_executor() = default;
 isa cpu_executor::level() const { return impl_->level; }
 int cpu_executor::threads() const { return impl_->pool.size(); }
+std::size_t cpu_executor::kernel_calls(entry_id entry) const {
+  return entry.value < impl_->entries.size() ? impl_->entries[entry.value]->program.size() : 0;
+}
 
 result<executable_id, exec_error> cpu_executor::load(const weight_source& weights) {
   auto ex = std::make_unique<executable>();
@@ -209,6 +252,15 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
     }
   }
 
+  // A fused linear reads x at its add, so x (and what it aliases) lives until then.
+  en->residual_linear = residual_fusions(gg, en->pruned);
+  for (std::size_t i = 0; i < gg.equations().size(); ++i) {
+    const std::int64_t j = en->residual_linear[i];
+    if (j < 0) continue;
+    auto& lu = en->pruned.last_use[gg.equations()[static_cast<std::size_t>(j)].inputs[0].index];
+    lu = std::max(lu, static_cast<std::int64_t>(i));
+  }
+
   // In place: a reshape shares its input's bytes, and a scatter into a state updates the state.
   std::vector<bool> is_state_in(gg.values().size(), false);
   for (const auto& s : gg.states()) is_state_in[s.in.index] = true;
@@ -257,10 +309,32 @@ result<void, exec_error> cpu_executor::impl::lower(entry& en, executable& ex) {
         return unexpected(exec_error{exec_error_code::unsupported, where, "input of type " + it.str()});
     }
   }
+  // Residual epilogues (chosen before planning): the linear is lowered at its add, unless the plan
+  // gave the add's buffer bytes the matmul still reads (x) or partly shares with r.
+  std::vector<std::int64_t> residual_of(g.equations().size(), -1);
+  {
+    auto bytes_of = [&](graph::value_id v) { return g.info(v).type.dims.numel() * static_cast<std::int64_t>(sizeof(float)); };
+    auto overlap = [&](graph::value_id a, graph::value_id b) {
+      const std::byte *pa = en.ptr[a.index], *pb = en.ptr[b.index];
+      return pa && pb && pa < pb + bytes_of(b) && pb < pa + bytes_of(a);
+    };
+    for (std::size_t i = 0; i < g.equations().size(); ++i) {
+      const std::int64_t j = en.residual_linear[i];
+      if (j < 0) continue;
+      const auto& e = g.equations()[i];
+      const auto& le = g.equations()[static_cast<std::size_t>(j)];
+      const int side = e.inputs[0] == le.out ? 0 : 1;
+      const auto rv = e.inputs[static_cast<std::size_t>(1 - side)];
+      if (!en.ptr[e.out.index] || overlap(e.out, le.inputs[0])) continue;
+      if (overlap(e.out, rv) && en.ptr[e.out.index] != en.ptr[rv.index]) continue;
+      residual_of[i] = side;
+      fused[static_cast<std::size_t>(j)] = true;
+    }
+  }
   for (std::size_t i = 0; i < g.equations().size(); ++i) {
     if (!en.pruned.runs[i] || fused[i]) continue;
     std::optional<exec_error> err;
-    auto f = lower_eqn(en, ex, i, uses, fused, err);
+    auto f = lower_eqn(en, ex, i, uses, fused, residual_of, err);
     if (err) return unexpected(*err);
     if (f) en.program.push_back(std::move(f));
   }
@@ -268,7 +342,7 @@ result<void, exec_error> cpu_executor::impl::lower(entry& en, executable& ex) {
 }
 
 instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i, std::vector<int>& uses, std::vector<bool>& fused,
-                                    std::optional<exec_error>& err) {
+                                    const std::vector<std::int64_t>& residual_of, std::optional<exec_error>& err) {
   const auto& g = en.g;
   const auto& e = g.equations()[i];
   const std::string where = "eqn " + std::to_string(i) + " (" + std::string(graph::op_name(e.code)) + ")";
@@ -285,6 +359,47 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i, st
     for (std::size_t j = 0; j < i; ++j)
       if (en.pruned.runs[j] && !fused[j] && g.equations()[j].out == v) return &g.equations()[j];
     return nullptr;
+  };
+
+  // A linear as one matmul, storing into y (plus r, the residual epilogue, when set).
+  auto lower_linear = [&](const graph::equation& le, float* y, const float* r) -> instr {
+    const auto wv = le.inputs[1];
+    const auto& wt = T(wv);
+    const packed_matrix* pm = nullptr;
+    const auto wb = std::find_if(g.weights().begin(), g.weights().end(), [&](const auto& w) { return w.value == wv; });
+    auto pack = [&](const tensor_view& view) -> std::optional<packed_matrix> {
+      auto pk = packed_matrix::pack(view);
+      if (!pk) {
+        err = exec_error{exec_error_code::unsupported, where, "cannot pack the weight: " + pk.error()};
+        return std::nullopt;
+      }
+      return std::move(*pk);
+    };
+    if (wb != g.weights().end()) {
+      const auto key = wb->role.str();
+      auto it = ex.packed.find(key);
+      if (it == ex.packed.end()) {
+        auto pk = pack(*ex.weights->find(wb->role));
+        if (!pk) return nullptr;
+        it = ex.packed.emplace(key, std::move(*pk)).first;
+      }
+      pm = &it->second;
+    } else if (en.pruned.constant[wv.index]) {
+      auto pk = pack(tensor_view(wt.type, wt.dims, P(wv)));
+      if (!pk) return nullptr;
+      en.own_packed.push_back(std::move(*pk));
+      pm = &en.own_packed.back();
+    } else {
+      err = exec_error{exec_error_code::unsupported, where, "a linear weight must be known at prepare"};
+      return nullptr;
+    }
+    const std::int64_t K = wt.dims[1], N = wt.dims[0];
+    const std::int64_t M = K == 0 ? 0 : T(le.inputs[0]).dims.numel() / K;
+    const auto* x = reinterpret_cast<const float*>(P(le.inputs[0]));
+    return [=]() -> std::optional<exec_error> {
+      matmul(*pm, x, K, M, y, N, *pool_ptr, lv, r, N);
+      return std::nullopt;
+    };
   };
 
   switch (e.code) {
@@ -312,6 +427,11 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i, st
     case op::equal: case op::less: case op::less_equal: case op::greater: {
       const auto& at = T(e.inputs[0]);
       const auto& bt = T(e.inputs[1]);
+      if (residual_of[i] >= 0) {
+        const auto side = static_cast<std::size_t>(residual_of[i]);
+        const auto& le = g.equations()[static_cast<std::size_t>(en.residual_linear[i])];
+        return lower_linear(le, reinterpret_cast<float*>(out), reinterpret_cast<const float*>(P(e.inputs[1 - side])));
+      }
       // A gated feed-forward's middle: act(g) * u in one pass.
       if (e.code == op::mul && ot.type == dtype::f32 && at.dims == ot.dims && bt.dims == ot.dims) {
         for (int side = 0; side < 2; ++side) {
@@ -516,46 +636,8 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i, st
         return std::nullopt;
       };
     }
-    case op::linear: {
-      const auto wv = e.inputs[1];
-      const auto& wt = T(wv);
-      const packed_matrix* pm = nullptr;
-      const auto wb = std::find_if(g.weights().begin(), g.weights().end(), [&](const auto& w) { return w.value == wv; });
-      auto pack = [&](const tensor_view& view) -> std::optional<packed_matrix> {
-        auto pk = packed_matrix::pack(view);
-        if (!pk) {
-          err = exec_error{exec_error_code::unsupported, where, "cannot pack the weight: " + pk.error()};
-          return std::nullopt;
-        }
-        return std::move(*pk);
-      };
-      if (wb != g.weights().end()) {
-        const auto key = wb->role.str();
-        auto it = ex.packed.find(key);
-        if (it == ex.packed.end()) {
-          auto pk = pack(*ex.weights->find(wb->role));
-          if (!pk) return nullptr;
-          it = ex.packed.emplace(key, std::move(*pk)).first;
-        }
-        pm = &it->second;
-      } else if (en.pruned.constant[wv.index]) {
-        auto pk = pack(tensor_view(wt.type, wt.dims, P(wv)));
-        if (!pk) return nullptr;
-        en.own_packed.push_back(std::move(*pk));
-        pm = &en.own_packed.back();
-      } else {
-        err = exec_error{exec_error_code::unsupported, where, "a linear weight must be known at prepare"};
-        return nullptr;
-      }
-      const std::int64_t K = wt.dims[1], N = wt.dims[0];
-      const std::int64_t M = K == 0 ? 0 : T(e.inputs[0]).dims.numel() / K;
-      const auto* x = reinterpret_cast<const float*>(P(e.inputs[0]));
-      auto* y = reinterpret_cast<float*>(out);
-      return [=]() -> std::optional<exec_error> {
-        matmul(*pm, x, K, M, y, N, *pool_ptr, lv);
-        return std::nullopt;
-      };
-    }
+    case op::linear:
+      return lower_linear(e, reinterpret_cast<float*>(out), nullptr);
     case op::gather_rows: {
       const auto& tt = T(e.inputs[0]);
       const tensor_view table(tt.type, tt.dims, P(e.inputs[0]));

@@ -30,6 +30,8 @@ class cpu_executor final : public executor {
 
   isa level() const;
   int threads() const;
+  // How many kernel calls one step of the entry runs (after fusion); 0 for an unknown entry.
+  std::size_t kernel_calls(entry_id entry) const;
 
   struct impl;
 

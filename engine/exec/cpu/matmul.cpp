@@ -331,13 +331,19 @@ std::int64_t packed_matrix::cols() const { return l_->cols; }
 std::size_t packed_matrix::bytes() const { return static_cast<std::size_t>(l_->panels) * l_->panel_bytes; }
 
 void matmul(const packed_matrix& w, const float* x, std::int64_t ldx, std::int64_t M, float* y, std::int64_t ldy,
-            thread_pool& pool, isa level) {
+            thread_pool& pool, isa level, const float* r, std::int64_t ldr) {
   const packed_matrix::layout& l = w.data();
   const std::int64_t n = l.rows;
   const std::int64_t k = l.cols;
   if (M <= 0 || n <= 0) return;
   if (k == 0) {
-    for (std::int64_t m = 0; m < M; ++m) std::fill(y + m * ldy, y + m * ldy + n, 0.0f);
+    for (std::int64_t m = 0; m < M; ++m) {
+      if (r) {
+        for (std::int64_t j = 0; j < n; ++j) y[m * ldy + j] = r[m * ldr + j];
+      } else {
+        std::fill(y + m * ldy, y + m * ldy + n, 0.0f);
+      }
+    }
     return;
   }
   if (!usable(level)) level = best_isa();
@@ -348,6 +354,8 @@ void matmul(const packed_matrix& w, const float* x, std::int64_t ldx, std::int64
   a.w = &l;
   a.y = y;
   a.ldy = ldy;
+  a.r = r;
+  a.ldr = ldr;
   if (fk.act_bytes) {
     const std::size_t stride = detail::round64(fk.act_bytes(k));
     std::byte* acts = scratch(stride * static_cast<std::size_t>(M));

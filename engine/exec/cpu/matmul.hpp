@@ -45,9 +45,10 @@ class packed_matrix {
 
 // y[m * ldy + n] = sum_k x[m * ldx + k] * W[n, k] for m < M, n < N; nothing else of y is written.
 // `level` must be usable. The work is split over the pool (one matmul at a time per pool); y must not
-// overlap x.
+// overlap x. With r (the residual epilogue), y[m * ldy + n] = that sum + r[m * ldr + n], rounded as a
+// separate add would; r may be exactly y (ldr == ldy), never partly overlap it.
 void matmul(const packed_matrix& w, const float* x, std::int64_t ldx, std::int64_t M, float* y, std::int64_t ldy,
-            thread_pool& pool, isa level);
+            thread_pool& pool, isa level, const float* r = nullptr, std::int64_t ldr = 0);
 
 // out[i, :] = row ids[i] of a stored table (any dtype core can dequantize), as f32. Ids are checked by
 // the caller.

@@ -95,6 +95,8 @@ struct gemm_args {
   std::size_t act_stride = 0;
   float* y = nullptr;
   std::int64_t ldy = 0;
+  const float* r = nullptr;  // when set, each stored row adds r[m * ldr + n] (the residual epilogue)
+  std::int64_t ldr = 0;
   std::int64_t m0 = 0, m1 = 0, p0 = 0, p1 = 0;
 };
 

@@ -144,7 +144,20 @@ template <class V>
 void store_rows(const gemm_args& a, std::int64_t m, std::int64_t p, int half, typename V::vf v) {
   const int n = valid_rows(a, p, half, V::lanes);
   if (n == 0) return;
-  float* y = a.y + m * a.ldy + p * panel_rows + half * V::lanes;
+  const std::int64_t col = p * panel_rows + half * V::lanes;
+  float* y = a.y + m * a.ldy + col;
+  if (a.r) {
+    // y = acc + r, elementwise; r may be y itself, so each lane reads r before it writes y.
+    const float* r = a.r + m * a.ldr + col;
+    if (n == V::lanes) {
+      V::storeu_f(y, V::fmadd(V::set1_f(1.0f), V::loadu_f(r), v));
+    } else {
+      alignas(64) float t[V::lanes];
+      V::storeu_f(t, v);
+      for (int j = 0; j < n; ++j) y[j] = t[j] + r[j];
+    }
+    return;
+  }
   if (n == V::lanes) {
     V::storeu_f(y, v);
   } else {

@@ -75,7 +75,13 @@ std::size_t bytes256(std::int64_t k) { return act256_bytes(k); }
 void store(const gemm_args& a, std::int64_t m, std::int64_t p, const float* acc) {
   const std::int64_t n0 = p * panel_rows;
   const std::int64_t rows = std::min<std::int64_t>(panel_rows, a.w->rows - n0);
-  std::copy(acc, acc + rows, a.y + m * a.ldy + n0);
+  float* y = a.y + m * a.ldy + n0;
+  if (a.r) {
+    const float* r = a.r + m * a.ldr + n0;
+    for (std::int64_t j = 0; j < rows; ++j) y[j] = acc[j] + r[j];
+    return;
+  }
+  std::copy(acc, acc + rows, y);
 }
 
 const float* x_row(const gemm_args& a, std::int64_t m) {

@@ -205,5 +205,58 @@ TEST(cpu_executor, refuses_at_prepare_what_it_cannot_lower) {
   EXPECT_EQ(e.error().code, exec_error_code::unsupported);
 }
 
+TEST(cpu_executor, fuses_a_residual_add_into_the_preceding_linear) {
+  constexpr std::int64_t M = 3, K = 40, N = 37;  // N leaves a partial panel
+  tensor w(dtype::f32, {N, K});
+  for (std::int64_t i = 0; i < w.numel(); ++i) w.as<float>()[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+  struct one : weight_source {
+    const tensor* t;
+    std::optional<tensor_view> find(const graph::weight_role& r) const override {
+      return r.name == "w" ? std::optional<tensor_view>(t->view()) : std::nullopt;
+    }
+  } ws;
+  ws.t = &w;
+  tensor x(dtype::f32, {M, K}), r(dtype::f32, {M, N});
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.as<float>()[i] = static_cast<float>(std::cos(0.11 * static_cast<double>(i)));
+  for (std::int64_t i = 0; i < r.numel(); ++i) r.as<float>()[i] = static_cast<float>(0.5 - 0.013 * static_cast<double>(i));
+  // 0: add(linear, r); 1: add(r, linear); 2: the linear also an output, so the add stays separate.
+  auto build = [&](int form) {
+    graph::builder b;
+    const auto xv = b.slot(graph::slot_kind::request_input, {dtype::f32, {M, K}}, "x");
+    const auto rv = b.slot(graph::slot_kind::request_input, {dtype::f32, {M, N}}, "r");
+    const auto l = b.linear(xv, b.weight({"w"}, {dtype::f32, {N, K}}));
+    b.output("y", form == 1 ? b.add(rv, l) : b.add(l, rv));
+    if (form == 2) b.output("l", l);
+    return std::move(b).finish();
+  };
+  for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
+    if (!usable(level)) continue;
+    SCOPED_TRACE(std::string(isa_name(level)));
+    cpu_executor ex(cpu_options{.threads = 2, .level = level});
+    auto exe = ex.load(ws);
+    ASSERT_TRUE(exe);
+    step_inputs in;
+    in.slots = {{"x", x.view()}, {"r", r.view()}};
+    std::vector<tensor> ys;
+    for (int form = 0; form < 3; ++form) {
+      auto g = build(form);
+      ASSERT_TRUE(g);
+      auto e = ex.add_entry(*exe, *g);
+      ASSERT_TRUE(e) << e.error().message();
+      EXPECT_EQ(ex.kernel_calls(*e), form == 2 ? 2u : 1u) << "form " << form;
+      auto o = ex.step(*e, in);
+      ASSERT_TRUE(o) << o.error().message();
+      ys.push_back(o->outputs.at("y"));
+    }
+    for (std::int64_t i = 0; i < M * N; ++i) {
+      EXPECT_EQ(ys[0].as<float>()[i], ys[2].as<float>()[i]) << i;
+      EXPECT_EQ(ys[1].as<float>()[i], ys[2].as<float>()[i]) << i;
+      double want = r.as<float>()[i];
+      for (std::int64_t k = 0; k < K; ++k) want += static_cast<double>(x.as<float>()[(i / N) * K + k]) * w.as<float>()[(i % N) * K + k];
+      EXPECT_NEAR(ys[0].as<float>()[i], want, 1e-4) << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace troupe::exec::cpu

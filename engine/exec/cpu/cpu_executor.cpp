@@ -36,6 +36,7 @@ struct entry {
   std::vector<instr> program;
   std::deque<packed_matrix> own_packed;  // folded weights packed for this entry (stable addresses)
   std::vector<std::int64_t> residual_linear;  // per equation: for an add fused as a residual epilogue, its linear
+  std::vector<std::int64_t> gated_act;        // per equation: for a mul fused as act(g) * u, its activation
 };
 
 std::optional<exec_error> fail(exec_error_code c, std::string where, std::string why) {
@@ -158,6 +159,44 @@ std::vector<std::int64_t> residual_fusions(const graph::graph& g, const compile:
   return linear_of;
 }
 
+// The gated feed-forward middle: mul(act(g), u) (either operand order, act = silu or gelu_tanh, f32,
+// one shape), where act(g) has no other reader, becomes one pass act(g) * u; the activation never runs
+// on its own. Per equation: the fused mul's activation, else -1.
+std::vector<std::int64_t> gated_fusions(const graph::graph& g, const compile::pruned_graph& p) {
+  std::vector<int> uses(g.values().size(), 0);
+  for (std::size_t i = 0; i < g.equations().size(); ++i)
+    if (p.runs[i])
+      for (auto v : g.equations()[i].inputs) ++uses[v.index];
+  for (const auto& o : g.outputs()) ++uses[o.value.index];
+  for (const auto& s : g.states()) ++uses[s.out.index];
+  std::vector<std::int64_t> act_of(g.equations().size(), -1);
+  std::vector<std::int64_t> producer(g.values().size(), -1);
+  for (std::size_t i = 0; i < g.equations().size(); ++i) {
+    if (!p.runs[i]) continue;
+    const auto& e = g.equations()[i];
+    const auto& ot = g.info(e.out).type;
+    if (e.code == op::mul && ot.type == dtype::f32) {
+      for (int side = 0; side < 2; ++side) {
+        const auto av = e.inputs[static_cast<std::size_t>(side)], uv = e.inputs[static_cast<std::size_t>(1 - side)];
+        const std::int64_t j = producer[av.index];
+        if (j < 0 || uses[av.index] != 1 || av == uv) continue;
+        const auto& ae = g.equations()[static_cast<std::size_t>(j)];
+        if (ae.code != op::silu && ae.code != op::gelu_tanh) continue;
+        const auto& at = g.info(av).type;
+        const auto& gt = g.info(ae.inputs[0]).type;
+        const auto& ut = g.info(uv).type;
+        if (at.type != dtype::f32 || gt.type != dtype::f32 || ut.type != dtype::f32 || at.dims != ot.dims ||
+            gt.dims != ot.dims || ut.dims != ot.dims)
+          continue;
+        act_of[i] = j;
+        break;
+      }
+    }
+    producer[e.out.index] = static_cast<std::int64_t>(i);
+  }
+  return act_of;
+}
+
 }  // namespace
 
 struct cpu_executor::impl {
@@ -170,8 +209,9 @@ struct cpu_executor::impl {
   explicit impl(cpu_options o) : opt(o), level(o.level && usable(*o.level) ? *o.level : best_isa()), pool(o.threads) {}
 
   result<void, exec_error> lower(entry& en, executable& ex);
-  instr lower_eqn(entry& en, executable& ex, std::size_t i, std::vector<int>& uses, std::vector<bool>& fused,
-                  const std::vector<std::int64_t>& residual_of, std::optional<exec_error>& err);
+  instr lower_eqn(entry& en, executable& ex, std::size_t i,
+                  const std::vector<std::int64_t>& residual_of, const std::vector<std::int64_t>& gated_of,
+                  std::optional<exec_error>& err);
 };
 
 cpu_executor::cpu_executor(cpu_options opt) : impl_(std::make_unique<impl>(opt)) {}
@@ -260,6 +300,14 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
     auto& lu = en->pruned.last_use[gg.equations()[static_cast<std::size_t>(j)].inputs[0].index];
     lu = std::max(lu, static_cast<std::int64_t>(i));
   }
+  // Likewise a fused gated mul reads g itself, so g lives until the mul.
+  en->gated_act = gated_fusions(gg, en->pruned);
+  for (std::size_t i = 0; i < gg.equations().size(); ++i) {
+    const std::int64_t j = en->gated_act[i];
+    if (j < 0) continue;
+    auto& lu = en->pruned.last_use[gg.equations()[static_cast<std::size_t>(j)].inputs[0].index];
+    lu = std::max(lu, static_cast<std::int64_t>(i));
+  }
 
   // In place: a reshape shares its input's bytes, and a scatter into a state updates the state.
   std::vector<bool> is_state_in(gg.values().size(), false);
@@ -288,12 +336,6 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
 
 result<void, exec_error> cpu_executor::impl::lower(entry& en, executable& ex) {
   const auto& g = en.g;
-  std::vector<int> uses(g.values().size(), 0);
-  for (std::size_t i = 0; i < g.equations().size(); ++i)
-    if (en.pruned.runs[i])
-      for (auto v : g.equations()[i].inputs) ++uses[v.index];
-  for (const auto& o : g.outputs()) ++uses[o.value.index];
-  for (const auto& s : g.states()) ++uses[s.out.index];
   std::vector<bool> fused(g.equations().size(), false);
   for (std::size_t i = 0; i < g.equations().size(); ++i) {
     if (!en.pruned.runs[i]) continue;
@@ -312,6 +354,7 @@ result<void, exec_error> cpu_executor::impl::lower(entry& en, executable& ex) {
   // Residual epilogues (chosen before planning): the linear is lowered at its add, unless the plan
   // gave the add's buffer bytes the matmul still reads (x) or partly shares with r.
   std::vector<std::int64_t> residual_of(g.equations().size(), -1);
+  std::vector<std::int64_t> gated_of(g.equations().size(), -1);
   {
     auto bytes_of = [&](graph::value_id v) { return g.info(v).type.dims.numel() * static_cast<std::int64_t>(sizeof(float)); };
     auto overlap = [&](graph::value_id a, graph::value_id b) {
@@ -330,19 +373,33 @@ result<void, exec_error> cpu_executor::impl::lower(entry& en, executable& ex) {
       residual_of[i] = side;
       fused[static_cast<std::size_t>(j)] = true;
     }
+    // Gated middles (chosen before planning): the activation is skipped and computed inside the mul,
+    // unless the mul's buffer partly overlaps g or u (elementwise, so the very same bytes are fine).
+    for (std::size_t i = 0; i < g.equations().size(); ++i) {
+      const std::int64_t j = en.gated_act[i];
+      if (j < 0) continue;
+      const auto& e = g.equations()[i];
+      const auto& ae = g.equations()[static_cast<std::size_t>(j)];
+      const auto uv = e.inputs[0] == ae.out ? e.inputs[1] : e.inputs[0];
+      auto partly = [&](graph::value_id a, graph::value_id b) { return overlap(a, b) && en.ptr[a.index] != en.ptr[b.index]; };
+      if (!en.ptr[e.out.index] || partly(e.out, ae.inputs[0]) || partly(e.out, uv)) continue;
+      gated_of[i] = j;
+      fused[static_cast<std::size_t>(j)] = true;
+    }
   }
   for (std::size_t i = 0; i < g.equations().size(); ++i) {
     if (!en.pruned.runs[i] || fused[i]) continue;
     std::optional<exec_error> err;
-    auto f = lower_eqn(en, ex, i, uses, fused, residual_of, err);
+    auto f = lower_eqn(en, ex, i, residual_of, gated_of, err);
     if (err) return unexpected(*err);
     if (f) en.program.push_back(std::move(f));
   }
   return {};
 }
 
-instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i, std::vector<int>& uses, std::vector<bool>& fused,
-                                    const std::vector<std::int64_t>& residual_of, std::optional<exec_error>& err) {
+instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
+                                    const std::vector<std::int64_t>& residual_of, const std::vector<std::int64_t>& gated_of,
+                                    std::optional<exec_error>& err) {
   const auto& g = en.g;
   const auto& e = g.equations()[i];
   const std::string where = "eqn " + std::to_string(i) + " (" + std::string(graph::op_name(e.code)) + ")";
@@ -353,13 +410,6 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i, st
   const std::int64_t n = ot.dims.numel();
   const isa lv = level;
   thread_pool* pool_ptr = &pool;
-  // The equation that produced v, when it runs and v has no other reader.
-  auto sole_producer = [&](graph::value_id v) -> const graph::equation* {
-    if (uses[v.index] != 1) return nullptr;
-    for (std::size_t j = 0; j < i; ++j)
-      if (en.pruned.runs[j] && !fused[j] && g.equations()[j].out == v) return &g.equations()[j];
-    return nullptr;
-  };
 
   // A linear as one matmul, storing into y (plus r, the residual epilogue, when set).
   auto lower_linear = [&](const graph::equation& le, float* y, const float* r) -> instr {
@@ -433,20 +483,15 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i, st
         return lower_linear(le, reinterpret_cast<float*>(out), reinterpret_cast<const float*>(P(e.inputs[1 - side])));
       }
       // A gated feed-forward's middle: act(g) * u in one pass.
-      if (e.code == op::mul && ot.type == dtype::f32 && at.dims == ot.dims && bt.dims == ot.dims) {
-        for (int side = 0; side < 2; ++side) {
-          const auto* pe = sole_producer(e.inputs[side]);
-          if (!pe || (pe->code != op::silu && pe->code != op::gelu_tanh)) continue;
-          const auto* gp = reinterpret_cast<const float*>(P(pe->inputs[0]));
-          const auto* up = reinterpret_cast<const float*>(P(e.inputs[1 - side]));
-          if (T(pe->inputs[0]).dims != ot.dims) continue;
-          fused[static_cast<std::size_t>(pe - g.equations().data())] = true;
-          const auto k = to_unary(pe->code);
-          return [=]() -> std::optional<exec_error> {
-            gated(k, gp, up, n, reinterpret_cast<float*>(out), lv);
-            return std::nullopt;
-          };
-        }
+      if (gated_of[i] >= 0) {
+        const auto& ae = g.equations()[static_cast<std::size_t>(gated_of[i])];
+        const auto* gp = reinterpret_cast<const float*>(P(ae.inputs[0]));
+        const auto* up = reinterpret_cast<const float*>(P(e.inputs[0] == ae.out ? e.inputs[1] : e.inputs[0]));
+        const auto k = to_unary(ae.code);
+        return [=]() -> std::optional<exec_error> {
+          gated(k, gp, up, n, reinterpret_cast<float*>(out), lv);
+          return std::nullopt;
+        };
       }
       const auto* a = P(e.inputs[0]);
       const auto* b = P(e.inputs[1]);

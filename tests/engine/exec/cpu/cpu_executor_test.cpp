@@ -258,5 +258,63 @@ TEST(cpu_executor, fuses_a_residual_add_into_the_preceding_linear) {
   }
 }
 
+TEST(cpu_executor, fuses_a_gated_feed_forward_middle_without_running_the_activation) {
+  constexpr std::int64_t M = 3, N = 37;
+  tensor x(dtype::f32, {M, N}), u(dtype::f32, {M, N});
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.as<float>()[i] = static_cast<float>(3.0 * std::sin(0.37 * static_cast<double>(i)));
+  for (std::int64_t i = 0; i < u.numel(); ++i) u.as<float>()[i] = static_cast<float>(0.5 - 0.013 * static_cast<double>(i));
+  struct none : weight_source {
+    std::optional<tensor_view> find(const graph::weight_role&) const override { return std::nullopt; }
+  } ws;
+  // g = x + x; a = act(g); t = u + u (planned after the activation, so it would take g's bytes were g
+  // not kept alive for the fused mul); y = a * t (t * a for gelu_tanh). Unfused: a is also an output.
+  auto build = [&](graph::op act, bool unfused) {
+    graph::builder b;
+    const auto xv = b.slot(graph::slot_kind::request_input, {dtype::f32, {M, N}}, "x");
+    const auto uv = b.slot(graph::slot_kind::request_input, {dtype::f32, {M, N}}, "u");
+    const auto gv = b.add(xv, xv);
+    const auto a = b.unary(act, gv);
+    const auto tv = b.add(uv, uv);
+    b.output("y", act == graph::op::silu ? b.mul(a, tv) : b.mul(tv, a));
+    if (unfused) b.output("a", a);
+    return std::move(b).finish();
+  };
+  for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
+    if (!usable(level)) continue;
+    SCOPED_TRACE(std::string(isa_name(level)));
+    cpu_executor ex(cpu_options{.threads = 2, .level = level});
+    auto exe = ex.load(ws);
+    ASSERT_TRUE(exe);
+    step_inputs in;
+    in.slots = {{"x", x.view()}, {"u", u.view()}};
+    for (auto act : {graph::op::silu, graph::op::gelu_tanh}) {
+      SCOPED_TRACE(std::string(graph::op_name(act)));
+      std::vector<tensor> ys;
+      std::vector<std::size_t> calls;
+      for (bool unfused : {false, true}) {
+        auto g = build(act, unfused);
+        ASSERT_TRUE(g);
+        auto e = ex.add_entry(*exe, *g);
+        ASSERT_TRUE(e) << e.error().message();
+        calls.push_back(ex.kernel_calls(*e));
+        auto o = ex.step(*e, in);
+        ASSERT_TRUE(o) << o.error().message();
+        ys.push_back(o->outputs.at("y"));
+      }
+      EXPECT_EQ(calls[0], 3u);  // add, add, gated
+      EXPECT_EQ(calls[0] + 1, calls[1]);
+      for (std::int64_t i = 0; i < M * N; ++i) {
+        const double gd = 2.0 * x.as<float>()[i];
+        const double ad = act == graph::op::silu ? gd / (1 + std::exp(-gd))
+                                                 : 0.5 * gd * (1 + std::tanh(0.7978845608028654 * (gd + 0.044715 * gd * gd * gd)));
+        const double want = ad * 2.0 * u.as<float>()[i];
+        const double tol = 1e-5 * std::max(1.0, std::fabs(want));
+        EXPECT_NEAR(ys[0].as<float>()[i], ys[1].as<float>()[i], tol) << i;
+        EXPECT_NEAR(ys[0].as<float>()[i], want, tol) << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace troupe::exec::cpu

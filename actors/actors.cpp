@@ -152,9 +152,10 @@ struct stream_table {
     streams.erase(old_id);
     dropped.insert(old_id);
   }
-  void erase(std::shared_ptr<job_stream> s) {
+  // A stream is listed under the id it runs under now (alias moves it).
+  void erase(const std::shared_ptr<job_stream>& s) {
     std::lock_guard lock(m);
-    std::erase_if(streams, [&](const auto& kv) { return kv.second == s; });
+    if (auto it = streams.find(s->current); it != streams.end() && it->second == s) streams.erase(it);
   }
 };
 
@@ -1096,10 +1097,13 @@ std::unique_ptr<client> local_cluster::connect() {
   return std::unique_ptr<client>(new client(cs));
 }
 
-std::vector<transport::stats> local_cluster::replica_stats() {
-  caf::scoped_actor self{*s_->sys};
+namespace {
+
+// Every live replica's figures: the coordinator names the drivers, each driver answers for itself.
+std::vector<transport::stats> collect_replica_stats(caf::actor_system& sys, const caf::actor& coordinator) {
+  caf::scoped_actor self{sys};
   std::vector<caf::actor> drivers;
-  self->request(s_->coordinator, request_timeout, replicas_atom::value).receive([&](const std::vector<caf::actor>& v) { drivers = v; }, [](caf::error&) {});
+  self->request(coordinator, request_timeout, replicas_atom::value).receive([&](const std::vector<caf::actor>& v) { drivers = v; }, [](caf::error&) {});
   std::vector<transport::stats> out;
   for (const auto& d : drivers)
     self->request(d, request_timeout, stats_atom::value)
@@ -1111,6 +1115,10 @@ std::vector<transport::stats> local_cluster::replica_stats() {
             [](caf::error&) {});
   return out;
 }
+
+}  // namespace
+
+std::vector<transport::stats> local_cluster::replica_stats() { return collect_replica_stats(*s_->sys, s_->coordinator); }
 
 transport::stats local_cluster::stats() {
   transport::stats total;
@@ -1463,21 +1471,7 @@ result<std::string, std::string> session::scale(const std::string& model, std::i
   return name;
 }
 
-std::vector<transport::stats> session::replica_stats() {
-  caf::scoped_actor self{*s_->sys};
-  std::vector<caf::actor> drivers;
-  self->request(s_->coordinator, std::chrono::seconds(30), replicas_atom::value).receive([&](const std::vector<caf::actor>& v) { drivers = v; }, [](caf::error&) {});
-  std::vector<transport::stats> out;
-  for (const auto& d : drivers)
-    self->request(d, std::chrono::seconds(30), stats_atom::value)
-        .receive(
-            [&](const std::string& b) {
-              auto m = transport::decode(b);
-              if (m && std::holds_alternative<transport::stats>(*m)) out.push_back(std::get<transport::stats>(*m));
-            },
-            [](caf::error&) {});
-  return out;
-}
+std::vector<transport::stats> session::replica_stats() { return collect_replica_stats(*s_->sys, s_->coordinator); }
 
 std::string session::model_name() const {
   if (!s_->model.empty()) return s_->model;

@@ -10,20 +10,14 @@
 #include <vector>
 
 #include "engine/core/result.hpp"
+#include "engine/driver/weight_source.hpp"
 #include "engine/exec/executor.hpp"
 #include "families/model_handle.hpp"
 
 namespace troupe::app {
 
-// An executor's weight source over a model's weight map.
-class weight_map_weights final : public exec::weight_source {
- public:
-  explicit weight_map_weights(const families::weight_map& w) : w_(w) {}
-  std::optional<tensor_view> find(const graph::weight_role& role) const override { return w_.view(role); }
-
- private:
-  const families::weight_map& w_;
-};
+// An executor's weight source over a model's weight map (the driver's).
+using weight_map_weights = driver::weight_map_source;
 
 class exec_runner {
  public:

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "engine/driver/block_pool.hpp"
+#include "engine/driver/weight_source.hpp"
 #include "engine/text/detokenizer.hpp"
 
 namespace troupe::driver {
@@ -181,15 +182,6 @@ result<void, input_error> check_inputs(const families::model_schema& schema, std
 
 namespace {
 
-class weight_map_source final : public exec::weight_source {
- public:
-  explicit weight_map_source(const families::weight_map& w) : w_(w) {}
-  std::optional<tensor_view> find(const graph::weight_role& role) const override { return w_.view(role); }
-
- private:
-  const families::weight_map& w_;
-};
-
 auto key_tuple(const entry_key& k) {
   const auto& s = k.shape;
   return std::make_tuple(k.program, s.rows(), s.tokens(), s.capacity(), s.kv().kind, s.kv().block_size, s.kv().pool_blocks,
@@ -324,7 +316,6 @@ result<void, driver_error> driver_state::add(const entry_key& k) {
   spec.carried_inputs = k.carried;
   auto g = handle->model().trace(spec, options.limits);
   if (!g) return unexpected(driver_error{driver_error_code::prepare_failed, "trace of " + k.str() + ": " + g.error().message()});
-  const auto before = ex->memory();
   auto e = ex->add_entry(exe, *g);
   if (!e) return unexpected(driver_error{driver_error_code::prepare_failed, "entry " + k.str() + ": " + e.error().message()});
   if (options.max_retained_bytes > 0) {
@@ -333,7 +324,6 @@ result<void, driver_error> driver_state::add(const entry_key& k) {
     if (total > options.max_retained_bytes) {
       // Not published: the driver never steps it. The executor keeps its compiled form until the
       // executable goes (the contract has no removal).
-      (void)before;
       return unexpected(driver_error{driver_error_code::byte_limit, "entry " + k.str() + " would retain " + std::to_string(total) +
                                                                         " bytes, past the bound of " + std::to_string(options.max_retained_bytes)});
     }
@@ -564,8 +554,7 @@ result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n
   const std::int64_t pending = static_cast<std::int64_t>(s.tokens.size()) - s.computed;
   const bool last = n == pending;
   const bool want_logits = last && s.req.head == head_kind::logits;
-  const auto key = T == 1 ? step_key(1, 1, want_logits ? head_kind::logits : head_kind::sample)
-                          : step_key(1, T, want_logits ? head_kind::logits : head_kind::sample);
+  const auto key = step_key(1, T, want_logits ? head_kind::logits : head_kind::sample);
   const auto entry = entries.at(key);
   tensor ids(dtype::i32, {T}), pos(dtype::i32, {T}), write(dtype::i32, {T}), read(dtype::i32, {1, C});
   auto* idp = ids.as<std::int32_t>();
@@ -755,7 +744,7 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
   if (auto c = check_compatible(active))
     return unexpected(driver_error{driver_error_code::incompatible, "the request's features do not compose", std::nullopt, *c});
   for (auto f : active)
-    if (!implemented(f)) return refuse(driver_error_code::unsupported_feature, std::string(name(f)) + " is not implemented by this driver");
+    if (!implemented(f)) return refuse(driver_error_code::unsupported_feature, std::string(name(f)) + " is not offered by this driver");
   if (req.beams < 1) return refuse(driver_error_code::bad_request, "beams must be at least 1");
 
   const auto n = static_cast<std::int64_t>(req.prompt.size());

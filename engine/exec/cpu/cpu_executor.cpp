@@ -121,16 +121,21 @@ unary_kind to_unary(op o) {
   }
 }
 
-// The residual epilogue: add(linear(x, W), r) (either operand order, f32, one shape), where the linear
-// runs just before the add and its result has no other reader, becomes one matmul that stores
-// x W^T + r straight into the add's buffer. Per equation: the fused add's linear, else -1.
-std::vector<std::int64_t> residual_fusions(const graph::graph& g, const compile::pruned_graph& p) {
+// How many readers each value has among the equations that run, the outputs and the state outputs.
+std::vector<int> reader_counts(const graph::graph& g, const compile::pruned_graph& p) {
   std::vector<int> uses(g.values().size(), 0);
   for (std::size_t i = 0; i < g.equations().size(); ++i)
     if (p.runs[i])
       for (auto v : g.equations()[i].inputs) ++uses[v.index];
   for (const auto& o : g.outputs()) ++uses[o.value.index];
   for (const auto& s : g.states()) ++uses[s.out.index];
+  return uses;
+}
+
+// The residual epilogue: add(linear(x, W), r) (either operand order, f32, one shape), where the linear
+// runs just before the add and its result has no other reader, becomes one matmul that stores
+// x W^T + r straight into the add's buffer. Per equation: the fused add's linear, else -1.
+std::vector<std::int64_t> residual_fusions(const graph::graph& g, const compile::pruned_graph& p, const std::vector<int>& uses) {
   std::vector<std::int64_t> linear_of(g.equations().size(), -1);
   std::vector<std::int64_t> producer(g.values().size(), -1);
   std::int64_t prev = -1;
@@ -162,13 +167,7 @@ std::vector<std::int64_t> residual_fusions(const graph::graph& g, const compile:
 // The gated feed-forward middle: mul(act(g), u) (either operand order, act = silu or gelu_tanh, f32,
 // one shape), where act(g) has no other reader, becomes one pass act(g) * u; the activation never runs
 // on its own. Per equation: the fused mul's activation, else -1.
-std::vector<std::int64_t> gated_fusions(const graph::graph& g, const compile::pruned_graph& p) {
-  std::vector<int> uses(g.values().size(), 0);
-  for (std::size_t i = 0; i < g.equations().size(); ++i)
-    if (p.runs[i])
-      for (auto v : g.equations()[i].inputs) ++uses[v.index];
-  for (const auto& o : g.outputs()) ++uses[o.value.index];
-  for (const auto& s : g.states()) ++uses[s.out.index];
+std::vector<std::int64_t> gated_fusions(const graph::graph& g, const compile::pruned_graph& p, const std::vector<int>& uses) {
   std::vector<std::int64_t> act_of(g.equations().size(), -1);
   std::vector<std::int64_t> producer(g.values().size(), -1);
   for (std::size_t i = 0; i < g.equations().size(); ++i) {
@@ -292,22 +291,18 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
     }
   }
 
-  // A fused linear reads x at its add, so x (and what it aliases) lives until then.
-  en->residual_linear = residual_fusions(gg, en->pruned);
-  for (std::size_t i = 0; i < gg.equations().size(); ++i) {
-    const std::int64_t j = en->residual_linear[i];
-    if (j < 0) continue;
-    auto& lu = en->pruned.last_use[gg.equations()[static_cast<std::size_t>(j)].inputs[0].index];
-    lu = std::max(lu, static_cast<std::int64_t>(i));
-  }
-  // Likewise a fused gated mul reads g itself, so g lives until the mul.
-  en->gated_act = gated_fusions(gg, en->pruned);
-  for (std::size_t i = 0; i < gg.equations().size(); ++i) {
-    const std::int64_t j = en->gated_act[i];
-    if (j < 0) continue;
-    auto& lu = en->pruned.last_use[gg.equations()[static_cast<std::size_t>(j)].inputs[0].index];
-    lu = std::max(lu, static_cast<std::int64_t>(i));
-  }
+  // A fused step reads its skipped producer's first input itself (a fused linear's x at its add, a
+  // fused gated mul's g), so that input (and what it aliases) lives until the fused step.
+  const auto readers = reader_counts(gg, en->pruned);
+  en->residual_linear = residual_fusions(gg, en->pruned, readers);
+  en->gated_act = gated_fusions(gg, en->pruned, readers);
+  for (const auto* fused_of : {&en->residual_linear, &en->gated_act})
+    for (std::size_t i = 0; i < gg.equations().size(); ++i) {
+      const std::int64_t j = (*fused_of)[i];
+      if (j < 0) continue;
+      auto& lu = en->pruned.last_use[gg.equations()[static_cast<std::size_t>(j)].inputs[0].index];
+      lu = std::max(lu, static_cast<std::int64_t>(i));
+    }
 
   // In place: a reshape shares its input's bytes, and a scatter into a state updates the state.
   std::vector<bool> is_state_in(gg.values().size(), false);

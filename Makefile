@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 TROUPE_CUDA ?= AUTO
 export TROUPE_CUDA
 
-.PHONY: deps build test demo bench fuzz asan clean
+.PHONY: deps build test demo bench fuzz asan install clean
 
 deps:
 	@scripts/install-deps
@@ -25,6 +25,11 @@ demo: build
 
 bench: build
 	scripts/bench build/$(PRESET)
+
+# The troupe binary to $(PREFIX)/bin and the embedded model to $(PREFIX)/share/troupe/models.
+PREFIX ?= /usr/local
+install: build
+	cmake --install build/$(PRESET) --prefix $(PREFIX)
 
 # Each libFuzzer target runs for FUZZ_SECONDS (default 60) from its seed corpus.
 FUZZ_SECONDS ?= 60

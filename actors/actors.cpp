@@ -52,6 +52,7 @@ using scale_atom = caf::atom_constant<caf::atom("scale")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using capacity_atom = caf::atom_constant<caf::atom("capacity")>;
+using progress_atom = caf::atom_constant<caf::atom("progress")>;
 
 namespace {
 
@@ -305,7 +306,11 @@ caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::s
   st.ex = ex;
   st.coordinator = coordinator;
   st.max_jobs = max_jobs;
-  // Prepared here, on the driver's own thread: the entries compile before it serves.
+  // Prepared here, on the driver's own thread: the entries compile before it serves. The coordinator
+  // hears how far it has come (what `troupe status` and `troupe deploy --progress` show).
+  options.on_prepare = [self, coordinator, model](std::int64_t done, std::int64_t total) {
+    self->send(coordinator, progress_atom::value, model, caf::actor_cast<caf::actor>(self), done, total);
+  };
   auto prepared = driver::driver<driver::unprepared>(handle, *ex, options).prepare();
   if (!prepared) {
     self->send(coordinator, register_atom::value, model, caf::actor_cast<caf::actor>(self), prepared.error().second.message());
@@ -415,9 +420,14 @@ caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::s
           st.jobs.clear();
           st.by_job.clear();
         }
-        if (secs > 0 && produced > 0) st.tokens_per_second = 0.8 * st.tokens_per_second + 0.2 * (static_cast<double>(produced) / secs);
+        // Recent throughput: smoothed over steps while busy, started afresh by a new burst, 0 when idle.
+        if (secs > 0 && produced > 0) {
+          const double rate = static_cast<double>(produced) / secs;
+          st.tokens_per_second = st.tokens_per_second == 0 ? rate : 0.8 * st.tokens_per_second + 0.2 * rate;
+        }
         if (st.drv->idle()) {
           st.ticking = false;
+          st.tokens_per_second = 0;
         } else {
           self->send(self, tick_atom::value);
         }
@@ -547,8 +557,16 @@ struct node_slot {
 struct coordinator_state;
 std::optional<std::size_t> next_node_with_room(coordinator_state& st, std::map<std::size_t, std::int32_t>& planned);
 
+// A replica still preparing: how many of its prepare steps are done.
+struct preparing_slot {
+  caf::actor driver;
+  std::string model;
+  std::int64_t done = 0, total = 0;
+};
+
 struct coordinator_state {
   caf::actor registry;
+  std::vector<preparing_slot> preparing;
   std::vector<node_slot> nodes;
   std::size_t next_node = 0;
   std::vector<replica_slot> replicas;
@@ -634,6 +652,7 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
     std::erase_if(st.nodes, [&](const node_slot& n) { return n.actor.address() == dm.source; });
+    std::erase_if(st.preparing, [&](const preparing_slot& p) { return p.driver.address() == dm.source; });
     for (std::size_t i = 0; i < st.replicas.size(); ++i) {
       if (st.replicas[i].driver.address() != dm.source) continue;
       // Its jobs end with a disconnected error; the replica leaves the rotation.
@@ -690,8 +709,19 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
                 });
         return rp;
       },
+      [=](progress_atom, const std::string& model, const caf::actor& driver, std::int64_t done, std::int64_t total) {
+        auto& st = self->state;
+        for (auto& p : st.preparing)
+          if (p.driver == driver) {
+            p.done = done, p.total = total;
+            return;
+          }
+        self->monitor(driver);  // one that dies preparing leaves the list
+        st.preparing.push_back({driver, model, done, total});
+      },
       [=](register_atom, const std::string& model, const caf::actor& driver, const std::string& err) {
         auto& st = self->state;
+        std::erase_if(st.preparing, [&](const preparing_slot& p) { return p.driver == driver; });
         if (!err.empty()) {
           if (st.deploying) {
             st.deploying->rp.deliver("replica refused to prepare: " + err, std::string());
@@ -829,8 +859,21 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
         for (const auto& n : st.nodes) j["nodes"].push_back(n.id);
         j["replicas"] = nlohmann::json::array();
         for (const auto& r : st.replicas)
-          if (r.driver)
-            j["replicas"].push_back({{"model", r.model}, {"outstanding", r.outstanding}, {"draining", r.draining}, {"node", to_string(r.driver.node())}});
+          if (r.driver) {
+            std::string node_name;
+            for (const auto& n : st.nodes)
+              if (n.actor.node() == r.driver.node()) node_name = n.id;
+            j["replicas"].push_back({{"model", r.model}, {"outstanding", r.outstanding}, {"draining", r.draining},
+                                     {"node", to_string(r.driver.node())}, {"node_name", node_name}});
+          }
+        j["preparing"] = nlohmann::json::array();
+        for (const auto& p : st.preparing) {
+          std::string node_name;
+          for (const auto& n : st.nodes)
+            if (n.actor.node() == p.driver.node()) node_name = n.id;
+          j["preparing"].push_back({{"model", p.model}, {"node", to_string(p.driver.node())}, {"node_name", node_name},
+                                    {"done", p.done}, {"total", p.total}});
+        }
         j["jobs"] = st.jobs.size();
         j["refused"] = st.refused;
         return j.dump();

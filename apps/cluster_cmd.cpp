@@ -2,9 +2,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <set>
+#include <thread>
 #include <fstream>
 #include <optional>
 
@@ -13,6 +20,7 @@
 #define TOML_EXCEPTIONS 0
 #include <toml++/toml.h>
 #include "actors/remote.hpp"
+#include "apps/default_model.hpp"
 
 #include <csignal>
 
@@ -195,6 +203,86 @@ int run_node_cmd(const cluster_cmd_options& given) {
   return actors::run_node(n);
 }
 
+namespace {
+
+// Draws a deployment's preparation on stderr while it runs, from the coordinator's status (each
+// replica reports its prepare steps: the weights, then every compiled entry). On a terminal the bar is
+// redrawn in place; otherwise a line is written at each quarter.
+class progress_bar {
+ public:
+  progress_bar(actors::session& s, std::string model, int replicas)
+      : s_(s), model_(std::move(model)), replicas_(replicas), tty_(::isatty(2) != 0), t0_(std::chrono::steady_clock::now()),
+        thread_([this] { run(); }) {}
+  ~progress_bar() { finish(false); }
+
+  void finish(bool ok) {
+    if (!thread_.joinable()) return;
+    stop_ = true;
+    thread_.join();
+    if (ok) draw(1.0, "ready");
+    if (tty_) std::fputc('\n', stderr);
+  }
+
+ private:
+  void run() {
+    while (!stop_) {
+      if (auto st = s_.status()) {
+        const auto j = nlohmann::json::parse(*st, nullptr, false);
+        if (!j.is_discarded()) sample(j);
+      }
+      for (int i = 0; i < 10 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  void sample(const nlohmann::json& j) {
+    std::int64_t done = 0, total = 0;
+    int ready = 0;
+    for (const auto& r : j.value("replicas", nlohmann::json::array()))
+      if (r.value("model", "") == model_) ++ready;
+    for (const auto& p : j.value("preparing", nlohmann::json::array()))
+      if (p.value("model", "") == model_) {
+        done += p.value("done", std::int64_t{0});
+        total = std::max(total, p.value("total", std::int64_t{0}));
+      }
+    ready = std::min(ready - before_, replicas_);
+    if (first_) {  // replicas of this model already serving before the deployment began
+      before_ = ready, first_ = false;
+      ready = 0;
+    }
+    if (total == 0 && ready == 0) return draw(0.0, "resolving");
+    const double per = total > 0 ? static_cast<double>(total) : 1.0;
+    const double f = (static_cast<double>(done) + ready * per) / (replicas_ * per);
+    char what[96];
+    std::snprintf(what, sizeof what, "%d/%d replicas ready", std::max(ready, 0), replicas_);
+    draw(std::min(f, 1.0), what);
+  }
+
+  void draw(double f, const char* what) {
+    const int width = 30, filled = static_cast<int>(f * width + 0.5);
+    if (!tty_) {
+      const int quarter = static_cast<int>(f * 4);
+      if (quarter == last_quarter_) return;
+      last_quarter_ = quarter;
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    std::fprintf(stderr, "%sloading %s [%s%s] %3.0f%% %s (%.1f s)%s", tty_ ? "\r" : "", model_.c_str(), std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(), f * 100, what, secs, tty_ ? "\x1b[K" : "\n");
+    std::fflush(stderr);
+  }
+
+  actors::session& s_;
+  std::string model_;
+  int replicas_;
+  bool tty_;
+  std::chrono::steady_clock::time_point t0_;
+  std::atomic<bool> stop_{false};
+  bool first_ = true;
+  int before_ = 0, last_quarter_ = -1;
+  std::thread thread_;
+};
+
+}  // namespace
+
 int run_deploy_cmd(const cluster_cmd_options& given) {
   auto o = given;
   std::vector<deployment_entry> file_deployments;
@@ -209,8 +297,14 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
   if (!o.model.empty()) todo.push_back({o.model, o.replicas, o.max_rows, o.capacity});
   else todo = file_deployments;
   if (todo.empty()) {
-    std::fprintf(stderr, "troupe deploy: --model is needed (or a cluster file with [[deployment]] entries)\n");
-    return 2;
+    // Neither --model nor [[deployment]] entries: the embedded model, at the path it has on this
+    // machine (nodes of the same install find it at the same path).
+    auto found = model_or_default("", "deploy");
+    if (!found) {
+      std::fprintf(stderr, "%s\n", found.error().c_str());
+      return 2;
+    }
+    todo.push_back({*found, o.replicas, o.max_rows, o.capacity});
   }
   for (const auto& e : todo) {
     driver::driver_options d;
@@ -218,7 +312,10 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     d.capacity = e.capacity;
     d.prefill_chunk = std::min<std::int64_t>(256, e.capacity);
     d.token_budget = d.prefill_chunk + e.max_rows;
+    std::optional<progress_bar> bar;
+    if (o.progress) bar.emplace(**s, std::filesystem::path(e.model).filename().string(), e.replicas);
     auto r = (*s)->deploy(e.model, e.replicas, d);
+    if (bar) bar->finish(r.has_value());
     if (!r) {
       std::fprintf(stderr, "troupe deploy: %s: %s\n", e.model.c_str(), r.error().c_str());
       return 1;
@@ -241,6 +338,7 @@ int run_submit_cmd(const cluster_cmd_options& given) {
   if (o.has_prompt_ids) j.prompt = o.prompt_ids;
   else j.prompt = o.prompt;
   j.max_tokens = o.max_tokens;
+  j.ignore_eos = o.ignore_eos;
   j.sampling.temperature = static_cast<float>(o.temperature);
   j.sampling.seed = o.seed;
   auto cl = (*s)->client_session();
@@ -348,6 +446,65 @@ int run_gateway_cmd(const cluster_cmd_options& given) {
   sigwait(&set, &sig);
   (*gw)->stop();
   return 0;
+}
+
+}  // namespace troupe::app
+
+namespace troupe::app {
+
+// `troupe top`: every replica's load, sampled from the coordinator (status: the replicas and their
+// nodes) and the replicas themselves (stats), redrawn in place on a terminal.
+int run_top_cmd(const cluster_cmd_options& given) {
+  auto o = given;
+  auto p = prepare(o, "top", "--coordinator");
+  if (!p) return 2;
+  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
+  if (!s) {
+    std::fprintf(stderr, "troupe top: %s\n", s.error().c_str());
+    return 1;
+  }
+  const bool tty = ::isatty(1) != 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  int drawn = 0;
+  bool seen_jobs = false;
+  for (;;) {
+    auto st = (*s)->status();
+    if (!st) {
+      std::fprintf(stderr, "troupe top: %s\n", st.error().c_str());
+      return 1;
+    }
+    const auto j = nlohmann::json::parse(*st, nullptr, false);
+    const auto stats = (*s)->replica_stats();
+    const auto replicas = j.is_discarded() ? nlohmann::json::array() : j.value("replicas", nlohmann::json::array());
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::string out;
+    char line[256];
+    double sum = 0;
+    std::int64_t jobs = j.is_discarded() ? 0 : j.value("jobs", std::int64_t{0});
+    std::snprintf(line, sizeof line, "%6.1f s  %-10s %-22s %7s %7s %10s %9s\n", secs, "node", "model", "running", "queued", "tok/s",
+                  "jobs done");
+    out += line;
+    for (std::size_t i = 0; i < replicas.size() && i < stats.size(); ++i) {
+      const auto& r = replicas[i];
+      const auto& x = stats[i];
+      sum += x.tokens_per_second;
+      std::snprintf(line, sizeof line, "  #%-4zu  %-10s %-22s %7lld %7lld %10.1f %9lld\n", i, r.value("node_name", "").c_str(),
+                    r.value("model", "").c_str(), static_cast<long long>(x.running), static_cast<long long>(x.queued),
+                    x.tokens_per_second, static_cast<long long>(x.jobs_done));
+      out += line;
+    }
+    std::snprintf(line, sizeof line, "  total  %-33s %7lld %7s %10.1f\n", "", static_cast<long long>(jobs), "", sum);
+    out += line;
+    if (tty && drawn > 0) std::printf("\x1b[%dA", drawn);  // back over the last sample
+    if (!tty && drawn > 0) std::printf("\n");
+    std::fputs(out.c_str(), stdout);
+    std::fflush(stdout);
+    drawn = static_cast<int>(std::count(out.begin(), out.end(), '\n'));
+    seen_jobs = seen_jobs || jobs > 0;
+    if (o.until_idle && seen_jobs && jobs == 0) return 0;
+    if (o.duration_s > 0 && secs >= o.duration_s) return 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(o.interval_ms));
+  }
 }
 
 }  // namespace troupe::app

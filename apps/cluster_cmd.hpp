@@ -24,6 +24,11 @@ struct cluster_cmd_options {
   int replicas = 1;
   std::int64_t max_rows = 16;
   std::int64_t capacity = 1024;
+  bool progress = false;    // deploy: draw the replicas' preparation as a progress bar on stderr
+  // top
+  int interval_ms = 500;
+  double duration_s = 0;    // 0: until interrupted (or, with until_idle, until no job is left)
+  bool until_idle = false;
   // submit
   std::string prompt;
   std::vector<std::int32_t> prompt_ids;
@@ -32,6 +37,7 @@ struct cluster_cmd_options {
   double temperature = 0.0;
   std::uint64_t seed = 0;
   bool json = false;
+  bool ignore_eos = false;  // generate max_tokens even past the model's end of text
   // gateway
   std::string listen = "127.0.0.1:8000";
   std::string api_key_file;
@@ -44,5 +50,6 @@ int run_submit_cmd(const cluster_cmd_options& o);
 int run_status_cmd(const cluster_cmd_options& o);
 int run_gateway_cmd(const cluster_cmd_options& o);
 int run_scale_cmd(const cluster_cmd_options& o);
+int run_top_cmd(const cluster_cmd_options& o);
 
 }  // namespace troupe::app

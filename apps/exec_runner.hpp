@@ -1,7 +1,7 @@
 #pragma once
 // One sequence run through a model's traced steps on an executor (CPU, CUDA), with a contiguous KV
-// cache of `capacity` positions: what `troupe generate` and `troupe bench` drive until the driver
-// serves them. Entries are compiled once per (tokens, logits) shape.
+// cache of `capacity` positions: what `troupe bench` and the parity tests drive (`troupe generate` goes
+// through the driver). Entries are compiled once per (tokens, logits) shape.
 #include <cstdint>
 #include <map>
 #include <memory>

@@ -12,6 +12,7 @@
 #include <optional>
 #include <random>
 
+#include "apps/default_model.hpp"
 #include "apps/exec_runner.hpp"
 #include "engine/driver/driver.hpp"
 #include "apps/oracle_runner.hpp"
@@ -57,11 +58,12 @@ int run_generate(const generate_options& o) {
     std::fprintf(stderr, "troupe generate: backend '%s' is not available in this build (available: cpu, oracle)\n", o.backend.c_str());
     return 2;
   }
-  if (o.model.empty()) {
-    std::fprintf(stderr, "troupe generate: --model is required (this build ships no embedded default model)\n");
+  const auto model = model_or_default(o.model, "generate");
+  if (!model) {
+    std::fprintf(stderr, "%s\n", model.error().c_str());
     return 2;
   }
-  auto h = families::model_handle::load(o.model, families::registry::builtin());
+  auto h = families::model_handle::load(*model, families::registry::builtin());
   if (!h) {
     std::fprintf(stderr, "troupe generate: %s\n", families::message(h.error()).c_str());
     return 2;
@@ -107,8 +109,9 @@ int run_generate(const generate_options& o) {
     exec::cpu::cpu_executor cpu(exec::cpu::cpu_options{static_cast<int>(o.threads), std::nullopt});
     driver::driver_options opt;
     opt.max_rows = 1;
-    opt.capacity = capacity;
+    // The paged pool holds whole blocks: the capacity rounds up to one (max_tokens still bounds the output).
     opt.block_size = std::min<std::int64_t>(16, capacity);
+    opt.capacity = (capacity + opt.block_size - 1) / opt.block_size * opt.block_size;
     opt.prefill_chunk = std::min<std::int64_t>(256, capacity);
     opt.token_budget = opt.prefill_chunk + 1;
     opt.prefix_cache = false;
@@ -165,7 +168,7 @@ int run_generate(const generate_options& o) {
     nlohmann::json j;
     j["tokens"] = out;
     if (codec) {
-      j["text"] = codec->decode(out);
+      j["text"] = codec->decode(out, true);
     } else {
       j["text"] = nullptr;  // no tokenizer: ids only
     }
@@ -173,7 +176,7 @@ int run_generate(const generate_options& o) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     if (codec) {
-      std::printf("%s\n", codec->decode(out).c_str());
+      std::printf("%s\n", codec->decode(out, true).c_str());
     } else {
       for (std::size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
       std::printf("\n");

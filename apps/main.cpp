@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   troupe::app::generate_options gen;
   std::string prompt_ids;
   auto* g = app.add_subcommand("generate", "continue a prompt");
-  g->add_option("--model", gen.model, "a GGUF file or a Hugging Face directory");
+  g->add_option("--model", gen.model, "a GGUF file or a Hugging Face directory (default: the embedded model)");
   auto* text = g->add_option("--prompt", gen.prompt, "prompt text");
   auto* ids = g->add_option("--prompt-ids", prompt_ids, "comma-separated token ids, used exactly as given (no bos added)");
   text->excludes(ids);
@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
 
   troupe::app::serve_options serve;
   auto* sv = app.add_subcommand("serve", "a single-machine cluster with the OpenAI-compatible HTTP API");
-  sv->add_option("--model", serve.model, "a GGUF file or a Hugging Face directory");
+  sv->add_option("--model", serve.model, "a GGUF file or a Hugging Face directory (default: the embedded model)");
   sv->add_option("--host", serve.host, "address to listen on (default 127.0.0.1)");
   sv->add_option("--port", serve.port, "port (0: any free port)")->check(CLI::Range(0, 65535));
   sv->add_option("--api-key-file", serve.api_key_file, "one API key a line; none: no authentication");
@@ -124,7 +124,8 @@ int main(int argc, char** argv) {
   troupe::app::sim_options sim;
   auto* sm = app.add_subcommand("sim", "a simulated cluster of node processes on loopback, with fault injection on stdin");
   sm->add_option("--nodes", sim.nodes)->check(CLI::Range(1, 64));
-  sm->add_option("--model", sim.model, "deploy this checkpoint on the nodes");
+  auto* sim_model = sm->add_option("--model", sim.model, "deploy this checkpoint on the nodes (default: the embedded model)");
+  sm->add_flag("--no-model", sim.no_model, "start the nodes with nothing deployed")->excludes(sim_model);
   sm->add_option("--replicas", sim.replicas, "replicas of the model (default: one per node)")->check(CLI::Range(0, 1024));
   sm->add_option("--threads", sim.threads, "compute threads per node")->check(CLI::Range(0, 4096));
   sm->add_option("--max-rows", sim.max_rows)->check(CLI::Range(1, 1024));
@@ -164,6 +165,7 @@ int main(int argc, char** argv) {
   dp->add_option("--replicas", cc.replicas)->check(CLI::Range(1, 1024));
   dp->add_option("--max-rows", cc.max_rows)->check(CLI::Range(1, 1024));
   dp->add_option("--capacity", cc.capacity)->check(CLI::Range(16, 1 << 20));
+  dp->add_flag("--progress", cc.progress, "show the replicas' preparation (weights, then each compiled entry) as a progress bar");
   dp->callback([&] { rc = troupe::app::run_deploy_cmd(cc); });
   auto* sb = app.add_subcommand("submit", "submit a job to a running cluster and stream its answer");
   common(sb, "--coordinator", "the coordinator's HOST:PORT");
@@ -174,6 +176,7 @@ int main(int argc, char** argv) {
   sb->add_option("--temperature", cc.temperature)->check(CLI::Range(0.0, 100.0));
   sb->add_option("--seed", cc.seed);
   sb->add_flag("--json", cc.json);
+  sb->add_flag("--ignore-eos", cc.ignore_eos, "keep generating past the model's end of text, to --max-tokens");
   sb->callback([&] {
     cc.has_prompt_ids = sids->count() > 0;
     rc = troupe::app::run_submit_cmd(cc);
@@ -192,6 +195,12 @@ int main(int argc, char** argv) {
   auto* ss = app.add_subcommand("status", "nodes, replicas and load of a running cluster");
   common(ss, "--coordinator", "the coordinator's HOST:PORT");
   ss->callback([&] { rc = troupe::app::run_status_cmd(cc); });
+  auto* tp = app.add_subcommand("top", "a live view of every replica: running and queued jobs, tokens per second, jobs done");
+  common(tp, "--coordinator", "the coordinator's HOST:PORT");
+  tp->add_option("--interval-ms", cc.interval_ms, "between samples")->check(CLI::Range(50, 60000));
+  tp->add_option("--duration", cc.duration_s, "seconds to run (0: until interrupted)")->check(CLI::Range(0.0, 86400.0));
+  tp->add_flag("--until-idle", cc.until_idle, "stop once jobs were seen and none is left");
+  tp->callback([&] { rc = troupe::app::run_top_cmd(cc); });
 
   app.add_subcommand("feature-matrix", "print the feature matrix (docs/feature-matrix.md)")->callback([&] {
     rc = troupe::app::run_feature_matrix();

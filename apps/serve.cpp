@@ -7,14 +7,17 @@
 #include <cstdio>
 
 #include "actors/gateway.hpp"
+#include "apps/default_model.hpp"
 
 namespace troupe::app {
 
 int run_serve(const serve_options& o) {
-  if (o.model.empty()) {
-    std::fprintf(stderr, "troupe serve: --model is required (this build ships no embedded default model)\n");
+  const auto found = model_or_default(o.model, "serve");
+  if (!found) {
+    std::fprintf(stderr, "%s\n", found.error().c_str());
     return 2;
   }
+  const std::string& model = *found;
   actors::gateway_options g;
   g.host = o.host;
   g.port = o.port;
@@ -44,13 +47,13 @@ int run_serve(const serve_options& o) {
   c.driver.token_budget = c.driver.prefill_chunk + o.max_rows;
   c.executor_threads = o.threads;
   c.max_outstanding = o.max_outstanding;
-  std::fprintf(stderr, "troupe serve: loading %s on %d replica(s)...\n", o.model.c_str(), o.replicas);
-  auto cluster = actors::local_cluster::start(o.model, c);
+  std::fprintf(stderr, "troupe serve: loading %s on %d replica(s)...\n", model.c_str(), o.replicas);
+  auto cluster = actors::local_cluster::start(model, c);
   if (!cluster) {
     std::fprintf(stderr, "troupe serve: %s\n", cluster.error().c_str());
     return 1;
   }
-  auto gw = actors::gateway::start(**cluster, o.model, g);
+  auto gw = actors::gateway::start(**cluster, model, g);
   if (!gw) {
     std::fprintf(stderr, "troupe serve: %s\n", gw.error().c_str());
     return 1;

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "actors/remote.hpp"
+#include "apps/default_model.hpp"
 
 #include <arpa/inet.h>
 #include <mutex>
@@ -174,6 +175,15 @@ class link_relay {
 }  // namespace
 
 int run_sim(const sim_options& o) {
+  std::string model;
+  if (!o.no_model) {
+    auto found = model_or_default(o.model, "sim");
+    if (!found) {
+      std::fprintf(stderr, "%s\n", found.error().c_str());
+      return 2;
+    }
+    model = std::move(*found);
+  }
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   const fs::path dir = o.dir.empty() ? fs::temp_directory_path() / ("troupe-sim-" + std::to_string(::getpid())) : fs::path(o.dir);
   fs::create_directories(dir);
@@ -238,13 +248,13 @@ int run_sim(const sim_options& o) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::printf("troupe sim: coordinator 127.0.0.1:%d, secret %s, %d node(s), logs in %s\n", port, (dir / "secret").c_str(), o.nodes, dir.c_str());
-  if (!o.model.empty()) {
+  if (!model.empty()) {
     driver::driver_options d;
     d.max_rows = o.max_rows;
     d.capacity = o.capacity;
     d.prefill_chunk = std::min<std::int64_t>(256, o.capacity);
     d.token_budget = d.prefill_chunk + o.max_rows;
-    auto r = (*s)->deploy(o.model, o.replicas > 0 ? o.replicas : o.nodes, d);
+    auto r = (*s)->deploy(model, o.replicas > 0 ? o.replicas : o.nodes, d);
     if (!r) {
       std::fprintf(stderr, "troupe sim: deploy: %s\n", r.error().c_str());
       stop_all();

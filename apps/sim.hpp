@@ -6,7 +6,8 @@ namespace troupe::app {
 
 struct sim_options {
   int nodes = 2;
-  std::string model;  // deployed when given
+  std::string model;  // deployed; empty: the embedded default model
+  bool no_model = false;  // start the nodes with nothing deployed
   int replicas = 0;   // 0: one per node
   int threads = 1;    // compute threads per node
   std::int64_t max_rows = 16;

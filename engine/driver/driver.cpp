@@ -307,6 +307,15 @@ result<void, driver_error> driver_state::validate() {
 
 result<void, driver_error> driver_state::add(const entry_key& k) {
   if (entries.contains(k)) return {};
+  // The head is an executor stage over the step's logits, not part of the traced graph: a key that
+  // differs from a compiled one only in its head shares that entry instead of compiling a copy.
+  entry_key twin = k;
+  twin.head = k.head == head_kind::logits ? head_kind::sample : head_kind::logits;
+  if (const auto it = entries.find(twin); it != entries.end()) {
+    entries.emplace(k, it->second);
+    entry_order.push_back(k);
+    return {};
+  }
   if (static_cast<std::int64_t>(entries.size()) >= options.max_entries)
     return unexpected(driver_error{driver_error_code::entry_limit,
                                    "entry " + k.str() + " would pass the limit of " + std::to_string(options.max_entries) + " entries"});
@@ -343,26 +352,38 @@ result<void, driver_error> driver_state::prepare() {
   std::sort(eos.begin(), eos.end());
   eos.erase(std::unique(eos.begin(), eos.end()), eos.end());
 
-  weights = std::make_unique<weight_map_source>(handle->model().weights());
-  auto exe_or = ex->load(*weights);
-  if (!exe_or) return unexpected(driver_error{driver_error_code::prepare_failed, "load: " + exe_or.error().message()});
-  exe = *exe_or;
-
   row_buckets = buckets(1, options.max_rows);
   chunk_buckets = buckets(std::min<std::int64_t>(16, options.prefill_chunk), options.prefill_chunk);
   std::vector<head_kind> heads{head_kind::sample};
   if (options.logits_head) heads.push_back(head_kind::logits);
+  std::vector<entry_key> keys;
   for (auto h : heads) {
-    for (auto r : row_buckets)
-      if (auto a = add(step_key(r, 1, h)); !a) return a;
+    for (auto r : row_buckets) keys.push_back(step_key(r, 1, h));
     for (auto t : chunk_buckets)
-      if (t > 1)
-        if (auto a = add(step_key(1, t, h)); !a) return a;
+      if (t > 1) keys.push_back(step_key(1, t, h));
   }
   if (options.encode) {
     if (!handle->model().schema().offers(families::program::encode))
       return unexpected(driver_error{driver_error_code::program_not_offered, "the model offers no encode program"});
-    if (auto a = add(encode_key()); !a) return a;
+    keys.push_back(encode_key());
+  }
+  const auto total = static_cast<std::int64_t>(keys.size()) + 1;
+  std::int64_t done = 0;
+  auto progress = [&] {
+    if (options.on_prepare) options.on_prepare(done, total);
+  };
+  progress();
+
+  weights = std::make_unique<weight_map_source>(handle->model().weights());
+  auto exe_or = ex->load(*weights);
+  if (!exe_or) return unexpected(driver_error{driver_error_code::prepare_failed, "load: " + exe_or.error().message()});
+  exe = *exe_or;
+  ++done;
+  progress();
+  for (const auto& k : keys) {
+    if (auto a = add(k); !a) return a;
+    ++done;
+    progress();
   }
   pool.emplace(static_cast<std::int32_t>(pool_blocks), static_cast<std::int32_t>(block_size));
   counters.pool_blocks = pool_blocks;

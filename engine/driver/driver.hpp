@@ -143,6 +143,9 @@ struct driver_options {
   std::int64_t max_entries = 64;
   std::size_t max_retained_bytes = 0; // bound on the executor's weights + states + scratch; 0 = none
   graph::trace_limits limits{};
+  // Told how far prepare() has come: `done` of `total` steps, the first being the executor's load of
+  // the weights and each later one an entry traced and compiled. Called on prepare()'s thread.
+  std::function<void(std::int64_t done, std::int64_t total)> on_prepare;
 };
 
 enum class finish_reason : std::uint8_t {

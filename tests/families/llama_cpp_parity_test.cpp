@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
 #include <nlohmann/json.hpp>
 
 #include "apps/exec_runner.hpp"
@@ -210,6 +211,62 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_cpu_parity,
                                            cpu_case{"llama", dtype::q4_k}, cpu_case{"llama", dtype::q6_k}, cpu_case{"qwen2", dtype::q8_0},
                                            cpu_case{"qwen2", dtype::q4_0}, cpu_case{"gemma2", dtype::q8_0}),
                          [](const auto& info) { return cpu_case_name(info.param); });
+
+// The embedded default model (models/troupe-kjv.gguf, a trained 3.7M-parameter Llama): llama.cpp
+// tokenizes each prompt with the GGUF's own tokenizer and generates 64 greedy tokens (past
+// end-of-text too); troupe's tokenizer must give the same prompt ids, and troupe's CPU executor and
+// oracle the same 64 tokens, every one.
+TEST(default_model_parity, llama_cpp_tokenizes_and_generates_the_same_64_tokens) {
+  const fs::path gguf = "models/troupe-kjv.gguf";
+  ASSERT_TRUE(fs::exists(gguf));
+  auto h = model_handle::load(gguf, registry::builtin());
+  ASSERT_TRUE(h) << message(h.error());
+  ASSERT_NE((*h)->text(), nullptr) << (*h)->text_problem();
+  exec::cpu::cpu_executor ex({2, std::nullopt});
+  constexpr int steps = 64;
+  for (const std::string prompt : {"And God said", "The LORD is my shepherd", "In the beginning", "Blessed are the"}) {
+    SCOPED_TRACE(prompt);
+    const std::string cmd = "node tests/reference/llama_greedy.mjs '" + gguf.string() + "' '" + prompt + "' " + std::to_string(steps);
+    std::string text;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char buf[8192];
+    while (std::fgets(buf, sizeof buf, p)) text += buf;
+    ::pclose(p);
+    const auto ref = nlohmann::json::parse(text, nullptr, false);
+    ASSERT_FALSE(ref.is_discarded()) << "llama.cpp produced no output: " << text;
+    const auto ref_prompt = ref["prompt"].get<std::vector<std::int32_t>>();
+    const auto ref_tokens = ref["tokens"].get<std::vector<std::int32_t>>();
+    const auto gaps = ref["gaps"].get<std::vector<double>>();
+    ASSERT_EQ(ref_tokens.size(), static_cast<std::size_t>(steps));
+    const auto ours_prompt = (*h)->text()->encode(prompt);
+    ASSERT_TRUE(ours_prompt);
+    ASSERT_EQ(*ours_prompt, ref_prompt);
+
+    auto run = app::exec_runner::create(*h, ex, 256);
+    ASSERT_TRUE(run) << run.error();
+    app::oracle_runner oracle(*h, 256);
+    auto logits = run->feed(ref_prompt);
+    auto exact = oracle.feed(ref_prompt);
+    std::vector<std::int32_t> ours, ours_exact;
+    for (int step = 0; step < steps; ++step) {
+      ASSERT_TRUE(logits && exact);
+      const auto a = static_cast<std::int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
+      const auto b = static_cast<std::int32_t>(std::max_element(exact->begin(), exact->end()) - exact->begin());
+      ours.push_back(a);
+      ours_exact.push_back(b);
+      // Both continue from llama.cpp's token, so one difference does not hide the rest.
+      const std::int32_t next[] = {ref_tokens[static_cast<std::size_t>(step)]};
+      logits = run->feed(next);
+      exact = oracle.feed(next);
+    }
+    EXPECT_EQ(ours, ref_tokens);
+    EXPECT_EQ(ours_exact, ref_tokens);
+    std::printf("[ parity ] troupe-kjv '%s': %d/%d greedy tokens identical, smallest top-2 gap %.3f: %s\n", prompt.c_str(),
+                static_cast<int>(std::inner_product(ours.begin(), ours.end(), ref_tokens.begin(), 0, std::plus<>(), std::equal_to<>())),
+                steps, *std::min_element(gaps.begin(), gaps.end()), (*h)->text()->decode(ref_tokens, false).c_str());
+  }
+}
 
 }  // namespace
 }  // namespace troupe::families

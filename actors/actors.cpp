@@ -57,6 +57,8 @@ using progress_atom = caf::atom_constant<caf::atom("progress")>;
 namespace {
 
 constexpr auto request_timeout = std::chrono::seconds(600);
+// Positions per sequence when a deployment leaves the capacity to the node (and the model has more).
+constexpr std::int64_t default_capacity = 2048;
 
 std::string error_bytes(std::uint64_t job, std::string code, std::string message, transport::retry r) {
   return transport::encode(transport::error{job, std::move(code), std::move(message), r});
@@ -487,11 +489,19 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_thr
         }
         driver::driver_options o;
         if (d->load.max_rows > 0) o.max_rows = d->load.max_rows;
-        if (d->load.capacity > 0) o.capacity = d->load.capacity;
         if (d->load.block_size > 0) o.block_size = d->load.block_size;
+        // Capacity 0: the model's positions, at most default_capacity, in whole KV blocks. The chunk
+        // and the budget left 0 follow from it.
+        if (d->load.capacity > 0) {
+          o.capacity = d->load.capacity;
+        } else {
+          const auto positions = h->model().config().max_positions;
+          o.capacity = positions > 0 ? std::min(default_capacity, positions) : default_capacity;
+          o.capacity = std::max(o.block_size, o.capacity / o.block_size * o.block_size);
+        }
         o.pool_blocks = d->load.pool_blocks;
-        if (d->load.prefill_chunk > 0) o.prefill_chunk = d->load.prefill_chunk;
-        if (d->load.token_budget > 0) o.token_budget = d->load.token_budget;
+        o.prefill_chunk = d->load.prefill_chunk > 0 ? d->load.prefill_chunk : std::min<std::int64_t>(256, o.capacity);
+        o.token_budget = d->load.token_budget > 0 ? d->load.token_budget : o.prefill_chunk + o.max_rows;
         o.prefix_cache = !d->load.no_prefix_cache;
         o.preempt = !d->load.no_preempt;
         if (st.device_memory > 0) {
@@ -1426,7 +1436,8 @@ int run_node(const node_process_options& o) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.drain_timeout_s);
       std::int32_t left = 1;
       while (left > 0 && !lost && std::chrono::steady_clock::now() < deadline) {
-        self->request(*coordinator, std::chrono::seconds(10), drain_atom::value, node)
+        // A short bound: a coordinator that went down with us answers nothing, and we should not linger.
+        self->request(*coordinator, std::chrono::seconds(5), drain_atom::value, node)
             .receive([&](std::int32_t n) { left = n; }, [&](caf::error&) { lost = true; });
         if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }

@@ -49,7 +49,7 @@ struct prepared {
 struct deployment_entry {
   std::string model;
   int replicas = 1;
-  std::int64_t max_rows = 16, capacity = 1024;
+  std::int64_t max_rows = 16, capacity = 0;
 };
 
 // Reads a cluster file into the options the flags left unset; the deployments it lists.
@@ -101,7 +101,7 @@ result<std::vector<deployment_entry>, std::string> apply_cluster_file(cluster_cm
       if (e.model.empty()) return unexpected(o.cluster_file + ": a [[deployment]] needs a model");
       e.replicas = (*dt)["replicas"].value_or(1);
       e.max_rows = (*dt)["max_rows"].value_or(std::int64_t{16});
-      e.capacity = (*dt)["capacity"].value_or(std::int64_t{1024});
+      e.capacity = (*dt)["capacity"].value_or(std::int64_t{0});
       deployments.push_back(e);
     }
   return deployments;
@@ -310,8 +310,8 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     driver::driver_options d;
     d.max_rows = e.max_rows;
     d.capacity = e.capacity;
-    d.prefill_chunk = std::min<std::int64_t>(256, e.capacity);
-    d.token_budget = d.prefill_chunk + e.max_rows;
+    d.prefill_chunk = 0;  // the node derives the chunk and the budget from the capacity
+    d.token_budget = 0;
     std::optional<progress_bar> bar;
     if (o.progress) bar.emplace(**s, std::filesystem::path(e.model).filename().string(), e.replicas);
     auto r = (*s)->deploy(e.model, e.replicas, d);

@@ -23,7 +23,7 @@ struct cluster_cmd_options {
   std::string model;
   int replicas = 1;
   std::int64_t max_rows = 16;
-  std::int64_t capacity = 1024;
+  std::int64_t capacity = 0;  // 0: the model's positions, at most 2048
   bool progress = false;    // deploy: draw the replicas' preparation as a progress bar on stderr
   // top
   int interval_ms = 500;

@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   sv->add_option("--api-key-file", serve.api_key_file, "one API key a line; none: no authentication");
   sv->add_option("--replicas", serve.replicas)->check(CLI::Range(1, 64));
   sv->add_option("--max-rows", serve.max_rows, "sequences decoding together per replica")->check(CLI::Range(1, 1024));
-  sv->add_option("--capacity", serve.capacity, "positions per sequence (prompt and output)")->check(CLI::Range(16, 1 << 20));
+  sv->add_option("--capacity", serve.capacity, "positions per sequence, prompt and output (default: the model's, at most 2048)")->check(CLI::Range(16, 1 << 20));
   sv->add_option("--threads", serve.threads, "compute threads per replica (0: one per core)")->check(CLI::Range(0, 4096));
   sv->add_option("--max-outstanding", serve.max_outstanding, "jobs admitted and not finished; more get 429")->check(CLI::Range(1, 1 << 20));
   sv->callback([&] { rc = troupe::app::run_serve(serve); });
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
   sm->add_option("--replicas", sim.replicas, "replicas of the model (default: one per node)")->check(CLI::Range(0, 1024));
   sm->add_option("--threads", sim.threads, "compute threads per node")->check(CLI::Range(0, 4096));
   sm->add_option("--max-rows", sim.max_rows)->check(CLI::Range(1, 1024));
-  sm->add_option("--capacity", sim.capacity)->check(CLI::Range(16, 1 << 20));
+  sm->add_option("--capacity", sim.capacity, "positions per sequence (default: the model's, at most 2048)")->check(CLI::Range(16, 1 << 20));
   sm->add_option("--heartbeat-ms", sim.heartbeat_ms)->check(CLI::Range(10, 60000));
   sm->add_option("--timeout-ms", sim.timeout_ms)->check(CLI::Range(50, 600000));
   sm->add_option("--dir", sim.dir, "where the secret and the logs go");
@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
   dp->add_option("--model", cc.model, "a path every node can read (default: every [[deployment]] of the cluster file)");
   dp->add_option("--replicas", cc.replicas)->check(CLI::Range(1, 1024));
   dp->add_option("--max-rows", cc.max_rows)->check(CLI::Range(1, 1024));
-  dp->add_option("--capacity", cc.capacity)->check(CLI::Range(16, 1 << 20));
+  dp->add_option("--capacity", cc.capacity, "positions per sequence (default: the model's, at most 2048)")->check(CLI::Range(16, 1 << 20));
   dp->add_flag("--progress", cc.progress, "show the replicas' preparation (weights, then each compiled entry) as a progress bar");
   dp->callback([&] { rc = troupe::app::run_deploy_cmd(cc); });
   auto* sb = app.add_subcommand("submit", "submit a job to a running cluster and stream its answer");

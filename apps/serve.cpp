@@ -43,8 +43,8 @@ int run_serve(const serve_options& o) {
   c.replicas = o.replicas;
   c.driver.max_rows = o.max_rows;
   c.driver.capacity = o.capacity;
-  c.driver.prefill_chunk = std::min<std::int64_t>(256, o.capacity);
-  c.driver.token_budget = c.driver.prefill_chunk + o.max_rows;
+  c.driver.prefill_chunk = 0;  // the node derives the chunk and the budget from the capacity
+  c.driver.token_budget = 0;
   c.executor_threads = o.threads;
   c.max_outstanding = o.max_outstanding;
   std::fprintf(stderr, "troupe serve: loading %s on %d replica(s)...\n", model.c_str(), o.replicas);

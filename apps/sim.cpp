@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -244,7 +246,11 @@ int run_sim(const sim_options& o) {
   }
   for (int i = 0; i < 200; ++i) {
     auto st = (*s)->status();
-    if (st && st->find("sim-node-" + std::to_string(o.nodes - 1)) != std::string::npos) break;
+    // Every node joined (they join in any order), so a deployment spreads over all of them.
+    if (st) {
+      const auto j = nlohmann::json::parse(*st, nullptr, false);
+      if (!j.is_discarded() && j.value("nodes", nlohmann::json::array()).size() >= static_cast<std::size_t>(o.nodes)) break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::printf("troupe sim: coordinator 127.0.0.1:%d, secret %s, %d node(s), logs in %s\n", port, (dir / "secret").c_str(), o.nodes, dir.c_str());
@@ -252,8 +258,8 @@ int run_sim(const sim_options& o) {
     driver::driver_options d;
     d.max_rows = o.max_rows;
     d.capacity = o.capacity;
-    d.prefill_chunk = std::min<std::int64_t>(256, o.capacity);
-    d.token_budget = d.prefill_chunk + o.max_rows;
+    d.prefill_chunk = 0;  // the node derives the chunk and the budget from the capacity
+    d.token_budget = 0;
     auto r = (*s)->deploy(model, o.replicas > 0 ? o.replicas : o.nodes, d);
     if (!r) {
       std::fprintf(stderr, "troupe sim: deploy: %s\n", r.error().c_str());

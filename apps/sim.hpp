@@ -11,7 +11,7 @@ struct sim_options {
   int replicas = 0;   // 0: one per node
   int threads = 1;    // compute threads per node
   std::int64_t max_rows = 16;
-  std::int64_t capacity = 1024;
+  std::int64_t capacity = 0;  // 0: the model's positions, at most 2048
   int heartbeat_ms = 500;
   int timeout_ms = 1500;
   std::string dir;    // logs and the secret; a temporary directory otherwise

@@ -209,7 +209,8 @@ TEST_P(llama_cpp_cpu_parity, quantized_greedy_ids_and_top5_logprobs_match) {
 INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_cpu_parity,
                          ::testing::Values(cpu_case{"llama", dtype::f16}, cpu_case{"llama", dtype::q8_0}, cpu_case{"llama", dtype::q4_0},
                                            cpu_case{"llama", dtype::q4_k}, cpu_case{"llama", dtype::q6_k}, cpu_case{"qwen2", dtype::q8_0},
-                                           cpu_case{"qwen2", dtype::q4_0}, cpu_case{"gemma2", dtype::q8_0}),
+                                           cpu_case{"qwen2", dtype::q4_0}, cpu_case{"gemma2", dtype::q8_0}, cpu_case{"llama", dtype::q4_1},
+                                           cpu_case{"llama", dtype::q5_0}, cpu_case{"llama", dtype::q5_1}),
                          [](const auto& info) { return cpu_case_name(info.param); });
 
 // The embedded default model (models/troupe-kjv.gguf, a trained 3.7M-parameter Llama): llama.cpp

@@ -28,7 +28,8 @@ bool packable(dtype t);
 
 class packed_matrix {
  public:
-  // A [N, K] weight in one of the packable formats; anything else is refused with the reason.
+  // A [N, K] weight in one of the packable formats, or in another block format core decodes (run as f16);
+  // anything else is refused with the reason.
   static result<packed_matrix, std::string> pack(const tensor_view& w);
 
   dtype type() const;

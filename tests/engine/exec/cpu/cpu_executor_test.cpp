@@ -41,6 +41,9 @@ double tolerance(dtype t) {
   switch (t) {
     case dtype::f32: case dtype::f16: return 2e-4;
     case dtype::bf16: return 4e-2;
+    // Block formats without their own kernel run decoded to f16 with f32 activations: the f16 rounding of
+    // the decoded weights (2^-12 relative) measured 3-4e-3 over these two-layer models.
+    case dtype::q4_1: case dtype::q5_0: case dtype::q5_1: return 1e-2;
     default: return 0.25;
   }
 }
@@ -136,6 +139,7 @@ std::vector<model_case> all_cases() {
     v.push_back({"llama", t, true});
     v.push_back({"qwen2", t, true});
   }
+  for (dtype t : {dtype::q4_1, dtype::q5_0, dtype::q5_1}) v.push_back({"llama", t, true});
   v.push_back({"gemma2", dtype::q8_0, true});
   v.push_back({"phi3", dtype::q4_k, true});
   v.push_back({"qwen3", dtype::bf16, false});

@@ -300,13 +300,54 @@ TEST(matmul, zero_k_gives_zeros) {
 
 TEST(matmul, pack_refuses_what_it_cannot_lay_out) {
   std::vector<std::byte> bytes(4096);
-  EXPECT_FALSE(packable(dtype::q5_k));
   EXPECT_FALSE(packable(dtype::i32));
-  EXPECT_FALSE(packed_matrix::pack(tensor_view(dtype::q5_k, shape{4, 256}, bytes.data())).has_value());
+  EXPECT_FALSE(packed_matrix::pack(tensor_view(dtype::i32, shape{4, 256}, bytes.data())).has_value());
+  // A block format without its own kernel must still be whole blocks per row.
+  EXPECT_FALSE(packed_matrix::pack(tensor_view(dtype::q5_k, shape{4, 128}, bytes.data())).has_value());
   EXPECT_FALSE(packed_matrix::pack(tensor_view(dtype::f32, shape{2, 4, 8}, bytes.data())).has_value());
   const auto odd = packed_matrix::pack(tensor_view(dtype::q8_0, shape{4, 48}, bytes.data()));
   ASSERT_FALSE(odd.has_value());
   EXPECT_NE(odd.error().find("48"), std::string::npos);
+}
+
+// A block format without its own kernel (q5_k here) packs decoded to f16: its products are the f16
+// kernel's over the decoded weights rounded to f16.
+TEST(matmul, other_block_formats_run_decoded_to_f16) {
+  EXPECT_FALSE(packable(dtype::q5_k));
+  constexpr std::int64_t n = 8, k = 512;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  // q5_k has no quantizer in core: random bytes with small finite block scales (d, dmin: the first two
+  // f16 of each 176-byte block) are a valid q5_k matrix for a decode-equivalence check.
+  std::vector<std::byte> q(*storage_bytes(dtype::q5_k, n * k));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : q) b = static_cast<std::byte>(byte(rng));
+  for (std::int64_t r = 0; r < n; ++r) {  // keep the f16 scales finite and small
+    for (std::int64_t blk = 0; blk < k / 256; ++blk) {
+      std::byte* d = q.data() + static_cast<std::size_t>(r) * (*storage_bytes(dtype::q5_k, k)) + static_cast<std::size_t>(blk) * (*storage_bytes(dtype::q5_k, 256));
+      const std::uint16_t h = f32_to_f16(0.01f), hm = f32_to_f16(0.005f);
+      std::memcpy(d, &h, 2);
+      std::memcpy(d + 2, &hm, 2);
+    }
+  }
+  auto pm = packed_matrix::pack(tensor_view(dtype::q5_k, shape{n, k}, q.data()));
+  ASSERT_TRUE(pm.has_value()) << pm.error();
+  EXPECT_EQ(pm->type(), dtype::f16);
+  std::vector<float> x(static_cast<std::size_t>(k));
+  for (auto& v : x) v = g(rng);
+  std::vector<float> y(static_cast<std::size_t>(n));
+  thread_pool pool(1);
+  matmul(*pm, x.data(), k, 1, y.data(), n, pool, isa::scalar);
+  std::vector<float> row(static_cast<std::size_t>(k));
+  for (std::int64_t r = 0; r < n; ++r) {
+    ASSERT_TRUE(dequantize_row(dtype::q5_k, q.data() + static_cast<std::size_t>(r) * (*storage_bytes(dtype::q5_k, k)), row.data(), k));
+    double want = 0, scale = 0;
+    for (std::int64_t c = 0; c < k; ++c) {
+      want += static_cast<double>(f16_to_f32(f32_to_f16(row[static_cast<std::size_t>(c)]))) * x[static_cast<std::size_t>(c)];
+      scale += std::fabs(row[static_cast<std::size_t>(c)] * x[static_cast<std::size_t>(c)]);
+    }
+    EXPECT_NEAR(y[static_cast<std::size_t>(r)], want, 1e-5 * (1 + scale)) << "row " << r;
+  }
 }
 
 // Packing keeps a quantized matrix at about its stored size: no f32 copy.

@@ -11,37 +11,21 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <thread>
 #include <tuple>
 
 #include "apps/default_model.hpp"
+#include "engine/core/collective.hpp"
 #include "apps/exec_runner.hpp"
 #include "engine/driver/driver.hpp"
 #include "apps/oracle_runner.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
+#include "engine/exec/sampling.hpp"
 #include "families/fixtures/fixture.hpp"
 #include "families/model_handle.hpp"
 
 namespace troupe::app {
 namespace {
-
-// Host-side sampling for the oracle path only (the reference, not served): temperature, top-k, top-p
-// with a seeded generator, greedy at temperature 0. The CPU backend samples through the driver.
-std::int32_t pick(const std::vector<double>& logprobs, const generate_options& o, std::mt19937_64& rng) {
-  if (o.temperature <= 0) return static_cast<std::int32_t>(std::max_element(logprobs.begin(), logprobs.end()) - logprobs.begin());
-  std::vector<std::int32_t> ids(logprobs.size());
-  std::iota(ids.begin(), ids.end(), 0);
-  std::stable_sort(ids.begin(), ids.end(), [&](auto a, auto b) { return logprobs[a] > logprobs[b]; });
-  if (o.top_k > 0 && static_cast<std::size_t>(o.top_k) < ids.size()) ids.resize(static_cast<std::size_t>(o.top_k));
-  std::vector<double> w;
-  for (auto id : ids) w.push_back(std::exp((logprobs[id] - logprobs[ids[0]]) / o.temperature));
-  const double total = std::accumulate(w.begin(), w.end(), 0.0);
-  double mass = 0;
-  std::size_t keep = 0;
-  while (keep < w.size() && (keep == 0 || mass < o.top_p * total)) mass += w[keep++];
-  w.resize(keep);
-  std::discrete_distribution<std::size_t> d(w.begin(), w.end());
-  return ids[d(rng)];
-}
 
 std::vector<double> log_softmax(const std::vector<float>& logits) {
   double m = -INFINITY, s = 0;
@@ -50,6 +34,45 @@ std::vector<double> log_softmax(const std::vector<float>& logits) {
   std::vector<double> out(logits.size());
   for (std::size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - m - std::log(s);
   return out;
+}
+
+// One sequence sampled on the host from a runner's logits (the oracle, or a tensor-parallel rank) by
+// the sampling head's own rules (engine/exec/sampling.hpp: draws keyed by (seed, token index), the
+// sequence's history for penalties), so every backend and split gives what the driver gives.
+template <class Runner>
+result<std::pair<std::vector<std::int32_t>, nlohmann::json>, std::string> host_generate(Runner& run, const std::vector<std::int32_t>& prompt,
+                                                                                     const generate_options& o,
+                                                                                     const std::vector<std::int32_t>& eos,
+                                                                                     std::int64_t vocab) {
+  std::vector<std::int32_t> out;
+  nlohmann::json logprobs = nlohmann::json::array();
+  exec::sample_params params;
+  params.temperature = static_cast<float>(o.temperature);
+  params.top_k = static_cast<std::int32_t>(o.top_k);
+  params.top_p = static_cast<float>(o.top_p);
+  params.seed = o.seed;
+  params.top_logprobs = static_cast<std::int32_t>(o.logprobs);
+  if (auto c = exec::check(params); !c) return unexpected(c.error().message());
+  auto history = exec::token_history::create(vocab, prompt);
+  if (!history) return unexpected(history.error().message());
+  exec::sample_scratch scratch;
+  auto logits = run.feed(prompt);
+  for (std::int64_t i = 0; i < o.max_tokens; ++i) {
+    if (!logits) return unexpected(logits.error());
+    auto pick = exec::sample_row(*logits, params, &*history, static_cast<std::uint64_t>(i), {}, scratch);
+    if (!pick) return unexpected(pick.error().message());
+    const auto next = pick->token;
+    history->record(next);
+    out.push_back(next);
+    if (o.logprobs > 0) {
+      nlohmann::json top = nlohmann::json::array();
+      for (const auto& e : pick->top) top.push_back({{"id", e.token}, {"logprob", e.logprob}});
+      logprobs.push_back(top);
+    }
+    if (std::find(eos.begin(), eos.end(), next) != eos.end()) break;
+    if (i + 1 < o.max_tokens) logits = run.feed(std::span(&out.back(), 1));
+  }
+  return std::make_pair(std::move(out), std::move(logprobs));
 }
 
 }  // namespace
@@ -97,7 +120,7 @@ int run_generate(const generate_options& o) {
   const std::int64_t capacity = static_cast<std::int64_t>(prompt_ids.size()) + std::max<std::int64_t>(o.max_tokens, 1);
   std::vector<std::int32_t> out;
   nlohmann::json logprobs = nlohmann::json::array();
-  if (o.backend == "cpu") {
+  if (o.backend == "cpu" && o.tensor_parallel <= 1) {
     // The served path: one sequence through the driver, sampled on the executor.
     if (o.logprobs > exec::max_top_logprobs) {
       std::fprintf(stderr, "troupe generate: --logprobs is at most %d\n", exec::max_top_logprobs);
@@ -140,30 +163,56 @@ int run_generate(const generate_options& o) {
       for (const auto& e : p.top) top.push_back({{"id", e.token}, {"logprob", e.logprob}});
       logprobs.push_back(top);
     }
-  } else {
+  } else if (o.tensor_parallel <= 1) {
     oracle_runner run(*h, capacity);
-    std::mt19937_64 rng(o.seed);
-    auto logits = run.feed(prompt_ids);
-    for (std::int64_t i = 0; i < o.max_tokens; ++i) {
-      if (!logits) {
-        std::fprintf(stderr, "troupe generate: %s\n", logits.error().c_str());
+    auto r = host_generate(run, prompt_ids, o, cfg.eos_ids, cfg.vocab);
+    if (!r) {
+      std::fprintf(stderr, "troupe generate: %s\n", r.error().c_str());
+      return 1;
+    }
+    std::tie(out, logprobs) = std::move(*r);
+  }
+  if (o.tensor_parallel > 1) {
+    // One replica split over N simulated devices in this process: rank r is a thread with its own
+    // executor (or oracle) over its shard, the ranks' all_reduce ops meet in an in-process group. Every
+    // rank ends each step with the same logits, so each draws the same token from the same seed; rank
+    // 0's answer is printed.
+    const int n = o.tensor_parallel;
+    auto group = local_group(n);
+    const int per_rank = o.threads > 0 ? std::max<int>(1, static_cast<int>(o.threads) / n)
+                                       : std::max<int>(1, static_cast<int>(std::thread::hardware_concurrency()) / n);
+    std::vector<result<std::pair<std::vector<std::int32_t>, nlohmann::json>, std::string>> results(
+        static_cast<std::size_t>(n), unexpected(std::string("not run")));
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < n; ++r)
+      ranks.emplace_back([&, r] {
+        auto& res = results[static_cast<std::size_t>(r)];
+        auto shard = (*h)->shard(r, n);
+        if (!shard) {
+          res = unexpected(families::message(shard.error()));
+          return;
+        }
+        collective* g = group[static_cast<std::size_t>(r)].get();
+        if (o.backend == "oracle") {
+          oracle_runner run(*shard, capacity, g);
+          res = host_generate(run, prompt_ids, o, cfg.eos_ids, cfg.vocab);
+          return;
+        }
+        exec::cpu::cpu_executor ex(exec::cpu::cpu_options{per_rank, std::nullopt, g});
+        auto run = exec_runner::create(*shard, ex, capacity);
+        if (!run) {
+          res = unexpected(run.error());
+          return;
+        }
+        res = host_generate(*run, prompt_ids, o, cfg.eos_ids, cfg.vocab);
+      });
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < n; ++r)
+      if (!results[static_cast<std::size_t>(r)]) {
+        std::fprintf(stderr, "troupe generate: --tensor-parallel %d: rank %d: %s\n", n, r, results[static_cast<std::size_t>(r)].error().c_str());
         return 1;
       }
-      const auto lp = log_softmax(*logits);
-      const auto next = pick(lp, o, rng);
-      out.push_back(next);
-      if (o.logprobs > 0) {
-        std::vector<std::int32_t> ids(lp.size());
-        std::iota(ids.begin(), ids.end(), 0);
-        const auto k = std::min<std::size_t>(static_cast<std::size_t>(o.logprobs), ids.size());
-        std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](auto a, auto b) { return lp[a] > lp[b]; });
-        nlohmann::json top = nlohmann::json::array();
-        for (std::size_t j = 0; j < k; ++j) top.push_back({{"id", ids[j]}, {"logprob", lp[ids[j]]}});
-        logprobs.push_back(top);
-      }
-      if (std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), next) != cfg.eos_ids.end()) break;
-      if (i + 1 < o.max_tokens) logits = run.feed(std::span(&out.back(), 1));
-    }
+    std::tie(out, logprobs) = std::move(*results[0]);
   }
   if (o.json) {
     nlohmann::json j;

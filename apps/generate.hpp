@@ -19,6 +19,7 @@ struct generate_options {
   std::int64_t logprobs = 0;
   std::string backend = "cpu";
   std::int64_t threads = 0;
+  int tensor_parallel = 1;  // ranks of one replica split over simulated CPU devices in this process
   bool json = false;
 };
 int run_generate(const generate_options& opt);

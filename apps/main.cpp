@@ -61,6 +61,9 @@ int main(int argc, char** argv) {
   g->add_option("--logprobs", gen.logprobs, "the top K log-probabilities per generated position")->check(CLI::Range(0, 1 << 20));
   g->add_option("--backend", gen.backend, "cpu, oracle or cuda");
   g->add_option("--threads", gen.threads);
+  g->add_option("--tensor-parallel", gen.tensor_parallel,
+                "split the model over N simulated devices (threads of this process, each its own executor over its "
+                "shard; an all-reduce joins them)")->check(CLI::Range(1, 64));
   g->add_flag("--json", gen.json, "one JSON object: tokens, text, logprobs");
   g->callback([&] {
     if (!ids->empty()) {

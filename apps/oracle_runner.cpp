@@ -4,8 +4,8 @@
 
 namespace troupe::app {
 
-oracle_runner::oracle_runner(std::shared_ptr<const families::model_handle> handle, std::int64_t capacity)
-    : handle_(std::move(handle)), capacity_(capacity), weights_(handle_->model().weights()) {
+oracle_runner::oracle_runner(std::shared_ptr<const families::model_handle> handle, std::int64_t capacity, collective* group)
+    : handle_(std::move(handle)), group_(group), capacity_(capacity), weights_(handle_->model().weights()) {
   reset();
 }
 
@@ -46,7 +46,9 @@ result<std::vector<float>, std::string> oracle_runner::feed(std::span<const std:
   in.slots.emplace("kv_write_map", write.view());
   in.slots.emplace("kv_read_map", read.view());
   for (const auto& [name, t] : states_) in.states.emplace(name, t.view());
-  auto ev = eval::evaluate(it->second, in);
+  eval::eval_options opt;
+  opt.group = group_;
+  auto ev = eval::evaluate(it->second, in, opt);
   if (!ev) return unexpected("oracle: " + ev.error().message());
   for (auto& [name, t] : ev->states) states_[name] = std::move(t);
   pos_ += n;

@@ -27,7 +27,8 @@ class weight_map_source final : public eval::const_source {
 
 class oracle_runner {
  public:
-  oracle_runner(std::shared_ptr<const families::model_handle> handle, std::int64_t capacity);
+  // `group`: the tensor-parallel group when `handle` is one rank's shard (model_handle::shard).
+  oracle_runner(std::shared_ptr<const families::model_handle> handle, std::int64_t capacity, collective* group = nullptr);
 
   // Feeds `tokens` at the next positions; returns the logits of the last token ([vocab]) or, with
   // `all_logits`, of every token ([tokens x vocab], row-major).
@@ -38,6 +39,7 @@ class oracle_runner {
 
  private:
   std::shared_ptr<const families::model_handle> handle_;
+  collective* group_ = nullptr;
   std::int64_t capacity_;
   std::int64_t pos_ = 0;
   weight_map_source weights_;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/graph/builder.hpp"
+#include "families/family_error.hpp"
 #include "families/model_schema.hpp"
 #include "families/step_shape.hpp"
 #include "families/weight_map.hpp"
@@ -36,6 +37,13 @@ class model {
   virtual const families::weight_map& weights() const = 0;
 
   result<graph::graph, graph::trace_error> trace(const step_spec& spec, const graph::trace_limits& limits = {}) const;
+
+  // Rank `rank` of a `size`-way tensor-parallel split: a model of the same family over that rank's
+  // slices of the weights (attention heads, feed-forward columns; embeddings, norms and the head whole),
+  // whose traces all_reduce the partial sums of the row-split projections. Run every rank's entries on
+  // executors of one group (cpu_options::group) and they compute what the whole model computes. The
+  // default refuses; a family that can be split says so by overriding it.
+  virtual result<std::unique_ptr<model>, model_error> shard(int rank, int size) const;
 
  protected:
   // The family's tracer body. Errors go into the builder (sticky); `trace` returns them.

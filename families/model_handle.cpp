@@ -41,4 +41,13 @@ result<std::shared_ptr<const model_handle>, model_error> model_handle::load(cons
   return std::shared_ptr<const model_handle>(std::move(h));
 }
 
+result<std::shared_ptr<const model_handle>, model_error> model_handle::shard(int rank, int size) const {
+  auto m = model_->shard(rank, size);
+  if (!m) return unexpected(m.error());
+  std::shared_ptr<model_handle> h(new model_handle(path_, family_, config_, store_, std::move(*m)));
+  h->text_ = text_;
+  h->text_problem_ = text_problem_;
+  return std::shared_ptr<const model_handle>(std::move(h));
+}
+
 }  // namespace troupe::families

@@ -27,6 +27,10 @@ class model_handle {
   const text::text_codec* text() const { return text_ ? &*text_ : nullptr; }
   const std::string& text_problem() const { return text_problem_; }
 
+  // Rank `rank` of a `size`-way tensor-parallel split of this model (model::shard), as a handle of its
+  // own over the same checkpoint, configuration and tokenizer.
+  result<std::shared_ptr<const model_handle>, model_error> shard(int rank, int size) const;
+
  private:
   model_handle(std::filesystem::path p, const family_entry* f, load::raw_config c, load::weight_store s,
                std::unique_ptr<families::model> m)

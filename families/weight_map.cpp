@@ -76,4 +76,12 @@ std::optional<tensor_view> weight_map::view(const graph::weight_role& role) cons
   return e ? std::optional<tensor_view>(e->view) : std::nullopt;
 }
 
+weight_map weight_map::derive(std::vector<weight_entry> entries, std::vector<std::shared_ptr<const tensor>> owned) const {
+  weight_map m(store_);
+  m.owned_ = owned_;
+  m.owned_.insert(m.owned_.end(), owned.begin(), owned.end());
+  m.entries_ = std::move(entries);
+  return m;
+}
+
 }  // namespace troupe::families

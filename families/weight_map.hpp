@@ -5,6 +5,7 @@
 // named (role, key, expected shape) before anything runs. Code asks for weights by role only.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -63,6 +64,9 @@ class weight_map {
  public:
   static result<weight_map, weight_error> build(const load::weight_store& store, std::span<const name_rule> rules,
                                                 std::int32_t layers, const expected_shape_fn& expected);
+  // A map of entries the caller made from this one (a tensor-parallel shard's slices): the views point
+  // into this map's store or into `owned`, which the new map keeps alive.
+  weight_map derive(std::vector<weight_entry> entries, std::vector<std::shared_ptr<const tensor>> owned) const;
 
   const weight_entry* find(const graph::weight_role& role) const;
   std::optional<tensor_view> view(const graph::weight_role& role) const;
@@ -73,6 +77,7 @@ class weight_map {
  private:
   explicit weight_map(load::weight_store s) : store_(std::move(s)) {}
   load::weight_store store_;  // keeps every view alive
+  std::vector<std::shared_ptr<const tensor>> owned_;  // bytes a derived map's views point into
   std::vector<weight_entry> entries_;
 };
 

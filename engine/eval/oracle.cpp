@@ -100,6 +100,7 @@ class interpreter {
   interpreter(const graph::graph& g, const eval_inputs& in) : g_(g), in_(in), vals_(g.values().size()) {}
 
   result<evaluation, eval_error> run(const eval_options& opt) {
+    group_ = opt.group;
     if (auto r = bind_sources(); !r) return unexpected(r.error());
     for (std::size_t i = 0; i < g_.equations().size(); ++i) {
       const auto& e = g_.equations()[i];
@@ -116,6 +117,7 @@ class interpreter {
   }
 
  private:
+  collective* group_ = nullptr;
   unexpected<eval_error> fail(eval_error_code c, std::string why) const { return unexpected(eval_error{c, where_, std::move(why)}); }
 
   result<void, eval_error> check_type(const tensor_view& v, value_id id) {
@@ -287,6 +289,13 @@ class interpreter {
       case op::rms_norm: case op::layer_norm: return norm(e, ot);
       case op::rope: return rope(e, ot);
       case op::attention: return attention(e, ot);
+      case op::all_reduce: {
+        if (group_ == nullptr) return fail(eval_error_code::no_group, "the graph is a tensor-parallel shard: evaluate it with its group");
+        tensor t = tensor::copy_of(view_of(in[0]));
+        if (auto r = group_->all_reduce_sum(std::span(t.as<float>(), static_cast<std::size_t>(n))); !r)
+          return fail(eval_error_code::no_group, r.error());
+        return t;
+      }
     }
     return fail(eval_error_code::type_mismatch, "unknown op");
   }

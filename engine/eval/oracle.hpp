@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/collective.hpp"
 #include "engine/core/result.hpp"
 #include "engine/core/tensor.hpp"
 #include "engine/graph/graph.hpp"
@@ -38,6 +39,7 @@ struct eval_inputs {
 
 struct eval_options {
   bool keep_values = false;  // keep every intermediate, for debugging and executor comparisons
+  collective* group = nullptr;  // the tensor-parallel group a shard's all_reduce ops sum over
 };
 
 struct evaluation {
@@ -46,7 +48,7 @@ struct evaluation {
   std::vector<tensor> values;            // every value, when keep_values
 };
 
-enum class eval_error_code { missing_slot, missing_state, missing_weight, type_mismatch, index_out_of_range, duplicate_index, division_by_zero };
+enum class eval_error_code { missing_slot, missing_state, missing_weight, type_mismatch, index_out_of_range, duplicate_index, division_by_zero, no_group };
 
 struct eval_error {
   eval_error_code code;

@@ -309,6 +309,8 @@ value_id builder::linear(value_id x, value_id w) { return apply(op::linear, {x, 
 value_id builder::gather_rows(value_id table, value_id ids) { return apply(op::gather_rows, {table, ids}); }
 value_id builder::scatter_rows(value_id dst, value_id ids, value_id src) { return apply(op::scatter_rows, {dst, ids, src}); }
 
+value_id builder::all_reduce(value_id x) { return apply(op::all_reduce, {x}); }
+
 value_id builder::rms_norm(value_id x, value_id w, double eps) {
   op_attrs a;
   a.eps = eps;

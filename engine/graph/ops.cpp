@@ -9,7 +9,7 @@ std::string tensor_type::str() const { return std::string(name(type)) + dims.str
 
 namespace {
 
-constexpr std::array<std::string_view, static_cast<std::size_t>(op::attention) + 1> op_names = {
+constexpr std::array<std::string_view, static_cast<std::size_t>(op::all_reduce) + 1> op_names = {
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "recip", "tanh", "erf", "sigmoid", "silu", "gelu_tanh",
     "add", "sub", "mul", "div", "maximum", "minimum", "pow",
     "equal", "less", "less_equal", "greater",
@@ -17,6 +17,7 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(op::attention) +
     "reduce_sum", "reduce_max", "reduce_mean", "softmax", "log_softmax", "arg_max",
     "reshape", "transpose", "slice", "concat", "broadcast",
     "matmul", "linear", "gather_rows", "scatter_rows", "rms_norm", "layer_norm", "rope", "attention",
+    "all_reduce",
 };
 
 using infer_result = result<tensor_type, std::string>;
@@ -241,6 +242,9 @@ infer_result infer_checked(op o, std::span<const tensor_type> in, const op_attrs
       if (a.softcap < 0) return refuse("softcap must be non-negative");
       return tensor_type{in[0].type, troupe::shape{q[0], q[1], v[2]}};
     }
+    case op::all_reduce:
+      if (in[0].type != dtype::f32) return refuse("x must be f32");
+      return in[0];
   }
   return refuse("unknown op");
 }

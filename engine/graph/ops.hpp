@@ -64,6 +64,9 @@ enum class op : std::uint8_t {
   // > 0; a query with no allowed key yields zeros. An index outside [0, S) where allowed is an error
   // of the step; where not allowed it is never read.
   attention,
+  // all_reduce(x) -> x's type: the element-wise sum of x over the ranks of the tensor-parallel group the
+  // graph runs in (each rank runs its shard's graph; the executor is given the group). f32 only.
+  all_reduce,
 };
 
 std::string_view op_name(op o);

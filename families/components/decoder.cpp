@@ -8,9 +8,10 @@ namespace troupe::families {
 using graph::op;
 using graph::value_id;
 
-value_id decoder_trace::projection(value_id x, const std::string& role, std::int32_t layer) {
+value_id decoder_trace::projection(value_id x, const std::string& role, std::int32_t layer, bool reduce) {
   auto& b = ctx_.b;
   auto y = b.linear(x, ctx_.weight(role, layer));
+  if (reduce) y = b.all_reduce(y);
   if (ctx_.has(role + "_bias", layer)) y = b.add(y, ctx_.vector_f32(role + "_bias", layer));
   return y;
 }
@@ -122,7 +123,7 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
   }
   auto att = b.attention(q, keys, values, index, allow_mask(p.sliding_window), p.scale, p.softcap);
   att = b.reshape(att, {N, p.heads * D});
-  const auto out = projection(att, "attn_output", layer);
+  const auto out = projection(att, "attn_output", layer, p.reduce_output);
   b.label(out, "attn_out");
   return out;
 }
@@ -141,7 +142,7 @@ value_id decoder_trace::feed_forward(value_id x, std::int32_t layer, const ffn_p
   } else {
     h = b.mul(b.unary(act, projection(x, "ffn_gate", layer)), projection(x, "ffn_up", layer));
   }
-  const auto out = projection(h, "ffn_down", layer);
+  const auto out = projection(h, "ffn_down", layer, p.reduce_output);
   b.label(out, "ffn_out");
   return out;
 }

@@ -27,6 +27,7 @@ struct attention_params {
   rope_config rope;                 // rope.dims 0: no rotary embedding
   bool qk_norm = false;             // RMSNorm over each head of q and k (attn_q_norm, attn_k_norm)
   double norm_eps = 1e-6;
+  bool reduce_output = false;       // a tensor-parallel shard: all_reduce the output projection's partial sums
 };
 
 enum class activation : std::uint8_t { silu, gelu_tanh };
@@ -35,6 +36,7 @@ struct ffn_params {
   std::int64_t width = 0;  // the intermediate size
   activation act = activation::silu;
   bool gated = true;  // act(gate(x)) * up(x); otherwise act(up(x))
+  bool reduce_output = false;  // a tensor-parallel shard: all_reduce ffn_down's partial sums
 };
 
 struct stack_params {
@@ -64,7 +66,9 @@ class decoder_trace {
   void standard_stack(const stack_params& p, const block_fn& mixer, const block_fn& ffn);
 
  private:
-  graph::value_id projection(graph::value_id x, const std::string& role, std::int32_t layer);
+  // x W^T (+ bias). With `reduce`, the product is a tensor-parallel partial sum: it is all-reduced over
+  // the group before the bias, which every rank holds whole, is added once.
+  graph::value_id projection(graph::value_id x, const std::string& role, std::int32_t layer, bool reduce = false);
   graph::value_id allow_mask(std::int64_t window);
   graph::value_id rope_freqs(const rope_config& r);
   graph::value_id read_index();

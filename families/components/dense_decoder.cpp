@@ -1,5 +1,7 @@
 #include "families/components/dense_decoder.hpp"
 
+#include <cstring>
+
 namespace troupe::families {
 
 dense_decoder::dense_decoder(dense_decoder_spec spec, families::weight_map weights)
@@ -61,6 +63,115 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
   auto map = weight_map::build(store, rules, static_cast<std::int32_t>(spec.stack.layers), shapes);
   if (!map) return unexpected(model_error{map.error()});
   return std::unique_ptr<model>(new dense_decoder(std::move(spec), std::move(*map)));
+}
+
+namespace {
+
+// Rows [r0, r1) of a [R, C] matrix or elements [r0, r1) of a vector: a view into the same bytes.
+tensor_view rows_of(const tensor_view& v, std::int64_t r0, std::int64_t r1) {
+  if (v.shape().rank() == 1) {
+    const auto off = *storage_bytes(v.type(), static_cast<std::uint64_t>(r0));
+    return tensor_view(v.type(), troupe::shape{r1 - r0}, v.data() + off);
+  }
+  return tensor_view(v.type(), troupe::shape{r1 - r0, v.shape()[1]}, v.data() + static_cast<std::size_t>(r0) * v.row_bytes());
+}
+
+// Several row ranges of one tensor, stacked, as owned bytes (a fused projection's parts).
+std::shared_ptr<const tensor> stack_rows(const tensor_view& v, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges) {
+  std::int64_t rows = 0;
+  for (const auto& [a, b] : ranges) rows += b - a;
+  auto t = std::make_shared<tensor>(v.type(), v.shape().rank() == 1 ? troupe::shape{rows} : troupe::shape{rows, v.shape()[1]});
+  std::byte* dst = t->data();
+  for (const auto& [a, b] : ranges) {
+    const auto part = rows_of(v, a, b);
+    std::memcpy(dst, part.data(), part.bytes());
+    dst += part.bytes();
+  }
+  return t;
+}
+
+// Columns [c0, c1) of a [R, C] matrix as owned bytes; block formats need whole blocks.
+result<std::shared_ptr<const tensor>, std::string> columns_of(const tensor_view& v, std::int64_t c0, std::int64_t c1) {
+  const auto block = static_cast<std::int64_t>(info(v.type()).block_elems);
+  if (c0 % block != 0 || c1 % block != 0)
+    return unexpected("columns [" + std::to_string(c0) + ", " + std::to_string(c1) + ") cut " + std::string(name(v.type())) +
+                      " blocks of " + std::to_string(block));
+  const std::int64_t R = v.shape()[0];
+  auto t = std::make_shared<tensor>(v.type(), troupe::shape{R, c1 - c0});
+  const auto skip = *storage_bytes(v.type(), static_cast<std::uint64_t>(c0));
+  const auto take = *storage_bytes(v.type(), static_cast<std::uint64_t>(c1 - c0));
+  for (std::int64_t r = 0; r < R; ++r)
+    std::memcpy(t->data() + static_cast<std::size_t>(r) * take, v.data() + static_cast<std::size_t>(r) * v.row_bytes() + skip, take);
+  return std::shared_ptr<const tensor>(std::move(t));
+}
+
+}  // namespace
+
+result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int size) const {
+  auto refuse = [&](std::string why) {
+    return unexpected(model_error{config_error{spec_.config.family, "tensor_parallel", std::move(why)}});
+  };
+  if (size < 1 || rank < 0 || rank >= size) return refuse("rank " + std::to_string(rank) + " of " + std::to_string(size));
+  dense_decoder_spec s = spec_;
+  const std::int64_t F = spec_.ffn.width;
+  if (F % size != 0) return refuse("the feed-forward width " + std::to_string(F) + " does not split " + std::to_string(size) + " ways");
+  for (auto& a : s.attention) {
+    if (a.heads % size != 0) return refuse(std::to_string(a.heads) + " query heads do not split " + std::to_string(size) + " ways");
+    if (a.kv_heads % size != 0 && size % a.kv_heads != 0)
+      return refuse(std::to_string(a.kv_heads) + " key/value heads neither split " + std::to_string(size) + " ways nor share evenly");
+    a.heads /= size;
+    a.kv_heads = a.kv_heads >= size ? a.kv_heads / size : 1;
+    a.reduce_output = size > 1;
+  }
+  s.ffn.width = F / size;
+  s.ffn.reduce_output = size > 1;
+  if (!s.attention.empty())
+    s.config.kv_elems_per_token_per_layer = 2 * s.attention[0].kv_heads * s.attention[0].head_dim;
+
+  std::vector<weight_entry> out;
+  std::vector<std::shared_ptr<const tensor>> owned;
+  for (const auto& e : weights_.entries()) {
+    weight_entry w = e;
+    const auto& role = e.role.name;
+    const std::int32_t l = e.role.layer;
+    if (l < 0 || l >= static_cast<std::int32_t>(spec_.attention.size())) {
+      out.push_back(std::move(w));  // embeddings, the final norm, the head: whole on every rank
+      continue;
+    }
+    const auto& a = spec_.attention[static_cast<std::size_t>(l)];
+    const std::int64_t D = a.head_dim, hq = a.heads / size;
+    const std::int64_t kv_l = a.kv_heads >= size ? a.kv_heads / size : 1;
+    const std::int64_t kv0 = a.kv_heads >= size ? rank * kv_l : rank / (size / a.kv_heads);
+    const std::pair<std::int64_t, std::int64_t> q_rows{rank * hq * D, (rank + 1) * hq * D};
+    const std::pair<std::int64_t, std::int64_t> kv_rows{kv0 * D, (kv0 + kv_l) * D};
+    const std::int64_t f = F / size;
+    const std::pair<std::int64_t, std::int64_t> f_rows{rank * f, (rank + 1) * f};
+    if (role == "attn_q" || role == "attn_q_bias") {
+      w.view = rows_of(e.view, q_rows.first, q_rows.second);
+    } else if (role == "attn_k" || role == "attn_v" || role == "attn_k_bias" || role == "attn_v_bias") {
+      w.view = rows_of(e.view, kv_rows.first, kv_rows.second);
+    } else if (role == "attn_qkv" || role == "attn_qkv_bias") {
+      const std::int64_t q = a.heads * D, kv = a.kv_heads * D;
+      auto t = stack_rows(e.view, {q_rows, {q + kv_rows.first, q + kv_rows.second}, {q + kv + kv_rows.first, q + kv + kv_rows.second}});
+      w.view = t->view();
+      owned.push_back(std::move(t));
+    } else if (role == "ffn_gate" || role == "ffn_up" || role == "ffn_gate_bias" || role == "ffn_up_bias") {
+      w.view = rows_of(e.view, f_rows.first, f_rows.second);
+    } else if (role == "ffn_gate_up" || role == "ffn_gate_up_bias") {
+      auto t = stack_rows(e.view, {f_rows, {F + f_rows.first, F + f_rows.second}});
+      w.view = t->view();
+      owned.push_back(std::move(t));
+    } else if (role == "attn_output" || role == "ffn_down") {
+      const auto cols = role == "attn_output" ? q_rows : f_rows;
+      auto t = columns_of(e.view, cols.first, cols.second);
+      if (!t) return refuse(e.key + ": " + t.error());
+      w.view = (*t)->view();
+      owned.push_back(std::move(*t));
+    }
+    // Everything else (norms, per-head q/k norms, the output biases added after the reduce): whole.
+    out.push_back(std::move(w));
+  }
+  return std::unique_ptr<model>(new dense_decoder(std::move(s), weights_.derive(std::move(out), std::move(owned))));
 }
 
 }  // namespace troupe::families

@@ -29,6 +29,9 @@ class dense_decoder final : public model {
   const model_schema& schema() const override { return schema_; }
   const families::weight_map& weights() const override { return weights_; }
   const dense_decoder_spec& spec() const { return spec_; }
+  // Heads and feed-forward columns split `size` ways (query heads and the width must divide; key/value
+  // heads divide, or each is shared by size / kv_heads ranks when there are fewer than ranks).
+  result<std::unique_ptr<model>, model_error> shard(int rank, int size) const override;
 
  protected:
   void trace_into(const step_spec& spec, graph::builder& b) const override;

@@ -18,6 +18,7 @@
 #include <numeric>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/logprobs.hpp"
 #include "apps/exec_runner.hpp"
 #include "apps/oracle_runner.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
@@ -71,14 +72,7 @@ std::vector<reference_step> run_llama_cpp(const fs::path& gguf, const std::vecto
   return out;
 }
 
-std::vector<double> log_softmax(const std::vector<float>& logits) {
-  double m = -INFINITY, s = 0;
-  for (float v : logits) m = std::max(m, static_cast<double>(v));
-  for (float v : logits) s += std::exp(v - m);
-  std::vector<double> out(logits.size());
-  for (std::size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - m - std::log(s);
-  return out;
-}
+using troupe::testing::log_softmax;
 
 // llama.cpp's CPU GELU reads a table indexed by the input rounded to f16 (GGML_GELU_FP16), a relative
 // error of up to 4.9e-4 per activation; through the GeGLU families' feed-forwards that measured 9.7e-4

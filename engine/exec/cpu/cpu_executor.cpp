@@ -274,7 +274,8 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
 
   // Folding keeps the ops whose kernels read stored weights.
   auto foldable = [](const graph::equation& e) {
-    return e.code != op::linear && e.code != op::gather_rows && e.code != op::scatter_rows && e.code != op::attention;
+    return e.code != op::linear && e.code != op::gather_rows && e.code != op::scatter_rows && e.code != op::attention &&
+           e.code != op::all_reduce;
   };
   auto lookup = [&](const graph::weight_role& r) { return ex.weights->find(r); };
   auto pruned = compile::fold_and_prune(gg, lookup, foldable);
@@ -707,6 +708,20 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
         } else {
           cpu::gather_rows(table, scratch.data(), count, reinterpret_cast<float*>(out));
         }
+        return std::nullopt;
+      };
+    }
+    case op::all_reduce: {
+      collective* group = opt.group;
+      if (group == nullptr) {
+        err = exec_error{exec_error_code::unsupported, where, "a tensor-parallel shard's graph needs the executor's group (cpu_options::group)"};
+        return {};
+      }
+      const auto* x = P(e.inputs[0]);
+      return [=]() -> std::optional<exec_error> {
+        if (x != out) std::memcpy(out, x, static_cast<std::size_t>(n) * sizeof(float));
+        if (auto r = group->all_reduce_sum(std::span(reinterpret_cast<float*>(out), static_cast<std::size_t>(n))); !r)
+          return fail(exec_error_code::device_error, where, r.error());
         return std::nullopt;
       };
     }

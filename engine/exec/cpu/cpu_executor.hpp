@@ -5,6 +5,8 @@
 // and copies the outputs out; it allocates nothing else.
 #include <memory>
 
+#include "engine/core/collective.hpp"
+
 #include "engine/exec/cpu/isa.hpp"
 #include "engine/exec/executor.hpp"
 
@@ -13,6 +15,9 @@ namespace troupe::exec::cpu {
 struct cpu_options {
   int threads = 0;                 // 0: one per core
   std::optional<isa> level;        // default: the best this CPU runs
+  // The tensor-parallel group this executor is one rank of: a shard's all_reduce ops sum over it (it
+  // must outlive the executor). None: a graph with all_reduce is refused at add_entry.
+  collective* group = nullptr;
 };
 
 class cpu_executor final : public executor {

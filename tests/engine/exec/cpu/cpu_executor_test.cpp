@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <numeric>
 
+#include "tests/support/logprobs.hpp"
 #include "apps/exec_runner.hpp"
 #include "apps/oracle_runner.hpp"
 #include "engine/graph/builder.hpp"
@@ -48,14 +49,7 @@ double tolerance(dtype t) {
   }
 }
 
-std::vector<double> log_softmax(const std::vector<float>& l) {
-  double m = -INFINITY, s = 0;
-  for (float v : l) m = std::max(m, static_cast<double>(v));
-  for (float v : l) s += std::exp(v - m);
-  std::vector<double> out(l.size());
-  for (std::size_t i = 0; i < l.size(); ++i) out[i] = l[i] - m - std::log(s);
-  return out;
-}
+using troupe::testing::log_softmax;
 
 std::shared_ptr<const families::model_handle> load_case(const model_case& c) {
   families::fixture_dims d;

@@ -1,0 +1,31 @@
+#pragma once
+// The collective a tensor-parallel graph's all_reduce ops call (op::all_reduce). Each rank of a group
+// runs its shard's graph on its own executor; every rank must reach the same all_reduce calls in the
+// same order with the same lengths. Plain C++: the cross-process implementations (Gloo, NCCL) live in
+// transport/ and adapt to this; `local_group` is the in-process one (simulated devices on threads).
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/core/result.hpp"
+
+namespace troupe {
+
+class collective {
+ public:
+  virtual ~collective() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In place: every rank ends with the element-wise sum over the ranks. An error (a rank that never
+  // arrived within the group's timeout, lengths that differ) breaks the group for every rank.
+  virtual result<void, std::string> all_reduce_sum(std::span<float> data) = 0;
+};
+
+// `size` ranks in one process, one per thread. Sums are taken in rank order, so every rank gets the same
+// bits and a run is reproducible. A rank waits at most `timeout` for the others.
+std::vector<std::unique_ptr<collective>> local_group(int size, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+}  // namespace troupe

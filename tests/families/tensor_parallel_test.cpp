@@ -1,0 +1,205 @@
+// Tensor parallelism on simulated CPU devices in one process: each rank is a thread with its own CPU
+// executor over its shard (model_handle::shard: its attention heads and feed-forward columns, the
+// embeddings, norms and head whole), and the shard's all_reduce ops sum over an in-process group
+// (troupe::local_group). Every rank must give the whole model's logits within 1e-3 in log-probability
+// (f32 weights; only the summation order of the split projections differs) and the same greedy tokens,
+// for 2 and 4 ranks (4 ranks share each of the 2 key/value heads), across the families' distinct
+// layers: GQA (llama, also from GGUF with llama.cpp's permuted rows, and q8_0), per-head q/k norms
+// (qwen3), sandwich norms and softcaps (gemma2), fused qkv and gate_up projections (phi3).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "tests/support/logprobs.hpp"
+#include "apps/exec_runner.hpp"
+#include "apps/oracle_runner.hpp"
+#include "engine/core/collective.hpp"
+#include "engine/exec/cpu/cpu_executor.hpp"
+#include "families/fixtures/fixture.hpp"
+#include "families/model_handle.hpp"
+#include "families/registry.hpp"
+
+namespace troupe::families {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct tp_case {
+  std::string_view family;
+  int size;
+  bool gguf = false;
+  dtype type = dtype::f32;
+};
+std::string case_name(const tp_case& c) {
+  return std::string(c.family) + "_tp" + std::to_string(c.size) + (c.gguf ? "_gguf" : "") + (c.type != dtype::f32 ? "_" + std::string(name(c.type)) : "");
+}
+void PrintTo(const tp_case& c, std::ostream* os) { *os << case_name(c); }
+
+using troupe::testing::log_softmax;
+
+std::int32_t argmax(const std::vector<float>& l) {
+  return static_cast<std::int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+}
+
+constexpr int prompt_len = 12, steps = 12;
+
+std::shared_ptr<const model_handle> load(const tp_case& c) {
+  fixture_dims d;
+  d.vocab = 384;
+  d.heads = 4;
+  d.kv_heads = 2;
+  d.head_dim = 32;
+  d.hidden = 128;
+  d.ffn = 256;
+  d.layers = 2;
+  d.matrix_type = c.type;
+  const auto path = fs::temp_directory_path() / ("troupe-tp-" + std::to_string(::getpid()) + "-" + case_name(c) + (c.gguf ? ".gguf" : ""));
+  EXPECT_TRUE(write_fixture(c.family, d, path, c.gguf));
+  auto h = model_handle::load(path, registry::builtin());
+  EXPECT_TRUE(h) << (h ? "" : message(h.error()));
+  return h ? *h : nullptr;
+}
+
+std::vector<std::int32_t> prompt(std::int64_t vocab) {
+  std::vector<std::int32_t> p;
+  for (int i = 0; i < prompt_len; ++i) p.push_back(static_cast<std::int32_t>(3 + (i * 97 + 11) % (vocab - 3)));
+  return p;
+}
+
+// Greedy generation on one handle: the logits before every generated token.
+template <class Runner>
+std::vector<std::vector<float>> run_greedy(Runner& run, const std::vector<std::int32_t>& p, std::vector<std::int32_t>& tokens) {
+  std::vector<std::vector<float>> out;
+  auto l = run.feed(p);
+  for (int s = 0; s < steps && l; ++s) {
+    out.push_back(*l);
+    const std::int32_t next[] = {argmax(*l)};
+    tokens.push_back(next[0]);
+    l = run.feed(next);
+  }
+  EXPECT_TRUE(l) << (l ? "" : l.error());
+  return out;
+}
+
+class tensor_parallel : public ::testing::TestWithParam<tp_case> {};
+
+TEST_P(tensor_parallel, ranks_give_the_whole_models_logits_and_tokens) {
+  const auto c = GetParam();
+  const auto whole = load(c);
+  ASSERT_TRUE(whole);
+  const auto p = prompt(whole->model().config().vocab);
+  exec::cpu::cpu_executor one({1, std::nullopt});
+  auto single = app::exec_runner::create(whole, one, 64);
+  ASSERT_TRUE(single) << single.error();
+  std::vector<std::int32_t> want_tokens;
+  const auto want = run_greedy(*single, p, want_tokens);
+  ASSERT_EQ(want.size(), static_cast<std::size_t>(steps));
+
+  auto group = local_group(c.size, std::chrono::seconds(30));
+  std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(c.size));
+  std::vector<std::vector<std::int32_t>> got_tokens(static_cast<std::size_t>(c.size));
+  std::vector<std::string> errors(static_cast<std::size_t>(c.size));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < c.size; ++r)
+    ranks.emplace_back([&, r] {
+      auto shard = whole->shard(r, c.size);
+      if (!shard) {
+        errors[r] = message(shard.error());
+        return;
+      }
+      exec::cpu::cpu_executor ex({1, std::nullopt, group[static_cast<std::size_t>(r)].get()});
+      auto run = app::exec_runner::create(*shard, ex, 64);
+      if (!run) {
+        errors[r] = run.error();
+        return;
+      }
+      got[r] = run_greedy(*run, p, got_tokens[r]);
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < c.size; ++r) ASSERT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
+
+  double worst = 0;
+  int compared = 0;
+  for (int s = 0; s < steps; ++s) {
+    const auto a = log_softmax(want[s]);
+    for (int r = 0; r < c.size; ++r) {
+      ASSERT_EQ(got[r].size(), want.size()) << "rank " << r;
+      EXPECT_EQ(got[r][s], got[0][s]) << "ranks disagree at step " << s;  // the same reduced bits everywhere
+      const auto b = log_softmax(got[r][s]);
+      for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+    }
+    if (got_tokens[0][s] != want_tokens[s]) {
+      std::vector<double> sorted = a;
+      std::sort(sorted.rbegin(), sorted.rend());
+      EXPECT_LT(sorted[0] - sorted[1], 1e-3) << "greedy tokens part at step " << s << " without a near-tie";
+      break;
+    }
+    ++compared;
+  }
+  // q8_0 too: the split falls on block boundaries, so each rank's 8-bit activation blocks are the whole
+  // model's; only the order of the partial sums differs, as for f32.
+  EXPECT_LT(worst, 1e-3);
+  EXPECT_GE(compared, steps / 2);
+  std::printf("[ tp ] %s: %d/%d greedy tokens as one device, worst |dlogprob| %.2e\n", case_name(c).c_str(), compared, steps, worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(families, tensor_parallel,
+                         ::testing::Values(tp_case{"llama", 2}, tp_case{"llama", 4}, tp_case{"llama", 2, true},
+                                           tp_case{"llama", 4, true, dtype::q8_0}, tp_case{"qwen3", 2}, tp_case{"qwen3", 4},
+                                           tp_case{"gemma2", 2}, tp_case{"gemma2", 4}, tp_case{"phi3", 2}, tp_case{"phi3", 4}),
+                         [](const auto& info) { return case_name(info.param); });
+
+// The oracle runs a shard's graph too (its all_reduce over the same group): the reference for any
+// backend's tensor-parallel path.
+TEST(tensor_parallel_oracle, two_oracle_ranks_give_the_whole_models_logits) {
+  const auto whole = load({"llama", 2});
+  ASSERT_TRUE(whole);
+  const auto p = prompt(whole->model().config().vocab);
+  app::oracle_runner single(whole, 32);
+  auto want = single.feed(p);
+  ASSERT_TRUE(want) << want.error();
+  auto group = local_group(2);
+  std::vector<std::vector<float>> got(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      auto shard = whole->shard(r, 2);
+      if (!shard) return void(errors[r] = message(shard.error()));
+      app::oracle_runner run(*shard, 32, group[static_cast<std::size_t>(r)].get());
+      auto l = run.feed(p);
+      if (!l) return void(errors[r] = l.error());
+      got[r] = *l;
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(errors[r].empty()) << errors[r];
+  const auto a = log_softmax(*want), b = log_softmax(got[0]);
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  EXPECT_LT(worst, 1e-5);  // the oracle rounds each op once; only the split sums' f32 rounding differs
+  EXPECT_EQ(got[0], got[1]);
+}
+
+TEST(tensor_parallel_refusals, splits_that_do_not_divide_are_typed_refusals) {
+  const auto whole = load({"llama", 3});
+  ASSERT_TRUE(whole);
+  auto three = whole->shard(0, 3);  // 4 query heads do not split 3 ways
+  ASSERT_FALSE(three);
+  EXPECT_NE(message(three.error()).find("tensor_parallel"), std::string::npos) << message(three.error());
+  EXPECT_FALSE(whole->shard(2, 2));
+  EXPECT_FALSE(whole->shard(0, 0));
+  // A shard's graph on an executor with no group is refused when its entry is compiled, not run.
+  auto shard = whole->shard(0, 2);
+  ASSERT_TRUE(shard);
+  exec::cpu::cpu_executor ex({1, std::nullopt});
+  auto run = app::exec_runner::create(*shard, ex, 32);
+  ASSERT_TRUE(run);
+  auto l = run->feed(prompt(whole->model().config().vocab));
+  ASSERT_FALSE(l);
+  EXPECT_NE(l.error().find("group"), std::string::npos) << l.error();
+}
+
+}  // namespace
+}  // namespace troupe::families

@@ -6,10 +6,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "apps/exec_runner.hpp"
 #include "actors/cluster.hpp"
+#include "engine/core/collective.hpp"
 #include "engine/driver/driver.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "engine/exec/cpu/thread_pool.hpp"
@@ -239,6 +241,124 @@ int run_batch_bench(const bench_options& o, std::shared_ptr<const families::mode
   return 0;
 }
 
+// Times every collective of one rank: their share of that rank's step time (its own sums and copies
+// and the wait for the other ranks).
+class timed_collective final : public collective {
+ public:
+  explicit timed_collective(collective& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  result<void, std::string> all_reduce_sum(std::span<float> data) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = inner_.all_reduce_sum(data);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+  result<void, std::string> all_gather(std::span<const float> mine, std::span<float> all) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = inner_.all_gather(mine, all);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+  double seconds = 0;
+
+ private:
+  collective& inner_;
+};
+
+struct tp_figures {
+  double prefill_tok_s = 0, decode_tok_s = 0, reduce_share = 0;  // medians over runs; share of decode time
+};
+
+// One sequence (prompt_len, then gen decode steps) on `ranks` in-process ranks of `threads_per_rank`.
+result<tp_figures, std::string> drive_tp(const std::shared_ptr<const families::model_handle>& h, const bench_options& o, int ranks,
+                                         int threads_per_rank) {
+  auto group = local_group(ranks);
+  const auto vocab = h->model().config().vocab;
+  std::vector<std::int32_t> prompt;
+  for (std::int64_t i = 0; i < o.prompt_len; ++i) prompt.push_back(static_cast<std::int32_t>(3 + (i * 7919) % (vocab - 3)));
+  std::vector<result<tp_figures, std::string>> out(static_cast<std::size_t>(ranks), unexpected(std::string("not run")));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      auto& res = out[static_cast<std::size_t>(r)];
+      std::shared_ptr<const families::model_handle> shard = h;
+      if (ranks > 1) {
+        auto s = h->shard(r, ranks);
+        if (!s) return void(res = unexpected(families::message(s.error())));
+        shard = *s;
+      }
+      timed_collective timed(*group[static_cast<std::size_t>(r)]);
+      exec::cpu::cpu_executor ex({threads_per_rank, std::nullopt, ranks > 1 ? &timed : nullptr});
+      auto run = exec_runner::create(shard, ex, o.prompt_len + o.gen);
+      if (!run) return void(res = unexpected(run.error()));
+      for (auto p : {run->prepare(o.prompt_len, false), run->prepare(1, false)})
+        if (!p) return void(res = unexpected(p.error()));
+      std::vector<double> pre, dec, share;
+      for (int rep = 0; rep < o.runs + 1; ++rep) {
+        (void)run->reset();
+        auto t0 = std::chrono::steady_clock::now();
+        auto l = run->feed(prompt);
+        if (!l) return void(res = unexpected(l.error()));
+        const double pre_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        timed.seconds = 0;
+        t0 = std::chrono::steady_clock::now();
+        for (std::int64_t i = 0; i < o.gen; ++i) {
+          const std::int32_t next[] = {static_cast<std::int32_t>(std::max_element(l->begin(), l->end()) - l->begin())};
+          l = run->feed(next);
+          if (!l) return void(res = unexpected(l.error()));
+        }
+        const double dec_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (rep == 0) continue;
+        pre.push_back(static_cast<double>(o.prompt_len) / pre_s);
+        dec.push_back(static_cast<double>(o.gen) / dec_s);
+        share.push_back(timed.seconds / dec_s);
+      }
+      res = tp_figures{median_of(pre), median_of(dec), median_of(share)};
+    });
+  for (auto& t : threads) t.join();
+  for (auto& r : out)
+    if (!r) return unexpected(r.error());
+  return out[0];
+}
+
+int run_tp_bench(const bench_options& o, const std::shared_ptr<const families::model_handle>& h) {
+  const int total = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int n = o.tensor_parallel;
+  const int per_rank = std::max(1, total / n);
+  auto one = drive_tp(h, o, 1, total);
+  if (!one) {
+    std::fprintf(stderr, "troupe bench: 1 rank: %s\n", one.error().c_str());
+    return 1;
+  }
+  auto split = drive_tp(h, o, n, per_rank);
+  if (!split) {
+    std::fprintf(stderr, "troupe bench: %d ranks: %s\n", n, split.error().c_str());
+    return 1;
+  }
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = o.model;
+    j["prompt_len"] = o.prompt_len;
+    j["gen"] = o.gen;
+    j["threads"] = total;
+    j["ranks"] = {{{"ranks", 1}, {"threads_per_rank", total}, {"prefill_tok_s", one->prefill_tok_s}, {"decode_tok_s", one->decode_tok_s}},
+                  {{"ranks", n}, {"threads_per_rank", per_rank}, {"prefill_tok_s", split->prefill_tok_s}, {"decode_tok_s", split->decode_tok_s},
+                   {"collective_share_of_decode", split->reduce_share}}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("model %s: prompt %lld, then %lld decode tokens; %d threads in all; medians of %d runs\n", o.model.c_str(),
+              static_cast<long long>(o.prompt_len), static_cast<long long>(o.gen), total, o.runs);
+  std::printf("ranks  threads/rank  prefill tok/s  decode tok/s  decode vs 1 rank  collective share of decode\n");
+  std::printf("%5d  %12d  %13.1f  %12.2f  %16s  %26s\n", 1, total, one->prefill_tok_s, one->decode_tok_s, "1.00x", "-");
+  char ratio[32], share[32];
+  std::snprintf(ratio, sizeof ratio, "%.2fx", split->decode_tok_s / one->decode_tok_s);
+  std::snprintf(share, sizeof share, "%.1f%%", 100 * split->reduce_share);
+  std::printf("%5d  %12d  %13.1f  %12.2f  %16s  %26s\n", n, per_rank, split->prefill_tok_s, split->decode_tok_s, ratio, share);
+  return 0;
+}
+
 }  // namespace
 
 int run_bench(const bench_options& o) {
@@ -251,6 +371,7 @@ int run_bench(const bench_options& o) {
     std::fprintf(stderr, "troupe bench: %s\n", families::message(h.error()).c_str());
     return 2;
   }
+  if (o.tensor_parallel > 1) return run_tp_bench(o, *h);
   if (o.actors) return run_actor_bench(o, *h);
   if (o.batch > 1) return run_batch_bench(o, *h);
   exec::cpu::cpu_executor ex({o.threads, std::nullopt});

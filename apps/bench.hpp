@@ -15,6 +15,7 @@ struct bench_options {
   int runs = 3;
   bool json = false;
   bool actors = false;  // --batch N jobs through a one-process actor cluster vs the driver directly
+  int tensor_parallel = 0;  // > 1: one sequence on 1 rank and on N in-process ranks (docs/tensor-parallel.md)
 
 };
 int run_bench(const bench_options& opt);

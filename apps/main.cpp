@@ -109,6 +109,9 @@ int main(int argc, char** argv) {
   bn->add_option("--runs", bench.runs, "measured runs (after one warm-up); medians are printed")->check(CLI::Range(1, 1000));
   bn->add_flag("--json", bench.json);
   bn->add_flag("--actors", bench.actors, "with --batch N: N jobs through the actor cluster vs the driver directly");
+  bn->add_option("--tensor-parallel", bench.tensor_parallel,
+                 "one sequence on 1 rank and on N in-process ranks (--threads shared between them): tokens/s and the collectives' share")
+      ->check(CLI::Range(2, 64));
   bn->callback([&] { rc = troupe::app::run_bench(bench); });
 
   troupe::app::serve_options serve;

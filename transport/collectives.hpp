@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "engine/core/collective.hpp"
 #include "engine/core/result.hpp"
 
 namespace troupe::transport {
@@ -62,5 +63,9 @@ struct gloo_options {
 
 // Joins the group: blocks until all size() ranks have joined (or the timeout passes).
 result<std::unique_ptr<communicator>, collective_error> connect_gloo(const gloo_options& options);
+
+// A communicator as the group a tensor-parallel shard's executor sums over (cpu_options::group,
+// docs/tensor-parallel.md): ranks in separate processes or on separate machines.
+std::unique_ptr<troupe::collective> as_collective(std::unique_ptr<communicator> c);
 
 }  // namespace troupe::transport

@@ -213,4 +213,30 @@ result<std::unique_ptr<communicator>, collective_error> connect_gloo(const gloo_
   return std::unique_ptr<communicator>(new gloo_communicator(std::move(device), std::move(context), o.timeout));
 }
 
+namespace {
+
+class communicator_collective final : public troupe::collective {
+ public:
+  explicit communicator_collective(std::unique_ptr<communicator> c) : c_(std::move(c)) {}
+  int rank() const override { return c_->rank(); }
+  int size() const override { return c_->size(); }
+  result<void, std::string> all_reduce_sum(std::span<float> data) override {
+    if (auto r = c_->all_reduce_sum(data); !r) return unexpected(r.error().message());
+    return {};
+  }
+  result<void, std::string> all_gather(std::span<const float> mine, std::span<float> all) override {
+    if (auto r = c_->all_gather(mine, all); !r) return unexpected(r.error().message());
+    return {};
+  }
+
+ private:
+  std::unique_ptr<communicator> c_;
+};
+
+}  // namespace
+
+std::unique_ptr<troupe::collective> as_collective(std::unique_ptr<communicator> c) {
+  return std::make_unique<communicator_collective>(std::move(c));
+}
+
 }  // namespace troupe::transport

@@ -8,12 +8,14 @@ namespace troupe {
 namespace {
 
 struct group_state {
-  explicit group_state(int n, std::chrono::milliseconds t) : size(n), timeout(t), buffers(static_cast<std::size_t>(n)) {}
+  explicit group_state(int n, std::chrono::milliseconds t)
+      : size(n), timeout(t), buffers(static_cast<std::size_t>(n)), inputs(static_cast<std::size_t>(n)) {}
   const int size;
   const std::chrono::milliseconds timeout;
   std::mutex m;
   std::condition_variable cv;
-  std::vector<std::span<float>> buffers;  // this round's, by rank
+  std::vector<std::span<float>> buffers;  // this round's, by rank (an all_gather's output)
+  std::vector<std::span<const float>> inputs;  // an all_gather's inputs, by rank
   int arrived = 0;
   std::uint64_t round = 0;
   std::string broken;  // why the group failed; every later call fails with it
@@ -27,37 +29,60 @@ class local_rank final : public collective {
   int size() const override { return s_->size; }
 
   result<void, std::string> all_reduce_sum(std::span<float> data) override {
+    return round(data, {}, [](group_state& s) -> std::string {
+      const auto n = s.buffers[0].size();
+      for (const auto& b : s.buffers)
+        if (b.size() != n) return "all_reduce: the ranks passed different lengths";
+      s.sum.assign(n, 0.0f);
+      for (const auto& b : s.buffers)  // rank order: the same bits on every rank, every run
+        for (std::size_t i = 0; i < n; ++i) s.sum[i] += b[i];
+      for (auto& b : s.buffers) std::copy(s.sum.begin(), s.sum.end(), b.begin());
+      return {};
+    });
+  }
+
+  result<void, std::string> all_gather(std::span<const float> mine, std::span<float> all) override {
+    if (all.size() != mine.size() * static_cast<std::size_t>(s_->size)) return unexpected(std::string("all_gather: all must hold size() x mine"));
+    return round(all, mine, [](group_state& s) -> std::string {
+      const auto n = s.inputs[0].size();
+      for (std::size_t r = 0; r < s.inputs.size(); ++r)
+        if (s.inputs[r].size() != n || s.buffers[r].size() != n * s.inputs.size()) return "all_gather: the ranks passed different lengths";
+      for (auto& out : s.buffers)
+        for (std::size_t r = 0; r < s.inputs.size(); ++r) std::copy(s.inputs[r].begin(), s.inputs[r].end(), out.begin() + static_cast<std::ptrdiff_t>(r * n));
+      return {};
+    });
+  }
+
+ private:
+  // One collective round: every rank posts its buffers; the last to arrive runs `combine` over all of
+  // them (under the lock) and releases the others.
+  template <class Combine>
+  result<void, std::string> round(std::span<float> out, std::span<const float> in, Combine combine) {
     auto& s = *s_;
     std::unique_lock lock(s.m);
     if (!s.broken.empty()) return unexpected(s.broken);
-    s.buffers[static_cast<std::size_t>(rank_)] = data;
+    s.buffers[static_cast<std::size_t>(rank_)] = out;
+    s.inputs[static_cast<std::size_t>(rank_)] = in;
     const auto my_round = s.round;
     if (++s.arrived == s.size) {
-      for (const auto& b : s.buffers)
-        if (b.size() != data.size()) {
-          s.broken = "all_reduce: the ranks passed different lengths";
-          s.cv.notify_all();
-          return unexpected(s.broken);
-        }
-      s.sum.assign(data.size(), 0.0f);
-      for (const auto& b : s.buffers)  // rank order: the same bits on every rank, every run
-        for (std::size_t i = 0; i < b.size(); ++i) s.sum[i] += b[i];
-      for (auto& b : s.buffers) std::copy(s.sum.begin(), s.sum.end(), b.begin());
+      if (auto why = combine(s); !why.empty()) {
+        s.broken = std::move(why);
+        s.cv.notify_all();
+        return unexpected(s.broken);
+      }
       s.arrived = 0;
       ++s.round;
       s.cv.notify_all();
       return {};
     }
     if (!s.cv.wait_for(lock, s.timeout, [&] { return s.round != my_round || !s.broken.empty(); })) {
-      s.broken = "all_reduce: rank " + std::to_string(rank_) + " waited " + std::to_string(s.timeout.count()) +
-                 " ms for the others";
+      s.broken = "collective: rank " + std::to_string(rank_) + " waited " + std::to_string(s.timeout.count()) + " ms for the others";
       s.cv.notify_all();
     }
     if (s.round != my_round) return {};
     return unexpected(s.broken);
   }
 
- private:
   std::shared_ptr<group_state> s_;
   int rank_;
 };

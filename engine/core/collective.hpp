@@ -22,6 +22,9 @@ class collective {
   // In place: every rank ends with the element-wise sum over the ranks. An error (a rank that never
   // arrived within the group's timeout, lengths that differ) breaks the group for every rank.
   virtual result<void, std::string> all_reduce_sum(std::span<float> data) = 0;
+  // `all` receives size() blocks of mine.size() floats, block r from rank r (all.size() must be
+  // size() * mine.size()).
+  virtual result<void, std::string> all_gather(std::span<const float> mine, std::span<float> all) = 0;
 };
 
 // `size` ranks in one process, one per thread. Sums are taken in rank order, so every rank gets the same

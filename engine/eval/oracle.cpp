@@ -296,6 +296,20 @@ class interpreter {
           return fail(eval_error_code::no_group, r.error());
         return t;
       }
+      case op::all_gather: {
+        if (group_ == nullptr) return fail(eval_error_code::no_group, "the graph is a tensor-parallel shard: evaluate it with its group");
+        const tensor x = tensor::copy_of(view_of(in[0]));
+        const auto& xd = type_of(in[0]).dims;
+        const std::int64_t C = xd.back(), M = C == 0 ? 0 : xd.numel() / C, R = a.ints[0];
+        std::vector<float> all(static_cast<std::size_t>(R * M * C));
+        if (auto r = group_->all_gather(std::span(x.as<float>(), static_cast<std::size_t>(M * C)), all); !r)
+          return fail(eval_error_code::no_group, r.error());
+        tensor t(dtype::f32, ot.dims);
+        for (std::int64_t r = 0; r < R; ++r)
+          for (std::int64_t m = 0; m < M; ++m)
+            std::copy_n(all.data() + (r * M + m) * C, C, t.as<float>() + m * R * C + r * C);
+        return t;
+      }
     }
     return fail(eval_error_code::type_mismatch, "unknown op");
   }

@@ -311,6 +311,12 @@ value_id builder::scatter_rows(value_id dst, value_id ids, value_id src) { retur
 
 value_id builder::all_reduce(value_id x) { return apply(op::all_reduce, {x}); }
 
+value_id builder::all_gather(value_id x, std::int64_t ranks) {
+  op_attrs a;
+  a.ints = {ranks};
+  return apply(op::all_gather, {x}, a);
+}
+
 value_id builder::rms_norm(value_id x, value_id w, double eps) {
   op_attrs a;
   a.eps = eps;

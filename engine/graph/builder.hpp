@@ -83,6 +83,7 @@ class builder {
   value_id rope(value_id x, value_id pos, value_id inv_freq, bool neox, double scale = 1.0);
   value_id attention(value_id q, value_id k, value_id v, value_id index, value_id allow, double scale, double softcap = 0.0);
   value_id all_reduce(value_id x);
+  value_id all_gather(value_id x, std::int64_t ranks);
   // The general form every method above goes through.
   value_id apply(op o, std::vector<value_id> inputs, op_attrs attrs = {});
 

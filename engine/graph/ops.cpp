@@ -9,7 +9,7 @@ std::string tensor_type::str() const { return std::string(name(type)) + dims.str
 
 namespace {
 
-constexpr std::array<std::string_view, static_cast<std::size_t>(op::all_reduce) + 1> op_names = {
+constexpr std::array<std::string_view, static_cast<std::size_t>(op::all_gather) + 1> op_names = {
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "recip", "tanh", "erf", "sigmoid", "silu", "gelu_tanh",
     "add", "sub", "mul", "div", "maximum", "minimum", "pow",
     "equal", "less", "less_equal", "greater",
@@ -17,7 +17,7 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(op::all_reduce) 
     "reduce_sum", "reduce_max", "reduce_mean", "softmax", "log_softmax", "arg_max",
     "reshape", "transpose", "slice", "concat", "broadcast",
     "matmul", "linear", "gather_rows", "scatter_rows", "rms_norm", "layer_norm", "rope", "attention",
-    "all_reduce",
+    "all_reduce", "all_gather",
 };
 
 using infer_result = result<tensor_type, std::string>;
@@ -245,6 +245,13 @@ infer_result infer_checked(op o, std::span<const tensor_type> in, const op_attrs
     case op::all_reduce:
       if (in[0].type != dtype::f32) return refuse("x must be f32");
       return in[0];
+    case op::all_gather: {
+      if (in[0].type != dtype::f32 || in[0].dims.rank() < 1) return refuse("x must be f32 [..., C]");
+      if (a.ints.size() != 1 || a.ints[0] < 1 || a.ints[0] > 4096) return refuse("ints must hold the group size, in [1, 4096]");
+      std::vector<std::int64_t> d(in[0].dims.dims().begin(), in[0].dims.dims().end());
+      d.back() *= a.ints[0];
+      return tensor_type{dtype::f32, troupe::shape(std::span<const std::int64_t>(d))};
+    }
   }
   return refuse("unknown op");
 }

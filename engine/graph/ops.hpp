@@ -67,6 +67,9 @@ enum class op : std::uint8_t {
   // all_reduce(x) -> x's type: the element-wise sum of x over the ranks of the tensor-parallel group the
   // graph runs in (each rank runs its shard's graph; the executor is given the group). f32 only.
   all_reduce,
+  // all_gather(x [..., C]) -> [..., C x attrs.ints[0]]: the group's ranks' x side by side along the last
+  // dimension, rank r's at [r C, (r + 1) C) (a vocabulary-split head's logits). f32 only.
+  all_gather,
 };
 
 std::string_view op_name(op o);

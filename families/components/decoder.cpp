@@ -181,6 +181,7 @@ void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer,
   if (s.logits() == logit_rows::last) h = b.reshape(b.slice(b.reshape(h, {rows, T, p.hidden}), 1, T - 1, T), {rows, p.hidden});
   (void)N;
   auto logits = b.linear(h, ctx_.weight(ctx_.has("output") ? "output" : "token_embd"));
+  if (p.vocab_split > 1) logits = b.all_gather(logits, p.vocab_split);  // each rank computed its rows of the head
   if (p.final_softcap > 0) {
     const auto cap = b.scalar(p.final_softcap);
     logits = b.mul(b.unary(op::tanh, b.div(logits, cap)), cap);

@@ -47,6 +47,7 @@ struct stack_params {
   double embed_scale = 1.0;     // Gemma multiplies embeddings by sqrt(hidden)
   double final_softcap = 0.0;   // 0: none
   bool sandwich_norms = false;  // post_attention_norm after the mixer, post_ffw_norm after the ffn
+  std::int64_t vocab_split = 1; // a tensor-parallel shard's head holds vocab / vocab_split rows: all_gather the logits
 };
 
 // Per-step values every layer shares (masks, clamped read indices, rotary tables), built once.

@@ -125,6 +125,11 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
   }
   s.ffn.width = F / size;
   s.ffn.reduce_output = size > 1;
+  // The head is split by vocabulary rows when they divide (each rank computes its slice of the logits,
+  // an all_gather joins them); otherwise every rank holds it whole.
+  const std::int64_t V = spec_.stack.vocab;
+  const bool split_head = size > 1 && V % size == 0;
+  s.stack.vocab_split = split_head ? size : 1;
   if (!s.attention.empty())
     s.config.kv_elems_per_token_per_layer = 2 * s.attention[0].kv_heads * s.attention[0].head_dim;
 
@@ -135,7 +140,16 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
     const auto& role = e.role.name;
     const std::int32_t l = e.role.layer;
     if (l < 0 || l >= static_cast<std::int32_t>(spec_.attention.size())) {
-      out.push_back(std::move(w));  // embeddings, the final norm, the head: whole on every rank
+      if (role == "output" && split_head) {
+        w.view = rows_of(e.view, rank * V / size, (rank + 1) * V / size);
+      } else if (role == "token_embd" && split_head && !weights_.has({"output", -1})) {
+        // Tied: the embedding stays whole for the lookup; the head is a role of its own over its rows.
+        weight_entry head = e;
+        head.role = {"output", -1};
+        head.view = rows_of(e.view, rank * V / size, (rank + 1) * V / size);
+        out.push_back(std::move(head));
+      }
+      out.push_back(std::move(w));  // embeddings, the final norm: whole on every rank
       continue;
     }
     const auto& a = spec_.attention[static_cast<std::size_t>(l)];

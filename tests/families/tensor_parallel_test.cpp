@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "tests/support/logprobs.hpp"
+#include "tests/support/tp_fixture.hpp"
 #include "apps/exec_runner.hpp"
 #include "apps/oracle_runner.hpp"
 #include "engine/core/collective.hpp"
@@ -46,15 +47,7 @@ std::int32_t argmax(const std::vector<float>& l) {
 constexpr int prompt_len = 12, steps = 12;
 
 std::shared_ptr<const model_handle> load(const tp_case& c) {
-  fixture_dims d;
-  d.vocab = 384;
-  d.heads = 4;
-  d.kv_heads = 2;
-  d.head_dim = 32;
-  d.hidden = 128;
-  d.ffn = 256;
-  d.layers = 2;
-  d.matrix_type = c.type;
+  const auto d = troupe::testing::tp_dims(c.type);
   const auto path = fs::temp_directory_path() / ("troupe-tp-" + std::to_string(::getpid()) + "-" + case_name(c) + (c.gguf ? ".gguf" : ""));
   EXPECT_TRUE(write_fixture(c.family, d, path, c.gguf));
   auto h = model_handle::load(path, registry::builtin());
@@ -190,9 +183,20 @@ TEST(tensor_parallel_refusals, splits_that_do_not_divide_are_typed_refusals) {
   EXPECT_NE(message(three.error()).find("tensor_parallel"), std::string::npos) << message(three.error());
   EXPECT_FALSE(whole->shard(2, 2));
   EXPECT_FALSE(whole->shard(0, 0));
-  // A shard's graph on an executor with no group is refused when its entry is compiled, not run.
-  auto shard = whole->shard(0, 2);
+  // A shard holds its slices: half the query heads, one of the two key/value heads, half the
+  // feed-forward rows and columns, half the head's vocabulary rows; the embedding whole.
+  auto shard = whole->shard(1, 2);
   ASSERT_TRUE(shard);
+  const auto& w = (*shard)->model().weights();
+  EXPECT_EQ(w.view({"attn_q", 0})->shape(), (troupe::shape{64, 128}));
+  EXPECT_EQ(w.view({"attn_k", 0})->shape(), (troupe::shape{32, 128}));
+  EXPECT_EQ(w.view({"attn_output", 1})->shape(), (troupe::shape{128, 64}));
+  EXPECT_EQ(w.view({"ffn_down", 1})->shape(), (troupe::shape{128, 128}));
+  EXPECT_EQ(w.view({"output", -1})->shape(), (troupe::shape{192, 128}));
+  EXPECT_EQ(w.view({"token_embd", -1})->shape(), (troupe::shape{384, 128}));
+  // Row slices are views into the checkpoint's bytes, not copies.
+  EXPECT_EQ(w.view({"attn_q", 0})->data(), whole->model().weights().view({"attn_q", 0})->data() + 64 * 128 * sizeof(float));
+  // A shard's graph on an executor with no group is refused when its entry is compiled, not run.
   exec::cpu::cpu_executor ex({1, std::nullopt});
   auto run = app::exec_runner::create(*shard, ex, 32);
   ASSERT_TRUE(run);

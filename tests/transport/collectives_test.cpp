@@ -23,6 +23,14 @@
 #include <thread>
 #include <vector>
 
+#include "apps/exec_runner.hpp"
+#include "engine/exec/cpu/cpu_executor.hpp"
+#include "families/fixtures/fixture.hpp"
+#include "families/model_handle.hpp"
+#include "families/registry.hpp"
+#include "tests/support/logprobs.hpp"
+#include "tests/support/tp_fixture.hpp"
+
 namespace troupe::transport {
 namespace {
 
@@ -285,6 +293,81 @@ TEST_F(collectives, bad_arguments_are_typed_refusals) {
     return 0;
   });
   expect_all_ok(st);
+}
+
+// Tensor parallelism across processes: two forked ranks, each loading its shard of a llama fixture
+// (model_handle::shard) on its own CPU executor whose all_reduce ops go through Gloo over loopback TCP,
+// generate 12 greedy tokens; the parent then runs the unsplit model and requires the same tokens and
+// last logits within 1e-3 in log-probability. The children do all their work after the fork; the
+// parent starts its executor (and its threads) only after they are gone.
+TEST_F(collectives, tensor_parallel_ranks_in_two_processes_equal_one_device) {
+  namespace fs = std::filesystem;
+  const auto d = troupe::testing::tp_dims();
+  const fs::path model = fs::path(dir_) / "llama.gguf";
+  ASSERT_TRUE(families::write_fixture("llama", d, model, true));
+  std::vector<std::int32_t> prompt;
+  for (int i = 0; i < 12; ++i) prompt.push_back(3 + (i * 97 + 11) % 381);
+  constexpr int steps = 12;
+  auto greedy = [&](app::exec_runner& run, std::vector<std::int32_t>& tokens) -> result<std::vector<float>, std::string> {
+    auto l = run.feed(prompt);
+    std::vector<float> last;
+    for (int s = 0; s < steps && l; ++s) {
+      last = *l;
+      const std::int32_t next[] = {static_cast<std::int32_t>(std::max_element(l->begin(), l->end()) - l->begin())};
+      tokens.push_back(next[0]);
+      l = run.feed(next);
+    }
+    if (!l) return unexpected(l.error());
+    return last;
+  };
+  auto st = run_ranks({0, 1}, [&](int rank) {
+    auto comm = connect_gloo(options(rank, 2, "tp"));
+    CHILD_CHECK(comm.has_value(), 2);
+    auto group = as_collective(std::move(*comm));
+    auto whole = families::model_handle::load(model, families::registry::builtin());
+    CHILD_CHECK(whole.has_value(), 3);
+    auto shard = (*whole)->shard(rank, 2);
+    CHILD_CHECK(shard.has_value(), 4);
+    exec::cpu::cpu_executor ex({1, std::nullopt, group.get()});
+    auto run = app::exec_runner::create(*shard, ex, 64);
+    CHILD_CHECK(run.has_value(), 5);
+    std::vector<std::int32_t> tokens;
+    auto last = greedy(*run, tokens);
+    if (!last) std::fprintf(stderr, "rank %d: %s\n", rank, last.error().c_str());
+    CHILD_CHECK(last.has_value(), 6);
+    FILE* f = std::fopen((fs::path(dir_) / ("rank" + std::to_string(rank))).c_str(), "wb");
+    CHILD_CHECK(f != nullptr, 7);
+    std::fwrite(tokens.data(), sizeof(std::int32_t), tokens.size(), f);
+    std::fwrite(last->data(), sizeof(float), last->size(), f);
+    std::fclose(f);
+    return 0;
+  });
+  expect_all_ok(st);
+
+  auto whole = families::model_handle::load(model, families::registry::builtin());
+  ASSERT_TRUE(whole);
+  exec::cpu::cpu_executor ex({1, std::nullopt});
+  auto run = app::exec_runner::create(*whole, ex, 64);
+  ASSERT_TRUE(run) << run.error();
+  std::vector<std::int32_t> want_tokens;
+  auto want = greedy(*run, want_tokens);
+  ASSERT_TRUE(want) << want.error();
+  for (int rank = 0; rank < 2; ++rank) {
+    FILE* f = std::fopen((fs::path(dir_) / ("rank" + std::to_string(rank))).c_str(), "rb");
+    ASSERT_NE(f, nullptr) << "rank " << rank << " wrote nothing";
+    std::vector<std::int32_t> tokens(steps);
+    std::vector<float> last(want->size());
+    const auto got_tokens = std::fread(tokens.data(), sizeof(std::int32_t), tokens.size(), f);
+    const auto got_logits = std::fread(last.data(), sizeof(float), last.size(), f);
+    std::fclose(f);
+    ASSERT_EQ(got_tokens, tokens.size());
+    ASSERT_EQ(got_logits, last.size());
+    EXPECT_EQ(tokens, want_tokens) << "rank " << rank;
+    const auto a = troupe::testing::log_softmax(*want), b = troupe::testing::log_softmax(last);
+    double worst = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+    EXPECT_LT(worst, 1e-3) << "rank " << rank;
+  }
 }
 
 }  // namespace

@@ -275,7 +275,7 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
   // Folding keeps the ops whose kernels read stored weights.
   auto foldable = [](const graph::equation& e) {
     return e.code != op::linear && e.code != op::gather_rows && e.code != op::scatter_rows && e.code != op::attention &&
-           e.code != op::all_reduce;
+           e.code != op::all_reduce && e.code != op::all_gather;
   };
   auto lookup = [&](const graph::weight_role& r) { return ex.weights->find(r); };
   auto pruned = compile::fold_and_prune(gg, lookup, foldable);
@@ -722,6 +722,25 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
         if (x != out) std::memcpy(out, x, static_cast<std::size_t>(n) * sizeof(float));
         if (auto r = group->all_reduce_sum(std::span(reinterpret_cast<float*>(out), static_cast<std::size_t>(n))); !r)
           return fail(exec_error_code::device_error, where, r.error());
+        return std::nullopt;
+      };
+    }
+    case op::all_gather: {
+      collective* group = opt.group;
+      if (group == nullptr) {
+        err = exec_error{exec_error_code::unsupported, where, "a tensor-parallel shard's graph needs the executor's group (cpu_options::group)"};
+        return {};
+      }
+      const auto* x = reinterpret_cast<const float*>(P(e.inputs[0]));
+      const auto& xd = T(e.inputs[0]).dims;
+      const std::int64_t C = xd.back(), M = C == 0 ? 0 : xd.numel() / C, R = e.attrs.ints[0];
+      std::vector<float> all(static_cast<std::size_t>(R * M * C));
+      return [=]() mutable -> std::optional<exec_error> {
+        if (auto r = group->all_gather(std::span(x, static_cast<std::size_t>(M * C)), all); !r)
+          return fail(exec_error_code::device_error, where, r.error());
+        auto* y = reinterpret_cast<float*>(out);
+        for (std::int64_t r = 0; r < R; ++r)
+          for (std::int64_t m = 0; m < M; ++m) std::memcpy(y + m * R * C + r * C, all.data() + (r * M + m) * C, static_cast<std::size_t>(C) * sizeof(float));
         return std::nullopt;
       };
     }

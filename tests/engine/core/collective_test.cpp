@@ -31,6 +31,27 @@ TEST(local_group, every_rank_gets_the_sum_over_many_rounds) {
   }
 }
 
+TEST(local_group, all_gather_puts_each_ranks_block_in_rank_order) {
+  constexpr int size = 3;
+  auto g = local_group(size);
+  std::vector<std::vector<float>> all(size, std::vector<float>(size * 4, -1.0f));
+  std::vector<std::thread> ts;
+  std::vector<int> ok(size, 0);
+  for (int r = 0; r < size; ++r)
+    ts.emplace_back([&, r] {
+      const std::vector<float> mine{10.0f * r, 10.0f * r + 1, 10.0f * r + 2, 10.0f * r + 3};
+      ok[r] = g[static_cast<std::size_t>(r)]->all_gather(mine, all[static_cast<std::size_t>(r)]).has_value();
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < size; ++r) {
+    EXPECT_TRUE(ok[r]);
+    for (int b = 0; b < size; ++b)
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(all[r][b * 4 + i], 10.0f * b + i) << "rank " << r;
+  }
+  std::vector<float> mine(4), wrong(5);
+  EXPECT_FALSE(g[0]->all_gather(mine, wrong));  // refused before it waits
+}
+
 TEST(local_group, a_missing_rank_is_a_timeout_and_breaks_the_group) {
   auto g = local_group(2, std::chrono::milliseconds(100));
   std::vector<float> x(4, 1.0f);

@@ -120,8 +120,10 @@ int run_generate(const generate_options& o) {
   const std::int64_t capacity = static_cast<std::int64_t>(prompt_ids.size()) + std::max<std::int64_t>(o.max_tokens, 1);
   std::vector<std::int32_t> out;
   nlohmann::json logprobs = nlohmann::json::array();
-  if (o.backend == "cpu" && o.tensor_parallel <= 1) {
-    // The served path: one sequence through the driver, sampled on the executor.
+  if (o.backend == "cpu") {
+    // The served path: one sequence through the driver, sampled on the executor. With
+    // --tensor-parallel N the driver drives N ranks (threads of this process, each an executor over its
+    // shard, joined by an in-process group); rank 0 samples.
     if (o.logprobs > exec::max_top_logprobs) {
       std::fprintf(stderr, "troupe generate: --logprobs is at most %d\n", exec::max_top_logprobs);
       return 2;
@@ -130,8 +132,31 @@ int run_generate(const generate_options& o) {
       std::printf(o.json ? "{\"tokens\":[],\"text\":\"\"}\n" : "\n");
       return 0;
     }
-    exec::cpu::cpu_executor cpu(exec::cpu::cpu_options{static_cast<int>(o.threads), std::nullopt});
+    const int n = std::max(1, o.tensor_parallel);
+    auto group = n > 1 ? local_group(n) : std::vector<std::unique_ptr<collective>>{};
+    const int threads = n == 1 ? static_cast<int>(o.threads)
+                               : std::max(1, (o.threads > 0 ? static_cast<int>(o.threads) : static_cast<int>(std::thread::hardware_concurrency())) / n);
+    std::shared_ptr<const families::model_handle> rank0 = *h;
+    std::vector<std::unique_ptr<exec::cpu::cpu_executor>> others;
     driver::driver_options opt;
+    for (int r = 1; r < n; ++r) {
+      auto shard = (*h)->shard(r, n);
+      if (!shard) {
+        std::fprintf(stderr, "troupe generate: --tensor-parallel %d: %s\n", n, families::message(shard.error()).c_str());
+        return 2;
+      }
+      others.push_back(std::make_unique<exec::cpu::cpu_executor>(exec::cpu::cpu_options{threads, std::nullopt, group[static_cast<std::size_t>(r)].get()}));
+      opt.other_ranks.push_back({*shard, others.back().get()});
+    }
+    if (n > 1) {
+      auto shard = (*h)->shard(0, n);
+      if (!shard) {
+        std::fprintf(stderr, "troupe generate: --tensor-parallel %d: %s\n", n, families::message(shard.error()).c_str());
+        return 2;
+      }
+      rank0 = *shard;
+    }
+    exec::cpu::cpu_executor cpu(exec::cpu::cpu_options{threads, std::nullopt, n > 1 ? group[0].get() : nullptr});
     opt.max_rows = 1;
     // The paged pool holds whole blocks: the capacity rounds up to one (max_tokens still bounds the output).
     opt.block_size = std::min<std::int64_t>(16, capacity);
@@ -139,7 +164,7 @@ int run_generate(const generate_options& o) {
     opt.prefill_chunk = std::min<std::int64_t>(256, capacity);
     opt.token_budget = opt.prefill_chunk + 1;
     opt.prefix_cache = false;
-    auto prepared = driver::driver<driver::unprepared>(*h, cpu, opt).prepare();
+    auto prepared = driver::driver<driver::unprepared>(rank0, cpu, opt).prepare();
     if (!prepared) {
       std::fprintf(stderr, "troupe generate: %s\n", prepared.error().second.message().c_str());
       return 1;
@@ -172,15 +197,12 @@ int run_generate(const generate_options& o) {
     }
     std::tie(out, logprobs) = std::move(*r);
   }
-  if (o.tensor_parallel > 1) {
-    // One replica split over N simulated devices in this process: rank r is a thread with its own
-    // executor (or oracle) over its shard, the ranks' all_reduce ops meet in an in-process group. Every
-    // rank ends each step with the same logits, so each draws the same token from the same seed; rank
-    // 0's answer is printed.
+  if (o.tensor_parallel > 1 && o.backend == "oracle") {
+    // The oracle split over N ranks (threads of this process, each evaluating its shard's graphs, the
+    // collectives meeting in an in-process group). Every rank ends each step with the same logits, so
+    // each draws the same token with the same rules; rank 0's answer is printed.
     const int n = o.tensor_parallel;
     auto group = local_group(n);
-    const int per_rank = o.threads > 0 ? std::max<int>(1, static_cast<int>(o.threads) / n)
-                                       : std::max<int>(1, static_cast<int>(std::thread::hardware_concurrency()) / n);
     std::vector<result<std::pair<std::vector<std::int32_t>, nlohmann::json>, std::string>> results(
         static_cast<std::size_t>(n), unexpected(std::string("not run")));
     std::vector<std::thread> ranks;
@@ -192,19 +214,8 @@ int run_generate(const generate_options& o) {
           res = unexpected(families::message(shard.error()));
           return;
         }
-        collective* g = group[static_cast<std::size_t>(r)].get();
-        if (o.backend == "oracle") {
-          oracle_runner run(*shard, capacity, g);
-          res = host_generate(run, prompt_ids, o, cfg.eos_ids, cfg.vocab);
-          return;
-        }
-        exec::cpu::cpu_executor ex(exec::cpu::cpu_options{per_rank, std::nullopt, g});
-        auto run = exec_runner::create(*shard, ex, capacity);
-        if (!run) {
-          res = unexpected(run.error());
-          return;
-        }
-        res = host_generate(*run, prompt_ids, o, cfg.eos_ids, cfg.vocab);
+        oracle_runner run(*shard, capacity, group[static_cast<std::size_t>(r)].get());
+        res = host_generate(run, prompt_ids, o, cfg.eos_ids, cfg.vocab);
       });
     for (auto& t : ranks) t.join();
     for (int r = 0; r < n; ++r)

@@ -1,6 +1,7 @@
 #include "engine/driver/driver.hpp"
 
 #include <algorithm>
+#include <thread>
 #include <cmath>
 #include <limits>
 #include <deque>
@@ -221,10 +222,47 @@ std::vector<std::int64_t> buckets(std::int64_t first, std::int64_t last) {
 
 }  // namespace
 
+// A tensor-parallel rank beyond rank 0: its shard, executor and entries (keyed like rank 0's).
+struct rank_state {
+  std::shared_ptr<const families::model_handle> handle;
+  exec::executor* ex = nullptr;
+  std::unique_ptr<weight_map_source> weights;
+  exec::executable_id exe{};
+  std::map<entry_key, exec::entry_id, key_less> entries;
+};
+
+// The other ranks' run of one step, on threads while rank 0 runs on the caller's; `wait` joins them and
+// returns the first refusal.
+class others_run {
+ public:
+  others_run(std::vector<rank_state>& ranks, const entry_key& k, const exec::step_inputs& in) {
+    errors_.resize(ranks.size());
+    for (std::size_t r = 0; r < ranks.size(); ++r)
+      threads_.emplace_back([&ranks, k, &in, r, this] {
+        auto out = ranks[r].ex->step(ranks[r].entries.at(k), in);
+        if (!out) errors_[r] = out.error();
+      });
+  }
+  others_run(const others_run&) = delete;
+  ~others_run() { (void)wait(); }
+  std::optional<exec::exec_error> wait() {
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+    for (auto& e : errors_)
+      if (e) return e;
+    return std::nullopt;
+  }
+
+ private:
+  std::vector<std::thread> threads_;
+  std::vector<std::optional<exec::exec_error>> errors_;
+};
+
 struct driver_state {
   std::shared_ptr<const families::model_handle> handle;
   exec::executor* ex = nullptr;
   driver_options options;
+  std::vector<rank_state> ranks;  // tensor-parallel ranks 1.. (options.other_ranks, prepared)
 
   // prepared
   std::unique_ptr<weight_map_source> weights;
@@ -313,6 +351,7 @@ result<void, driver_error> driver_state::add(const entry_key& k) {
   twin.head = k.head == head_kind::logits ? head_kind::sample : head_kind::logits;
   if (const auto it = entries.find(twin); it != entries.end()) {
     entries.emplace(k, it->second);
+    for (auto& r : ranks) r.entries.emplace(k, r.entries.at(twin));
     entry_order.push_back(k);
     return {};
   }
@@ -336,6 +375,14 @@ result<void, driver_error> driver_state::add(const entry_key& k) {
       return unexpected(driver_error{driver_error_code::byte_limit, "entry " + k.str() + " would retain " + std::to_string(total) +
                                                                         " bytes, past the bound of " + std::to_string(options.max_retained_bytes)});
     }
+  }
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    auto& r = ranks[i];
+    auto rg = r.handle->model().trace(spec, options.limits);
+    if (!rg) return unexpected(driver_error{driver_error_code::prepare_failed, "trace of " + k.str() + " on rank " + std::to_string(i + 1) + ": " + rg.error().message()});
+    auto re = r.ex->add_entry(r.exe, *rg);
+    if (!re) return unexpected(driver_error{driver_error_code::prepare_failed, "entry " + k.str() + " on rank " + std::to_string(i + 1) + ": " + re.error().message()});
+    r.entries.emplace(k, *re);
   }
   entries.emplace(k, *e);
   entry_order.push_back(k);
@@ -378,6 +425,19 @@ result<void, driver_error> driver_state::prepare() {
   auto exe_or = ex->load(*weights);
   if (!exe_or) return unexpected(driver_error{driver_error_code::prepare_failed, "load: " + exe_or.error().message()});
   exe = *exe_or;
+  for (std::size_t i = 0; i < options.other_ranks.size(); ++i) {
+    const auto& o = options.other_ranks[i];
+    if (!o.shard || o.ex == nullptr)
+      return unexpected(driver_error{driver_error_code::bad_options, "tensor-parallel rank " + std::to_string(i + 1) + " has no shard or executor"});
+    rank_state r;
+    r.handle = o.shard;
+    r.ex = o.ex;
+    r.weights = std::make_unique<weight_map_source>(r.handle->model().weights());
+    auto re = r.ex->load(*r.weights);
+    if (!re) return unexpected(driver_error{driver_error_code::prepare_failed, "load on rank " + std::to_string(i + 1) + ": " + re.error().message()});
+    r.exe = *re;
+    ranks.push_back(std::move(r));
+  }
   ++done;
   progress();
   for (const auto& k : keys) {
@@ -547,7 +607,11 @@ result<void, driver_error> driver_state::run_decode(std::vector<sequence*>& rows
   }
   exec::step_inputs in;
   in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", write.view()}, {"kv_read_map", read.view()}};
+  std::optional<others_run> others;
+  if (!ranks.empty()) others.emplace(ranks, key, in);
   auto picks = ex->step_sample(entry, in, heads, mask_hook_for(rows));
+  if (others)
+    if (auto e = others->wait(); e && picks) picks = unexpected(*e);
   ++report.executor_steps;
   if (!picks) {
     for (auto* s : rows) {
@@ -602,6 +666,8 @@ result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n
   in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", write.view()}, {"kv_read_map", read.view()}};
   ++report.executor_steps;
   result<std::vector<exec::sampled_row>, exec::exec_error> picks = std::vector<exec::sampled_row>{};
+  std::optional<others_run> others;
+  if (!ranks.empty()) others.emplace(ranks, key, in);
   if (last) {
     const exec::sample_row_request head{s.id, s.req.sampling, static_cast<std::uint64_t>(s.generated), want_logits};
     std::vector<sequence*> one{&s};
@@ -610,6 +676,8 @@ result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n
     auto out = ex->step(entry, in);
     if (!out) picks = unexpected(out.error());
   }
+  if (others)
+    if (auto e = others->wait(); e && picks) picks = unexpected(*e);
   if (!picks) {
     finish(s, finish_reason::error);
     updates[s.id].id = s.id;
@@ -886,7 +954,11 @@ result<std::vector<tensor>, driver_error> driver<serving>::encode(std::span<cons
     }
     exec::step_inputs in;
     in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"token_mask", mask.view()}};
+    std::optional<others_run> others;
+    if (!st.ranks.empty()) others.emplace(st.ranks, st.encode_key(), in);
     auto r = st.ex->step(entry, in);
+    if (others)
+      if (auto e = others->wait(); e && r) r = unexpected(*e);
     if (!r) return unexpected(driver_error{driver_error_code::step_failed, "encode: " + r.error().message()});
     auto it = r->outputs.find("hidden");
     if (it == r->outputs.end()) return unexpected(driver_error{driver_error_code::step_failed, "encode returned no hidden states"});

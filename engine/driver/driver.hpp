@@ -128,6 +128,15 @@ struct driver_error {
 
 enum class head_kind : std::uint8_t { sample, logits };
 
+// Another rank of a tensor-parallel replica (docs/tensor-parallel.md): its shard of the model
+// (model_handle::shard) and its executor, joined to the driver's own executor (rank 0) by a group
+// (e.g. cpu_options::group). The driver prepares every entry on every rank and runs each step on all of
+// them at once with the same inputs; rank 0 samples, the others only take part in the collectives.
+struct tp_rank {
+  std::shared_ptr<const families::model_handle> shard;
+  exec::executor* ex = nullptr;
+};
+
 struct driver_options {
   std::int64_t max_rows = 16;         // sequences decoding together
   std::int64_t capacity = 1024;       // positions per sequence (prompt and output)
@@ -146,6 +155,9 @@ struct driver_options {
   // Told how far prepare() has come: `done` of `total` steps, the first being the executor's load of
   // the weights and each later one an entry traced and compiled. Called on prepare()'s thread.
   std::function<void(std::int64_t done, std::int64_t total)> on_prepare;
+  // Ranks 1.. of a tensor-parallel replica; the driver's handle and executor are rank 0's. Empty: one
+  // device.
+  std::vector<tp_rank> other_ranks;
 };
 
 enum class finish_reason : std::uint8_t {

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "tests/support/logprobs.hpp"
@@ -17,6 +18,7 @@
 #include "apps/exec_runner.hpp"
 #include "apps/oracle_runner.hpp"
 #include "engine/core/collective.hpp"
+#include "engine/driver/driver.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "families/fixtures/fixture.hpp"
 #include "families/model_handle.hpp"
@@ -203,6 +205,67 @@ TEST(tensor_parallel_refusals, splits_that_do_not_divide_are_typed_refusals) {
   auto l = run->feed(prompt(whole->model().config().vocab));
   ASSERT_FALSE(l);
   EXPECT_NE(l.error().find("group"), std::string::npos) << l.error();
+}
+
+// The driver of a sharded replica: the driver's own executor is rank 0, the others are given in
+// driver_options::other_ranks; every entry is prepared on every rank and each step (batched decode,
+// chunked prefill) runs on all of them. Four sampled sequences of different prompt lengths give the same
+// tokens as a driver on one device.
+TEST(tensor_parallel_driver, a_sharded_replica_serves_a_batch_like_one_device) {
+  for (int size : {2, 4}) {
+    SCOPED_TRACE("ranks " + std::to_string(size));
+    const auto whole = load({"qwen3", size});
+    ASSERT_TRUE(whole);
+    driver::driver_options opt;
+    opt.max_rows = 4;
+    opt.capacity = 64;
+    opt.block_size = 16;
+    opt.prefill_chunk = 16;
+    opt.token_budget = 20;
+    auto serve = [&](std::shared_ptr<const model_handle> h, exec::executor& ex, driver::driver_options o) {
+      std::map<driver::seq_id, std::vector<std::int32_t>> out;
+      auto d = driver::driver<driver::unprepared>(std::move(h), ex, std::move(o)).prepare();
+      EXPECT_TRUE(d) << (d ? "" : d.error().second.message());
+      if (!d) return out;
+      const auto vocab = whole->model().config().vocab;
+      for (int i = 0; i < 4; ++i) {
+        driver::seq_request r;
+        for (int t = 0; t < 5 + 9 * i; ++t) r.prompt.push_back(static_cast<std::int32_t>(3 + (t * 31 + i * 7) % (vocab - 3)));
+        r.max_tokens = 10;
+        r.ignore_eos = true;
+        r.sampling.temperature = 0.8f;
+        r.sampling.seed = static_cast<std::uint64_t>(i + 1);
+        EXPECT_TRUE(d->open(std::move(r)));
+      }
+      while (!d->idle()) {
+        auto rep = d->step();
+        EXPECT_TRUE(rep) << (rep ? "" : rep.error().message());
+        if (!rep) break;
+        for (const auto& u : rep->updates) {
+          out[u.id].insert(out[u.id].end(), u.tokens.begin(), u.tokens.end());
+          if (u.finished) (void)d->release(u.id);
+        }
+      }
+      return out;
+    };
+    exec::cpu::cpu_executor one({1, std::nullopt});
+    const auto want = serve(whole, one, opt);
+    ASSERT_EQ(want.size(), 4u);
+    auto group = local_group(size);
+    std::vector<std::unique_ptr<exec::cpu::cpu_executor>> exs;
+    for (int r = 0; r < size; ++r) exs.push_back(std::make_unique<exec::cpu::cpu_executor>(exec::cpu::cpu_options{1, std::nullopt, group[r].get()}));
+    auto tp = opt;
+    for (int r = 1; r < size; ++r) {
+      auto shard = whole->shard(r, size);
+      ASSERT_TRUE(shard);
+      tp.other_ranks.push_back({*shard, exs[r].get()});
+    }
+    auto rank0 = whole->shard(0, size);
+    ASSERT_TRUE(rank0);
+    const auto got = serve(*rank0, *exs[0], tp);
+    EXPECT_EQ(got, want);
+    for (const auto& [id, toks] : want) EXPECT_EQ(toks.size(), 10u) << "sequence " << id;
+  }
 }
 
 }  // namespace

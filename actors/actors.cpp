@@ -3,6 +3,7 @@
 // transport envelope (bytes); actor handles and atoms travel beside it as CAF values. No handler
 // blocks: the driver actors, which compute, run detached on their own threads.
 #include "actors/cluster.hpp"
+#include "engine/core/collective.hpp"
 #include "actors/remote.hpp"
 
 #include <caf/all.hpp>
@@ -218,6 +219,7 @@ struct driver_job {
 struct driver_actor_state {
   std::shared_ptr<const families::model_handle> handle;
   std::shared_ptr<exec::executor> ex;
+  std::shared_ptr<void> ranks;  // a tensor-parallel replica's group and other ranks' executors
   std::optional<driver::driver<driver::serving>> drv;
   std::optional<text::chat_template> chat;
   std::map<driver::seq_id, driver_job> jobs;
@@ -302,10 +304,11 @@ transport::stats driver_stats(const driver_actor_state& st) {
 
 caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::shared_ptr<const families::model_handle> handle,
                            std::shared_ptr<exec::executor> ex, driver::driver_options options, std::int64_t max_jobs,
-                           caf::actor coordinator, std::string model) {
+                           caf::actor coordinator, std::string model, std::shared_ptr<void> ranks) {
   auto& st = self->state;
   st.handle = handle;
   st.ex = ex;
+  st.ranks = std::move(ranks);
   st.coordinator = coordinator;
   st.max_jobs = max_jobs;
   // Prepared here, on the driver's own thread: the entries compile before it serves. The coordinator
@@ -519,10 +522,35 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_thr
             return caf::make_message(std::int32_t{0}, "device memory: " + std::to_string(used) + " bytes in use + " + std::to_string(need) +
                                                           " needed > " + std::to_string(st.device_memory));
         }
+        // A tensor-parallel replica: its ranks' shards, checked before anything is spawned.
+        const int tp = std::max(1, d->load.tensor_parallel);
+        std::vector<std::shared_ptr<const families::model_handle>> shards;
+        if (tp > 1)
+          for (int k = 0; k < tp; ++k) {
+            auto sh = h->shard(k, tp);
+            if (!sh) return caf::make_message(std::int32_t{0}, "tensor parallel " + std::to_string(tp) + ": " + families::message(sh.error()));
+            shards.push_back(*sh);
+          }
         for (std::int32_t r = 0; r < d->replicas; ++r) {
-          auto ex = std::make_shared<exec::cpu::cpu_executor>(exec::cpu::cpu_options{st.executor_threads, std::nullopt});
+          struct tp_parts {
+            std::vector<std::unique_ptr<collective>> group;
+            std::vector<std::shared_ptr<exec::cpu::cpu_executor>> others;
+          };
+          auto parts = std::make_shared<tp_parts>();
+          driver::driver_options ro = o;
+          if (tp > 1) {
+            parts->group = local_group(tp);
+            for (int k = 1; k < tp; ++k) {
+              parts->others.push_back(std::make_shared<exec::cpu::cpu_executor>(
+                  exec::cpu::cpu_options{st.executor_threads, std::nullopt, parts->group[static_cast<std::size_t>(k)].get()}));
+              ro.other_ranks.push_back({shards[static_cast<std::size_t>(k)], parts->others.back().get()});
+            }
+          }
+          auto ex = std::make_shared<exec::cpu::cpu_executor>(
+              exec::cpu::cpu_options{st.executor_threads, std::nullopt, tp > 1 ? parts->group[0].get() : nullptr});
           auto dev = self->spawn(executor_actor, std::shared_ptr<exec::executor>(ex), "cpu:" + std::to_string(st.spawned.size()));
-          auto drv = self->spawn<caf::detached>(driver_actor, h, std::shared_ptr<exec::executor>(ex), o, st.max_per_replica, coordinator, d->model);
+          auto drv = self->spawn<caf::detached>(driver_actor, tp > 1 ? shards[0] : h, std::shared_ptr<exec::executor>(ex), ro,
+                                                st.max_per_replica, coordinator, d->model, std::shared_ptr<void>(parts));
           self->link_to(dev);
           self->link_to(drv);
           st.spawned.push_back(dev);
@@ -1134,6 +1162,7 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
   d.load.token_budget = options.driver.token_budget;
   d.load.no_prefix_cache = !options.driver.prefix_cache;
   d.load.no_preempt = !options.driver.preempt;
+  d.load.tensor_parallel = options.tensor_parallel;
   caf::scoped_actor self{*s->sys};
   std::string err;
   self->request(s->coordinator, request_timeout, deploy_atom::value, transport::encode(d))
@@ -1493,7 +1522,8 @@ std::unique_ptr<client> session::client_session() {
   return std::unique_ptr<client>(new client(cs));
 }
 
-result<std::string, std::string> session::deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& o) {
+result<std::string, std::string> session::deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& o,
+                                                  std::int32_t tensor_parallel) {
   transport::deploy d;
   d.model = model.filename().string();
   d.replicas = replicas;
@@ -1507,6 +1537,7 @@ result<std::string, std::string> session::deploy(const std::filesystem::path& mo
   d.load.token_budget = o.token_budget;
   d.load.no_prefix_cache = !o.prefix_cache;
   d.load.no_preempt = !o.preempt;
+  d.load.tensor_parallel = tensor_parallel;
   caf::scoped_actor self{*s_->sys};
   std::string err = "no answer", name;
   self->request(s_->coordinator, request_timeout, deploy_atom::value, transport::encode(d))

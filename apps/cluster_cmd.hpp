@@ -24,7 +24,8 @@ struct cluster_cmd_options {
   int replicas = 1;
   std::int64_t max_rows = 16;
   std::int64_t capacity = 0;  // 0: the model's positions, at most 2048
-  bool progress = false;    // deploy: draw the replicas' preparation as a progress bar on stderr
+  bool progress = false;
+  int tensor_parallel = 1;  // deploy: ranks per replica, on one node    // deploy: draw the replicas' preparation as a progress bar on stderr
   // top
   int interval_ms = 500;
   double duration_s = 0;    // 0: until interrupted (or, with until_idle, until no job is left)

@@ -124,6 +124,8 @@ int main(int argc, char** argv) {
   sv->add_option("--max-rows", serve.max_rows, "sequences decoding together per replica")->check(CLI::Range(1, 1024));
   sv->add_option("--capacity", serve.capacity, "positions per sequence, prompt and output (default: the model's, at most 2048)")->check(CLI::Range(16, 1 << 20));
   sv->add_option("--threads", serve.threads, "compute threads per replica (0: one per core)")->check(CLI::Range(0, 4096));
+  sv->add_option("--tensor-parallel", serve.tensor_parallel, "split each replica over N executors (simulated devices), each over its shard")
+      ->check(CLI::Range(1, 64));
   sv->add_option("--max-outstanding", serve.max_outstanding, "jobs admitted and not finished; more get 429")->check(CLI::Range(1, 1 << 20));
   sv->callback([&] { rc = troupe::app::run_serve(serve); });
 
@@ -171,6 +173,8 @@ int main(int argc, char** argv) {
   dp->add_option("--replicas", cc.replicas)->check(CLI::Range(1, 1024));
   dp->add_option("--max-rows", cc.max_rows)->check(CLI::Range(1, 1024));
   dp->add_option("--capacity", cc.capacity, "positions per sequence (default: the model's, at most 2048)")->check(CLI::Range(16, 1 << 20));
+  dp->add_option("--tensor-parallel", cc.tensor_parallel, "split each replica over N executors on one node, each over its shard")
+      ->check(CLI::Range(1, 64));
   dp->add_flag("--progress", cc.progress, "show the replicas' preparation (weights, then each compiled entry) as a progress bar");
   dp->callback([&] { rc = troupe::app::run_deploy_cmd(cc); });
   auto* sb = app.add_subcommand("submit", "submit a job to a running cluster and stream its answer");

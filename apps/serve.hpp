@@ -11,7 +11,8 @@ struct serve_options {
   std::string api_key_file;
   int replicas = 1;
   std::int64_t max_rows = 16;
-  std::int64_t capacity = 0;  // 0: the model's positions, at most 2048
+  std::int64_t capacity = 0;
+  int tensor_parallel = 1;  // ranks per replica (simulated devices: executors of this process)  // 0: the model's positions, at most 2048
   int threads = 0;  // per executor; 0: one per core
   std::int64_t max_outstanding = 1024;
 };

@@ -414,6 +414,37 @@ TEST(multiprocess, a_device_hosts_as_many_executors_as_its_node_allows) {
   EXPECT_EQ(cl->submit(job_for(1))->wait().tokens, reference(2)[1]);
 }
 
+// A tensor-parallel replica on a node process: deploy with tensor_parallel 2 makes each replica two
+// executors over the model's two shards (docs/tensor-parallel.md); its jobs, greedy and sampled, give
+// one device's tokens. A split that does not divide is refused by the node, by name.
+TEST(multiprocess, a_tensor_parallel_replica_on_a_node_serves_like_one_device) {
+  cluster_fixture c;
+  auto node = spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--secret-file", (c.dir / "secret").string(), "--node-id",
+                     "tp0", "--heartbeat-ms", "200", "--timeout-ms", "800"},
+                    c.dir / "tp0.log");
+  auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  ASSERT_TRUE(s) << s.error();
+  for (int i = 0; i < 100; ++i) {
+    auto st = (*s)->status();
+    if (st && st->find("\"tp0\"") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto bad = (*s)->deploy(model_path(), 1, driver_opts(), 3);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().find("split 3 ways"), std::string::npos) << bad.error();
+  auto name = (*s)->deploy(model_path(), 1, driver_opts(), 2);
+  ASSERT_TRUE(name) << name.error();
+  const auto ref = reference(6);
+  auto cl = (*s)->client_session();
+  std::vector<actors::job> jobs;
+  for (int i = 0; i < 6; ++i) {
+    auto jb = cl->submit(job_for(i));
+    ASSERT_TRUE(jb) << jb.error().message;
+    jobs.push_back(std::move(*jb));
+  }
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(jobs[static_cast<std::size_t>(i)].wait().tokens, ref[static_cast<std::size_t>(i)]) << "job " << i;
+}
+
 TEST(multiprocess, a_simulated_device_of_declared_memory_takes_what_fits) {
   cluster_fixture c;
   // About 16 MB per replica of the test model (weights and KV pool): 24 MiB holds one, not two.

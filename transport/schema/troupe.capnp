@@ -161,6 +161,7 @@ struct LoadRequest {
   tokenBudget @8 :Int64;
   noPrefixCache @9 :Bool;
   noPreempt @10 :Bool;
+  tensorParallel @11 :Int32;  # ranks of the replica on the node's devices; 0 or 1: one
 }
 
 # ---- nodes and the cluster --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 #pragma once
-// Collective operations between the ranks of one tensor-parallel group (CPU replicas: Gloo over TCP).
+// Collective operations between the ranks of one tensor-parallel group (CPU replicas: Gloo over TCP;
+// GPUs: NCCL, built where CUDA and NCCL are installed).
 // Plain C++: no Gloo type appears here; Gloo stays inside gloo_communicator.cpp. Every failure (a
 // peer that never joins, a peer that dies mid-collective, a bad argument) is a typed error, never an
 // exception and never an unbounded wait: every wait is bounded by gloo_options::timeout.
@@ -63,6 +64,26 @@ struct gloo_options {
 
 // Joins the group: blocks until all size() ranks have joined (or the timeout passes).
 result<std::unique_ptr<communicator>, collective_error> connect_gloo(const gloo_options& options);
+
+struct nccl_options {
+  int rank = 0;
+  int size = 1;
+  int device = 0;  // the CUDA device this rank uses (one rank per device)
+  // Rank 0's NCCL unique id is handed to the others through a file here (a directory every rank sees,
+  // as for Gloo); `prefix` must be fresh for each group.
+  std::string rendezvous_dir;
+  std::string prefix = "troupe";
+  // Bounds the id exchange, the group's creation and each collective (a stuck collective aborts the
+  // communicator and comes back as a timeout).
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+};
+
+// How many CUDA devices this process sees (0 without CUDA, a driver or a device).
+int cuda_devices();
+
+// Joins an NCCL group over GPUs (host buffers are staged through the device). A build without CUDA and
+// NCCL refuses with connect_failed and says so.
+result<std::unique_ptr<communicator>, collective_error> connect_nccl(const nccl_options& options);
 
 // A communicator as the group a tensor-parallel shard's executor sums over (cpu_options::group,
 // docs/tensor-parallel.md): ranks in separate processes or on separate machines.

@@ -1,18 +1,12 @@
 // The actors (CAF 0.17): coordinator, registry, node, executor, driver and client, and the local
-// cluster and client facade of actors/cluster.hpp. Every payload that could cross a process is a
+// cluster and client facade of actors/cluster.hpp (the processes of a cluster: remote.cpp). Every payload that could cross a process is a
 // transport envelope (bytes); actor handles and atoms travel beside it as CAF values. No handler
 // blocks: the driver actors, which compute, run detached on their own threads.
 #include "actors/cluster.hpp"
+#include "actors/actor_internals.hpp"
 #include "engine/core/collective.hpp"
-#include "actors/remote.hpp"
 
 #include <caf/all.hpp>
-#include <caf/io/all.hpp>
-#include <caf/openssl/all.hpp>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <pthread.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -20,10 +14,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <csignal>
 #include <deque>
 #include <fstream>
-#include <random>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -35,29 +27,9 @@
 
 namespace troupe::actors {
 
-using submit_atom = caf::atom_constant<caf::atom("submit")>;
-using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
-using chunk_atom = caf::atom_constant<caf::atom("chunk")>;
-using tick_atom = caf::atom_constant<caf::atom("tick")>;
-using stats_atom = caf::atom_constant<caf::atom("stats")>;
-using done_atom = caf::atom_constant<caf::atom("done")>;
-using register_atom = caf::atom_constant<caf::atom("register")>;
-using deploy_atom = caf::atom_constant<caf::atom("deploy")>;
-using resolve_atom = caf::atom_constant<caf::atom("resolve")>;
-using ping_atom = caf::atom_constant<caf::atom("ping")>;
-using replicas_atom = caf::atom_constant<caf::atom("replicas")>;
-using node_atom = caf::atom_constant<caf::atom("node")>;
-using status_atom = caf::atom_constant<caf::atom("status")>;
-using join_atom = caf::atom_constant<caf::atom("join")>;
-using scale_atom = caf::atom_constant<caf::atom("scale")>;
-using stop_atom = caf::atom_constant<caf::atom("stop")>;
-using drain_atom = caf::atom_constant<caf::atom("drain")>;
-using capacity_atom = caf::atom_constant<caf::atom("capacity")>;
-using progress_atom = caf::atom_constant<caf::atom("progress")>;
 
 namespace {
 
-constexpr auto request_timeout = std::chrono::seconds(600);
 // Positions per sequence when a deployment leaves the capacity to the node (and the model has more).
 constexpr std::int64_t default_capacity = 2048;
 
@@ -1067,6 +1039,38 @@ struct client_state {
   }
 };
 
+std::unique_ptr<client> client_set::open(caf::actor_system& sys, const caf::actor& coordinator) {
+  auto cs = std::make_shared<client_state>();
+  cs->sys = &sys;
+  cs->actor = sys.spawn(client_actor, coordinator, cs->streams);
+  clients_.push_back(cs);
+  return std::unique_ptr<client>(new client(cs));
+}
+
+void client_set::close_all() {
+  for (auto& w : clients_)
+    if (auto c = w.lock()) {
+      caf::anon_send_exit(c->actor, caf::exit_reason::user_shutdown);
+      c->actor = caf::actor{};
+    }
+}
+
+caf::actor client_set::newest() const {
+  auto c = clients_.empty() ? nullptr : clients_.back().lock();
+  return c ? c->actor : caf::actor{};
+}
+
+caf::actor spawn_registry(caf::actor_system& sys) { return sys.spawn(registry_actor, std::string("registry")); }
+
+caf::actor spawn_coordinator(caf::actor_system& sys, const caf::actor& registry, const caf::actor& node, std::int64_t max_outstanding,
+                             std::int64_t max_per_replica) {
+  return sys.spawn(coordinator_actor, registry, node, max_outstanding, max_per_replica);
+}
+
+caf::actor spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory) {
+  return sys.spawn(node_actor, executor_threads, max_per_replica, device_memory);
+}
+
 client::~client() = default;
 
 result<job, transport::error> client::submit(const transport::job_submit& request) {
@@ -1116,15 +1120,11 @@ struct cluster_state {
   std::unique_ptr<caf::actor_system> sys;
   caf::actor registry, node, coordinator;
   std::string model;
-  std::vector<std::weak_ptr<client_state>> clients;
+  client_set clients;
 
   ~cluster_state() {
     if (!sys) return;
-    for (auto& w : clients)
-      if (auto c = w.lock()) {
-        caf::anon_send_exit(c->actor, caf::exit_reason::user_shutdown);
-        c->actor = caf::actor{};
-      }
+    clients.close_all();
     for (auto* a : {&coordinator, &node, &registry})
       if (*a) caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
     coordinator = node = registry = caf::actor{};
@@ -1145,9 +1145,9 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
   // from the executors' compute threads on a small machine.
   s->cfg->set("scheduler.policy", caf::atom("sharing"));
   s->sys = std::make_unique<caf::actor_system>(*s->cfg);
-  s->registry = s->sys->spawn(registry_actor, std::string("registry"));
-  s->node = s->sys->spawn(node_actor, options.executor_threads, options.max_per_replica, std::uint64_t{0});
-  s->coordinator = s->sys->spawn(coordinator_actor, s->registry, s->node, options.max_outstanding, options.max_per_replica);
+  s->registry = spawn_registry(*s->sys);
+  s->node = spawn_node(*s->sys, options.executor_threads, options.max_per_replica, std::uint64_t{0});
+  s->coordinator = spawn_coordinator(*s->sys, s->registry, s->node, options.max_outstanding, options.max_per_replica);
   s->model = model.filename().string();
   transport::deploy d;
   d.model = s->model;
@@ -1171,15 +1171,7 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
   return std::unique_ptr<local_cluster>(new local_cluster(std::move(s)));
 }
 
-std::unique_ptr<client> local_cluster::connect() {
-  auto cs = std::make_shared<client_state>();
-  cs->sys = s_->sys.get();
-  cs->actor = s_->sys->spawn(client_actor, s_->coordinator, cs->streams);
-  s_->clients.push_back(cs);
-  return std::unique_ptr<client>(new client(cs));
-}
-
-namespace {
+std::unique_ptr<client> local_cluster::connect() { return s_->clients.open(*s_->sys, s_->coordinator); }
 
 // Every live replica's figures: the coordinator names the drivers, each driver answers for itself.
 std::vector<transport::stats> collect_replica_stats(caf::actor_system& sys, const caf::actor& coordinator) {
@@ -1198,7 +1190,6 @@ std::vector<transport::stats> collect_replica_stats(caf::actor_system& sys, cons
   return out;
 }
 
-}  // namespace
 
 std::vector<transport::stats> local_cluster::replica_stats() { return collect_replica_stats(*s_->sys, s_->coordinator); }
 
@@ -1255,325 +1246,13 @@ bool local_cluster::poke(const std::string& actor, const std::string& bytes) {
     }, [](caf::error&) {});
     if (target) self->send(target, submit_atom::value, bytes, caf::actor{});
   } else if (actor == "client") {
-    auto c = s_->clients.empty() ? nullptr : s_->clients.back().lock();
-    if (c) target = c->actor;
+    target = s_->clients.newest();
     if (target) self->send(target, chunk_atom::value, bytes);
   }
   if (!target) return false;
   bool alive = false;
   self->request(target, std::chrono::seconds(60), ping_atom::value).receive([&](ping_atom) { alive = true; }, [](caf::error&) {});
   return alive;
-}
-
-// ---- across processes ------------------------------------------------------------------------------------
-
-result<std::string, std::string> read_secret(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return unexpected("cannot read the secret file " + file.string());
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-  if (s.size() < 16) return unexpected("the secret in " + file.string() + " is shorter than 16 bytes");
-  return s;
-}
-
-std::string hmac_sha256_hex(const std::string& key, const std::string& message) {
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &len);
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string h;
-  for (unsigned i = 0; i < len; ++i) {
-    h += hex[out[i] >> 4];
-    h += hex[out[i] & 15];
-  }
-  return h;
-}
-
-namespace {
-
-std::string random_nonce() {
-  std::random_device rd;
-  std::string n;
-  static constexpr char hex[] = "0123456789abcdef";
-  for (int i = 0; i < 32; ++i) n += hex[rd() & 15];
-  return n;
-}
-
-// Structured logs: one line per event, `key=value` fields after the time and level, the process's role
-// and id first. TROUPE_LOG sets the level (trace, debug, info, warn, error; default info).
-void init_logging(const std::string& role, const std::string& id) {
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ " + role + "=" + id + " %v");
-  if (const char* lvl = std::getenv("TROUPE_LOG")) spdlog::set_level(spdlog::level::from_str(lvl));
-}
-
-struct gatekeeper_state {
-  std::string secret;
-  caf::actor coordinator;
-  std::deque<std::string> nonces;  // issued, unused
-  static inline const char* name = "gatekeeper";
-};
-
-// What a peer reaches before it is trusted: a nonce, then the coordinator's handle for a valid proof.
-caf::behavior gatekeeper_actor(caf::stateful_actor<gatekeeper_state>* self, std::string secret, caf::actor coordinator) {
-  self->state.secret = std::move(secret);
-  self->state.coordinator = coordinator;
-  return {
-      [=](join_atom) {
-        auto& n = self->state.nonces;
-        if (n.size() >= 1024) n.pop_front();
-        n.push_back(random_nonce());
-        return n.back();
-      },
-      [=](join_atom, const std::string& role, const std::string& id, const std::string& nonce, const std::string& proof,
-          const caf::actor& peer) -> caf::message {
-        auto& st = self->state;
-        auto it = std::find(st.nonces.begin(), st.nonces.end(), nonce);
-        if (it == st.nonces.end()) return caf::make_message(caf::actor{}, std::string("refused: unknown or used nonce"));
-        st.nonces.erase(it);
-        const auto expected = hmac_sha256_hex(st.secret, nonce + "|" + role + "|" + id);
-        if (proof.size() != expected.size() || CRYPTO_memcmp(proof.data(), expected.data(), expected.size()) != 0) {
-          spdlog::warn("event=join_refused role={} id={} reason=bad_proof", role, id);
-          return caf::make_message(caf::actor{}, std::string("refused: the proof does not match the cluster secret"));
-        }
-        if (role == "node") {
-          if (!peer) return caf::make_message(caf::actor{}, std::string("refused: a node must send its handle"));
-          self->send(st.coordinator, node_atom::value, id, peer);
-          spdlog::info("event=node_joined node={}", id);
-        }
-        return caf::make_message(st.coordinator, std::string());
-      },
-  };
-}
-
-void configure(caf::actor_system_config& cfg, const heartbeat_options& hb, std::size_t threads, const tls_options& tls = {}) {
-  cfg.load<caf::io::middleman>();
-  if (tls.enabled()) {
-    cfg.load<caf::openssl::manager>();
-    cfg.openssl_certificate = tls.certificate;
-    cfg.openssl_key = tls.key;
-    cfg.openssl_cafile = tls.ca_file;
-  }
-  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(hb.interval_ms)});
-  cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::milliseconds(hb.timeout_ms)});
-  cfg.set("scheduler.max-threads", threads);
-  cfg.set("scheduler.policy", caf::atom("sharing"));
-}
-
-sigset_t block_stop_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  return set;
-}
-
-// Proves the secret to a gatekeeper; the coordinator's handle, or why not.
-result<caf::actor, std::string> join(caf::actor_system& sys, const std::string& host, int port, const std::string& secret,
-                                     const std::string& role, const std::string& id, const caf::actor& peer, bool tls) {
-  auto gk = tls ? caf::openssl::remote_actor<caf::actor>(sys, host, static_cast<std::uint16_t>(port))
-                : sys.middleman().remote_actor(host, static_cast<std::uint16_t>(port));
-  if (!gk) return unexpected("cannot reach the coordinator at " + host + ":" + std::to_string(port) + ": " + sys.render(gk.error()));
-  caf::scoped_actor self{sys};
-  std::string nonce, err;
-  self->request(*gk, std::chrono::seconds(30), join_atom::value).receive([&](const std::string& n) { nonce = n; }, [&](caf::error& e) { err = sys.render(e); });
-  if (nonce.empty()) return unexpected("no challenge from the coordinator: " + err);
-  caf::actor coordinator;
-  self->request(*gk, std::chrono::seconds(30), join_atom::value, role, id, nonce, hmac_sha256_hex(secret, nonce + "|" + role + "|" + id), peer)
-      .receive([&](const caf::actor& c, const std::string& e) { coordinator = c, err = e; }, [&](caf::error& e) { err = sys.render(e); });
-  if (!coordinator) return unexpected(err.empty() ? std::string("refused") : err);
-  return coordinator;
-}
-
-}  // namespace
-
-int run_coordinator(const coordinator_process_options& o) {
-  init_logging("coordinator", o.host + ":" + std::to_string(o.port));
-  auto set = block_stop_signals();
-  caf::actor_system_config cfg;
-  configure(cfg, o.heartbeat, 2, o.tls);
-  caf::actor_system sys{cfg};
-  auto registry = sys.spawn(registry_actor, std::string("registry"));
-  auto coordinator = sys.spawn(coordinator_actor, registry, caf::actor{}, o.max_outstanding, o.max_per_replica);
-  auto gatekeeper = sys.spawn(gatekeeper_actor, o.secret, coordinator);
-  auto stop = [&] {
-    for (auto* a : {&gatekeeper, &coordinator, &registry}) caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
-  };
-  auto port = o.tls.enabled() ? caf::openssl::publish(gatekeeper, static_cast<std::uint16_t>(o.port), o.host.c_str(), true)
-                              : sys.middleman().publish(gatekeeper, static_cast<std::uint16_t>(o.port), o.host.c_str(), true);
-  if (!port) {
-    spdlog::error("event=listen_failed address={}:{} reason=\"{}\"", o.host, o.port, sys.render(port.error()));
-    stop();
-    return 1;
-  }
-  if (!o.port_file.empty()) {
-    std::ofstream f(o.port_file);
-    f << *port << "\n";
-  }
-  std::printf("troupe coordinator: listening on %s:%u\n", o.host.c_str(), static_cast<unsigned>(*port));
-  std::fflush(stdout);
-  int sig = 0;
-  sigwait(&set, &sig);
-  spdlog::info("event=stopping");
-  stop();
-  return 0;
-}
-
-int run_node(const node_process_options& o) {
-  auto set = block_stop_signals();
-  caf::actor_system_config cfg;
-  configure(cfg, o.heartbeat, 2, o.tls);
-  caf::actor_system sys{cfg};
-  const std::string id = o.node_id.empty() ? "node-" + std::to_string(::getpid()) : o.node_id;
-  init_logging("node", id);
-  std::atomic<bool> signalled{false};
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&set, &sig);
-    signalled = true;
-  });
-  int rc = 0;
-  bool joined_once = false;
-  // Joins, serves until the coordinator is lost, then (its replicas gone with the link) joins again
-  // with a fresh node actor: a node that comes back rejoins cleanly.
-  while (!signalled) {
-    auto node = sys.spawn(node_actor, o.executor_threads, o.max_per_replica, o.device_memory);
-    auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, node, o.tls.enabled());
-    if (!coordinator) {
-      caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
-      const bool refused = coordinator.error().rfind("refused", 0) == 0;
-      if (refused || !joined_once) {
-        spdlog::error("event=join_failed reason=\"{}\"", coordinator.error());
-        rc = refused ? 3 : 1;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      continue;
-    }
-    joined_once = true;
-    caf::anon_send(*coordinator, capacity_atom::value, node, o.max_replicas);
-    std::printf("troupe node: '%s' joined %s:%d\n", id.c_str(), o.host.c_str(), o.port);
-    std::fflush(stdout);
-    caf::scoped_actor self{sys};
-    self->monitor(*coordinator);
-    bool lost = false;
-    while (!signalled && !lost)
-      self->receive([&](caf::down_msg&) { lost = true; }, caf::after(std::chrono::milliseconds(200)) >> [] {});
-    if (signalled && !lost) {
-      // Graceful leave: the coordinator routes nothing new here, running jobs finish, then we go.
-      spdlog::info("event=draining");
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.drain_timeout_s);
-      std::int32_t left = 1;
-      while (left > 0 && !lost && std::chrono::steady_clock::now() < deadline) {
-        // A short bound: a coordinator that went down with us answers nothing, and we should not linger.
-        self->request(*coordinator, std::chrono::seconds(5), drain_atom::value, node)
-            .receive([&](std::int32_t n) { left = n; }, [&](caf::error&) { lost = true; });
-        if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-      if (left == 0) spdlog::info("event=drained");
-      else spdlog::warn("event=drain_timeout replicas_running={}", left);
-    }
-    caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
-    if (lost && !signalled) spdlog::warn("event=coordinator_lost action=rejoin");
-  }
-  if (!signalled) pthread_kill(waiter.native_handle(), SIGTERM);
-  waiter.join();
-  return rc;
-}
-
-struct session_state {
-  std::string model;  // what deploy() named, when this session deployed
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  caf::actor coordinator;
-  std::vector<std::weak_ptr<client_state>> clients;
-  ~session_state() {
-    for (auto& w : clients)
-      if (auto c = w.lock()) {
-        caf::anon_send_exit(c->actor, caf::exit_reason::user_shutdown);
-        c->actor = caf::actor{};
-      }
-    coordinator = caf::actor{};
-    sys.reset();
-  }
-};
-
-session::session(std::unique_ptr<session_state> s) : s_(std::move(s)) {}
-session::~session() = default;
-
-result<std::unique_ptr<session>, std::string> session::connect(const std::string& host, int port, const std::string& secret, heartbeat_options hb,
-                                                              tls_options tls) {
-  auto s = std::make_unique<session_state>();
-  configure(s->cfg, hb, 2, tls);
-  s->sys = std::make_unique<caf::actor_system>(s->cfg);
-  auto c = join(*s->sys, host, port, secret, "client", "client-" + std::to_string(::getpid()), caf::actor{}, tls.enabled());
-  if (!c) return unexpected(c.error());
-  s->coordinator = *c;
-  return std::unique_ptr<session>(new session(std::move(s)));
-}
-
-std::unique_ptr<client> session::connect() { return client_session(); }
-
-std::unique_ptr<client> session::client_session() {
-  auto cs = std::make_shared<client_state>();
-  cs->sys = s_->sys.get();
-  cs->actor = s_->sys->spawn(client_actor, s_->coordinator, cs->streams);
-  s_->clients.push_back(cs);
-  return std::unique_ptr<client>(new client(cs));
-}
-
-result<std::string, std::string> session::deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& o,
-                                                  std::int32_t tensor_parallel) {
-  transport::deploy d;
-  d.model = model.filename().string();
-  d.replicas = replicas;
-  d.load.model = std::filesystem::absolute(model).string();
-  d.load.device = "cpu";
-  d.load.max_rows = o.max_rows;
-  d.load.capacity = o.capacity;
-  d.load.block_size = o.block_size;
-  d.load.pool_blocks = o.pool_blocks;
-  d.load.prefill_chunk = o.prefill_chunk;
-  d.load.token_budget = o.token_budget;
-  d.load.no_prefix_cache = !o.prefix_cache;
-  d.load.no_preempt = !o.preempt;
-  d.load.tensor_parallel = tensor_parallel;
-  caf::scoped_actor self{*s_->sys};
-  std::string err = "no answer", name;
-  self->request(s_->coordinator, request_timeout, deploy_atom::value, transport::encode(d))
-      .receive([&](const std::string& e, const std::string& n) { err = e, name = n; }, [&](caf::error& e) { err = s_->sys->render(e); });
-  if (!err.empty()) return unexpected(err);
-  s_->model = name;
-  return name;
-}
-
-result<std::string, std::string> session::scale(const std::string& model, std::int32_t replicas) {
-  caf::scoped_actor self{*s_->sys};
-  std::string err = "no answer", name;
-  self->request(s_->coordinator, request_timeout, scale_atom::value, transport::encode(transport::scale{model, replicas}))
-      .receive([&](const std::string& e, const std::string& n) { err = e, name = n; }, [&](caf::error& e) { err = s_->sys->render(e); });
-  if (!err.empty()) return unexpected(err);
-  return name;
-}
-
-std::vector<transport::stats> session::replica_stats() { return collect_replica_stats(*s_->sys, s_->coordinator); }
-
-std::string session::model_name() const {
-  if (!s_->model.empty()) return s_->model;
-  caf::scoped_actor self{*s_->sys};
-  std::string j;
-  self->request(s_->coordinator, std::chrono::seconds(30), status_atom::value).receive([&](const std::string& x) { j = x; }, [](caf::error&) {});
-  auto parsed = nlohmann::json::parse(j, nullptr, false);
-  if (parsed.is_discarded() || !parsed.contains("replicas") || parsed["replicas"].empty()) return {};
-  return parsed["replicas"][0].value("model", "");
-}
-
-result<std::string, std::string> session::status() {
-  caf::scoped_actor self{*s_->sys};
-  std::string out, err;
-  self->request(s_->coordinator, std::chrono::seconds(30), status_atom::value).receive([&](const std::string& j) { out = j; }, [&](caf::error& e) { err = s_->sys->render(e); });
-  if (out.empty()) return unexpected(err);
-  return out;
 }
 
 }  // namespace troupe::actors

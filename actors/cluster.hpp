@@ -61,6 +61,7 @@ class job {
 };
 
 struct client_state;
+class client_set;
 
 // A client session: one client actor in the cluster's actor system.
 class client {
@@ -71,8 +72,7 @@ class client {
   result<job, transport::error> submit(const transport::job_submit& request);
 
  private:
-  friend class local_cluster;
-  friend class session;
+  friend class client_set;  // local_cluster and session open clients through it
   explicit client(std::shared_ptr<client_state> s) : s_(std::move(s)) {}
   std::shared_ptr<client_state> s_;
 };

@@ -30,7 +30,6 @@ std::optional<fs::path> binary_dir() {
 
 std::vector<fs::path> default_model_candidates() {
   std::vector<fs::path> out;
-  if (const char* env = std::getenv("TROUPE_DEFAULT_MODEL"); env != nullptr && *env != '\0') out.emplace_back(env);
   if (const auto dir = binary_dir()) out.push_back((*dir / ".." / "share" / "troupe" / "models" / file_name()).lexically_normal());
   out.push_back(fs::path(TROUPE_INSTALL_DATADIR) / "troupe" / "models" / file_name());
   return out;

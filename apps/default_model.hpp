@@ -17,7 +17,7 @@ namespace troupe::app {
 
 inline constexpr const char* default_model_name = "troupe-kjv";
 
-// The places searched, in order (the environment variable first when it is set).
+// The installed places searched, in order (2 and 3 above; TROUPE_DEFAULT_MODEL is checked before them).
 std::vector<std::filesystem::path> default_model_candidates();
 
 // The first candidate that exists, or a message naming every place looked at.

@@ -272,18 +272,6 @@ int run_fixture(const fixture_options& o) {
 
 namespace {
 
-// How far the CPU executor may move log-probabilities from the oracle for a weight format (the same
-// bounds as tests/engine/exec/cpu/cpu_executor_test.cpp): f32 accumulation order for f32 and f16,
-// bf16-rounded activations for bf16, 8-bit block-quantized activations (as llama.cpp) for the block
-// formats with their own kernels, f16 rounding for those decoded to f16 (q4_1, q5_0, q5_1).
-double cpu_tolerance(dtype t) {
-  switch (t) {
-    case dtype::f32: case dtype::f16: return 2e-4;
-    case dtype::bf16: return 4e-2;
-    case dtype::q4_1: case dtype::q5_0: case dtype::q5_1: return 1e-2;  // decoded to f16, f32 activations
-    default: return 0.25;
-  }
-}
 
 // The oracle's and the CPU executor's last-position logits on a 4-token prompt: "yes" when every
 // log-probability agrees within the format's bound (the figure is left out so the table is the same on
@@ -301,9 +289,9 @@ std::pair<std::string, std::string> oracle_and_cpu(const std::shared_ptr<const f
   const auto a = log_softmax(*want), b = log_softmax(*got);
   double worst = 0;
   for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-  if (worst <= cpu_tolerance(format)) return {"yes", "yes"};
+  if (worst <= exec::cpu::logprob_bound(format)) return {"yes", "yes"};
   char why[96];
-  std::snprintf(why, sizeof why, "no: |dlogprob| %.2e > %.0e", worst, cpu_tolerance(format));
+  std::snprintf(why, sizeof why, "no: |dlogprob| %.2e > %.0e", worst, exec::cpu::logprob_bound(format));
   return {"yes", why};
 }
 

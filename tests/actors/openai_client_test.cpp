@@ -21,16 +21,7 @@ using json = nlohmann::json;
 
 fs::path fixture_path() { return test::tiny_llama_gguf("tiny.gguf"); }
 
-cluster_options options() {
-  cluster_options o;
-  o.replicas = 2;
-  o.driver.max_rows = 8;
-  o.driver.capacity = 256;
-  o.driver.block_size = 16;
-  o.driver.prefill_chunk = 64;
-  o.driver.token_budget = 128;
-  return o;
-}
+cluster_options options() { return test::tiny_cluster_options(2); }
 
 struct engine {
   std::shared_ptr<const families::model_handle> h;

@@ -218,6 +218,14 @@ struct cpu_executor::impl {
                   std::optional<exec_error>& err);
 };
 
+double logprob_bound(dtype weights) {
+  switch (weights) {
+    case dtype::f32: case dtype::f16: return 2e-4;
+    case dtype::bf16: return 4e-2;
+    default: return packable(weights) ? 0.25 : 1e-2;
+  }
+}
+
 cpu_executor::cpu_executor(cpu_options opt) : impl_(std::make_unique<impl>(opt)) {}
 cpu_executor::~cpu_executor() = default;
 isa cpu_executor::level() const { return impl_->level; }

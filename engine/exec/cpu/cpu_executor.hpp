@@ -20,6 +20,16 @@ struct cpu_options {
   collective* group = nullptr;
 };
 
+// The CPU executor's accuracy against the oracle (the same stored weights, exact f32 activations): how
+// far a log-probability may move for a model whose matrices are stored as `weights`. f32 and f16: f32
+// accumulation order only (~1e-5 measured). bf16 on AVX-512: activations rounded to bf16 for vdpbf16ps
+// (2^-9 relative per product; measured 2.4e-2). Block formats with their own kernels: activations
+// quantized to 8-bit blocks as llama.cpp does (measured 0.05 to 0.17 on random test models, as
+// llama.cpp's own q8_0 path moves against f32; the tight check of those paths is llama.cpp itself).
+// Block formats decoded to f16 (no kernel of their own): the f16 rounding of the decoded weights
+// (measured 3-4e-3).
+double logprob_bound(dtype weights);
+
 class cpu_executor final : public executor {
  public:
   explicit cpu_executor(cpu_options opt = {});

@@ -30,24 +30,9 @@ std::string case_name(const model_case& c) {
 }
 void PrintTo(const model_case& c, std::ostream* os) { *os << case_name(c); }
 
-// How far each format's CPU path may move log-probabilities from the oracle, which uses the same
-// stored weights with exact f32 activations. f32 and f16 weights: f32 accumulation order only (~1e-5).
-// bf16 on AVX-512: activations rounded to bf16 for vdpbf16ps (2^-9 relative per product), measured
-// 2.4e-2. Block formats: activations quantized to 8-bit blocks as llama.cpp does (amax/127 per 32 or
-// 256 values), measured 0.05 to 0.17 on these random models on every isa level alike; llama.cpp's own
-// q8_0 path moves log-probabilities by ~0.1 against f32 the same way. The tight check of the block
-// paths is against llama.cpp itself (tests/families/llama_cpp_parity_test.cpp), which quantizes
-// activations identically.
-double tolerance(dtype t) {
-  switch (t) {
-    case dtype::f32: case dtype::f16: return 2e-4;
-    case dtype::bf16: return 4e-2;
-    // Block formats without their own kernel run decoded to f16 with f32 activations: the f16 rounding of
-    // the decoded weights (2^-12 relative) measured 3-4e-3 over these two-layer models.
-    case dtype::q4_1: case dtype::q5_0: case dtype::q5_1: return 1e-2;
-    default: return 0.25;
-  }
-}
+// How far each format's CPU path may move log-probabilities from the oracle: the executor's stated
+// bound (logprob_bound, with the reasons for each figure).
+double tolerance(dtype t) { return logprob_bound(t); }
 
 using troupe::testing::log_softmax;
 

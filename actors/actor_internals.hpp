@@ -1,0 +1,58 @@
+#pragma once
+// Shared by actors.cpp and remote.cpp only (CAF inside; no other folder includes it): the atoms of the
+// actor protocol, the actors a process starts, and the set of client actors a cluster handle opened.
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "actors/cluster.hpp"
+#include "transport/messages.hpp"
+
+namespace troupe::actors {
+
+using submit_atom = caf::atom_constant<caf::atom("submit")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using chunk_atom = caf::atom_constant<caf::atom("chunk")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+using register_atom = caf::atom_constant<caf::atom("register")>;
+using deploy_atom = caf::atom_constant<caf::atom("deploy")>;
+using resolve_atom = caf::atom_constant<caf::atom("resolve")>;
+using ping_atom = caf::atom_constant<caf::atom("ping")>;
+using replicas_atom = caf::atom_constant<caf::atom("replicas")>;
+using node_atom = caf::atom_constant<caf::atom("node")>;
+using status_atom = caf::atom_constant<caf::atom("status")>;
+using join_atom = caf::atom_constant<caf::atom("join")>;
+using scale_atom = caf::atom_constant<caf::atom("scale")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using capacity_atom = caf::atom_constant<caf::atom("capacity")>;
+using progress_atom = caf::atom_constant<caf::atom("progress")>;
+
+inline constexpr auto request_timeout = std::chrono::seconds(600);
+
+caf::actor spawn_registry(caf::actor_system& sys);
+caf::actor spawn_coordinator(caf::actor_system& sys, const caf::actor& registry, const caf::actor& node, std::int64_t max_outstanding,
+                             std::int64_t max_per_replica);
+caf::actor spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory);
+
+// Every live replica's figures: the coordinator names the drivers, each driver answers for itself.
+std::vector<transport::stats> collect_replica_stats(caf::actor_system& sys, const caf::actor& coordinator);
+
+// The client actors a cluster handle (local_cluster, session) opened: each facade's actor, and their
+// shutdown with the handle.
+class client_set {
+ public:
+  std::unique_ptr<client> open(caf::actor_system& sys, const caf::actor& coordinator);
+  void close_all();
+  caf::actor newest() const;  // the last one opened, if it still runs
+
+ private:
+  std::vector<std::weak_ptr<client_state>> clients_;
+};
+
+}  // namespace troupe::actors

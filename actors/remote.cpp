@@ -128,13 +128,24 @@ sigset_t block_stop_signals() {
   return set;
 }
 
+// How long reaching a gatekeeper may take (the TCP connection and CAF's handshake).
+constexpr auto connect_timeout = std::chrono::seconds(10);
+
 // Proves the secret to a gatekeeper; the coordinator's handle, or why not.
 result<caf::actor, std::string> join(caf::actor_system& sys, const std::string& host, int port, const std::string& secret,
                                      const std::string& role, const std::string& id, const caf::actor& peer, bool tls) {
-  auto gk = tls ? caf::openssl::remote_actor<caf::actor>(sys, host, static_cast<std::uint16_t>(port))
-                : sys.middleman().remote_actor(host, static_cast<std::uint16_t>(port));
-  if (!gk) return unexpected("cannot reach the coordinator at " + host + ":" + std::to_string(port) + ": " + sys.render(gk.error()));
+  // The connection is asked of the middleman with a bound rather than through remote_actor(), which
+  // waits without one: CAF 0.17's handshake has no timeout of its own (actor-framework issue #504), so a
+  // peer that accepts and never answers would hold a rejoining node forever.
   caf::scoped_actor self{sys};
+  const auto mm = tls ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
+  caf::actor gatekeeper;
+  std::string reach_err = "no answer within " + std::to_string(connect_timeout.count()) + " s";
+  self->request(mm, connect_timeout, caf::connect_atom::value, host, static_cast<std::uint16_t>(port))
+      .receive([&](const caf::node_id&, caf::strong_actor_ptr& p, const std::set<std::string>&) { gatekeeper = caf::actor_cast<caf::actor>(std::move(p)); },
+               [&](caf::error& e) { reach_err = sys.render(e); });
+  if (!gatekeeper) return unexpected("cannot reach the coordinator at " + host + ":" + std::to_string(port) + ": " + reach_err);
+  auto gk = &gatekeeper;
   std::string nonce, err;
   self->request(*gk, std::chrono::seconds(30), join_atom::value).receive([&](const std::string& n) { nonce = n; }, [&](caf::error& e) { err = sys.render(e); });
   if (nonce.empty()) return unexpected("no challenge from the coordinator: " + err);
@@ -181,9 +192,6 @@ int run_coordinator(const coordinator_process_options& o) {
 
 int run_node(const node_process_options& o) {
   auto set = block_stop_signals();
-  caf::actor_system_config cfg;
-  configure(cfg, o.heartbeat, 2, o.tls);
-  caf::actor_system sys{cfg};
   const std::string id = o.node_id.empty() ? "node-" + std::to_string(::getpid()) : o.node_id;
   init_logging("node", id);
   std::atomic<bool> signalled{false};
@@ -195,8 +203,14 @@ int run_node(const node_process_options& o) {
   int rc = 0;
   bool joined_once = false;
   // Joins, serves until the coordinator is lost, then (its replicas gone with the link) joins again
-  // with a fresh node actor: a node that comes back rejoins cleanly.
+  // with a fresh node actor. One actor system serves every membership: tearing one down waits for
+  // every detached replica thread to be released, and a replica the lost link still references would
+  // hold that wait forever (seen once in thirty cut-and-restore runs).
+  caf::actor_system_config cfg;
+  configure(cfg, o.heartbeat, 2, o.tls);
+  caf::actor_system sys{cfg};
   while (!signalled) {
+    if (joined_once) spdlog::info("event=rejoining coordinator={}:{}", o.host, o.port);
     auto node = spawn_node(sys, o.executor_threads, o.max_per_replica, o.device_memory);
     auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, node, o.tls.enabled());
     if (!coordinator) {
@@ -207,6 +221,7 @@ int run_node(const node_process_options& o) {
         rc = refused ? 3 : 1;
         break;
       }
+      spdlog::info("event=rejoin_failed reason=\"{}\" action=retry", coordinator.error());
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       continue;
     }
@@ -214,6 +229,7 @@ int run_node(const node_process_options& o) {
     caf::anon_send(*coordinator, capacity_atom::value, node, o.max_replicas);
     std::printf("troupe node: '%s' joined %s:%d\n", id.c_str(), o.host.c_str(), o.port);
     std::fflush(stdout);
+    spdlog::info("event=joined coordinator={}:{}", o.host, o.port);
     caf::scoped_actor self{sys};
     self->monitor(*coordinator);
     bool lost = false;

@@ -22,7 +22,9 @@ nodes_now() {
 }
 wait_nodes() {  # wait_nodes WANT WHY: ask for status until the node set is WANT (sorted, comma-separated)
   for _ in $(seq 150); do echo "status" >&3; sleep 0.1; [ "$(nodes_now)" = "$1" ] && return 0; done
-  echo "$2 (nodes: $(nodes_now), want $1)"; cat "$dir/out"; exit 1
+  echo "$2 (nodes: $(nodes_now), want $1)"; grep -v '^{"jobs"' "$dir/out"
+  for f in "$dir"/sim/*.log; do echo "== $f"; tail -40 "$f"; done  # what each process saw
+  exit 1
 }
 # Cut node 0's link: it leaves the status; restore it: it joins again.
 echo "cut 0" >&3

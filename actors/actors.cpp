@@ -5,6 +5,7 @@
 #include "actors/cluster.hpp"
 #include "actors/actor_internals.hpp"
 #include "engine/core/collective.hpp"
+#include "engine/driver/cpu_replica.hpp"
 
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
@@ -494,35 +495,19 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_thr
             return caf::make_message(std::int32_t{0}, "device memory: " + std::to_string(used) + " bytes in use + " + std::to_string(need) +
                                                           " needed > " + std::to_string(st.device_memory));
         }
-        // A tensor-parallel replica: its ranks' shards, checked before anything is spawned.
-        const int tp = std::max(1, d->load.tensor_parallel);
-        std::vector<std::shared_ptr<const families::model_handle>> shards;
-        if (tp > 1)
-          for (int k = 0; k < tp; ++k) {
-            auto sh = h->shard(k, tp);
-            if (!sh) return caf::make_message(std::int32_t{0}, "tensor parallel " + std::to_string(tp) + ": " + families::message(sh.error()));
-            shards.push_back(*sh);
-          }
+        // A tensor x pipeline parallel replica: its ranks' parts. A split the model refuses fails the
+        // first replica, before anything is spawned.
+        const int tp = std::max(1, d->load.tensor_parallel), pp = std::max(1, d->load.pipeline_parallel);
         for (std::int32_t r = 0; r < d->replicas; ++r) {
-          struct tp_parts {
-            std::vector<std::unique_ptr<collective>> group;
-            std::vector<std::shared_ptr<exec::cpu::cpu_executor>> others;
-          };
-          auto parts = std::make_shared<tp_parts>();
+          auto made = driver::cpu_replica::make(h, tp, pp, st.executor_threads);
+          if (!made) return caf::make_message(std::int32_t{0}, made.error());
+          std::shared_ptr<driver::cpu_replica> replica(std::move(*made));
           driver::driver_options ro = o;
-          if (tp > 1) {
-            parts->group = local_group(tp);
-            for (int k = 1; k < tp; ++k) {
-              parts->others.push_back(std::make_shared<exec::cpu::cpu_executor>(
-                  exec::cpu::cpu_options{st.executor_threads, std::nullopt, parts->group[static_cast<std::size_t>(k)].get()}));
-              ro.other_ranks.push_back({shards[static_cast<std::size_t>(k)], parts->others.back().get()});
-            }
-          }
-          auto ex = std::make_shared<exec::cpu::cpu_executor>(
-              exec::cpu::cpu_options{st.executor_threads, std::nullopt, tp > 1 ? parts->group[0].get() : nullptr});
+          replica->attach(ro);
+          std::shared_ptr<exec::cpu::cpu_executor> ex(replica, &replica->head_executor());
           auto dev = self->spawn(executor_actor, std::shared_ptr<exec::executor>(ex), "cpu:" + std::to_string(st.spawned.size()));
-          auto drv = self->spawn<caf::detached>(driver_actor, tp > 1 ? shards[0] : h, std::shared_ptr<exec::executor>(ex), ro,
-                                                st.max_per_replica, coordinator, d->model, std::shared_ptr<void>(parts));
+          auto drv = self->spawn<caf::detached>(driver_actor, replica->head(), std::shared_ptr<exec::executor>(ex), ro,
+                                                st.max_per_replica, coordinator, d->model, std::shared_ptr<void>(replica));
           self->link_to(dev);
           self->link_to(drv);
           st.spawned.push_back(dev);
@@ -1163,6 +1148,7 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
   d.load.no_prefix_cache = !options.driver.prefix_cache;
   d.load.no_preempt = !options.driver.preempt;
   d.load.tensor_parallel = options.tensor_parallel;
+  d.load.pipeline_parallel = options.pipeline_parallel;
   caf::scoped_actor self{*s->sys};
   std::string err;
   self->request(s->coordinator, request_timeout, deploy_atom::value, transport::encode(d))

@@ -20,7 +20,8 @@ struct cluster_options {
   std::int32_t replicas = 2;               // driver replicas of the model (each with its own executor)
   driver::driver_options driver;           // each replica's driver
   int executor_threads = 1;                // compute threads per CPU executor
-  std::int32_t tensor_parallel = 1;        // ranks (executors) per replica, docs/tensor-parallel.md
+  std::int32_t tensor_parallel = 1;        // ranks (executors) per stage of a replica, docs/tensor-parallel.md
+  std::int32_t pipeline_parallel = 1;      // stages per replica, each over a range of the layers
   std::int64_t max_outstanding = 1024;     // jobs admitted cluster-wide and not finished; more: overloaded
   std::int64_t max_per_replica = 256;      // jobs one replica may hold (queued or running)
   int scheduler_threads = 2;               // CAF's worker threads (drivers run on their own threads)

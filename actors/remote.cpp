@@ -289,7 +289,7 @@ std::unique_ptr<client> session::connect() { return client_session(); }
 std::unique_ptr<client> session::client_session() { return s_->clients.open(*s_->sys, s_->coordinator); }
 
 result<std::string, std::string> session::deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& o,
-                                                  std::int32_t tensor_parallel) {
+                                                  std::int32_t tensor_parallel, std::int32_t pipeline_parallel) {
   transport::deploy d;
   d.model = model.filename().string();
   d.replicas = replicas;
@@ -304,6 +304,7 @@ result<std::string, std::string> session::deploy(const std::filesystem::path& mo
   d.load.no_prefix_cache = !o.prefix_cache;
   d.load.no_preempt = !o.preempt;
   d.load.tensor_parallel = tensor_parallel;
+  d.load.pipeline_parallel = pipeline_parallel;
   caf::scoped_actor self{*s_->sys};
   std::string err = "no answer", name;
   self->request(s_->coordinator, request_timeout, deploy_atom::value, transport::encode(d))

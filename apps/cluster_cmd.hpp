@@ -25,6 +25,7 @@ struct cluster_cmd_options {
   std::int64_t max_rows = 16;
   std::int64_t capacity = 0;  // 0: the model's positions, at most 2048
   bool progress = false;
+  int pipeline_parallel = 1;  // deploy: stages per replica, on one node
   int tensor_parallel = 1;  // deploy: ranks per replica, on one node    // deploy: draw the replicas' preparation as a progress bar on stderr
   // top
   int interval_ms = 500;

@@ -17,6 +17,7 @@
 #include "apps/default_model.hpp"
 #include "engine/core/collective.hpp"
 #include "apps/exec_runner.hpp"
+#include "engine/driver/cpu_replica.hpp"
 #include "engine/driver/driver.hpp"
 #include "apps/oracle_runner.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
@@ -122,8 +123,9 @@ int run_generate(const generate_options& o) {
   nlohmann::json logprobs = nlohmann::json::array();
   if (o.backend == "cpu") {
     // The served path: one sequence through the driver, sampled on the executor. With
-    // --tensor-parallel N the driver drives N ranks (threads of this process, each an executor over its
-    // shard, joined by an in-process group); rank 0 samples.
+    // --tensor-parallel N and --pipeline-parallel M the driver drives N x M ranks (threads of this
+    // process, each an executor over its part, the ranks of a stage joined by an in-process group, the
+    // stages by an in-process pipe); the last stage's rank 0 samples.
     if (o.logprobs > exec::max_top_logprobs) {
       std::fprintf(stderr, "troupe generate: --logprobs is at most %d\n", exec::max_top_logprobs);
       return 2;
@@ -132,31 +134,18 @@ int run_generate(const generate_options& o) {
       std::printf(o.json ? "{\"tokens\":[],\"text\":\"\"}\n" : "\n");
       return 0;
     }
-    const int n = std::max(1, o.tensor_parallel);
-    auto group = n > 1 ? local_group(n) : std::vector<std::unique_ptr<collective>>{};
-    const int threads = n == 1 ? static_cast<int>(o.threads)
-                               : std::max(1, (o.threads > 0 ? static_cast<int>(o.threads) : static_cast<int>(std::thread::hardware_concurrency())) / n);
-    std::shared_ptr<const families::model_handle> rank0 = *h;
-    std::vector<std::unique_ptr<exec::cpu::cpu_executor>> others;
+    const int n = std::max(1, o.tensor_parallel), stages = std::max(1, o.pipeline_parallel);
+    // --threads is the replica's whole share of the machine: each rank gets its part.
+    const int threads = o.threads > 0 ? std::max(1, static_cast<int>(o.threads) / (n * stages)) : 0;
+    auto replica = driver::cpu_replica::make(*h, n, stages, threads);
+    if (!replica) {
+      std::fprintf(stderr, "troupe generate: %s\n", replica.error().c_str());
+      return 2;
+    }
     driver::driver_options opt;
-    for (int r = 1; r < n; ++r) {
-      auto shard = (*h)->shard(r, n);
-      if (!shard) {
-        std::fprintf(stderr, "troupe generate: --tensor-parallel %d: %s\n", n, families::message(shard.error()).c_str());
-        return 2;
-      }
-      others.push_back(std::make_unique<exec::cpu::cpu_executor>(exec::cpu::cpu_options{threads, std::nullopt, group[static_cast<std::size_t>(r)].get()}));
-      opt.other_ranks.push_back({*shard, others.back().get()});
-    }
-    if (n > 1) {
-      auto shard = (*h)->shard(0, n);
-      if (!shard) {
-        std::fprintf(stderr, "troupe generate: --tensor-parallel %d: %s\n", n, families::message(shard.error()).c_str());
-        return 2;
-      }
-      rank0 = *shard;
-    }
-    exec::cpu::cpu_executor cpu(exec::cpu::cpu_options{threads, std::nullopt, n > 1 ? group[0].get() : nullptr});
+    (*replica)->attach(opt);
+    auto& cpu = (*replica)->head_executor();
+    const auto rank0 = (*replica)->head();
     opt.max_rows = 1;
     // The paged pool holds whole blocks: the capacity rounds up to one (max_tokens still bounds the output).
     opt.block_size = std::min<std::int64_t>(16, capacity);
@@ -188,6 +177,9 @@ int run_generate(const generate_options& o) {
       for (const auto& e : p.top) top.push_back({{"id", e.token}, {"logprob", e.logprob}});
       logprobs.push_back(top);
     }
+  } else if (o.pipeline_parallel > 1) {
+    std::fprintf(stderr, "troupe generate: --pipeline-parallel runs on the cpu backend (the driver feeds every stage)\n");
+    return 2;
   } else if (o.tensor_parallel <= 1) {
     oracle_runner run(*h, capacity);
     auto r = host_generate(run, prompt_ids, o, cfg.eos_ids, cfg.vocab);

@@ -19,6 +19,7 @@ struct generate_options {
   std::int64_t logprobs = 0;
   std::string backend = "cpu";
   std::int64_t threads = 0;
+  int pipeline_parallel = 1;  // stages of one replica, each over a range of the layers
   int tensor_parallel = 1;  // ranks of one replica split over simulated CPU devices in this process
   bool json = false;
 };

@@ -64,6 +64,9 @@ int main(int argc, char** argv) {
   g->add_option("--tensor-parallel", gen.tensor_parallel,
                 "split the model over N simulated devices (threads of this process, each its own executor over its "
                 "shard; an all-reduce joins them)")->check(CLI::Range(1, 64));
+  g->add_option("--pipeline-parallel", gen.pipeline_parallel,
+                "split the model's layers into M stages (simulated devices of this process; each stage passes its "
+                "activations to the next); composes with --tensor-parallel")->check(CLI::Range(1, 64));
   g->add_flag("--json", gen.json, "one JSON object: tokens, text, logprobs");
   g->callback([&] {
     if (!ids->empty()) {
@@ -126,6 +129,8 @@ int main(int argc, char** argv) {
   sv->add_option("--threads", serve.threads, "compute threads per replica (0: one per core)")->check(CLI::Range(0, 4096));
   sv->add_option("--tensor-parallel", serve.tensor_parallel, "split each replica over N executors (simulated devices), each over its shard")
       ->check(CLI::Range(1, 64));
+  sv->add_option("--pipeline-parallel", serve.pipeline_parallel, "split each replica's layers into M stages (simulated devices), each passing its activations on")
+      ->check(CLI::Range(1, 64));
   sv->add_option("--max-outstanding", serve.max_outstanding, "jobs admitted and not finished; more get 429")->check(CLI::Range(1, 1 << 20));
   sv->callback([&] { rc = troupe::app::run_serve(serve); });
 
@@ -174,6 +179,8 @@ int main(int argc, char** argv) {
   dp->add_option("--max-rows", cc.max_rows)->check(CLI::Range(1, 1024));
   dp->add_option("--capacity", cc.capacity, "positions per sequence (default: the model's, at most 2048)")->check(CLI::Range(16, 1 << 20));
   dp->add_option("--tensor-parallel", cc.tensor_parallel, "split each replica over N executors on one node, each over its shard")
+      ->check(CLI::Range(1, 64));
+  dp->add_option("--pipeline-parallel", cc.pipeline_parallel, "split each replica's layers into M stages on one node (composes with --tensor-parallel)")
       ->check(CLI::Range(1, 64));
   dp->add_flag("--progress", cc.progress, "show the replicas' preparation (weights, then each compiled entry) as a progress bar");
   dp->callback([&] { rc = troupe::app::run_deploy_cmd(cc); });

@@ -4,8 +4,9 @@
 
 namespace troupe::app {
 
-oracle_runner::oracle_runner(std::shared_ptr<const families::model_handle> handle, std::int64_t capacity, collective* group)
-    : handle_(std::move(handle)), group_(group), capacity_(capacity), weights_(handle_->model().weights()) {
+oracle_runner::oracle_runner(std::shared_ptr<const families::model_handle> handle, std::int64_t capacity, collective* group,
+                             collective* pipe)
+    : handle_(std::move(handle)), group_(group), pipe_(pipe), capacity_(capacity), weights_(handle_->model().weights()) {
   reset();
 }
 
@@ -48,11 +49,14 @@ result<std::vector<float>, std::string> oracle_runner::feed(std::span<const std:
   for (const auto& [name, t] : states_) in.states.emplace(name, t.view());
   eval::eval_options opt;
   opt.group = group_;
+  opt.pipe = pipe_;
   auto ev = eval::evaluate(it->second, in, opt);
   if (!ev) return unexpected("oracle: " + ev.error().message());
   for (auto& [name, t] : ev->states) states_[name] = std::move(t);
   pos_ += n;
-  const auto& logits = ev->outputs.at("logits");
+  const auto found = ev->outputs.find("logits");
+  if (found == ev->outputs.end()) return std::vector<float>{};  // a pipeline stage before the last
+  const auto& logits = found->second;
   return std::vector<float>(logits.as<float>(), logits.as<float>() + logits.numel());
 }
 

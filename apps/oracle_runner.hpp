@@ -27,8 +27,10 @@ class weight_map_source final : public eval::const_source {
 
 class oracle_runner {
  public:
-  // `group`: the tensor-parallel group when `handle` is one rank's shard (model_handle::shard).
-  oracle_runner(std::shared_ptr<const families::model_handle> handle, std::int64_t capacity, collective* group = nullptr);
+  // `group`: the tensor-parallel group when `handle` is one rank's shard (model_handle::shard); `pipe`:
+  // the pipeline when it is a stage (model_handle::stage). A stage before the last returns no logits.
+  oracle_runner(std::shared_ptr<const families::model_handle> handle, std::int64_t capacity, collective* group = nullptr,
+                collective* pipe = nullptr);
 
   // Feeds `tokens` at the next positions; returns the logits of the last token ([vocab]) or, with
   // `all_logits`, of every token ([tokens x vocab], row-major).
@@ -40,6 +42,7 @@ class oracle_runner {
  private:
   std::shared_ptr<const families::model_handle> handle_;
   collective* group_ = nullptr;
+  collective* pipe_ = nullptr;
   std::int64_t capacity_;
   std::int64_t pos_ = 0;
   weight_map_source weights_;

@@ -47,6 +47,7 @@ int run_serve(const serve_options& o) {
   c.driver.token_budget = 0;
   c.executor_threads = o.threads;
   c.tensor_parallel = o.tensor_parallel;
+  c.pipeline_parallel = o.pipeline_parallel;
   c.max_outstanding = o.max_outstanding;
   std::fprintf(stderr, "troupe serve: loading %s on %d replica(s)...\n", model.c_str(), o.replicas);
   auto cluster = actors::local_cluster::start(model, c);

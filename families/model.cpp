@@ -110,6 +110,10 @@ const request_input_decl* model_schema::find_input(const std::string& name) cons
   return nullptr;
 }
 
+result<std::unique_ptr<model>, model_error> model::stage(int, int) const {
+  return unexpected(model_error{config_error{config().family, "pipeline_parallel", "this family cannot be split into pipeline stages"}});
+}
+
 result<std::unique_ptr<model>, model_error> model::shard(int, int) const {
   return unexpected(model_error{config_error{config().family, "tensor_parallel", "this family cannot be split across devices"}});
 }

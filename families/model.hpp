@@ -45,6 +45,15 @@ class model {
   // default refuses; a family that can be split says so by overriding it.
   virtual result<std::unique_ptr<model>, model_error> shard(int rank, int size) const;
 
+  // Stage `stage` of a `stages`-deep pipeline split: a model over a contiguous range of the layers
+  // (layers x stage / stages up to layers x (stage + 1) / stages), the first stage holding the
+  // embedding, the last the final norm and the head. A later stage's trace receives the residual stream
+  // from the stage before (op::pipe_recv) and an earlier one sends it on (op::pipe_send): run each
+  // stage's entries on an executor whose pipe has the stage as its rank (cpu_options::pipe). Splits
+  // compose: the stages of a tensor-parallel shard are that shard's ranks in each stage. The default
+  // refuses.
+  virtual result<std::unique_ptr<model>, model_error> stage(int stage, int stages) const;
+
  protected:
   // The family's tracer body. Errors go into the builder (sticky); `trace` returns them.
   virtual void trace_into(const step_spec& spec, graph::builder& b) const = 0;

@@ -41,13 +41,28 @@ result<std::shared_ptr<const model_handle>, model_error> model_handle::load(cons
   return std::shared_ptr<const model_handle>(std::move(h));
 }
 
-result<std::shared_ptr<const model_handle>, model_error> model_handle::shard(int rank, int size) const {
-  auto m = model_->shard(rank, size);
+result<std::shared_ptr<const model_handle>, model_error> model_handle::over(result<std::unique_ptr<families::model>, model_error> m) const {
   if (!m) return unexpected(m.error());
   std::shared_ptr<model_handle> h(new model_handle(path_, family_, config_, store_, std::move(*m)));
   h->text_ = text_;
   h->text_problem_ = text_problem_;
   return std::shared_ptr<const model_handle>(std::move(h));
+}
+
+result<std::shared_ptr<const model_handle>, model_error> model_handle::shard(int rank, int size) const { return over(model_->shard(rank, size)); }
+
+result<std::shared_ptr<const model_handle>, model_error> model_handle::stage(int stage, int stages) const { return over(model_->stage(stage, stages)); }
+
+result<std::shared_ptr<const model_handle>, model_error> model_handle::part(int rank, int tp, int stage, int pp) const {
+  std::shared_ptr<const model_handle> s;
+  if (tp > 1) {
+    auto sh = shard(rank, tp);
+    if (!sh) return unexpected(sh.error());
+    s = *sh;
+  }
+  if (pp > 1) return s ? s->stage(stage, pp) : this->stage(stage, pp);
+  if (s) return s;
+  return unexpected(model_error{config_error{model_->config().family, "parallel", "1 x 1 is the whole model: use the handle itself"}});
 }
 
 }  // namespace troupe::families

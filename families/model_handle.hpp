@@ -30,8 +30,16 @@ class model_handle {
   // Rank `rank` of a `size`-way tensor-parallel split of this model (model::shard), as a handle of its
   // own over the same checkpoint, configuration and tokenizer.
   result<std::shared_ptr<const model_handle>, model_error> shard(int rank, int size) const;
+  // Stage `stage` of a `stages`-deep pipeline split of this model (model::stage), likewise.
+  result<std::shared_ptr<const model_handle>, model_error> stage(int stage, int stages) const;
+  // The part of a tensor_parallel x pipeline_parallel split that world rank `stage * tp + rank` runs:
+  // shard `rank` of `tp`, then stage `stage` of `pp` of that shard. 1 x 1 is refused: that is this
+  // handle itself.
+  result<std::shared_ptr<const model_handle>, model_error> part(int rank, int tp, int stage, int pp) const;
 
  private:
+  // A handle of its own over `m` (a part of this model), with this one's checkpoint and text codec.
+  result<std::shared_ptr<const model_handle>, model_error> over(result<std::unique_ptr<families::model>, model_error> m) const;
   model_handle(std::filesystem::path p, const family_entry* f, load::raw_config c, load::weight_store s,
                std::unique_ptr<families::model> m)
       : path_(std::move(p)), family_(f), config_(std::move(c)), store_(std::move(s)), model_(std::move(m)) {}

@@ -111,6 +111,7 @@ void put(LoadRequest::Builder b, const load_request& l) {
   b.setNoPrefixCache(l.no_prefix_cache);
   b.setNoPreempt(l.no_preempt);
   b.setTensorParallel(l.tensor_parallel);
+  b.setPipelineParallel(l.pipeline_parallel);
 }
 
 template <class L>
@@ -295,7 +296,8 @@ stats get(Stats::Reader r) {
 
 load_request get(LoadRequest::Reader r) {
   return {text(r.getModel()), text(r.getDevice()), text(r.getShard()), r.getMaxRows(), r.getCapacity(), r.getBlockSize(), r.getPoolBlocks(),
-          r.getPrefillChunk(), r.getTokenBudget(), r.getNoPrefixCache(), r.getNoPreempt(), r.getTensorParallel()};
+          r.getPrefillChunk(), r.getTokenBudget(), r.getNoPrefixCache(), r.getNoPreempt(), r.getTensorParallel(),
+          r.getPipelineParallel()};
 }
 
 std::vector<device> get_devices(capnp::List<Device>::Reader r) {

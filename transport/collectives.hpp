@@ -46,6 +46,10 @@ class communicator {
   virtual result<void, collective_error> all_gather(std::span<const float> mine, std::span<float> all) = 0;
   // In place: every rank ends with root's data. Same length on every rank.
   virtual result<void, collective_error> broadcast(std::span<float> data, int root) = 0;
+  // Point to point: `data` to rank `to`; `data` filled from rank `from` (lengths agree). Messages of
+  // one pair arrive in the order sent; both sides wait at most the timeout.
+  virtual result<void, collective_error> send(std::span<const float> data, int to) = 0;
+  virtual result<void, collective_error> recv(std::span<float> data, int from) = 0;
 };
 
 struct gloo_options {

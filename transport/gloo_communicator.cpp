@@ -10,12 +10,14 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -154,8 +156,36 @@ class gloo_communicator final : public communicator {
     });
   }
 
+  result<void, collective_error> send(std::span<const float> data, int to) override {
+    if (to < 0 || to >= size() || to == rank())
+      return fail(collective_error_code::invalid_argument, "send: no peer rank " + std::to_string(to));
+    return guarded("send", [&] {
+      // Gloo's buffer is non-const but a send only reads it.
+      auto buf = context_->createUnboundBuffer(const_cast<float*>(data.data()), data.size() * sizeof(float));
+      buf->send(to, pair_slot(sent_, to));
+      if (!buf->waitSend(timeout_)) throw std::runtime_error("send aborted");
+    });
+  }
+
+  result<void, collective_error> recv(std::span<float> data, int from) override {
+    if (from < 0 || from >= size() || from == rank())
+      return fail(collective_error_code::invalid_argument, "recv: no peer rank " + std::to_string(from));
+    return guarded("recv", [&] {
+      auto buf = context_->createUnboundBuffer(data.data(), data.size() * sizeof(float));
+      buf->recv(from, pair_slot(received_, from));
+      if (!buf->waitRecv(timeout_)) throw std::runtime_error("recv aborted");
+    });
+  }
+
  private:
   std::uint32_t next_tag() { return tag_++; }
+  // The slot of a pair's next message: both ends count the messages between them, so they agree, and
+  // the high bit keeps these slots apart from the collectives' tags.
+  static std::uint64_t pair_slot(std::vector<std::uint64_t>& counts, int peer) {
+    if (counts.size() <= static_cast<std::size_t>(peer)) counts.resize(static_cast<std::size_t>(peer) + 1, 0);
+    return (std::uint64_t{1} << 40) + counts[static_cast<std::size_t>(peer)]++;
+  }
+  std::vector<std::uint64_t> sent_, received_;
 
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
@@ -226,6 +256,14 @@ class communicator_collective final : public troupe::collective {
   }
   result<void, std::string> all_gather(std::span<const float> mine, std::span<float> all) override {
     if (auto r = c_->all_gather(mine, all); !r) return unexpected(r.error().message());
+    return {};
+  }
+  result<void, std::string> send(std::span<const float> data, int to) override {
+    if (auto r = c_->send(data, to); !r) return unexpected(r.error().message());
+    return {};
+  }
+  result<void, std::string> recv(std::span<float> data, int from) override {
+    if (auto r = c_->recv(data, from); !r) return unexpected(r.error().message());
     return {};
   }
 

@@ -138,6 +138,7 @@ struct load_request {
   std::int64_t prefill_chunk = 0, token_budget = 0;
   bool no_prefix_cache = false, no_preempt = false;
   std::int32_t tensor_parallel = 0;  // ranks of one replica on the node (docs/tensor-parallel.md); 0 or 1: one
+  std::int32_t pipeline_parallel = 0;  // stages of one replica, each tensor_parallel ranks; 0 or 1: one
   friend bool operator==(const load_request&, const load_request&) = default;
 };
 

@@ -62,6 +62,22 @@ class nccl_communicator final : public communicator {
     return finish(data.data(), data.size());
   }
 
+  result<void, collective_error> send(std::span<const float> data, int to) override {
+    if (to < 0 || to >= size_ || to == rank_) return unexpected(fail(collective_error_code::invalid_argument, "send: no peer rank"));
+    if (auto r = stage_in(data.data(), data.size(), 0); !r) return r;
+    if (auto r = ncclSend(buffer_, data.size(), ncclFloat32, to, comm_, stream_); r != ncclSuccess)
+      return unexpected(fail(collective_error_code::transport, "ncclSend: " + nccl_why(r)));
+    return finish(nullptr, 0);
+  }
+
+  result<void, collective_error> recv(std::span<float> data, int from) override {
+    if (from < 0 || from >= size_ || from == rank_) return unexpected(fail(collective_error_code::invalid_argument, "recv: no peer rank"));
+    if (auto r = stage_in(nullptr, 0, data.size()); !r) return r;
+    if (auto r = ncclRecv(buffer_, data.size(), ncclFloat32, from, comm_, stream_); r != ncclSuccess)
+      return unexpected(fail(collective_error_code::transport, "ncclRecv: " + nccl_why(r)));
+    return finish(data.data(), data.size());
+  }
+
  private:
   // Copies `n` floats to the device buffer, sized for them and `out_n` more (an all_gather's output).
   result<void, collective_error> stage_in(const float* src, std::size_t n, std::size_t out_n) {
@@ -75,6 +91,7 @@ class nccl_communicator final : public communicator {
         return unexpected(fail(collective_error_code::transport, "cudaMalloc: " + cuda_why(e)));
       capacity_ = need;
     }
+    if (n == 0) return {};
     if (auto e = cudaMemcpyAsync(buffer_, src, n * sizeof(float), cudaMemcpyHostToDevice, stream_); e != cudaSuccess)
       return unexpected(fail(collective_error_code::transport, "copy to the device: " + cuda_why(e)));
     return {};
@@ -82,8 +99,9 @@ class nccl_communicator final : public communicator {
 
   // Copies `n` floats back from buffer_ + offset and waits for the stream, at most the timeout.
   result<void, collective_error> finish(float* dst, std::size_t n, std::size_t offset = 0) {
-    if (auto e = cudaMemcpyAsync(dst, buffer_ + offset, n * sizeof(float), cudaMemcpyDeviceToHost, stream_); e != cudaSuccess)
-      return unexpected(fail(collective_error_code::transport, "copy from the device: " + cuda_why(e)));
+    if (n > 0)
+      if (auto e = cudaMemcpyAsync(dst, buffer_ + offset, n * sizeof(float), cudaMemcpyDeviceToHost, stream_); e != cudaSuccess)
+        return unexpected(fail(collective_error_code::transport, "copy from the device: " + cuda_why(e)));
     const auto until = std::chrono::steady_clock::now() + timeout_;
     for (;;) {
       const auto q = cudaStreamQuery(stream_);

@@ -52,7 +52,10 @@ result<pruned_graph, compile_error> fold_and_prune(const graph::graph& g, const 
   // Fold, in order: an equation whose inputs are all constant becomes a constant.
   for (std::size_t i = 0; i < ne; ++i) {
     const auto& e = g.equations()[i];
-    if (!foldable(e)) continue;
+    // Communication is never folded: it happens at step time on every rank, whatever the target says.
+    const bool talks = e.code == graph::op::all_reduce || e.code == graph::op::all_gather || e.code == graph::op::pipe_send ||
+                       e.code == graph::op::pipe_recv;
+    if (talks || !foldable(e)) continue;
     bool all = true;
     std::int64_t bytes = 0;
     std::vector<tensor_view> ins;

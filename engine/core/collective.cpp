@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
+#include <map>
 #include <mutex>
 
 namespace troupe {
@@ -20,6 +22,7 @@ struct group_state {
   std::uint64_t round = 0;
   std::string broken;  // why the group failed; every later call fails with it
   std::vector<float> sum;
+  std::map<std::pair<int, int>, std::deque<std::vector<float>>> mail;  // (from, to): sent, not yet received
 };
 
 class local_rank final : public collective {
@@ -51,6 +54,37 @@ class local_rank final : public collective {
         for (std::size_t r = 0; r < s.inputs.size(); ++r) std::copy(s.inputs[r].begin(), s.inputs[r].end(), out.begin() + static_cast<std::ptrdiff_t>(r * n));
       return {};
     });
+  }
+
+  result<void, std::string> send(std::span<const float> data, int to) override {
+    auto& s = *s_;
+    if (to < 0 || to >= s.size || to == rank_) return unexpected("send: no peer rank " + std::to_string(to));
+    std::lock_guard lock(s.m);
+    if (!s.broken.empty()) return unexpected(s.broken);
+    s.mail[{rank_, to}].emplace_back(data.begin(), data.end());
+    s.cv.notify_all();
+    return {};
+  }
+
+  result<void, std::string> recv(std::span<float> data, int from) override {
+    auto& s = *s_;
+    if (from < 0 || from >= s.size || from == rank_) return unexpected("recv: no peer rank " + std::to_string(from));
+    std::unique_lock lock(s.m);
+    auto& box = s.mail[{from, rank_}];
+    if (!s.cv.wait_for(lock, s.timeout, [&] { return !box.empty() || !s.broken.empty(); })) {
+      s.broken = "recv: rank " + std::to_string(rank_) + " waited " + std::to_string(s.timeout.count()) + " ms for rank " + std::to_string(from);
+      s.cv.notify_all();
+    }
+    if (box.empty()) return unexpected(s.broken);
+    if (box.front().size() != data.size()) {
+      s.broken = "recv: rank " + std::to_string(from) + " sent " + std::to_string(box.front().size()) + " floats, rank " +
+                 std::to_string(rank_) + " expected " + std::to_string(data.size());
+      s.cv.notify_all();
+      return unexpected(s.broken);
+    }
+    std::copy(box.front().begin(), box.front().end(), data.begin());
+    box.pop_front();
+    return {};
   }
 
  private:

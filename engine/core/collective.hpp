@@ -1,7 +1,7 @@
 #pragma once
 // The collective a tensor-parallel graph's all_reduce ops call (op::all_reduce). Each rank of a group
 // runs its shard's graph on its own executor; every rank must reach the same all_reduce calls in the
-// same order with the same lengths. Plain C++: the cross-process implementations (Gloo, NCCL) live in
+// same order with the same lengths; the stages of a pipeline pass activations by send and recv. Plain C++: the cross-process implementations (Gloo, NCCL) live in
 // transport/ and adapt to this; `local_group` is the in-process one (simulated devices on threads).
 #include <chrono>
 #include <cstdint>
@@ -25,6 +25,11 @@ class collective {
   // `all` receives size() blocks of mine.size() floats, block r from rank r (all.size() must be
   // size() * mine.size()).
   virtual result<void, std::string> all_gather(std::span<const float> mine, std::span<float> all) = 0;
+  // Point to point, between the stages of a pipeline (op::pipe_send, op::pipe_recv): `send` hands
+  // `data` to rank `to`, `recv` fills `data` with what rank `from` sent (the lengths must agree). The
+  // messages of one pair arrive in the order sent.
+  virtual result<void, std::string> send(std::span<const float> data, int to) = 0;
+  virtual result<void, std::string> recv(std::span<float> data, int from) = 0;
 };
 
 // `size` ranks in one process, one per thread. Sums are taken in rank order, so every rank gets the same

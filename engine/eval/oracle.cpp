@@ -101,6 +101,7 @@ class interpreter {
 
   result<evaluation, eval_error> run(const eval_options& opt) {
     group_ = opt.group;
+    pipe_ = opt.pipe;
     if (auto r = bind_sources(); !r) return unexpected(r.error());
     for (std::size_t i = 0; i < g_.equations().size(); ++i) {
       const auto& e = g_.equations()[i];
@@ -118,6 +119,7 @@ class interpreter {
 
  private:
   collective* group_ = nullptr;
+  collective* pipe_ = nullptr;
   unexpected<eval_error> fail(eval_error_code c, std::string why) const { return unexpected(eval_error{c, where_, std::move(why)}); }
 
   result<void, eval_error> check_type(const tensor_view& v, value_id id) {
@@ -308,6 +310,20 @@ class interpreter {
         for (std::int64_t r = 0; r < R; ++r)
           for (std::int64_t m = 0; m < M; ++m)
             std::copy_n(all.data() + (r * M + m) * C, C, t.as<float>() + m * R * C + r * C);
+        return t;
+      }
+      case op::pipe_send: {
+        if (pipe_ == nullptr) return fail(eval_error_code::no_group, "the graph is a pipeline stage: evaluate it with its pipe");
+        tensor t = tensor::copy_of(view_of(in[0]));
+        if (auto r = pipe_->send(std::span<const float>(t.as<float>(), static_cast<std::size_t>(n)), static_cast<int>(a.ints[0])); !r)
+          return fail(eval_error_code::no_group, r.error());
+        return t;
+      }
+      case op::pipe_recv: {
+        if (pipe_ == nullptr) return fail(eval_error_code::no_group, "the graph is a pipeline stage: evaluate it with its pipe");
+        tensor t(dtype::f32, ot.dims);
+        if (auto r = pipe_->recv(std::span<float>(t.as<float>(), static_cast<std::size_t>(n)), static_cast<int>(a.ints[0])); !r)
+          return fail(eval_error_code::no_group, r.error());
         return t;
       }
     }

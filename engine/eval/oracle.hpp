@@ -40,6 +40,7 @@ struct eval_inputs {
 struct eval_options {
   bool keep_values = false;  // keep every intermediate, for debugging and executor comparisons
   collective* group = nullptr;  // the tensor-parallel group a shard's all_reduce ops sum over
+  collective* pipe = nullptr;   // the pipeline a stage's pipe_send / pipe_recv ops talk over (rank = stage)
 };
 
 struct evaluation {

@@ -317,6 +317,19 @@ value_id builder::all_gather(value_id x, std::int64_t ranks) {
   return apply(op::all_gather, {x}, a);
 }
 
+value_id builder::pipe_send(value_id x, std::int64_t to_stage) {
+  op_attrs a;
+  a.ints = {to_stage};
+  return apply(op::pipe_send, {x}, a);
+}
+
+value_id builder::pipe_recv(troupe::shape dims, std::int64_t from_stage) {
+  op_attrs a;
+  a.ints = {from_stage};
+  a.target = dims;
+  return apply(op::pipe_recv, {}, a);
+}
+
 value_id builder::rms_norm(value_id x, value_id w, double eps) {
   op_attrs a;
   a.eps = eps;

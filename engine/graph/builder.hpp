@@ -84,6 +84,8 @@ class builder {
   value_id attention(value_id q, value_id k, value_id v, value_id index, value_id allow, double scale, double softcap = 0.0);
   value_id all_reduce(value_id x);
   value_id all_gather(value_id x, std::int64_t ranks);
+  value_id pipe_send(value_id x, std::int64_t to_stage);
+  value_id pipe_recv(troupe::shape dims, std::int64_t from_stage);
   // The general form every method above goes through.
   value_id apply(op o, std::vector<value_id> inputs, op_attrs attrs = {});
 

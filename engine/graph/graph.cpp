@@ -43,6 +43,7 @@ std::string attrs_str(op o, const op_attrs& a) {
   switch (o) {
     case op::cast: add("to=" + std::string(name(a.to))); break;
     case op::all_gather: if (!a.ints.empty()) add("ranks=" + std::to_string(a.ints[0])); break;
+    case op::pipe_send: case op::pipe_recv: if (!a.ints.empty()) add("peer=" + std::to_string(a.ints[0])); break;
     case op::reduce_sum: case op::reduce_max: case op::reduce_mean: case op::arg_max:
       add("axis=" + std::to_string(a.axis));
       if (a.keepdim) add("keepdim");

@@ -9,7 +9,7 @@ std::string tensor_type::str() const { return std::string(name(type)) + dims.str
 
 namespace {
 
-constexpr std::array<std::string_view, static_cast<std::size_t>(op::all_gather) + 1> op_names = {
+constexpr std::array<std::string_view, static_cast<std::size_t>(op::pipe_recv) + 1> op_names = {
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "recip", "tanh", "erf", "sigmoid", "silu", "gelu_tanh",
     "add", "sub", "mul", "div", "maximum", "minimum", "pow",
     "equal", "less", "less_equal", "greater",
@@ -17,7 +17,7 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(op::all_gather) 
     "reduce_sum", "reduce_max", "reduce_mean", "softmax", "log_softmax", "arg_max",
     "reshape", "transpose", "slice", "concat", "broadcast",
     "matmul", "linear", "gather_rows", "scatter_rows", "rms_norm", "layer_norm", "rope", "attention",
-    "all_reduce", "all_gather",
+    "all_reduce", "all_gather", "pipe_send", "pipe_recv",
 };
 
 using infer_result = result<tensor_type, std::string>;
@@ -252,6 +252,13 @@ infer_result infer_checked(op o, std::span<const tensor_type> in, const op_attrs
       d.back() *= a.ints[0];
       return tensor_type{dtype::f32, troupe::shape(std::span<const std::int64_t>(d))};
     }
+    case op::pipe_send:
+      if (in[0].type != dtype::f32) return refuse("x must be f32");
+      if (a.ints.size() != 1 || a.ints[0] < 0 || a.ints[0] > 4096) return refuse("ints must hold the peer stage, in [0, 4096]");
+      return in[0];
+    case op::pipe_recv:
+      if (a.ints.size() != 1 || a.ints[0] < 0 || a.ints[0] > 4096) return refuse("ints must hold the peer stage, in [0, 4096]");
+      return tensor_type{dtype::f32, a.target};
   }
   return refuse("unknown op");
 }
@@ -275,6 +282,8 @@ int arity(op o) {
       return 5;
     case op::concat:
       return -1;
+    case op::pipe_recv:
+      return 0;
     default:
       return 1;
   }

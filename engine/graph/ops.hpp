@@ -70,6 +70,12 @@ enum class op : std::uint8_t {
   // all_gather(x [..., C]) -> [..., C x attrs.ints[0]]: the group's ranks' x side by side along the last
   // dimension, rank r's at [r C, (r + 1) C) (a vocabulary-split head's logits). f32 only.
   all_gather,
+  // pipe_send(x) -> x: hands x to pipeline stage attrs.ints[0] (the executor's pipe collective) and
+  // passes it on unchanged, so the stage's graph can output what it sent. f32 only.
+  pipe_send,
+  // pipe_recv() -> f32 attrs.target: what pipeline stage attrs.ints[0] sent (the activations a stage
+  // starts from). No inputs; never folded.
+  pipe_recv,
 };
 
 std::string_view op_name(op o);

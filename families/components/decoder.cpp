@@ -166,11 +166,32 @@ void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer,
   auto& b = ctx_.b;
   const auto& s = ctx_.shape();
   const std::int64_t rows = s.rows(), T = s.tokens(), N = rows * T;
-  auto x = b.gather_rows(ctx_.weight("token_embd"), ctx_.token_ids());
-  if (b.type_of(x).type != dtype::f32) x = b.cast(x, dtype::f32);
-  if (p.embed_scale != 1.0) x = b.mul(x, b.scalar(p.embed_scale));
-  b.label(x, "embed");
+  graph::value_id x;
+  if (p.stage > 0) {
+    // A later pipeline stage: the residual stream as the stage before left it.
+    if (!ctx_.stateful()) {
+      b.fail(graph::bad_declaration{"a pipeline stage runs the step program only"});
+      return;
+    }
+    (void)ctx_.positions();  // every stage reads the step's positions and KV maps, never its tokens
+    x = b.pipe_recv(troupe::shape{N, p.hidden}, p.stage - 1);
+    b.label(x, "stage_in");
+  } else {
+    x = b.gather_rows(ctx_.weight("token_embd"), ctx_.token_ids());
+    if (b.type_of(x).type != dtype::f32) x = b.cast(x, dtype::f32);
+    if (p.embed_scale != 1.0) x = b.mul(x, b.scalar(p.embed_scale));
+    b.label(x, "embed");
+  }
   for (std::int32_t l = 0; l < static_cast<std::int32_t>(p.layers) && b.ok(); ++l) x = standard_layer(x, l, p, mixer, ffn);
+  if (p.stage + 1 < p.stages) {
+    if (!ctx_.stateful()) {
+      b.fail(graph::bad_declaration{"a pipeline stage runs the step program only"});
+      return;
+    }
+    x = b.pipe_send(x, p.stage + 1);
+    b.output("stage_out", x);
+    return;
+  }
   auto h = b.rms_norm(x, ctx_.vector_f32("output_norm"), p.norm_eps);
   b.label(h, "output_norm");
   if (!ctx_.stateful()) {

@@ -48,6 +48,11 @@ struct stack_params {
   double final_softcap = 0.0;   // 0: none
   bool sandwich_norms = false;  // post_attention_norm after the mixer, post_ffw_norm after the ffn
   std::int64_t vocab_split = 1; // a tensor-parallel shard's head holds vocab / vocab_split rows: all_gather the logits
+  // A pipeline stage `stage` of `stages` (model::stage): a stage after the first receives the residual
+  // stream from the one before instead of embedding tokens; a stage before the last sends its stream on
+  // and outputs it as `stage_out` instead of the final norm and the head.
+  std::int64_t stage = 0;
+  std::int64_t stages = 1;
 };
 
 // Per-step values every layer shares (masks, clamped read indices, rotary tables), built once.

@@ -112,6 +112,7 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
     return unexpected(model_error{config_error{spec_.config.family, "tensor_parallel", std::move(why)}});
   };
   if (size < 1 || rank < 0 || rank >= size) return refuse("rank " + std::to_string(rank) + " of " + std::to_string(size));
+  if (spec_.stack.stages != 1) return refuse("a pipeline stage is not split further: shard the model, then stage the shard");
   dense_decoder_spec s = spec_;
   const std::int64_t F = spec_.ffn.width;
   if (F % size != 0) return refuse("the feed-forward width " + std::to_string(F) + " does not split " + std::to_string(size) + " ways");
@@ -186,6 +187,44 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
     out.push_back(std::move(w));
   }
   return std::unique_ptr<model>(new dense_decoder(std::move(s), weights_.derive(std::move(out), std::move(owned))));
+}
+
+result<std::unique_ptr<model>, model_error> dense_decoder::stage(int stage, int stages) const {
+  auto refuse = [&](std::string why) {
+    return unexpected(model_error{config_error{spec_.config.family, "pipeline_parallel", std::move(why)}});
+  };
+  if (spec_.stack.stages != 1) return refuse("the model is a pipeline stage already");
+  const std::int64_t L = spec_.stack.layers;
+  if (stages < 1 || stage < 0 || stage >= stages) return refuse("stage " + std::to_string(stage) + " of " + std::to_string(stages));
+  if (stages > L) return refuse(std::to_string(L) + " layers do not make " + std::to_string(stages) + " stages");
+  const std::int64_t first = L * stage / stages, last = L * (stage + 1) / stages;
+  const bool head = stage + 1 == stages;
+  dense_decoder_spec s = spec_;
+  s.stack.layers = last - first;
+  s.stack.stage = stage;
+  s.stack.stages = stages;
+  s.config.layers = last - first;
+  s.attention.assign(spec_.attention.begin() + first, spec_.attention.begin() + last);
+
+  std::vector<weight_entry> out;
+  const bool has_output = weights_.has({"output", -1});
+  for (const auto& e : weights_.entries()) {
+    const auto& role = e.role.name;
+    const std::int32_t l = e.role.layer;
+    if (l < 0) {
+      const bool keep = role == "token_embd"    ? stage == 0 || (head && !has_output)
+                        : role == "output"      ? head
+                        : role == "output_norm" ? head
+                                                : true;  // rope_freqs and the like: every stage
+      if (keep) out.push_back(e);
+      continue;
+    }
+    if (l < first || l >= last) continue;
+    weight_entry w = e;
+    w.role.layer = static_cast<std::int32_t>(l - first);
+    out.push_back(std::move(w));
+  }
+  return std::unique_ptr<model>(new dense_decoder(std::move(s), weights_.derive(std::move(out), {})));
 }
 
 }  // namespace troupe::families

@@ -32,6 +32,9 @@ class dense_decoder final : public model {
   // Heads and feed-forward columns split `size` ways (query heads and the width must divide; key/value
   // heads divide, or each is shared by size / kv_heads ranks when there are fewer than ranks).
   result<std::unique_ptr<model>, model_error> shard(int rank, int size) const override;
+  // Layers [L s / S, L (s + 1) / S) renumbered from 0; the embedding on the first stage, the final norm
+  // and the head on the last (a tied head keeps the embedding there too). At most one stage per layer.
+  result<std::unique_ptr<model>, model_error> stage(int stage, int stages) const override;
 
  protected:
   void trace_into(const step_spec& spec, graph::builder& b) const override;

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "tests/support/logprobs.hpp"
+#include "tests/support/serve_batch.hpp"
 #include "tests/support/tp_fixture.hpp"
 #include "apps/exec_runner.hpp"
 #include "apps/oracle_runner.hpp"
@@ -216,38 +217,8 @@ TEST(tensor_parallel_driver, a_sharded_replica_serves_a_batch_like_one_device) {
     SCOPED_TRACE("ranks " + std::to_string(size));
     const auto whole = load({"qwen3", size});
     ASSERT_TRUE(whole);
-    driver::driver_options opt;
-    opt.max_rows = 4;
-    opt.capacity = 64;
-    opt.block_size = 16;
-    opt.prefill_chunk = 16;
-    opt.token_budget = 20;
-    auto serve = [&](std::shared_ptr<const model_handle> h, exec::executor& ex, driver::driver_options o) {
-      std::map<driver::seq_id, std::vector<std::int32_t>> out;
-      auto d = driver::driver<driver::unprepared>(std::move(h), ex, std::move(o)).prepare();
-      EXPECT_TRUE(d) << (d ? "" : d.error().second.message());
-      if (!d) return out;
-      const auto vocab = whole->model().config().vocab;
-      for (int i = 0; i < 4; ++i) {
-        driver::seq_request r;
-        for (int t = 0; t < 5 + 9 * i; ++t) r.prompt.push_back(static_cast<std::int32_t>(3 + (t * 31 + i * 7) % (vocab - 3)));
-        r.max_tokens = 10;
-        r.ignore_eos = true;
-        r.sampling.temperature = 0.8f;
-        r.sampling.seed = static_cast<std::uint64_t>(i + 1);
-        EXPECT_TRUE(d->open(std::move(r)));
-      }
-      while (!d->idle()) {
-        auto rep = d->step();
-        EXPECT_TRUE(rep) << (rep ? "" : rep.error().message());
-        if (!rep) break;
-        for (const auto& u : rep->updates) {
-          out[u.id].insert(out[u.id].end(), u.tokens.begin(), u.tokens.end());
-          if (u.finished) (void)d->release(u.id);
-        }
-      }
-      return out;
-    };
+    const auto opt = troupe::testing::serve_batch_options();
+    const auto serve = troupe::testing::serve_batch;
     exec::cpu::cpu_executor one({1, std::nullopt});
     const auto want = serve(whole, one, opt);
     ASSERT_EQ(want.size(), 4u);

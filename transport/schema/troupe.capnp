@@ -162,6 +162,7 @@ struct LoadRequest {
   noPrefixCache @9 :Bool;
   noPreempt @10 :Bool;
   tensorParallel @11 :Int32;  # ranks of the replica on the node's devices; 0 or 1: one
+  pipelineParallel @12 :Int32;  # stages of the replica, each tensorParallel ranks; 0 or 1: one
 }
 
 # ---- nodes and the cluster --------------------------------------------------------------------------

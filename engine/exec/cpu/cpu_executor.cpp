@@ -283,7 +283,7 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
   // Folding keeps the ops whose kernels read stored weights.
   auto foldable = [](const graph::equation& e) {
     return e.code != op::linear && e.code != op::gather_rows && e.code != op::scatter_rows && e.code != op::attention &&
-           e.code != op::all_reduce && e.code != op::all_gather;
+           e.code != op::all_reduce && e.code != op::all_gather && e.code != op::pipe_send && e.code != op::pipe_recv;
   };
   auto lookup = [&](const graph::weight_role& r) { return ex.weights->find(r); };
   auto pruned = compile::fold_and_prune(gg, lookup, foldable);
@@ -749,6 +749,34 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
         auto* y = reinterpret_cast<float*>(out);
         for (std::int64_t r = 0; r < R; ++r)
           for (std::int64_t m = 0; m < M; ++m) std::memcpy(y + m * R * C + r * C, all.data() + (r * M + m) * C, static_cast<std::size_t>(C) * sizeof(float));
+        return std::nullopt;
+      };
+    }
+    case op::pipe_send: {
+      collective* pipe = opt.pipe;
+      if (pipe == nullptr) {
+        err = exec_error{exec_error_code::unsupported, where, "a pipeline stage's graph needs the executor's pipe (cpu_options::pipe)"};
+        return {};
+      }
+      const auto* x = P(e.inputs[0]);
+      const int to = static_cast<int>(e.attrs.ints[0]);
+      return [=]() -> std::optional<exec_error> {
+        if (x != out) std::memcpy(out, x, static_cast<std::size_t>(n) * sizeof(float));
+        if (auto r = pipe->send(std::span(reinterpret_cast<const float*>(out), static_cast<std::size_t>(n)), to); !r)
+          return fail(exec_error_code::device_error, where, r.error());
+        return std::nullopt;
+      };
+    }
+    case op::pipe_recv: {
+      collective* pipe = opt.pipe;
+      if (pipe == nullptr) {
+        err = exec_error{exec_error_code::unsupported, where, "a pipeline stage's graph needs the executor's pipe (cpu_options::pipe)"};
+        return {};
+      }
+      const int from = static_cast<int>(e.attrs.ints[0]);
+      return [=]() -> std::optional<exec_error> {
+        if (auto r = pipe->recv(std::span(reinterpret_cast<float*>(out), static_cast<std::size_t>(n)), from); !r)
+          return fail(exec_error_code::device_error, where, r.error());
         return std::nullopt;
       };
     }

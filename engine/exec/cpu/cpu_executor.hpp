@@ -18,6 +18,9 @@ struct cpu_options {
   // The tensor-parallel group this executor is one rank of: a shard's all_reduce ops sum over it (it
   // must outlive the executor). None: a graph with all_reduce is refused at add_entry.
   collective* group = nullptr;
+  // The pipeline this executor is one stage of (its rank is the stage): a stage's pipe_send and
+  // pipe_recv ops talk over it (it must outlive the executor). None: such a graph is refused.
+  collective* pipe = nullptr;
 };
 
 // The CPU executor's accuracy against the oracle (the same stored weights, exact f32 activations): how

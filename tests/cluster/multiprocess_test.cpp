@@ -414,25 +414,29 @@ TEST(multiprocess, a_device_hosts_as_many_executors_as_its_node_allows) {
   EXPECT_EQ(cl->submit(job_for(1))->wait().tokens, reference(2)[1]);
 }
 
-// A tensor-parallel replica on a node process: deploy with tensor_parallel 2 makes each replica two
-// executors over the model's two shards (docs/tensor-parallel.md); its jobs, greedy and sampled, give
-// one device's tokens. A split that does not divide is refused by the node, by name.
-TEST(multiprocess, a_tensor_parallel_replica_on_a_node_serves_like_one_device) {
+// A split replica on a node process: deploy with tensor_parallel 2 makes each replica two executors
+// over the model's two shards, tensor_parallel 2 x pipeline_parallel 2 four, over two stages of two
+// shards (docs/tensor-parallel.md); its jobs, greedy and sampled, give one device's tokens. A split the
+// model cannot make is refused by the node, by name.
+void serve_split_replica(int tp, int pp, const std::string& refused_tp_pp, const std::string& why) {
   cluster_fixture c;
+  const std::string id = "split" + std::to_string(tp) + "x" + std::to_string(pp);
   auto node = spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--secret-file", (c.dir / "secret").string(), "--node-id",
-                     "tp0", "--heartbeat-ms", "200", "--timeout-ms", "800"},
-                    c.dir / "tp0.log");
+                     id, "--heartbeat-ms", "200", "--timeout-ms", "800"},
+                    c.dir / (id + ".log"));
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
   ASSERT_TRUE(s) << s.error();
   for (int i = 0; i < 100; ++i) {
     auto st = (*s)->status();
-    if (st && st->find("\"tp0\"") != std::string::npos) break;
+    if (st && st->find("\"" + id + "\"") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  auto bad = (*s)->deploy(model_path(), 1, driver_opts(), 3);
+  const auto bad_tp = std::stoi(refused_tp_pp.substr(0, refused_tp_pp.find('x')));
+  const auto bad_pp = std::stoi(refused_tp_pp.substr(refused_tp_pp.find('x') + 1));
+  auto bad = (*s)->deploy(model_path(), 1, driver_opts(), bad_tp, bad_pp);
   ASSERT_FALSE(bad);
-  EXPECT_NE(bad.error().find("split 3 ways"), std::string::npos) << bad.error();
-  auto name = (*s)->deploy(model_path(), 1, driver_opts(), 2);
+  EXPECT_NE(bad.error().find(why), std::string::npos) << bad.error();
+  auto name = (*s)->deploy(model_path(), 1, driver_opts(), tp, pp);
   ASSERT_TRUE(name) << name.error();
   const auto ref = reference(6);
   auto cl = (*s)->client_session();
@@ -443,6 +447,12 @@ TEST(multiprocess, a_tensor_parallel_replica_on_a_node_serves_like_one_device) {
     jobs.push_back(std::move(*jb));
   }
   for (int i = 0; i < 6; ++i) EXPECT_EQ(jobs[static_cast<std::size_t>(i)].wait().tokens, ref[static_cast<std::size_t>(i)]) << "job " << i;
+}
+
+TEST(multiprocess, a_tensor_parallel_replica_on_a_node_serves_like_one_device) { serve_split_replica(2, 1, "3x1", "split 3 ways"); }
+
+TEST(multiprocess, a_tensor_and_pipeline_parallel_replica_on_a_node_serves_like_one_device) {
+  serve_split_replica(2, 2, "1x5", "4 layers do not make 5 stages");
 }
 
 TEST(multiprocess, a_simulated_device_of_declared_memory_takes_what_fits) {

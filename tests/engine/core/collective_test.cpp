@@ -73,5 +73,46 @@ TEST(local_group, different_lengths_are_refused) {
   EXPECT_FALSE(ra && rb);
 }
 
+// The in-process pipe: a pair's messages arrive in order and whole; a sender does not wait for its
+// receiver; a receiver with nothing sent times out; a length that differs and a bad peer are refused.
+TEST(local_group, send_and_recv_pass_a_pairs_messages_in_order) {
+  auto g = local_group(3, std::chrono::milliseconds(200));
+  for (int m = 0; m < 3; ++m) {
+    const std::vector<float> msg(static_cast<std::size_t>(4 + m), static_cast<float>(m));
+    ASSERT_TRUE(g[0]->send(msg, 2));
+  }
+  std::thread other([&] {
+    const std::vector<float> from1(2, 9.0f);
+    EXPECT_TRUE(g[1]->send(from1, 2));
+  });
+  other.join();
+  std::vector<float> two(2);
+  ASSERT_TRUE(g[2]->recv(two, 1));
+  EXPECT_EQ(two, std::vector<float>(2, 9.0f));
+  for (int m = 0; m < 3; ++m) {
+    std::vector<float> in(static_cast<std::size_t>(4 + m), -1.0f);
+    ASSERT_TRUE(g[2]->recv(in, 0));
+    EXPECT_EQ(in, std::vector<float>(in.size(), static_cast<float>(m)));
+  }
+  std::vector<float> x(3);
+  EXPECT_FALSE(g[0]->send(x, 0));  // not to itself
+  EXPECT_FALSE(g[0]->recv(x, 3));  // no rank 3
+  const auto t0 = std::chrono::steady_clock::now();
+  auto waited = g[1]->recv(x, 0);  // nothing was sent
+  ASSERT_FALSE(waited);
+  EXPECT_NE(waited.error().find("waited"), std::string::npos) << waited.error();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST(local_group, a_message_of_another_length_is_refused) {
+  auto g = local_group(2, std::chrono::milliseconds(200));
+  const std::vector<float> sent(5, 1.0f);
+  ASSERT_TRUE(g[0]->send(sent, 1));
+  std::vector<float> in(4);
+  auto r = g[1]->recv(in, 0);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().find("expected 4"), std::string::npos) << r.error();
+}
+
 }  // namespace
 }  // namespace troupe

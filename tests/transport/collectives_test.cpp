@@ -295,81 +295,6 @@ TEST_F(collectives, bad_arguments_are_typed_refusals) {
   expect_all_ok(st);
 }
 
-// Tensor parallelism across processes: two forked ranks, each loading its shard of a llama fixture
-// (model_handle::shard) on its own CPU executor whose all_reduce ops go through Gloo over loopback TCP,
-// generate 12 greedy tokens; the parent then runs the unsplit model and requires the same tokens and
-// last logits within 1e-3 in log-probability. The children do all their work after the fork; the
-// parent starts its executor (and its threads) only after they are gone.
-TEST_F(collectives, tensor_parallel_ranks_in_two_processes_equal_one_device) {
-  namespace fs = std::filesystem;
-  const auto d = troupe::testing::tp_dims();
-  const fs::path model = fs::path(dir_) / "llama.gguf";
-  ASSERT_TRUE(families::write_fixture("llama", d, model, true));
-  std::vector<std::int32_t> prompt;
-  for (int i = 0; i < 12; ++i) prompt.push_back(3 + (i * 97 + 11) % 381);
-  constexpr int steps = 12;
-  auto greedy = [&](app::exec_runner& run, std::vector<std::int32_t>& tokens) -> result<std::vector<float>, std::string> {
-    auto l = run.feed(prompt);
-    std::vector<float> last;
-    for (int s = 0; s < steps && l; ++s) {
-      last = *l;
-      const std::int32_t next[] = {static_cast<std::int32_t>(std::max_element(l->begin(), l->end()) - l->begin())};
-      tokens.push_back(next[0]);
-      l = run.feed(next);
-    }
-    if (!l) return unexpected(l.error());
-    return last;
-  };
-  auto st = run_ranks({0, 1}, [&](int rank) {
-    auto comm = connect_gloo(options(rank, 2, "tp"));
-    CHILD_CHECK(comm.has_value(), 2);
-    auto group = as_collective(std::move(*comm));
-    auto whole = families::model_handle::load(model, families::registry::builtin());
-    CHILD_CHECK(whole.has_value(), 3);
-    auto shard = (*whole)->shard(rank, 2);
-    CHILD_CHECK(shard.has_value(), 4);
-    exec::cpu::cpu_executor ex({1, std::nullopt, group.get()});
-    auto run = app::exec_runner::create(*shard, ex, 64);
-    CHILD_CHECK(run.has_value(), 5);
-    std::vector<std::int32_t> tokens;
-    auto last = greedy(*run, tokens);
-    if (!last) std::fprintf(stderr, "rank %d: %s\n", rank, last.error().c_str());
-    CHILD_CHECK(last.has_value(), 6);
-    FILE* f = std::fopen((fs::path(dir_) / ("rank" + std::to_string(rank))).c_str(), "wb");
-    CHILD_CHECK(f != nullptr, 7);
-    std::fwrite(tokens.data(), sizeof(std::int32_t), tokens.size(), f);
-    std::fwrite(last->data(), sizeof(float), last->size(), f);
-    std::fclose(f);
-    return 0;
-  });
-  expect_all_ok(st);
-
-  auto whole = families::model_handle::load(model, families::registry::builtin());
-  ASSERT_TRUE(whole);
-  exec::cpu::cpu_executor ex({1, std::nullopt});
-  auto run = app::exec_runner::create(*whole, ex, 64);
-  ASSERT_TRUE(run) << run.error();
-  std::vector<std::int32_t> want_tokens;
-  auto want = greedy(*run, want_tokens);
-  ASSERT_TRUE(want) << want.error();
-  for (int rank = 0; rank < 2; ++rank) {
-    FILE* f = std::fopen((fs::path(dir_) / ("rank" + std::to_string(rank))).c_str(), "rb");
-    ASSERT_NE(f, nullptr) << "rank " << rank << " wrote nothing";
-    std::vector<std::int32_t> tokens(steps);
-    std::vector<float> last(want->size());
-    const auto got_tokens = std::fread(tokens.data(), sizeof(std::int32_t), tokens.size(), f);
-    const auto got_logits = std::fread(last.data(), sizeof(float), last.size(), f);
-    std::fclose(f);
-    ASSERT_EQ(got_tokens, tokens.size());
-    ASSERT_EQ(got_logits, last.size());
-    EXPECT_EQ(tokens, want_tokens) << "rank " << rank;
-    const auto a = troupe::testing::log_softmax(*want), b = troupe::testing::log_softmax(last);
-    double worst = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-    EXPECT_LT(worst, 1e-3) << "rank " << rank;
-  }
-}
-
 // Point to point between two processes: messages of one pair arrive whole and in the order sent, both
 // ways; a length that differs is an error, not a short read.
 TEST_F(collectives, send_and_recv_pass_messages_in_order) {
@@ -396,24 +321,30 @@ TEST_F(collectives, send_and_recv_pass_messages_in_order) {
   expect_all_ok(st);
 }
 
-// Pipeline (and pipeline x tensor) parallelism across processes: one forked process per rank, each
-// loading its part of a 4-layer llama fixture (model_handle::part) on its own CPU executor; the ranks of
-// a stage all_reduce through one Gloo group, the same rank of the two stages passes the residual stream
-// through another (pipe_send / pipe_recv over loopback TCP). The last stage picks each greedy token and
-// sends it back to the first stage's rank over the pipe, as a driver hands every stage the step's
-// tokens. The parent then runs the unsplit model: the same 12 tokens, the last logits within 1e-3 in
-// log-probability (bit for bit with stages alone).
-TEST_F(collectives, pipeline_stages_in_separate_processes_equal_one_device) {
+// Tensor, pipeline and tensor x pipeline parallelism across processes: one forked process per rank,
+// each loading its part of a 4-layer fixture (model_handle::part) on its own CPU executor; the ranks of
+// a stage all_reduce through one Gloo group, the same rank of consecutive stages passes the residual
+// stream through another (pipe_send / pipe_recv over loopback TCP). The last stage picks each greedy
+// token and sends it back to the first stage's rank over the pipe, as a driver hands every stage the
+// step's tokens. The parent then runs the unsplit model: the same 12 tokens, the last logits within
+// 1e-3 in log-probability (bit for bit with stages alone). For llama (GGUF), qwen3 and gemma2, at 2 and
+// 4 ranks, 2 stages and 2 x 2.
+class split_processes : public collectives, public ::testing::WithParamInterface<std::string_view> {};
+
+TEST_P(split_processes, give_one_devices_tokens_and_logits) {
   namespace fs = std::filesystem;
+  const std::string family(GetParam());
   auto d = troupe::testing::tp_dims();
   d.layers = 4;
-  const fs::path model = fs::path(dir_) / "llama4.gguf";
-  ASSERT_TRUE(families::write_fixture("llama", d, model, true));
+  const bool gguf = family == "llama";
+  const fs::path model = fs::path(dir_) / (family + (gguf ? ".gguf" : ""));
+  ASSERT_TRUE(families::write_fixture(family, d, model, gguf));
   std::vector<std::int32_t> prompt;
   for (int i = 0; i < 12; ++i) prompt.push_back(3 + (i * 97 + 11) % 381);
   constexpr int steps = 12;
   auto argmax = [](const std::vector<float>& l) { return static_cast<std::int32_t>(std::max_element(l.begin(), l.end()) - l.begin()); };
-  for (const auto& [tp, pp] : {std::pair{1, 2}, std::pair{2, 2}}) {
+  const std::vector<std::pair<int, int>> splits{{2, 1}, {4, 1}, {1, 2}, {2, 2}};
+  for (const auto& [tp, pp] : splits) {
     SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp));
     const std::string tag = "t" + std::to_string(tp) + "p" + std::to_string(pp);
     std::vector<int> world;
@@ -427,9 +358,11 @@ TEST_F(collectives, pipeline_stages_in_separate_processes_equal_one_device) {
         CHILD_CHECK(g.has_value(), 2);
         group = as_collective(std::move(*g));
       }
-      auto p = connect_gloo(options(s, pp, tag + "-pipe" + std::to_string(t)));
-      CHILD_CHECK(p.has_value(), 3);
-      pipe = as_collective(std::move(*p));
+      if (pp > 1) {
+        auto p = connect_gloo(options(s, pp, tag + "-pipe" + std::to_string(t)));
+        CHILD_CHECK(p.has_value(), 3);
+        pipe = as_collective(std::move(*p));
+      }
       auto whole = families::model_handle::load(model, families::registry::builtin());
       CHILD_CHECK(whole.has_value(), 4);
       auto part = (*whole)->part(t, tp, s, pp);
@@ -484,7 +417,7 @@ TEST_F(collectives, pipeline_stages_in_separate_processes_equal_one_device) {
     l = run->feed(feed);
   }
   ASSERT_TRUE(l) << l.error();
-  for (const auto& [tp, pp] : {std::pair{1, 2}, std::pair{2, 2}}) {
+  for (const auto& [tp, pp] : splits) {
     const std::string tag = "t" + std::to_string(tp) + "p" + std::to_string(pp);
     for (int w = 0; w < tp * pp; ++w) {
       SCOPED_TRACE(tag + " rank " + std::to_string(w));
@@ -509,6 +442,9 @@ TEST_F(collectives, pipeline_stages_in_separate_processes_equal_one_device) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(families, split_processes, ::testing::Values("llama", "qwen3", "gemma2"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace troupe::transport

@@ -32,6 +32,14 @@ using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using capacity_atom = caf::atom_constant<caf::atom("capacity")>;
 using progress_atom = caf::atom_constant<caf::atom("progress")>;
+using kv_set_atom = caf::atom_constant<caf::atom("kvset")>;
+using kv_get_atom = caf::atom_constant<caf::atom("kvget")>;
+
+// The coordinator's rendezvous store (transport::rendezvous_store through a session): bounds on what
+// one cluster may keep there, so a client cannot grow the coordinator without limit.
+inline constexpr std::size_t rendezvous_max_key = 512;
+inline constexpr std::size_t rendezvous_max_value = 1 << 20;
+inline constexpr std::size_t rendezvous_max_bytes = 64u << 20;
 
 inline constexpr auto request_timeout = std::chrono::seconds(600);
 

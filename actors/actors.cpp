@@ -575,6 +575,8 @@ struct coordinator_state {
   std::int64_t refused = 0;
   std::optional<pending_deploy> deploying;
   std::map<std::string, transport::deploy> deployments;  // by model name: how to start one more replica
+  std::map<std::string, std::string> rendezvous;  // the groups' rendezvous keys (kv_set_atom, kv_get_atom)
+  std::size_t rendezvous_bytes = 0;
   static inline const char* name = "coordinator";
 };
 
@@ -846,6 +848,25 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
       [=](node_atom, const std::string& id, const caf::actor& node) {
         self->monitor(node);
         self->state.nodes.push_back({id, node});
+      },
+      // The rendezvous of collective groups (Gloo's addresses, NCCL's unique id): set once, read by
+      // everyone. Replies with why not, or an empty string.
+      [=](kv_set_atom, const std::string& key, const std::string& value) -> std::string {
+        auto& st = self->state;
+        if (key.empty() || key.size() > rendezvous_max_key) return "a rendezvous key holds 1 to " + std::to_string(rendezvous_max_key) + " bytes";
+        if (value.size() > rendezvous_max_value)
+          return "a rendezvous value holds at most " + std::to_string(rendezvous_max_value) + " bytes, got " + std::to_string(value.size());
+        if (st.rendezvous.contains(key)) return "rendezvous key '" + key + "' is set already (use a fresh prefix per group)";
+        if (st.rendezvous_bytes + key.size() + value.size() > rendezvous_max_bytes)
+          return "the rendezvous store is full (" + std::to_string(rendezvous_max_bytes) + " bytes)";
+        st.rendezvous_bytes += key.size() + value.size();
+        st.rendezvous.emplace(key, value);
+        return {};
+      },
+      [=](kv_get_atom, const std::string& key) {
+        const auto& st = self->state;
+        const auto it = st.rendezvous.find(key);
+        return it == st.rendezvous.end() ? caf::make_message(false, std::string()) : caf::make_message(true, it->second);
       },
       [=](status_atom) {
         const auto& st = self->state;

@@ -22,6 +22,7 @@
 
 #include "actors/actor_internals.hpp"
 #include "transport/codec.hpp"
+#include "transport/collectives.hpp"
 
 namespace troupe::actors {
 
@@ -313,6 +314,41 @@ result<std::string, std::string> session::deploy(const std::filesystem::path& mo
   s_->model = name;
   return name;
 }
+
+namespace {
+
+class coordinator_store final : public transport::rendezvous_store {
+ public:
+  explicit coordinator_store(session_state& s) : s_(s) {}
+  result<void, std::string> set(const std::string& key, const std::string& value) override {
+    caf::scoped_actor self{*s_.sys};
+    std::string err = "no answer";
+    self->request(s_.coordinator, std::chrono::seconds(30), kv_set_atom::value, key, value)
+        .receive([&](const std::string& e) { err = e; }, [&](caf::error& e) { err = s_.sys->render(e); });
+    if (!err.empty()) return unexpected(err);
+    return {};
+  }
+  result<std::optional<std::string>, std::string> get(const std::string& key) override {
+    caf::scoped_actor self{*s_.sys};
+    std::string err;
+    std::optional<std::string> out;
+    self->request(s_.coordinator, std::chrono::seconds(30), kv_get_atom::value, key)
+        .receive(
+            [&](bool found, std::string& v) {
+              if (found) out = std::move(v);
+            },
+            [&](caf::error& e) { err = s_.sys->render(e); });
+    if (!err.empty()) return unexpected(err);
+    return out;
+  }
+
+ private:
+  session_state& s_;
+};
+
+}  // namespace
+
+std::shared_ptr<transport::rendezvous_store> session::rendezvous_store() { return std::make_shared<coordinator_store>(*s_); }
 
 result<std::string, std::string> session::scale(const std::string& model, std::int32_t replicas) {
   caf::scoped_actor self{*s_->sys};

@@ -13,6 +13,10 @@
 #include "actors/cluster.hpp"
 #include "engine/core/result.hpp"
 
+namespace troupe::transport {
+class rendezvous_store;  // transport/collectives.hpp
+}
+
 namespace troupe::actors {
 
 // Reads a secret file (its bytes, without a trailing newline); refuses one shorter than 16 bytes.
@@ -92,6 +96,10 @@ class session final : public serving_backend {
   result<std::string, std::string> scale(const std::string& model, std::int32_t replicas);
   // Nodes, replicas and load as JSON text.
   result<std::string, std::string> status();
+  // The coordinator's key-value store, for the rendezvous of collective groups whose ranks are in
+  // different processes or on different machines (transport::gloo_options::store,
+  // nccl_options::store). It must not outlive this session.
+  std::shared_ptr<transport::rendezvous_store> rendezvous_store();
 
  private:
   explicit session(std::unique_ptr<session_state> s);

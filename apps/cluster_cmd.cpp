@@ -1,5 +1,7 @@
 #include "apps/cluster_cmd.hpp"
 
+#include "transport/collectives.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
@@ -505,6 +507,93 @@ int run_top_cmd(const cluster_cmd_options& given) {
     if (o.duration_s > 0 && secs >= o.duration_s) return 0;
     std::this_thread::sleep_for(std::chrono::milliseconds(o.interval_ms));
   }
+}
+
+// One rank of a Gloo group whose ranks find each other through the coordinator's rendezvous store (no
+// shared directory: the ranks may be on different machines). Checks all_reduce, all_gather and a ring
+// of send/recv for exact values, then times all_reduce as nccl-tests do (algorithm and bus bandwidth).
+int run_collectives_cmd(const cluster_cmd_options& given) {
+  auto o = given;
+  auto p = prepare(o, "collectives", "--coordinator");
+  if (!p) return 2;
+  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
+    std::fprintf(stderr, "troupe collectives: rank %d is outside a group of %d\n", o.rank, o.size);
+    return 2;
+  }
+  auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
+  if (!s) {
+    std::fprintf(stderr, "troupe collectives: %s\n", s.error().c_str());
+    return 1;
+  }
+  transport::gloo_options g;
+  g.rank = o.rank;
+  g.size = o.size;
+  g.store = (*s)->rendezvous_store();
+  g.prefix = "collectives/" + o.group;
+  g.timeout = std::chrono::milliseconds(std::max(o.timeout_ms, 1000) * 20);
+  auto comm = transport::connect_gloo(g);
+  if (!comm) {
+    std::fprintf(stderr, "troupe collectives: joining group '%s': %s\n", o.group.c_str(), comm.error().message().c_str());
+    return 1;
+  }
+  auto& c = **comm;
+  const int n = o.size, r = o.rank;
+  const auto len = static_cast<std::size_t>(std::max<std::int64_t>(o.floats, 1));
+  bool exact = true;
+  auto check = [&](const char* what, bool ok) {
+    std::printf("rank %d: %s %s\n", r, what, ok ? "exact" : "WRONG");
+    exact = exact && ok;
+  };
+  // Small integers: every sum is exact in f32 whatever the order.
+  std::vector<float> x(len);
+  for (std::size_t i = 0; i < len; ++i) x[i] = static_cast<float>(r + 1 + static_cast<int>(i % 7));
+  if (auto e = c.all_reduce_sum(x); !e) {
+    std::fprintf(stderr, "troupe collectives: all_reduce: %s\n", e.error().message().c_str());
+    return 1;
+  }
+  bool ok = true;
+  for (std::size_t i = 0; i < len && ok; ++i) ok = x[i] == static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(i % 7));
+  check("all_reduce", ok);
+  const std::vector<float> mine(16, static_cast<float>(r));
+  std::vector<float> all(16 * static_cast<std::size_t>(n));
+  if (auto e = c.all_gather(mine, all); !e) {
+    std::fprintf(stderr, "troupe collectives: all_gather: %s\n", e.error().message().c_str());
+    return 1;
+  }
+  ok = true;
+  for (std::size_t i = 0; i < all.size(); ++i) ok = ok && all[i] == static_cast<float>(i / 16);
+  check("all_gather", ok);
+  if (n > 1) {
+    // A ring: even ranks send first, odd ranks receive first.
+    const std::vector<float> out(64, static_cast<float>(100 + r));
+    std::vector<float> in(64, -1.0f);
+    const int to = (r + 1) % n, from = (r + n - 1) % n;
+    auto send = [&] { return c.send(out, to); };
+    auto recv = [&] { return c.recv(in, from); };
+    auto first = r % 2 == 0 ? send() : recv();
+    auto second = first ? (r % 2 == 0 ? recv() : send()) : first;
+    if (!second) {
+      std::fprintf(stderr, "troupe collectives: send/recv: %s\n", second.error().message().c_str());
+      return 1;
+    }
+    check("send/recv ring", std::all_of(in.begin(), in.end(), [&](float v) { return v == static_cast<float>(100 + from); }));
+  }
+  std::vector<double> secs;
+  for (int k = 0; k < std::max(o.rounds, 1); ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (auto e = c.all_reduce_sum(x); !e) {
+      std::fprintf(stderr, "troupe collectives: all_reduce: %s\n", e.error().message().c_str());
+      return 1;
+    }
+    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(secs.begin(), secs.end());
+  const double t = secs[secs.size() / 2], bytes = static_cast<double>(len) * sizeof(float);
+  const double algbw = bytes / t / 1e9, busbw = algbw * 2.0 * (n - 1) / n;
+  std::printf("rank %d: all_reduce of %zu floats over %d ranks: %.3f ms median, algbw %.2f GB/s, busbw %.2f GB/s\n", r, len, n, t * 1e3,
+              algbw, busbw);
+  std::printf("rank %d: %s\n", r, exact ? "all checks exact" : "a check FAILED");
+  return exact ? 0 : 1;
 }
 
 }  // namespace troupe::app

@@ -40,6 +40,12 @@ struct cluster_cmd_options {
   std::uint64_t seed = 0;
   bool json = false;
   bool ignore_eos = false;  // generate max_tokens even past the model's end of text
+  // collectives: one rank of a group that meets through the coordinator's rendezvous
+  std::string group = "check";
+  int rank = 0;
+  int size = 2;
+  std::int64_t floats = 1 << 20;
+  int rounds = 5;
   // gateway
   std::string listen = "127.0.0.1:8000";
   std::string api_key_file;
@@ -53,5 +59,6 @@ int run_status_cmd(const cluster_cmd_options& o);
 int run_gateway_cmd(const cluster_cmd_options& o);
 int run_scale_cmd(const cluster_cmd_options& o);
 int run_top_cmd(const cluster_cmd_options& o);
+int run_collectives_cmd(const cluster_cmd_options& o);
 
 }  // namespace troupe::app

@@ -218,6 +218,16 @@ int main(int argc, char** argv) {
   tp->add_option("--duration", cc.duration_s, "seconds to run (0: until interrupted)")->check(CLI::Range(0.0, 86400.0));
   tp->add_flag("--until-idle", cc.until_idle, "stop once jobs were seen and none is left");
   tp->callback([&] { rc = troupe::app::run_top_cmd(cc); });
+  auto* coll = app.add_subcommand("collectives",
+                                "one rank of a Gloo group meeting through the coordinator's rendezvous: checks all_reduce, "
+                                "all_gather and send/recv for exact values and times all_reduce (bus bandwidth)");
+  common(coll, "--coordinator", "the coordinator's HOST:PORT");
+  coll->add_option("--group", cc.group, "the group's name (fresh for each group)");
+  coll->add_option("--rank", cc.rank, "this process's rank")->required();
+  coll->add_option("--size", cc.size, "ranks in the group")->required()->check(CLI::Range(1, 1024));
+  coll->add_option("--floats", cc.floats, "all_reduce length")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  coll->add_option("--rounds", cc.rounds, "timed all_reduce rounds (the median is printed)")->check(CLI::Range(1, 10000));
+  coll->callback([&] { rc = troupe::app::run_collectives_cmd(cc); });
 
   app.add_subcommand("feature-matrix", "print the feature matrix (docs/feature-matrix.md)")->callback([&] {
     rc = troupe::app::run_feature_matrix();

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -52,10 +53,22 @@ class communicator {
   virtual result<void, collective_error> recv(std::span<float> data, int from) = 0;
 };
 
+// A key-value store every rank of a group can reach, through which the ranks find each other (Gloo's
+// addresses, NCCL's unique id): the coordinator's (actors::session::rendezvous_store), so ranks on
+// different machines need no shared directory. Values are set once; `get` is nullopt until then.
+class rendezvous_store {
+ public:
+  virtual ~rendezvous_store() = default;
+  virtual result<void, std::string> set(const std::string& key, const std::string& value) = 0;
+  virtual result<std::optional<std::string>, std::string> get(const std::string& key) = 0;
+};
+
 struct gloo_options {
   int rank = 0;
   int size = 1;
-  // Rendezvous through a directory every rank can see (Gloo's FileStore). The directory must exist.
+  // Rendezvous through `store` when given, else through a directory every rank can see (Gloo's
+  // FileStore), which must exist.
+  std::shared_ptr<rendezvous_store> store;
   std::string rendezvous_dir;
   // Keys are scoped by this prefix, so one directory can serve successive groups; it must be fresh
   // for each group (the same on every rank of the group), since Gloo refuses to overwrite a key.
@@ -73,8 +86,9 @@ struct nccl_options {
   int rank = 0;
   int size = 1;
   int device = 0;  // the CUDA device this rank uses (one rank per device)
-  // Rank 0's NCCL unique id is handed to the others through a file here (a directory every rank sees,
-  // as for Gloo); `prefix` must be fresh for each group.
+  // Rank 0's NCCL unique id is handed to the others through `store` when given, else through a file in
+  // `rendezvous_dir` (a directory every rank sees, as for Gloo); `prefix` must be fresh for each group.
+  std::shared_ptr<rendezvous_store> store;
   std::string rendezvous_dir;
   std::string prefix = "troupe";
   // Bounds the id exchange, the group's creation and each collective (a stuck collective aborts the

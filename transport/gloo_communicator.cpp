@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "transport/collectives.hpp"
@@ -56,6 +57,37 @@ bool mentions_timeout(std::string_view what) {
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   return lower.find("timeout") != std::string::npos || lower.find("timed out") != std::string::npos;
 }
+
+// A rendezvous_store as Gloo's store: `get` and `wait` poll until every key is set or the timeout passes.
+class polled_store final : public gloo::rendezvous::Store {
+ public:
+  polled_store(rendezvous_store& s, std::chrono::milliseconds timeout) : s_(s), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    if (auto r = s_.set(key, std::string(data.begin(), data.end())); !r) throw std::runtime_error("rendezvous set " + key + ": " + r.error());
+  }
+  std::vector<char> get(const std::string& key) override {
+    wait({key}, timeout_);
+    auto v = s_.get(key);
+    if (!v || !*v) throw std::runtime_error("rendezvous get " + key + ": " + (v ? std::string("gone") : v.error()));
+    return std::vector<char>((*v)->begin(), (*v)->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (const auto& k : keys)
+      for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
+        auto v = s_.get(k);
+        if (!v) throw std::runtime_error("rendezvous get " + k + ": " + v.error());
+        if (*v) break;
+        if (std::chrono::steady_clock::now() > until) throw std::runtime_error("timeout waiting for rendezvous key " + k);
+        std::this_thread::sleep_for(pause);
+      }
+  }
+
+ private:
+  rendezvous_store& s_;
+  std::chrono::milliseconds timeout_;
+};
 
 // Wraps a store so that every wait, including the untimed ones Gloo issues internally (get() and
 // wait(keys) default to 30 s), is bounded by our timeout, and remembers whether a wait ran out.
@@ -202,7 +234,7 @@ result<std::unique_ptr<communicator>, collective_error> connect_gloo(const gloo_
                 "rank " + std::to_string(o.rank) + " outside [0, " + std::to_string(o.size) + ")");
   if (o.timeout <= std::chrono::milliseconds::zero())
     return fail(collective_error_code::invalid_argument, "timeout must be positive");
-  {
+  if (!o.store) {
     std::error_code ec;
     if (o.rendezvous_dir.empty() || !std::filesystem::is_directory(o.rendezvous_dir, ec))
       return fail(collective_error_code::invalid_argument,
@@ -224,8 +256,10 @@ result<std::unique_ptr<communicator>, collective_error> connect_gloo(const gloo_
   context->setTimeout(o.timeout);
   bool store_timed_out = false;
   auto r = guarded("rendezvous", [&] {
-    gloo::rendezvous::FileStore files(o.rendezvous_dir);
-    gloo::rendezvous::PrefixStore prefixed(o.prefix, files);
+    std::unique_ptr<gloo::rendezvous::Store> base;
+    if (o.store) base = std::make_unique<polled_store>(*o.store, o.timeout);
+    else base = std::make_unique<gloo::rendezvous::FileStore>(o.rendezvous_dir);
+    gloo::rendezvous::PrefixStore prefixed(o.prefix, *base);
     bounded_store store(prefixed, o.timeout);
     try {
       context->connectFullMesh(store, device);

@@ -143,11 +143,29 @@ result<std::unique_ptr<communicator>, collective_error> connect_nccl(const nccl_
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size) return unexpected(fail(collective_error_code::invalid_argument, "rank outside the group"));
   if (o.device < 0 || o.device >= cuda_devices())
     return unexpected(fail(collective_error_code::invalid_argument, "CUDA device " + std::to_string(o.device) + " is not present"));
-  if (o.rendezvous_dir.empty() || !fs::is_directory(o.rendezvous_dir))
+  if (!o.store && (o.rendezvous_dir.empty() || !fs::is_directory(o.rendezvous_dir)))
     return unexpected(fail(collective_error_code::invalid_argument, "the rendezvous directory does not exist"));
   const fs::path id_file = fs::path(o.rendezvous_dir) / (o.prefix + ".nccl-id");
   ncclUniqueId id{};
-  if (o.rank == 0) {
+  const std::string id_key = o.prefix + ".nccl-id";
+  if (o.store && o.rank == 0) {
+    if (auto r = ncclGetUniqueId(&id); r != ncclSuccess)
+      return unexpected(fail(collective_error_code::connect_failed, "ncclGetUniqueId: " + nccl_why(r)));
+    if (auto r = o.store->set(id_key, std::string(id.internal, sizeof id.internal)); !r)
+      return unexpected(fail(collective_error_code::connect_failed, "publishing the NCCL id: " + r.error()));
+  } else if (o.store) {
+    const auto until = std::chrono::steady_clock::now() + o.timeout;
+    for (;;) {
+      auto v = o.store->get(id_key);
+      if (!v) return unexpected(fail(collective_error_code::connect_failed, "reading the NCCL id: " + v.error()));
+      if (*v && (*v)->size() == sizeof id.internal) {
+        std::memcpy(id.internal, (*v)->data(), sizeof id.internal);
+        break;
+      }
+      if (std::chrono::steady_clock::now() > until) return unexpected(fail(collective_error_code::timeout, "rank 0's NCCL id was not published"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } else if (o.rank == 0) {
     if (auto r = ncclGetUniqueId(&id); r != ncclSuccess)
       return unexpected(fail(collective_error_code::connect_failed, "ncclGetUniqueId: " + nccl_why(r)));
     const fs::path tmp = id_file.string() + ".tmp";

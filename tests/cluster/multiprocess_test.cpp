@@ -17,6 +17,7 @@
 
 #include "actors/gateway.hpp"
 #include "actors/remote.hpp"
+#include "transport/collectives.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "families/fixtures/fixture.hpp"
 
@@ -453,6 +454,44 @@ TEST(multiprocess, a_tensor_parallel_replica_on_a_node_serves_like_one_device) {
 
 TEST(multiprocess, a_tensor_and_pipeline_parallel_replica_on_a_node_serves_like_one_device) {
   serve_split_replica(2, 2, "1x5", "4 layers do not make 5 stages");
+}
+
+// Collective groups whose ranks meet through the coordinator's rendezvous store (no shared directory,
+// as across machines): three `troupe collectives` processes join one Gloo group and check all_reduce,
+// all_gather and a send/recv ring for exact values. The store keeps each key once, and refuses keys and
+// values past its bounds, by name.
+TEST(multiprocess, collective_groups_meet_through_the_coordinators_rendezvous) {
+  cluster_fixture c;
+  std::vector<process> ranks;
+  for (int r = 0; r < 3; ++r)
+    ranks.push_back(spawn({TROUPE_BIN, "collectives", "--coordinator", "127.0.0.1:" + std::to_string(c.port), "--secret-file", (c.dir / "secret").string(),
+                           "--group", "g3", "--rank", std::to_string(r), "--size", "3", "--floats", "4099", "--rounds", "2"},
+                          c.dir / ("rank" + std::to_string(r) + ".log")));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(ranks[static_cast<std::size_t>(r)].wait_exit(), 0) << "rank " << r;
+    std::ifstream f(c.dir / ("rank" + std::to_string(r) + ".log"));
+    const std::string out((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_NE(out.find("all checks exact"), std::string::npos) << out;
+    EXPECT_NE(out.find("send/recv ring exact"), std::string::npos) << out;
+  }
+  auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  ASSERT_TRUE(s) << s.error();
+  auto store = (*s)->rendezvous_store();
+  ASSERT_TRUE(store->set("k", "v"));
+  auto again = store->set("k", "w");
+  ASSERT_FALSE(again);
+  EXPECT_NE(again.error().find("set already"), std::string::npos) << again.error();
+  auto got = store->get("k");
+  ASSERT_TRUE(got && *got);
+  EXPECT_EQ(**got, "v");
+  auto none = store->get("never");
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(*none);
+  auto big = store->set("big", std::string((1 << 20) + 1, 'x'));
+  ASSERT_FALSE(big);
+  EXPECT_NE(big.error().find("at most"), std::string::npos) << big.error();
+  EXPECT_FALSE(store->set(std::string(513, 'k'), "v"));
+  EXPECT_FALSE(store->set("", "v"));
 }
 
 TEST(multiprocess, a_simulated_device_of_declared_memory_takes_what_fits) {

@@ -12,6 +12,7 @@
 #include "apps/exec_runner.hpp"
 #include "actors/cluster.hpp"
 #include "engine/core/collective.hpp"
+#include "engine/driver/cpu_replica.hpp"
 #include "engine/driver/driver.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "engine/exec/cpu/thread_pool.hpp"
@@ -324,6 +325,11 @@ result<tp_figures, std::string> drive_tp(const std::shared_ptr<const families::m
   return out[0];
 }
 
+// What a split-replica run measured: the model, the sequence and the threads.
+nlohmann::json run_json(const bench_options& o, int threads) {
+  return {{"model", o.model}, {"prompt_len", o.prompt_len}, {"gen", o.gen}, {"threads", threads}};
+}
+
 int run_tp_bench(const bench_options& o, const std::shared_ptr<const families::model_handle>& h) {
   const int total = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int n = o.tensor_parallel;
@@ -339,11 +345,7 @@ int run_tp_bench(const bench_options& o, const std::shared_ptr<const families::m
     return 1;
   }
   if (o.json) {
-    nlohmann::json j;
-    j["model"] = o.model;
-    j["prompt_len"] = o.prompt_len;
-    j["gen"] = o.gen;
-    j["threads"] = total;
+    nlohmann::json j = run_json(o, total);
     j["ranks"] = {{{"ranks", 1}, {"threads_per_rank", total}, {"prefill_tok_s", one->prefill_tok_s}, {"decode_tok_s", one->decode_tok_s}},
                   {{"ranks", n}, {"threads_per_rank", per_rank}, {"prefill_tok_s", split->prefill_tok_s}, {"decode_tok_s", split->decode_tok_s},
                    {"collective_share_of_decode", split->reduce_share}}};
@@ -361,6 +363,88 @@ int run_tp_bench(const bench_options& o, const std::shared_ptr<const families::m
   return 0;
 }
 
+// One sequence through the driver on a tp x pp replica (driver::cpu_replica): prefill of the prompt (one
+// chunk), then `gen` decode steps; tokens per second, medians over the runs after a warm-up.
+result<tp_figures, std::string> drive_replica(const std::shared_ptr<const families::model_handle>& h, const bench_options& o, int tp, int pp,
+                                              int threads_per_rank) {
+  auto replica = driver::cpu_replica::make(h, tp, pp, threads_per_rank);
+  if (!replica) return unexpected(replica.error());
+  driver::driver_options opt;
+  (*replica)->attach(opt);
+  opt.max_rows = 1;
+  opt.block_size = 16;
+  opt.capacity = (o.prompt_len + o.gen + 1 + 15) / 16 * 16;
+  opt.prefill_chunk = o.prompt_len;
+  opt.token_budget = o.prompt_len + 1;
+  opt.prefix_cache = false;
+  auto d = driver::driver<driver::unprepared>((*replica)->head(), (*replica)->head_executor(), opt).prepare();
+  if (!d) return unexpected(d.error().second.message());
+  const auto vocab = h->model().config().vocab;
+  std::vector<double> pre, dec;
+  for (int rep = 0; rep < o.runs + 1; ++rep) {
+    driver::seq_request r;
+    for (std::int64_t i = 0; i < o.prompt_len; ++i) r.prompt.push_back(static_cast<std::int32_t>(3 + (i * 7919 + rep) % (vocab - 3)));
+    r.max_tokens = o.gen + 1;  // the prefill step's token, then gen decode steps
+    r.ignore_eos = true;
+    auto id = d->open(std::move(r));
+    if (!id) return unexpected(id.error().message());
+    auto t0 = std::chrono::steady_clock::now();
+    double pre_s = 0;
+    bool finished = false;
+    while (!finished) {
+      auto rep_or = d->step();
+      if (!rep_or) return unexpected(rep_or.error().message());
+      for (const auto& u : rep_or->updates) {
+        if (u.id != *id) continue;
+        if (pre_s == 0 && !u.tokens.empty()) {
+          pre_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          t0 = std::chrono::steady_clock::now();
+        }
+        finished = finished || u.finished;
+      }
+    }
+    const double dec_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    (void)d->release(*id);
+    if (rep == 0) continue;
+    pre.push_back(static_cast<double>(o.prompt_len) / pre_s);
+    dec.push_back(static_cast<double>(o.gen) / dec_s);
+  }
+  return tp_figures{median_of(pre), median_of(dec), 0};
+}
+
+int run_replica_bench(const bench_options& o, const std::shared_ptr<const families::model_handle>& h) {
+  const int total = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int tp = std::max(1, o.tensor_parallel), pp = std::max(1, o.pipeline_parallel);
+  const int per_rank = std::max(1, total / (tp * pp));
+  auto one = drive_replica(h, o, 1, 1, total);
+  if (!one) {
+    std::fprintf(stderr, "troupe bench: 1 x 1: %s\n", one.error().c_str());
+    return 1;
+  }
+  auto split = drive_replica(h, o, tp, pp, per_rank);
+  if (!split) {
+    std::fprintf(stderr, "troupe bench: %d x %d: %s\n", tp, pp, split.error().c_str());
+    return 1;
+  }
+  if (o.json) {
+    nlohmann::json j = run_json(o, total);
+    j["replicas"] = {{{"tensor_parallel", 1}, {"pipeline_parallel", 1}, {"threads_per_rank", total}, {"prefill_tok_s", one->prefill_tok_s},
+                      {"decode_tok_s", one->decode_tok_s}},
+                     {{"tensor_parallel", tp}, {"pipeline_parallel", pp}, {"threads_per_rank", per_rank}, {"prefill_tok_s", split->prefill_tok_s},
+                      {"decode_tok_s", split->decode_tok_s}}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("model %s: prompt %lld, then %lld decode tokens through the driver; %d threads in all; medians of %d runs\n", o.model.c_str(),
+              static_cast<long long>(o.prompt_len), static_cast<long long>(o.gen), total, o.runs);
+  std::printf("tp x pp  threads/rank  prefill tok/s  decode tok/s  decode vs 1 x 1\n");
+  std::printf("%2d x %-2d  %12d  %13.1f  %12.2f  %15s\n", 1, 1, total, one->prefill_tok_s, one->decode_tok_s, "1.00x");
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.2fx", split->decode_tok_s / one->decode_tok_s);
+  std::printf("%2d x %-2d  %12d  %13.1f  %12.2f  %15s\n", tp, pp, per_rank, split->prefill_tok_s, split->decode_tok_s, ratio);
+  return 0;
+}
+
 }  // namespace
 
 int run_bench(const bench_options& o) {
@@ -373,6 +457,7 @@ int run_bench(const bench_options& o) {
     std::fprintf(stderr, "troupe bench: %s\n", families::message(h.error()).c_str());
     return 2;
   }
+  if (o.pipeline_parallel > 1) return run_replica_bench(o, *h);
   if (o.tensor_parallel > 1) return run_tp_bench(o, *h);
   if (o.actors) return run_actor_bench(o, *h);
   if (o.batch > 1) return run_batch_bench(o, *h);

@@ -115,6 +115,9 @@ int main(int argc, char** argv) {
   bn->add_option("--tensor-parallel", bench.tensor_parallel,
                  "one sequence on 1 rank and on N in-process ranks (--threads shared between them): tokens/s and the collectives' share")
       ->check(CLI::Range(2, 64));
+  bn->add_option("--pipeline-parallel", bench.pipeline_parallel,
+                 "one sequence through the driver on 1 x 1 and on (--tensor-parallel) x M stages: tokens/s")
+      ->check(CLI::Range(2, 64));
   bn->callback([&] { rc = troupe::app::run_bench(bench); });
 
   troupe::app::serve_options serve;

@@ -1,6 +1,8 @@
 #include "engine/driver/driver.hpp"
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <cmath>
 #include <limits>
@@ -231,31 +233,87 @@ struct rank_state {
   std::map<entry_key, exec::entry_id, key_less> entries;
 };
 
-// The other ranks' run of one step, on threads while rank 0 runs on the caller's; `wait` joins them and
-// returns the first refusal.
-class others_run {
+// The other ranks' threads: one per rank, started with the first step and kept for the driver's life,
+// so a step costs a wake-up per rank rather than a thread start. `start` hands every rank the step;
+// `wait` blocks until each has run it and returns the first refusal.
+class rank_workers {
  public:
-  others_run(std::vector<rank_state>& ranks, const entry_key& k, const exec::step_inputs& in) {
-    errors_.resize(ranks.size());
-    for (std::size_t r = 0; r < ranks.size(); ++r)
-      threads_.emplace_back([&ranks, k, &in, r, this] {
-        auto out = ranks[r].ex->step(ranks[r].entries.at(k), in);
-        if (!out) errors_[r] = out.error();
-      });
+  explicit rank_workers(std::vector<rank_state>& ranks) : ranks_(ranks), errors_(ranks.size()) {
+    for (std::size_t r = 0; r < ranks.size(); ++r) threads_.emplace_back([this, r] { loop(r); });
   }
-  others_run(const others_run&) = delete;
-  ~others_run() { (void)wait(); }
+  rank_workers(const rank_workers&) = delete;
+  ~rank_workers() {
+    {
+      std::lock_guard lock(m_);
+      stopping_ = true;
+    }
+    go_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void start(const entry_key& k, const exec::step_inputs& in) {
+    std::lock_guard lock(m_);
+    key_ = k;  // a copy: the caller's key may be a temporary
+    in_ = &in;
+    pending_ = ranks_.size();
+    for (auto& e : errors_) e.reset();
+    ++round_;
+    go_.notify_all();
+  }
   std::optional<exec::exec_error> wait() {
-    for (auto& t : threads_)
-      if (t.joinable()) t.join();
+    std::unique_lock lock(m_);
+    done_.wait(lock, [&] { return pending_ == 0; });
     for (auto& e : errors_)
       if (e) return e;
     return std::nullopt;
   }
 
  private:
-  std::vector<std::thread> threads_;
+  void loop(std::size_t r) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      std::unique_lock lock(m_);
+      go_.wait(lock, [&] { return stopping_ || round_ != seen; });
+      if (stopping_) return;
+      seen = round_;
+      const entry_key& k = key_;  // unchanged until every rank is done
+      const exec::step_inputs& in = *in_;
+      lock.unlock();
+      auto out = ranks_[r].ex->step(ranks_[r].entries.at(k), in);
+      lock.lock();
+      if (!out) errors_[r] = out.error();
+      if (--pending_ == 0) done_.notify_all();
+    }
+  }
+
+  std::vector<rank_state>& ranks_;
   std::vector<std::optional<exec::exec_error>> errors_;
+  std::vector<std::thread> threads_;
+  std::mutex m_;
+  std::condition_variable go_, done_;
+  entry_key key_;
+  const exec::step_inputs* in_ = nullptr;
+  std::size_t pending_ = 0;
+  std::uint64_t round_ = 0;
+  bool stopping_ = false;
+};
+
+// The other ranks' run of one step while the sampling rank runs on the caller's thread; `wait` (or the
+// destructor) waits for them.
+class others_run {
+ public:
+  others_run(rank_workers& w, const entry_key& k, const exec::step_inputs& in) : w_(w) { w_.start(k, in); }
+  others_run(const others_run&) = delete;
+  ~others_run() {
+    if (!waited_) (void)w_.wait();
+  }
+  std::optional<exec::exec_error> wait() {
+    waited_ = true;
+    return w_.wait();
+  }
+
+ private:
+  rank_workers& w_;
+  bool waited_ = false;
 };
 
 struct driver_state {
@@ -263,6 +321,11 @@ struct driver_state {
   exec::executor* ex = nullptr;
   driver_options options;
   std::vector<rank_state> ranks;  // tensor-parallel ranks 1.. (options.other_ranks, prepared)
+  std::unique_ptr<rank_workers> workers;  // their threads, once the first step runs
+  rank_workers& rank_threads() {
+    if (!workers) workers = std::make_unique<rank_workers>(ranks);
+    return *workers;
+  }
 
   // prepared
   std::unique_ptr<weight_map_source> weights;
@@ -608,7 +671,7 @@ result<void, driver_error> driver_state::run_decode(std::vector<sequence*>& rows
   exec::step_inputs in;
   in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", write.view()}, {"kv_read_map", read.view()}};
   std::optional<others_run> others;
-  if (!ranks.empty()) others.emplace(ranks, key, in);
+  if (!ranks.empty()) others.emplace(rank_threads(), key, in);
   auto picks = ex->step_sample(entry, in, heads, mask_hook_for(rows));
   if (others)
     if (auto e = others->wait(); e && picks) picks = unexpected(*e);
@@ -667,7 +730,7 @@ result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n
   ++report.executor_steps;
   result<std::vector<exec::sampled_row>, exec::exec_error> picks = std::vector<exec::sampled_row>{};
   std::optional<others_run> others;
-  if (!ranks.empty()) others.emplace(ranks, key, in);
+  if (!ranks.empty()) others.emplace(rank_threads(), key, in);
   if (last) {
     const exec::sample_row_request head{s.id, s.req.sampling, static_cast<std::uint64_t>(s.generated), want_logits};
     std::vector<sequence*> one{&s};
@@ -955,7 +1018,7 @@ result<std::vector<tensor>, driver_error> driver<serving>::encode(std::span<cons
     exec::step_inputs in;
     in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"token_mask", mask.view()}};
     std::optional<others_run> others;
-    if (!st.ranks.empty()) others.emplace(st.ranks, st.encode_key(), in);
+    if (!st.ranks.empty()) others.emplace(st.rank_threads(), st.encode_key(), in);
     auto r = st.ex->step(entry, in);
     if (others)
       if (auto e = others->wait(); e && r) r = unexpected(*e);

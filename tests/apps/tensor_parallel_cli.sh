@@ -29,4 +29,8 @@ grep -q "do not split 3 ways" "${TMPDIR:-/tmp}/tp3.$$" || { cat "${TMPDIR:-/tmp}
 if "$troupe" generate --prompt x --pipeline-parallel 5 2>"${TMPDIR:-/tmp}/tp3.$$"; then echo "pp 5 was accepted"; exit 1; fi
 grep -q "4 layers do not make 5 stages" "${TMPDIR:-/tmp}/tp3.$$" || { cat "${TMPDIR:-/tmp}/tp3.$$"; exit 1; }
 rm -f "${TMPDIR:-/tmp}/tp3.$$"
+# The split-replica bench runs one sequence on 1 x 1 and on 2 x 2 through the driver and says so.
+model="$(dirname "$troupe")/../share/troupe/models/troupe-kjv.gguf"
+j="$("$troupe" bench --model "$model" --prompt-len 8 --gen 4 --runs 1 --tensor-parallel 2 --pipeline-parallel 2 --json)"
+echo "$j" | grep -q '"pipeline_parallel":2' || { echo "bench --pipeline-parallel: $j"; exit 1; }
 echo "parallel generate: 2 and 4 ranks, 2 and 4 stages and 2 x 2 equal one device"

@@ -1,6 +1,7 @@
 #pragma once
-// Shared by actors.cpp and remote.cpp only (CAF inside; no other folder includes it): the atoms of the
-// actor protocol, the actors a process starts, and the set of client actors a cluster handle opened.
+// Shared by actors.cpp, remote.cpp and ranks.cpp only (CAF inside; no other folder includes it): the
+// atoms of the actor protocol, the actors a process starts, and the set of client actors a cluster
+// handle opened.
 #include <caf/all.hpp>
 
 #include <chrono>
@@ -9,7 +10,15 @@
 #include <vector>
 
 #include "actors/cluster.hpp"
+#include "engine/driver/driver.hpp"
 #include "transport/messages.hpp"
+
+namespace troupe::exec::cpu {
+class cpu_executor;
+}
+namespace troupe::transport {
+class rendezvous_store;
+}
 
 namespace troupe::actors {
 
@@ -41,7 +50,37 @@ inline constexpr std::size_t rendezvous_max_key = 512;
 inline constexpr std::size_t rendezvous_max_value = 1 << 20;
 inline constexpr std::size_t rendezvous_max_bytes = 64u << 20;
 
+// A replica whose pipeline stages are on different nodes (ranks.cpp).
+using rank_atom = caf::atom_constant<caf::atom("rank")>;          // node: spawn a stage's rank actor
+using rank_connect_atom = caf::atom_constant<caf::atom("rjoin")>;  // rank: join the replica's pipe
+using rank_load_atom = caf::atom_constant<caf::atom("rload")>;     // rank: load its part's weights
+using rank_add_atom = caf::atom_constant<caf::atom("radd")>;       // rank: compile an entry (entry_wire text)
+using rank_step_atom = caf::atom_constant<caf::atom("rstep")>;     // rank: run a step (an encoded step_batch)
+
 inline constexpr auto request_timeout = std::chrono::seconds(600);
+
+// The coordinator's key-value store seen from a process holding its handle (the rendezvous of
+// collective groups).
+std::shared_ptr<transport::rendezvous_store> coordinator_rendezvous(caf::actor_system& sys, const caf::actor& coordinator);
+
+// A stage before the last of a cross-node replica (load.world_rank of load.pipeline_parallel stages),
+// spawned by `node` as a detached rank actor over its part of `model`, or why not.
+result<caf::actor, std::string> spawn_rank(caf::event_based_actor* node, const std::shared_ptr<const families::model_handle>& model,
+                                           const transport::load_request& load, const caf::actor& coordinator, int threads);
+
+// The last stage of a cross-node replica, which drives the others (`ranks`, stage order): its part,
+// its executor, the remote ranks for driver_options::other_ranks and the connect step for
+// driver_options::connect; `keep` holds what they point into.
+struct cross_node_head {
+  std::shared_ptr<const families::model_handle> part;
+  std::shared_ptr<exec::cpu::cpu_executor> executor;
+  std::vector<driver::tp_rank> other_ranks;
+  std::function<result<void, std::string>()> connect;
+  std::shared_ptr<void> keep;
+};
+result<cross_node_head, std::string> make_cross_node_head(caf::actor_system& sys, const std::shared_ptr<const families::model_handle>& model,
+                                                         const transport::load_request& load, const caf::actor& coordinator,
+                                                         const std::vector<caf::actor>& ranks, int threads);
 
 caf::actor spawn_registry(caf::actor_system& sys);
 caf::actor spawn_coordinator(caf::actor_system& sys, const caf::actor& registry, const caf::actor& node, std::int64_t max_outstanding,

@@ -441,6 +441,53 @@ std::uint64_t replica_bytes(const families::model_handle& h, const driver::drive
                        static_cast<std::uint64_t>(cfg.layers) * 4;
 }
 
+// A replica's driver options from its deployment: what the deployment leaves 0 follows from the model's
+// positions (the capacity, at most default_capacity, in whole KV blocks) and from the capacity (the
+// prefill chunk and the token budget).
+driver::driver_options replica_options(const transport::load_request& l, const families::model_handle& h) {
+  driver::driver_options o;
+  if (l.max_rows > 0) o.max_rows = l.max_rows;
+  if (l.block_size > 0) o.block_size = l.block_size;
+  // Capacity 0: the model's positions, at most default_capacity, in whole KV blocks. The chunk
+  // and the budget left 0 follow from it.
+  if (l.capacity > 0) {
+    o.capacity = l.capacity;
+  } else {
+    const auto positions = h.model().config().max_positions;
+    o.capacity = positions > 0 ? std::min(default_capacity, positions) : default_capacity;
+    o.capacity = std::max(o.block_size, o.capacity / o.block_size * o.block_size);
+  }
+  o.pool_blocks = l.pool_blocks;
+  o.prefill_chunk = l.prefill_chunk > 0 ? l.prefill_chunk : std::min<std::int64_t>(256, o.capacity);
+  o.token_budget = l.token_budget > 0 ? l.token_budget : o.prefill_chunk + o.max_rows;
+  o.prefix_cache = !l.no_prefix_cache;
+  o.preempt = !l.no_preempt;
+  return o;
+}
+
+// The deployment in `bytes`, or why not.
+result<transport::deploy, std::string> deployment_of(const std::string& bytes) {
+  auto m = transport::decode(bytes);
+  if (!m) return unexpected(m.error().message());
+  auto* d = std::get_if<transport::deploy>(&*m);
+  if (!d) return unexpected(std::string("a node takes deployments, not ") + std::string(transport::kind(*m)));
+  return *d;
+}
+
+// The node's handle of a deployment's model, loaded once.
+result<std::shared_ptr<const families::model_handle>, std::string> handle_for(node_state& st, const transport::deploy& d) {
+  auto& h = st.handles[d.model];
+  if (!h) {
+    auto loaded = families::model_handle::load(d.load.model, families::registry::builtin());
+    if (!loaded) {
+      st.handles.erase(d.model);
+      return unexpected(families::message(loaded.error()));
+    }
+    h = *loaded;
+  }
+  return h;
+}
+
 caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory) {
   self->state.executor_threads = executor_threads;
   self->state.device_memory = device_memory;
@@ -448,38 +495,50 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_thr
   return {
       // Spawns the replicas of a deployment; each registers itself with `coordinator` once prepared.
       // Replies with the number spawned, or 0 and why not.
+      // A stage before the last of a cross-node replica: a rank actor over its part, for the last
+      // stage's driver (ranks.cpp). Replies with the actor, or a null actor and why not.
+      [=](rank_atom, const std::string& bytes, const caf::actor& coordinator) -> caf::message {
+        auto& st = self->state;
+        auto d = deployment_of(bytes);
+        if (!d) return caf::make_message(caf::actor{}, d.error());
+        auto h = handle_for(st, *d);
+        if (!h) return caf::make_message(caf::actor{}, h.error());
+        auto r = spawn_rank(self, *h, d->load, coordinator, st.executor_threads);
+        if (!r) return caf::make_message(caf::actor{}, r.error());
+        self->link_to(*r);
+        st.spawned.push_back(*r);
+        return caf::make_message(*r, std::string());
+      },
+      // The last stage of a cross-node replica: the driver, over the rank actors of the other stages.
+      [=](deploy_atom, const std::string& bytes, const caf::actor& coordinator, const std::vector<caf::actor>& ranks) -> caf::message {
+        auto& st = self->state;
+        auto d = deployment_of(bytes);
+        if (!d) return caf::make_message(std::int32_t{0}, d.error());
+        auto h = handle_for(st, *d);
+        if (!h) return caf::make_message(std::int32_t{0}, h.error());
+        auto head = make_cross_node_head(self->system(), *h, d->load, coordinator, ranks, st.executor_threads);
+        if (!head) return caf::make_message(std::int32_t{0}, head.error());
+        driver::driver_options o = replica_options(d->load, **h);
+        o.other_ranks = head->other_ranks;
+        o.connect = head->connect;
+        auto dev = self->spawn(executor_actor, std::shared_ptr<exec::executor>(head->executor), "cpu:" + std::to_string(st.spawned.size()));
+        auto drv = self->spawn<caf::detached>(driver_actor, head->part, std::shared_ptr<exec::executor>(head->executor), o, st.max_per_replica,
+                                              coordinator, d->model, head->keep);
+        self->link_to(dev);
+        self->link_to(drv);
+        st.spawned.push_back(dev);
+        st.spawned.push_back(drv);
+        st.executors.push_back(head->executor);
+        return caf::make_message(std::int32_t{1}, std::string());
+      },
       [=](deploy_atom, const std::string& bytes, const caf::actor& coordinator) -> caf::message {
         auto& st = self->state;
-        auto m = transport::decode(bytes);
-        if (!m) return caf::make_message(std::int32_t{0}, m.error().message());
-        auto* d = std::get_if<transport::deploy>(&*m);
-        if (!d) return caf::make_message(std::int32_t{0}, std::string("a node takes deployments, not ") + std::string(transport::kind(*m)));
-        auto& h = st.handles[d->model];
-        if (!h) {
-          auto loaded = families::model_handle::load(d->load.model, families::registry::builtin());
-          if (!loaded) {
-            st.handles.erase(d->model);
-            return caf::make_message(std::int32_t{0}, families::message(loaded.error()));
-          }
-          h = *loaded;
-        }
-        driver::driver_options o;
-        if (d->load.max_rows > 0) o.max_rows = d->load.max_rows;
-        if (d->load.block_size > 0) o.block_size = d->load.block_size;
-        // Capacity 0: the model's positions, at most default_capacity, in whole KV blocks. The chunk
-        // and the budget left 0 follow from it.
-        if (d->load.capacity > 0) {
-          o.capacity = d->load.capacity;
-        } else {
-          const auto positions = h->model().config().max_positions;
-          o.capacity = positions > 0 ? std::min(default_capacity, positions) : default_capacity;
-          o.capacity = std::max(o.block_size, o.capacity / o.block_size * o.block_size);
-        }
-        o.pool_blocks = d->load.pool_blocks;
-        o.prefill_chunk = d->load.prefill_chunk > 0 ? d->load.prefill_chunk : std::min<std::int64_t>(256, o.capacity);
-        o.token_budget = d->load.token_budget > 0 ? d->load.token_budget : o.prefill_chunk + o.max_rows;
-        o.prefix_cache = !d->load.no_prefix_cache;
-        o.preempt = !d->load.no_preempt;
+        auto d = deployment_of(bytes);
+        if (!d) return caf::make_message(std::int32_t{0}, d.error());
+        auto handle = handle_for(st, *d);
+        if (!handle) return caf::make_message(std::int32_t{0}, handle.error());
+        const auto& h = *handle;
+        driver::driver_options o = replica_options(d->load, *h);
         if (st.device_memory > 0) {
           // The device's memory decides how many replicas share it: what the running executors hold
           // (their own reports) plus what the new ones will.
@@ -576,6 +635,7 @@ struct coordinator_state {
   std::optional<pending_deploy> deploying;
   std::map<std::string, transport::deploy> deployments;  // by model name: how to start one more replica
   std::map<std::string, std::string> rendezvous;  // the groups' rendezvous keys (kv_set_atom, kv_get_atom)
+  std::uint64_t next_group = 0;                    // cross-node replicas: their rendezvous prefixes
   std::size_t rendezvous_bytes = 0;
   static inline const char* name = "coordinator";
 };
@@ -597,6 +657,63 @@ std::optional<std::size_t> next_node_with_room(coordinator_state& st, std::map<s
   return std::nullopt;
 }
 
+// Replicas whose pipeline stages each take a node of their own (ranks.cpp): for each, the nodes of the
+// stages before the last spawn rank actors, then the last stage's node spawns the driver over them. The
+// stages' pipe meets through this coordinator's rendezvous store under a prefix fresh per replica.
+template <class Fail>
+void place_across_nodes(caf::stateful_actor<coordinator_state>* self, transport::deploy d, std::int32_t count, Fail fail) {
+  auto& st = self->state;
+  const int pp = d.load.pipeline_parallel;
+  if (std::max(1, d.load.tensor_parallel) != 1) return fail("stages across nodes take no tensor parallel split yet");
+  if (static_cast<int>(st.nodes.size()) < pp)
+    return fail("a pipeline of " + std::to_string(pp) + " stages across nodes needs " + std::to_string(pp) + " nodes, " +
+                std::to_string(st.nodes.size()) + " joined");
+  for (std::int32_t r = 0; r < count; ++r) {
+    const std::size_t first = st.next_node++ % st.nodes.size();
+    std::vector<caf::actor> stage_nodes;
+    for (int s = 0; s < pp; ++s) stage_nodes.push_back(st.nodes[(first + static_cast<std::size_t>(s)) % st.nodes.size()].actor);
+    transport::deploy rd = d;
+    rd.load.group = "replica-" + std::to_string(st.next_group++);
+    struct gathering {
+      std::vector<caf::actor> ranks;
+      int arrived = 0;
+      bool failed = false;
+    };
+    auto g = std::make_shared<gathering>();
+    g->ranks.resize(static_cast<std::size_t>(pp - 1));
+    auto head = [=] {
+      transport::deploy hd = rd;
+      hd.load.world_rank = pp - 1;
+      self->request(stage_nodes.back(), request_timeout, deploy_atom::value, transport::encode(hd), caf::actor_cast<caf::actor>(self), g->ranks)
+          .then(
+              [=](std::int32_t n, const std::string& why) {
+                if (n == 0) fail(why);
+              },
+              [=](caf::error& e) { fail(self->system().render(e)); });
+    };
+    for (int s = 0; s + 1 < pp; ++s) {
+      transport::deploy sd = rd;
+      sd.load.world_rank = s;
+      self->request(stage_nodes[static_cast<std::size_t>(s)], request_timeout, rank_atom::value, transport::encode(sd), caf::actor_cast<caf::actor>(self))
+          .then(
+              [=](const caf::actor& rank, const std::string& why) {
+                if (g->failed) return;
+                if (!rank) {
+                  g->failed = true;
+                  return fail("stage " + std::to_string(s) + ": " + why);
+                }
+                g->ranks[static_cast<std::size_t>(s)] = rank;
+                if (++g->arrived == pp - 1) head();
+              },
+              [=](caf::error& e) {
+                if (g->failed) return;
+                g->failed = true;
+                fail("stage " + std::to_string(s) + ": " + self->system().render(e));
+              });
+    }
+  }
+}
+
 // Asks nodes with room to start `count` replicas of `d`, one per request, round robin; the pending
 // deployment completes when they register (register_atom). A refusal fails it, prefixed with `label`.
 void place_replicas(caf::stateful_actor<coordinator_state>* self, transport::deploy d, std::int32_t count, const std::string& label) {
@@ -606,6 +723,7 @@ void place_replicas(caf::stateful_actor<coordinator_state>* self, transport::dep
     self->state.deploying.reset();
   };
   d.replicas = 1;
+  if (d.load.across_nodes && d.load.pipeline_parallel > 1) return place_across_nodes(self, d, count, fail);
   const auto bytes = transport::encode(d);
   std::map<std::size_t, std::int32_t> planned;
   for (std::int32_t r = 0; r < count; ++r) {

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -129,7 +130,9 @@ sigset_t block_stop_signals() {
   return set;
 }
 
-// How long reaching a gatekeeper may take (the TCP connection and CAF's handshake).
+// How long reaching a gatekeeper may take (the TCP connection and CAF's handshake), and each of the two
+// steps of proving the secret to it: a coordinator gone mid-join (its old link not yet torn down) is
+// noticed within this.
 constexpr auto connect_timeout = std::chrono::seconds(10);
 
 // Proves the secret to a gatekeeper; the coordinator's handle, or why not.
@@ -148,10 +151,10 @@ result<caf::actor, std::string> join(caf::actor_system& sys, const std::string& 
   if (!gatekeeper) return unexpected("cannot reach the coordinator at " + host + ":" + std::to_string(port) + ": " + reach_err);
   auto gk = &gatekeeper;
   std::string nonce, err;
-  self->request(*gk, std::chrono::seconds(30), join_atom::value).receive([&](const std::string& n) { nonce = n; }, [&](caf::error& e) { err = sys.render(e); });
+  self->request(*gk, connect_timeout, join_atom::value).receive([&](const std::string& n) { nonce = n; }, [&](caf::error& e) { err = sys.render(e); });
   if (nonce.empty()) return unexpected("no challenge from the coordinator: " + err);
   caf::actor coordinator;
-  self->request(*gk, std::chrono::seconds(30), join_atom::value, role, id, nonce, hmac_sha256_hex(secret, nonce + "|" + role + "|" + id), peer)
+  self->request(*gk, connect_timeout, join_atom::value, role, id, nonce, hmac_sha256_hex(secret, nonce + "|" + role + "|" + id), peer)
       .receive([&](const caf::actor& c, const std::string& e) { coordinator = c, err = e; }, [&](caf::error& e) { err = sys.render(e); });
   if (!coordinator) return unexpected(err.empty() ? std::string("refused") : err);
   return coordinator;
@@ -255,7 +258,14 @@ int run_node(const node_process_options& o) {
   }
   if (!signalled) pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
-  return rc;
+  // The actor system's teardown waits for the last reference to every detached actor (each replica's
+  // driver), and one still held on behalf of a peer whose link is gone keeps it waiting for good (seen
+  // with the coordinator stopped first). The replicas have drained or lost their coordinator by now:
+  // the process leaves without that teardown.
+  spdlog::info("event=stopped");
+  if (auto l = spdlog::default_logger()) l->flush();
+  std::fflush(nullptr);
+  std::_Exit(rc);
 }
 
 struct session_state {
@@ -290,7 +300,7 @@ std::unique_ptr<client> session::connect() { return client_session(); }
 std::unique_ptr<client> session::client_session() { return s_->clients.open(*s_->sys, s_->coordinator); }
 
 result<std::string, std::string> session::deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& o,
-                                                  std::int32_t tensor_parallel, std::int32_t pipeline_parallel) {
+                                                  std::int32_t tensor_parallel, std::int32_t pipeline_parallel, bool across_nodes) {
   transport::deploy d;
   d.model = model.filename().string();
   d.replicas = replicas;
@@ -306,6 +316,7 @@ result<std::string, std::string> session::deploy(const std::filesystem::path& mo
   d.load.no_preempt = !o.preempt;
   d.load.tensor_parallel = tensor_parallel;
   d.load.pipeline_parallel = pipeline_parallel;
+  d.load.across_nodes = across_nodes;
   caf::scoped_actor self{*s_->sys};
   std::string err = "no answer", name;
   self->request(s_->coordinator, request_timeout, deploy_atom::value, transport::encode(d))
@@ -315,40 +326,7 @@ result<std::string, std::string> session::deploy(const std::filesystem::path& mo
   return name;
 }
 
-namespace {
-
-class coordinator_store final : public transport::rendezvous_store {
- public:
-  explicit coordinator_store(session_state& s) : s_(s) {}
-  result<void, std::string> set(const std::string& key, const std::string& value) override {
-    caf::scoped_actor self{*s_.sys};
-    std::string err = "no answer";
-    self->request(s_.coordinator, std::chrono::seconds(30), kv_set_atom::value, key, value)
-        .receive([&](const std::string& e) { err = e; }, [&](caf::error& e) { err = s_.sys->render(e); });
-    if (!err.empty()) return unexpected(err);
-    return {};
-  }
-  result<std::optional<std::string>, std::string> get(const std::string& key) override {
-    caf::scoped_actor self{*s_.sys};
-    std::string err;
-    std::optional<std::string> out;
-    self->request(s_.coordinator, std::chrono::seconds(30), kv_get_atom::value, key)
-        .receive(
-            [&](bool found, std::string& v) {
-              if (found) out = std::move(v);
-            },
-            [&](caf::error& e) { err = s_.sys->render(e); });
-    if (!err.empty()) return unexpected(err);
-    return out;
-  }
-
- private:
-  session_state& s_;
-};
-
-}  // namespace
-
-std::shared_ptr<transport::rendezvous_store> session::rendezvous_store() { return std::make_shared<coordinator_store>(*s_); }
+std::shared_ptr<transport::rendezvous_store> session::rendezvous_store() { return coordinator_rendezvous(*s_->sys, s_->coordinator); }
 
 result<std::string, std::string> session::scale(const std::string& model, std::int32_t replicas) {
   caf::scoped_actor self{*s_->sys};

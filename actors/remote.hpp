@@ -88,9 +88,9 @@ class session final : public serving_backend {
   // Deploys `model` (a path every node can read) on `replicas` replicas spread over the nodes; returns
   // the model's name once every replica is prepared.
   // tensor_parallel x pipeline_parallel > 1: each replica is that many executors on one node, each over
-  // its part (docs/tensor-parallel.md).
+  // its part (docs/tensor-parallel.md); with across_nodes each pipeline stage takes a node of its own.
   result<std::string, std::string> deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& options,
-                                          std::int32_t tensor_parallel = 1, std::int32_t pipeline_parallel = 1);
+                                          std::int32_t tensor_parallel = 1, std::int32_t pipeline_parallel = 1, bool across_nodes = false);
   // Sets a deployed model's replica count: new replicas are placed and prepared before they take
   // traffic (returns once they serve); removed ones drain (no new jobs, stop after their last).
   result<std::string, std::string> scale(const std::string& model, std::int32_t replicas);

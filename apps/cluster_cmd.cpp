@@ -316,7 +316,7 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     d.token_budget = 0;
     std::optional<progress_bar> bar;
     if (o.progress) bar.emplace(**s, std::filesystem::path(e.model).filename().string(), e.replicas);
-    auto r = (*s)->deploy(e.model, e.replicas, d, o.tensor_parallel, o.pipeline_parallel);
+    auto r = (*s)->deploy(e.model, e.replicas, d, o.tensor_parallel, o.pipeline_parallel, o.across_nodes);
     if (bar) bar->finish(r.has_value());
     if (!r) {
       std::fprintf(stderr, "troupe deploy: %s: %s\n", e.model.c_str(), r.error().c_str());

@@ -26,6 +26,7 @@ struct cluster_cmd_options {
   std::int64_t capacity = 0;  // 0: the model's positions, at most 2048
   bool progress = false;
   int pipeline_parallel = 1;  // deploy: stages per replica, on one node
+  bool across_nodes = false;  // deploy: each pipeline stage on a node of its own
   int tensor_parallel = 1;  // deploy: ranks per replica, on one node    // deploy: draw the replicas' preparation as a progress bar on stderr
   // top
   int interval_ms = 500;

@@ -112,6 +112,9 @@ void put(LoadRequest::Builder b, const load_request& l) {
   b.setNoPreempt(l.no_preempt);
   b.setTensorParallel(l.tensor_parallel);
   b.setPipelineParallel(l.pipeline_parallel);
+  b.setAcrossNodes(l.across_nodes);
+  b.setWorldRank(l.world_rank);
+  b.setGroup(l.group);
 }
 
 template <class L>
@@ -297,7 +300,7 @@ stats get(Stats::Reader r) {
 load_request get(LoadRequest::Reader r) {
   return {text(r.getModel()), text(r.getDevice()), text(r.getShard()), r.getMaxRows(), r.getCapacity(), r.getBlockSize(), r.getPoolBlocks(),
           r.getPrefillChunk(), r.getTokenBudget(), r.getNoPrefixCache(), r.getNoPreempt(), r.getTensorParallel(),
-          r.getPipelineParallel()};
+          r.getPipelineParallel(), r.getAcrossNodes(), r.getWorldRank(), text(r.getGroup())};
 }
 
 std::vector<device> get_devices(capnp::List<Device>::Reader r) {

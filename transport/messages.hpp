@@ -139,6 +139,9 @@ struct load_request {
   bool no_prefix_cache = false, no_preempt = false;
   std::int32_t tensor_parallel = 0;  // ranks of one replica on the node (docs/tensor-parallel.md); 0 or 1: one
   std::int32_t pipeline_parallel = 0;  // stages of one replica, each tensor_parallel ranks; 0 or 1: one
+  bool across_nodes = false;           // each stage on a node of its own, its ranks meeting through the coordinator
+  std::int32_t world_rank = 0;         // a remote rank's place in the replica (stage x tensor_parallel + rank)
+  std::string group;                   // the replica's rendezvous prefix, fresh per replica
   friend bool operator==(const load_request&, const load_request&) = default;
 };
 

@@ -32,6 +32,35 @@ class collective {
   virtual result<void, std::string> recv(std::span<float> data, int from) = 0;
 };
 
+// A collective joined later: an executor is made with it (cpu_options::pipe) before its cross-process
+// group has met, and `join` hands it the group. Until then every call is refused (size() is 0).
+class deferred_collective final : public collective {
+ public:
+  void join(std::unique_ptr<collective> c) { inner_ = std::move(c); }
+  bool joined() const { return inner_ != nullptr; }
+  int rank() const override { return inner_ ? inner_->rank() : 0; }
+  int size() const override { return inner_ ? inner_->size() : 0; }
+  result<void, std::string> all_reduce_sum(std::span<float> data) override {
+    if (!inner_) return unexpected(std::string("all_reduce: the group has not met yet"));
+    return inner_->all_reduce_sum(data);
+  }
+  result<void, std::string> all_gather(std::span<const float> mine, std::span<float> all) override {
+    if (!inner_) return unexpected(std::string("all_gather: the group has not met yet"));
+    return inner_->all_gather(mine, all);
+  }
+  result<void, std::string> send(std::span<const float> data, int to) override {
+    if (!inner_) return unexpected(std::string("send: the group has not met yet"));
+    return inner_->send(data, to);
+  }
+  result<void, std::string> recv(std::span<float> data, int from) override {
+    if (!inner_) return unexpected(std::string("recv: the group has not met yet"));
+    return inner_->recv(data, from);
+  }
+
+ private:
+  std::unique_ptr<collective> inner_;
+};
+
 // `size` ranks in one process, one per thread. Sums are taken in rank order, so every rank gets the same
 // bits and a run is reproducible. A rank waits at most `timeout` for the others.
 std::vector<std::unique_ptr<collective>> local_group(int size, std::chrono::milliseconds timeout = std::chrono::seconds(60));

@@ -1,6 +1,7 @@
 #include "engine/driver/driver.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -93,6 +94,58 @@ std::string entry_key::str() const {
   std::string s = std::string(families::program_name(program)) + " " + shape.str() + (head == head_kind::sample ? " head=sample" : " head=logits");
   for (const auto& c : carried) s += " +" + c;
   return s;
+}
+
+std::string entry_wire(const entry_key& k) {
+  const auto& s = k.shape;
+  std::string t = std::string(families::program_name(k.program)) + " " + std::to_string(s.rows()) + " " + std::to_string(s.tokens()) + " " +
+                  std::to_string(s.capacity()) + " " + (s.kv().kind == families::kv_layout_kind::paged ? "paged" : "contiguous") + " " +
+                  std::to_string(s.kv().block_size) + " " + std::to_string(s.kv().pool_blocks) + " " +
+                  (s.logits() == families::logit_rows::all ? "all" : "last") + " " + (s.hidden_carry() ? "1" : "0");
+  for (const auto& c : k.carried) t += " +" + c;
+  return t;
+}
+
+result<entry_key, std::string> parse_entry(std::string_view text) {
+  if (text.size() > 4096) return unexpected(std::string("an entry line of more than 4096 bytes"));
+  std::vector<std::string> w;
+  for (std::size_t i = 0; i < text.size();) {
+    while (i < text.size() && text[i] == ' ') ++i;
+    std::size_t j = i;
+    while (j < text.size() && text[j] != ' ') ++j;
+    if (j > i) w.emplace_back(text.substr(i, j - i));
+    i = j;
+  }
+  if (w.size() < 9) return unexpected("an entry line has 9 fields, got " + std::to_string(w.size()));
+  auto number = [&](std::size_t i, std::int64_t lo, std::int64_t hi) -> std::optional<std::int64_t> {
+    std::int64_t v = 0;
+    const auto* b = w[i].data();
+    const auto [p, ec] = std::from_chars(b, b + w[i].size(), v);
+    if (ec != std::errc{} || p != b + w[i].size() || v < lo || v > hi) return std::nullopt;
+    return v;
+  };
+  entry_key k;
+  if (w[0] == "step") k.program = families::program::step;
+  else if (w[0] == "encode") k.program = families::program::encode;
+  else return unexpected("unknown program '" + w[0] + "'");
+  const auto rows = number(1, 1, 1 << 16), tokens = number(2, 1, 1 << 24), capacity = number(3, 1, std::int64_t{1} << 32);
+  const auto block = number(5, 0, 1 << 24), pool = number(6, 0, std::int64_t{1} << 32);
+  if (!rows || !tokens || !capacity || !block || !pool) return unexpected("an entry's sizes are not integers in range: '" + std::string(text) + "'");
+  if (w[4] != "paged" && w[4] != "contiguous") return unexpected("unknown KV layout '" + w[4] + "'");
+  if (w[7] != "last" && w[7] != "all") return unexpected("unknown logit rows '" + w[7] + "'");
+  if (w[8] != "0" && w[8] != "1") return unexpected("hidden carry is 0 or 1, got '" + w[8] + "'");
+  families::step_shape s(*rows, *tokens, *capacity);
+  if (w[4] == "paged") {
+    if (*block < 1 || *pool < 1) return unexpected(std::string("a paged layout needs a block size and a pool"));
+    s.with_kv(families::kv_layout::paged(*block, *pool));
+  }
+  s.with_logits(w[7] == "all" ? families::logit_rows::all : families::logit_rows::last).with_hidden_carry(w[8] == "1");
+  k.shape = s;
+  for (std::size_t i = 9; i < w.size(); ++i) {
+    if (w[i].size() < 2 || w[i][0] != '+') return unexpected("a carried input is written +name, got '" + w[i] + "'");
+    k.carried.push_back(w[i].substr(1));
+  }
+  return k;
 }
 
 // ---- the compatibility table ------------------------------------------------------------------------
@@ -228,6 +281,7 @@ std::vector<std::int64_t> buckets(std::int64_t first, std::int64_t last) {
 struct rank_state {
   std::shared_ptr<const families::model_handle> handle;
   exec::executor* ex = nullptr;
+  std::shared_ptr<remote_rank> remote;  // a rank in another process: handle and ex unused
   std::unique_ptr<weight_map_source> weights;
   exec::executable_id exe{};
   std::map<entry_key, exec::entry_id, key_less> entries;
@@ -278,9 +332,14 @@ class rank_workers {
       const entry_key& k = key_;  // unchanged until every rank is done
       const exec::step_inputs& in = *in_;
       lock.unlock();
-      auto out = ranks_[r].ex->step(ranks_[r].entries.at(k), in);
+      std::optional<exec::exec_error> err;
+      if (auto& rk = ranks_[r]; rk.remote) {
+        if (auto done = rk.remote->step(k, in); !done) err = exec::exec_error{exec::exec_error_code::device_error, "remote rank " + std::to_string(r + 1), done.error()};
+      } else if (auto out = rk.ex->step(rk.entries.at(k), in); !out) {
+        err = out.error();
+      }
       lock.lock();
-      if (!out) errors_[r] = out.error();
+      if (err) errors_[r] = std::move(err);
       if (--pending_ == 0) done_.notify_all();
     }
   }
@@ -414,7 +473,8 @@ result<void, driver_error> driver_state::add(const entry_key& k) {
   twin.head = k.head == head_kind::logits ? head_kind::sample : head_kind::logits;
   if (const auto it = entries.find(twin); it != entries.end()) {
     entries.emplace(k, it->second);
-    for (auto& r : ranks) r.entries.emplace(k, r.entries.at(twin));
+    for (auto& r : ranks)
+      if (!r.remote) r.entries.emplace(k, r.entries.at(twin));  // a remote rank keys entries without the head
     entry_order.push_back(k);
     return {};
   }
@@ -441,6 +501,11 @@ result<void, driver_error> driver_state::add(const entry_key& k) {
   }
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     auto& r = ranks[i];
+    if (r.remote) {
+      if (auto a = r.remote->add(k); !a)
+        return unexpected(driver_error{driver_error_code::prepare_failed, "entry " + k.str() + " on remote rank " + std::to_string(i + 1) + ": " + a.error()});
+      continue;
+    }
     auto rg = r.handle->model().trace(spec, options.limits);
     if (!rg) return unexpected(driver_error{driver_error_code::prepare_failed, "trace of " + k.str() + " on rank " + std::to_string(i + 1) + ": " + rg.error().message()});
     auto re = r.ex->add_entry(r.exe, *rg);
@@ -484,15 +549,24 @@ result<void, driver_error> driver_state::prepare() {
   };
   progress();
 
+  if (options.connect)
+    if (auto c = options.connect(); !c) return unexpected(driver_error{driver_error_code::prepare_failed, "joining the replica's ranks: " + c.error()});
   weights = std::make_unique<weight_map_source>(handle->model().weights());
   auto exe_or = ex->load(*weights);
   if (!exe_or) return unexpected(driver_error{driver_error_code::prepare_failed, "load: " + exe_or.error().message()});
   exe = *exe_or;
   for (std::size_t i = 0; i < options.other_ranks.size(); ++i) {
     const auto& o = options.other_ranks[i];
-    if (!o.shard || o.ex == nullptr)
+    if (!o.remote && (!o.shard || o.ex == nullptr))
       return unexpected(driver_error{driver_error_code::bad_options, "tensor-parallel rank " + std::to_string(i + 1) + " has no shard or executor"});
     rank_state r;
+    if (o.remote) {
+      r.remote = o.remote;
+      if (auto l = r.remote->load(); !l)
+        return unexpected(driver_error{driver_error_code::prepare_failed, "load on remote rank " + std::to_string(i + 1) + ": " + l.error()});
+      ranks.push_back(std::move(r));
+      continue;
+    }
     r.handle = o.shard;
     r.ex = o.ex;
     r.weights = std::make_unique<weight_map_source>(r.handle->model().weights());

@@ -132,9 +132,23 @@ enum class head_kind : std::uint8_t { sample, logits };
 // (model_handle::shard) and its executor, joined to the driver's own executor (rank 0) by a group
 // (e.g. cpu_options::group). The driver prepares every entry on every rank and runs each step on all of
 // them at once with the same inputs; rank 0 samples, the others only take part in the collectives.
+struct entry_key;
+
+// A rank in another process (a pipeline stage on another node): it holds its own part of the model and
+// its executor there, joined to this replica's other ranks by cross-process collectives. The driver
+// asks it to load, to compile each entry it compiles, and to run each step with the step's inputs.
+class remote_rank {
+ public:
+  virtual ~remote_rank() = default;
+  virtual result<void, std::string> load() = 0;
+  virtual result<void, std::string> add(const entry_key& key) = 0;
+  virtual result<void, std::string> step(const entry_key& key, const exec::step_inputs& in) = 0;
+};
+
 struct tp_rank {
   std::shared_ptr<const families::model_handle> shard;
   exec::executor* ex = nullptr;
+  std::shared_ptr<remote_rank> remote;  // set: the rank is elsewhere (shard and ex unused)
 };
 
 struct driver_options {
@@ -158,6 +172,9 @@ struct driver_options {
   // Ranks 1.. of a tensor-parallel replica; the driver's handle and executor are rank 0's. Empty: one
   // device.
   std::vector<tp_rank> other_ranks;
+  // Called first by prepare(): joins the replica's cross-process groups (remote ranks' pipes); an error
+  // fails the preparation.
+  std::function<result<void, std::string>()> connect;
 };
 
 enum class finish_reason : std::uint8_t {
@@ -236,6 +253,12 @@ struct entry_key {
   friend bool operator==(const entry_key&, const entry_key&) = default;
   std::string str() const;
 };
+
+// An entry as a remote rank compiles it: the program and the step's shape as one line of text ("step 4 1
+// 64 paged 16 32 last 0"), the head left out (it is not part of the traced graph). `parse_entry` refuses
+// anything else by what is wrong, never throws.
+std::string entry_wire(const entry_key& k);
+result<entry_key, std::string> parse_entry(std::string_view text);
 
 struct generation {
   std::vector<std::int32_t> tokens;

@@ -415,6 +415,19 @@ TEST(multiprocess, a_device_hosts_as_many_executors_as_its_node_allows) {
   EXPECT_EQ(cl->submit(job_for(1))->wait().tokens, reference(2)[1]);
 }
 
+// Six jobs, greedy and sampled, submitted at once through `s`, each with one device's tokens.
+void expect_one_devices_tokens(session& s) {
+  const auto ref = reference(6);
+  auto cl = s.client_session();
+  std::vector<actors::job> jobs;
+  for (int i = 0; i < 6; ++i) {
+    auto jb = cl->submit(job_for(i));
+    ASSERT_TRUE(jb) << jb.error().message;
+    jobs.push_back(std::move(*jb));
+  }
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(jobs[static_cast<std::size_t>(i)].wait().tokens, ref[static_cast<std::size_t>(i)]) << "job " << i;
+}
+
 // A split replica on a node process: deploy with tensor_parallel 2 makes each replica two executors
 // over the model's two shards, tensor_parallel 2 x pipeline_parallel 2 four, over two stages of two
 // shards (docs/tensor-parallel.md); its jobs, greedy and sampled, give one device's tokens. A split the
@@ -439,21 +452,40 @@ void serve_split_replica(int tp, int pp, const std::string& refused_tp_pp, const
   EXPECT_NE(bad.error().find(why), std::string::npos) << bad.error();
   auto name = (*s)->deploy(model_path(), 1, driver_opts(), tp, pp);
   ASSERT_TRUE(name) << name.error();
-  const auto ref = reference(6);
-  auto cl = (*s)->client_session();
-  std::vector<actors::job> jobs;
-  for (int i = 0; i < 6; ++i) {
-    auto jb = cl->submit(job_for(i));
-    ASSERT_TRUE(jb) << jb.error().message;
-    jobs.push_back(std::move(*jb));
-  }
-  for (int i = 0; i < 6; ++i) EXPECT_EQ(jobs[static_cast<std::size_t>(i)].wait().tokens, ref[static_cast<std::size_t>(i)]) << "job " << i;
+  expect_one_devices_tokens(**s);
 }
 
 TEST(multiprocess, a_tensor_parallel_replica_on_a_node_serves_like_one_device) { serve_split_replica(2, 1, "3x1", "split 3 ways"); }
 
 TEST(multiprocess, a_tensor_and_pipeline_parallel_replica_on_a_node_serves_like_one_device) {
   serve_split_replica(2, 2, "1x5", "4 layers do not make 5 stages");
+}
+
+// A replica whose two pipeline stages are on two node processes (deploy across_nodes): stage 0 is a rank
+// actor on one node, stage 1 and the driver on the other; the stages pass activations over Gloo (meeting
+// through the coordinator's rendezvous) and the driver reaches stage 0 over CAF for every step. Six jobs,
+// greedy and sampled, give one device's tokens. Three stages with two nodes, and a tensor-parallel split
+// across nodes, are refused by name.
+TEST(multiprocess, a_pipeline_across_two_nodes_serves_like_one_device) {
+  cluster_fixture c;
+  c.nodes.push_back(c.node("pa", (c.dir / "secret").string()));
+  c.nodes.push_back(c.node("pb", (c.dir / "secret").string()));
+  auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  ASSERT_TRUE(s) << s.error();
+  for (int i = 0; i < 100; ++i) {
+    auto st = (*s)->status();
+    if (st && st->find("\"pa\"") != std::string::npos && st->find("\"pb\"") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto three = (*s)->deploy(model_path(), 1, driver_opts(), 1, 3, true);
+  ASSERT_FALSE(three);
+  EXPECT_NE(three.error().find("needs 3 nodes, 2 joined"), std::string::npos) << three.error();
+  auto tp = (*s)->deploy(model_path(), 1, driver_opts(), 2, 2, true);
+  ASSERT_FALSE(tp);
+  EXPECT_NE(tp.error().find("no tensor parallel split"), std::string::npos) << tp.error();
+  auto name = (*s)->deploy(model_path(), 1, driver_opts(), 1, 2, true);
+  ASSERT_TRUE(name) << name.error();
+  expect_one_devices_tokens(**s);
 }
 
 // Collective groups whose ranks meet through the coordinator's rendezvous store (no shared directory,

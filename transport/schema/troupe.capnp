@@ -163,6 +163,9 @@ struct LoadRequest {
   noPreempt @10 :Bool;
   tensorParallel @11 :Int32;  # ranks of the replica on the node's devices; 0 or 1: one
   pipelineParallel @12 :Int32;  # stages of the replica, each tensorParallel ranks; 0 or 1: one
+  acrossNodes @13 :Bool;        # each pipeline stage on a node of its own (the ranks meet through the coordinator)
+  worldRank @14 :Int32;         # a remote rank's place in the replica (stage x tensorParallel + rank)
+  group @15 :Text;              # the replica's rendezvous prefix, fresh per replica
 }
 
 # ---- nodes and the cluster --------------------------------------------------------------------------

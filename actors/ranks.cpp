@@ -1,0 +1,259 @@
+// A replica whose pipeline stages live on different nodes (docs/tensor-parallel.md): the coordinator has
+// every stage but the last spawned as a rank actor on a node of its own, then the last stage's node
+// spawns the driver with those ranks as remote ranks. The stages' pipe is a Gloo group that meets
+// through the coordinator's rendezvous store; the driver reaches each rank actor over CAF to load its
+// part, compile each entry and run each step, whose activations then pass stage to stage over Gloo.
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include <future>
+#include <map>
+
+#include "actors/actor_internals.hpp"
+#include "engine/core/collective.hpp"
+#include "engine/driver/driver.hpp"
+#include "engine/driver/weight_source.hpp"
+#include "engine/exec/cpu/cpu_executor.hpp"
+#include "families/model_handle.hpp"
+#include "transport/codec.hpp"
+#include "transport/collectives.hpp"
+
+namespace troupe::actors {
+
+// ---- the coordinator's rendezvous store --------------------------------------------------------------
+
+namespace {
+
+class coordinator_store final : public transport::rendezvous_store {
+ public:
+  coordinator_store(caf::actor_system& sys, caf::actor coordinator) : sys_(sys), coordinator_(std::move(coordinator)) {}
+  result<void, std::string> set(const std::string& key, const std::string& value) override {
+    caf::scoped_actor self{sys_};
+    std::string err = "no answer";
+    self->request(coordinator_, std::chrono::seconds(30), kv_set_atom::value, key, value)
+        .receive([&](const std::string& e) { err = e; }, [&](caf::error& e) { err = sys_.render(e); });
+    if (!err.empty()) return unexpected(err);
+    return {};
+  }
+  result<std::optional<std::string>, std::string> get(const std::string& key) override {
+    caf::scoped_actor self{sys_};
+    std::string err;
+    std::optional<std::string> out;
+    self->request(coordinator_, std::chrono::seconds(30), kv_get_atom::value, key)
+        .receive(
+            [&](bool found, std::string& v) {
+              if (found) out = std::move(v);
+            },
+            [&](caf::error& e) { err = sys_.render(e); });
+    if (!err.empty()) return unexpected(err);
+    return out;
+  }
+
+ private:
+  caf::actor_system& sys_;
+  caf::actor coordinator_;
+};
+
+// The pipe of a cross-node replica: rank `stage` of `stages`, meeting through the coordinator.
+result<std::unique_ptr<collective>, std::string> join_pipe(caf::actor_system& sys, const caf::actor& coordinator, const std::string& group,
+                                                           int stage, int stages) {
+  transport::gloo_options g;
+  g.rank = stage;
+  g.size = stages;
+  g.store = coordinator_rendezvous(sys, coordinator);
+  g.prefix = group + "/pipe";
+  g.timeout = std::chrono::seconds(60);
+  auto c = transport::connect_gloo(g);
+  if (!c) return unexpected("stage " + std::to_string(stage) + " joining the pipe: " + c.error().message());
+  return transport::as_collective(std::move(*c));
+}
+
+constexpr auto rank_step_timeout = std::chrono::seconds(120);
+
+// ---- a stage on another node: the rank actor -------------------------------------------------------
+
+struct rank_state {
+  std::shared_ptr<const families::model_handle> part;
+  caf::actor coordinator;
+  std::string group;
+  int stage = 0, stages = 1;
+  deferred_collective pipe;
+  std::unique_ptr<exec::cpu::cpu_executor> ex;
+  std::unique_ptr<driver::weight_map_source> weights;
+  exec::executable_id exe{};
+  struct entry {
+    exec::entry_id id;
+    std::vector<std::pair<std::string, graph::tensor_type>> slots;  // what a step binds, by name
+  };
+  std::map<std::string, entry> entries;  // by entry_wire text
+  static inline const char* name = "rank";
+};
+
+caf::behavior rank_actor(caf::stateful_actor<rank_state>* self, std::shared_ptr<const families::model_handle> part, caf::actor coordinator,
+                         std::string group, int stage, int stages, int threads) {
+  auto& st = self->state;
+  st.part = std::move(part);
+  st.coordinator = std::move(coordinator);
+  st.group = std::move(group);
+  st.stage = stage;
+  st.stages = stages;
+  st.ex = std::make_unique<exec::cpu::cpu_executor>(exec::cpu::cpu_options{threads, std::nullopt, nullptr, &st.pipe});
+  return {
+      [=](rank_connect_atom) -> std::string {
+        auto& st = self->state;
+        if (st.pipe.joined()) return {};
+        auto p = join_pipe(self->system(), st.coordinator, st.group, st.stage, st.stages);
+        if (!p) return p.error();
+        st.pipe.join(std::move(*p));
+        spdlog::info("event=rank_joined group={} stage={} of={}", st.group, st.stage, st.stages);
+        return {};
+      },
+      [=](rank_load_atom) -> std::string {
+        auto& st = self->state;
+        if (st.weights) return {};
+        st.weights = std::make_unique<driver::weight_map_source>(st.part->model().weights());
+        auto e = st.ex->load(*st.weights);
+        if (!e) return "load: " + e.error().message();
+        st.exe = *e;
+        return {};
+      },
+      [=](rank_add_atom, const std::string& text) -> std::string {
+        auto& st = self->state;
+        if (!st.weights) return "an entry before the load";
+        if (st.entries.contains(text)) return {};
+        auto k = driver::parse_entry(text);
+        if (!k) return "entry: " + k.error();
+        families::step_spec spec;
+        spec.program = k->program;
+        spec.shape = k->shape;
+        spec.carried_inputs = k->carried;
+        auto g = st.part->model().trace(spec);
+        if (!g) return "trace of " + text + ": " + g.error().message();
+        auto e = st.ex->add_entry(st.exe, *g);
+        if (!e) return "entry " + text + ": " + e.error().message();
+        rank_state::entry en{*e, {}};
+        for (const auto& s : g->slots()) en.slots.emplace_back(s.slot.name, g->info(s.value).type);
+        st.entries.emplace(text, std::move(en));
+        return {};
+      },
+      [=](rank_step_atom, const std::string& bytes) -> std::string {
+        auto& st = self->state;
+        auto m = transport::decode(bytes);
+        if (!m) return "step: " + m.error().message();
+        const auto* b = std::get_if<transport::step_batch>(&*m);
+        if (!b) return "step: not a step batch";
+        const auto it = st.entries.find(b->entry);
+        if (it == st.entries.end()) return "step: entry '" + b->entry + "' was never added";
+        const std::map<std::string, const std::vector<std::int32_t>*> given{
+            {"token_ids", &b->token_ids}, {"positions", &b->positions}, {"kv_write_map", &b->kv_write_map}, {"kv_read_map", &b->kv_read_map}};
+        exec::step_inputs in;
+        for (const auto& [name, type] : it->second.slots) {
+          const auto g = given.find(name);
+          if (g == given.end()) return "step: slot '" + name + "' is not one a step batch carries";
+          if (type.type != dtype::i32 || static_cast<std::int64_t>(g->second->size()) != type.dims.numel())
+            return "step: slot '" + name + "' holds " + std::to_string(g->second->size()) + " ids, the entry binds " + type.str();
+          in.slots.emplace(name, tensor_view(dtype::i32, type.dims, reinterpret_cast<const std::byte*>(g->second->data())));
+        }
+        auto out = st.ex->step(it->second.id, in);
+        if (!out) return "step: " + out.error().message();
+        return {};
+      },
+  };
+}
+
+// ---- the driver's side: a rank actor as a driver::remote_rank ----------------------------------------
+
+class actor_rank final : public driver::remote_rank {
+ public:
+  actor_rank(caf::actor_system& sys, caf::actor rank) : sys_(sys), rank_(std::move(rank)) {}
+  result<void, std::string> connect() { return ask(std::chrono::seconds(90), rank_connect_atom::value); }
+  result<void, std::string> load() override { return ask(request_timeout, rank_load_atom::value); }
+  result<void, std::string> add(const driver::entry_key& k) override { return ask(request_timeout, rank_add_atom::value, driver::entry_wire(k)); }
+  result<void, std::string> step(const driver::entry_key& k, const exec::step_inputs& in) override {
+    transport::step_batch b;
+    b.entry = driver::entry_wire(k);
+    const std::map<std::string, std::vector<std::int32_t>*> slots{
+        {"token_ids", &b.token_ids}, {"positions", &b.positions}, {"kv_write_map", &b.kv_write_map}, {"kv_read_map", &b.kv_read_map}};
+    for (const auto& [name, v] : in.slots) {
+      const auto s = slots.find(name);
+      if (s == slots.end() || v.type() != dtype::i32) return unexpected("a remote rank takes i32 token ids, positions and KV maps, not '" + name + "'");
+      const auto* p = v.as<std::int32_t>();
+      s->second->assign(p, p + v.shape().numel());
+    }
+    return ask(rank_step_timeout, rank_step_atom::value, transport::encode(b));
+  }
+
+ private:
+  template <class... Ts>
+  result<void, std::string> ask(caf::timespan timeout, Ts&&... xs) {
+    caf::scoped_actor self{sys_};
+    std::string err = "no answer";
+    self->request(rank_, timeout, std::forward<Ts>(xs)...)
+        .receive([&](const std::string& e) { err = e; }, [&](caf::error& e) { err = sys_.render(e); });
+    if (!err.empty()) return unexpected(err);
+    return {};
+  }
+  caf::actor_system& sys_;
+  caf::actor rank_;
+};
+
+}  // namespace
+
+std::shared_ptr<transport::rendezvous_store> coordinator_rendezvous(caf::actor_system& sys, const caf::actor& coordinator) {
+  return std::make_shared<coordinator_store>(sys, coordinator);
+}
+
+result<caf::actor, std::string> spawn_rank(caf::event_based_actor* node, const std::shared_ptr<const families::model_handle>& model,
+                                           const transport::load_request& load, const caf::actor& coordinator, int threads) {
+  const int pp = load.pipeline_parallel, stage = load.world_rank;
+  if (std::max(1, load.tensor_parallel) != 1) return unexpected(std::string("stages across nodes take no tensor parallel split yet"));
+  if (pp < 2 || stage < 0 || stage >= pp - 1) return unexpected("a remote rank is a stage before the last of " + std::to_string(pp));
+  if (load.group.empty()) return unexpected(std::string("a remote rank needs its replica's group"));
+  auto part = model->stage(stage, pp);
+  if (!part) return unexpected(families::message(part.error()));
+  return node->spawn<caf::detached>(rank_actor, *part, coordinator, load.group, stage, pp, threads);
+}
+
+result<cross_node_head, std::string> make_cross_node_head(caf::actor_system& sys, const std::shared_ptr<const families::model_handle>& model,
+                                                         const transport::load_request& load, const caf::actor& coordinator,
+                                                         const std::vector<caf::actor>& ranks, int threads) {
+  const int pp = load.pipeline_parallel;
+  if (pp < 2 || static_cast<int>(ranks.size()) != pp - 1)
+    return unexpected("a cross-node replica of " + std::to_string(pp) + " stages has " + std::to_string(pp - 1) + " remote ranks, got " +
+                      std::to_string(ranks.size()));
+  auto part = model->stage(pp - 1, pp);
+  if (!part) return unexpected(families::message(part.error()));
+  struct parts {
+    deferred_collective pipe;
+    std::unique_ptr<exec::cpu::cpu_executor> ex;
+    std::vector<std::shared_ptr<actor_rank>> remotes;
+  };
+  auto p = std::make_shared<parts>();
+  p->ex = std::make_unique<exec::cpu::cpu_executor>(exec::cpu::cpu_options{threads, std::nullopt, nullptr, &p->pipe});
+  cross_node_head h;
+  h.part = *part;
+  for (const auto& r : ranks) {
+    p->remotes.push_back(std::make_shared<actor_rank>(sys, r));
+    h.other_ranks.push_back({nullptr, nullptr, p->remotes.back()});
+  }
+  const std::string group = load.group;
+  // Every stage joins the pipe at once (Gloo waits for all of them): the remote ranks on threads of
+  // their own, this one here.
+  h.connect = [&sys, p, coordinator, group, pp]() -> result<void, std::string> {
+    std::vector<std::future<result<void, std::string>>> others;
+    for (auto& r : p->remotes) others.push_back(std::async(std::launch::async, [r] { return r->connect(); }));
+    auto mine = join_pipe(sys, coordinator, group, pp - 1, pp);
+    std::string err;
+    for (std::size_t i = 0; i < others.size(); ++i)
+      if (auto r = others[i].get(); !r && err.empty()) err = "stage " + std::to_string(i) + ": " + r.error();
+    if (!mine) return unexpected(mine.error());
+    if (!err.empty()) return unexpected(err);
+    p->pipe.join(std::move(*mine));
+    return {};
+  };
+  h.executor = std::shared_ptr<exec::cpu::cpu_executor>(p, p->ex.get());
+  h.keep = p;
+  return h;
+}
+
+}  // namespace troupe::actors

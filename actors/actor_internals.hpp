@@ -66,7 +66,8 @@ std::shared_ptr<transport::rendezvous_store> coordinator_rendezvous(caf::actor_s
 // A stage before the last of a cross-node replica (load.world_rank of load.pipeline_parallel stages),
 // spawned by `node` as a detached rank actor over its part of `model`, or why not.
 result<caf::actor, std::string> spawn_rank(caf::event_based_actor* node, const std::shared_ptr<const families::model_handle>& model,
-                                           const transport::load_request& load, const caf::actor& coordinator, int threads);
+                                           const transport::load_request& load, const caf::actor& coordinator, int threads,
+                                           const std::string& host);
 
 // The last stage of a cross-node replica, which drives the others (`ranks`, stage order): its part,
 // its executor, the remote ranks for driver_options::other_ranks and the connect step for
@@ -80,12 +81,17 @@ struct cross_node_head {
 };
 result<cross_node_head, std::string> make_cross_node_head(caf::actor_system& sys, const std::shared_ptr<const families::model_handle>& model,
                                                          const transport::load_request& load, const caf::actor& coordinator,
-                                                         const std::vector<caf::actor>& ranks, int threads);
+                                                         const std::vector<caf::actor>& ranks, int threads, const std::string& host);
 
 caf::actor spawn_registry(caf::actor_system& sys);
 caf::actor spawn_coordinator(caf::actor_system& sys, const caf::actor& registry, const caf::actor& node, std::int64_t max_outstanding,
                              std::int64_t max_per_replica);
-caf::actor spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory);
+// `collective_host`: the address the node's cross-node collectives listen on.
+caf::actor spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
+                      std::string collective_host = "127.0.0.1");
+
+// The local address a socket toward host:port would leave from ("127.0.0.1" when it cannot tell).
+std::string local_address_toward(const std::string& host, int port);
 
 // Every live replica's figures: the coordinator names the drivers, each driver answers for itself.
 std::vector<transport::stats> collect_replica_stats(caf::actor_system& sys, const caf::actor& coordinator);

@@ -424,6 +424,7 @@ struct node_state {
   int executor_threads = 1;
   std::int64_t max_per_replica = 256;
   std::uint64_t device_memory = 0;  // bytes the device offers its executors; 0: no bound
+  std::string collective_host = "127.0.0.1";  // where its cross-node collectives listen
   std::map<std::string, std::shared_ptr<const families::model_handle>> handles;
   std::vector<caf::actor> spawned;
   std::vector<std::weak_ptr<exec::executor>> executors;
@@ -488,7 +489,9 @@ result<std::shared_ptr<const families::model_handle>, std::string> handle_for(no
   return h;
 }
 
-caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory) {
+caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
+                         std::string collective_host) {
+  self->state.collective_host = std::move(collective_host);
   self->state.executor_threads = executor_threads;
   self->state.device_memory = device_memory;
   self->state.max_per_replica = max_per_replica;
@@ -503,7 +506,7 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_thr
         if (!d) return caf::make_message(caf::actor{}, d.error());
         auto h = handle_for(st, *d);
         if (!h) return caf::make_message(caf::actor{}, h.error());
-        auto r = spawn_rank(self, *h, d->load, coordinator, st.executor_threads);
+        auto r = spawn_rank(self, *h, d->load, coordinator, st.executor_threads, st.collective_host);
         if (!r) return caf::make_message(caf::actor{}, r.error());
         self->link_to(*r);
         st.spawned.push_back(*r);
@@ -516,7 +519,7 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_thr
         if (!d) return caf::make_message(std::int32_t{0}, d.error());
         auto h = handle_for(st, *d);
         if (!h) return caf::make_message(std::int32_t{0}, h.error());
-        auto head = make_cross_node_head(self->system(), *h, d->load, coordinator, ranks, st.executor_threads);
+        auto head = make_cross_node_head(self->system(), *h, d->load, coordinator, ranks, st.executor_threads, st.collective_host);
         if (!head) return caf::make_message(std::int32_t{0}, head.error());
         driver::driver_options o = replica_options(d->load, **h);
         o.other_ranks = head->other_ranks;
@@ -1191,8 +1194,9 @@ caf::actor spawn_coordinator(caf::actor_system& sys, const caf::actor& registry,
   return sys.spawn(coordinator_actor, registry, node, max_outstanding, max_per_replica);
 }
 
-caf::actor spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory) {
-  return sys.spawn(node_actor, executor_threads, max_per_replica, device_memory);
+caf::actor spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
+                      std::string collective_host) {
+  return sys.spawn(node_actor, executor_threads, max_per_replica, device_memory, std::move(collective_host));
 }
 
 client::~client() = default;

@@ -3,8 +3,13 @@
 // spawns the driver with those ranks as remote ranks. The stages' pipe is a Gloo group that meets
 // through the coordinator's rendezvous store; the driver reaches each rank actor over CAF to load its
 // part, compile each entry and run each step, whose activations then pass stage to stage over Gloo.
+#include <arpa/inet.h>
 #include <caf/all.hpp>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <future>
 #include <map>
@@ -56,8 +61,9 @@ class coordinator_store final : public transport::rendezvous_store {
 
 // The pipe of a cross-node replica: rank `stage` of `stages`, meeting through the coordinator.
 result<std::unique_ptr<collective>, std::string> join_pipe(caf::actor_system& sys, const caf::actor& coordinator, const std::string& group,
-                                                           int stage, int stages) {
+                                                           int stage, int stages, const std::string& host) {
   transport::gloo_options g;
+  g.host = host;
   g.rank = stage;
   g.size = stages;
   g.store = coordinator_rendezvous(sys, coordinator);
@@ -77,6 +83,7 @@ struct rank_state {
   caf::actor coordinator;
   std::string group;
   int stage = 0, stages = 1;
+  std::string host;  // where its pipe listens
   deferred_collective pipe;
   std::unique_ptr<exec::cpu::cpu_executor> ex;
   std::unique_ptr<driver::weight_map_source> weights;
@@ -90,8 +97,9 @@ struct rank_state {
 };
 
 caf::behavior rank_actor(caf::stateful_actor<rank_state>* self, std::shared_ptr<const families::model_handle> part, caf::actor coordinator,
-                         std::string group, int stage, int stages, int threads) {
+                         std::string group, int stage, int stages, int threads, std::string host) {
   auto& st = self->state;
+  st.host = std::move(host);
   st.part = std::move(part);
   st.coordinator = std::move(coordinator);
   st.group = std::move(group);
@@ -102,7 +110,7 @@ caf::behavior rank_actor(caf::stateful_actor<rank_state>* self, std::shared_ptr<
       [=](rank_connect_atom) -> std::string {
         auto& st = self->state;
         if (st.pipe.joined()) return {};
-        auto p = join_pipe(self->system(), st.coordinator, st.group, st.stage, st.stages);
+        auto p = join_pipe(self->system(), st.coordinator, st.group, st.stage, st.stages, st.host);
         if (!p) return p.error();
         st.pipe.join(std::move(*p));
         spdlog::info("event=rank_joined group={} stage={} of={}", st.group, st.stage, st.stages);
@@ -199,24 +207,46 @@ class actor_rank final : public driver::remote_rank {
 
 }  // namespace
 
+std::string local_address_toward(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || found == nullptr) return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  // A UDP socket's connect sends nothing; it only picks the route, and with it the local address.
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    char text[INET_ADDRSTRLEN] = {};
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 && ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof text) != nullptr)
+      out = text;
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(found);
+  return out;
+}
+
 std::shared_ptr<transport::rendezvous_store> coordinator_rendezvous(caf::actor_system& sys, const caf::actor& coordinator) {
   return std::make_shared<coordinator_store>(sys, coordinator);
 }
 
 result<caf::actor, std::string> spawn_rank(caf::event_based_actor* node, const std::shared_ptr<const families::model_handle>& model,
-                                           const transport::load_request& load, const caf::actor& coordinator, int threads) {
+                                           const transport::load_request& load, const caf::actor& coordinator, int threads,
+                                           const std::string& host) {
   const int pp = load.pipeline_parallel, stage = load.world_rank;
   if (std::max(1, load.tensor_parallel) != 1) return unexpected(std::string("stages across nodes take no tensor parallel split yet"));
   if (pp < 2 || stage < 0 || stage >= pp - 1) return unexpected("a remote rank is a stage before the last of " + std::to_string(pp));
   if (load.group.empty()) return unexpected(std::string("a remote rank needs its replica's group"));
   auto part = model->stage(stage, pp);
   if (!part) return unexpected(families::message(part.error()));
-  return node->spawn<caf::detached>(rank_actor, *part, coordinator, load.group, stage, pp, threads);
+  return node->spawn<caf::detached>(rank_actor, *part, coordinator, load.group, stage, pp, threads, host);
 }
 
 result<cross_node_head, std::string> make_cross_node_head(caf::actor_system& sys, const std::shared_ptr<const families::model_handle>& model,
                                                          const transport::load_request& load, const caf::actor& coordinator,
-                                                         const std::vector<caf::actor>& ranks, int threads) {
+                                                         const std::vector<caf::actor>& ranks, int threads, const std::string& host) {
   const int pp = load.pipeline_parallel;
   if (pp < 2 || static_cast<int>(ranks.size()) != pp - 1)
     return unexpected("a cross-node replica of " + std::to_string(pp) + " stages has " + std::to_string(pp - 1) + " remote ranks, got " +
@@ -239,10 +269,10 @@ result<cross_node_head, std::string> make_cross_node_head(caf::actor_system& sys
   const std::string group = load.group;
   // Every stage joins the pipe at once (Gloo waits for all of them): the remote ranks on threads of
   // their own, this one here.
-  h.connect = [&sys, p, coordinator, group, pp]() -> result<void, std::string> {
+  h.connect = [&sys, p, coordinator, group, pp, host]() -> result<void, std::string> {
     std::vector<std::future<result<void, std::string>>> others;
     for (auto& r : p->remotes) others.push_back(std::async(std::launch::async, [r] { return r->connect(); }));
-    auto mine = join_pipe(sys, coordinator, group, pp - 1, pp);
+    auto mine = join_pipe(sys, coordinator, group, pp - 1, pp, host);
     std::string err;
     for (std::size_t i = 0; i < others.size(); ++i)
       if (auto r = others[i].get(); !r && err.empty()) err = "stage " + std::to_string(i) + ": " + r.error();

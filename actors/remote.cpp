@@ -213,9 +213,11 @@ int run_node(const node_process_options& o) {
   caf::actor_system_config cfg;
   configure(cfg, o.heartbeat, 2, o.tls);
   caf::actor_system sys{cfg};
+  const std::string collective_host = o.collective_host.empty() ? local_address_toward(o.host, o.port) : o.collective_host;
+  spdlog::info("event=collectives_listen host={}", collective_host);
   while (!signalled) {
     if (joined_once) spdlog::info("event=rejoining coordinator={}:{}", o.host, o.port);
-    auto node = spawn_node(sys, o.executor_threads, o.max_per_replica, o.device_memory);
+    auto node = spawn_node(sys, o.executor_threads, o.max_per_replica, o.device_memory, collective_host);
     auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, node, o.tls.enabled());
     if (!coordinator) {
       caf::anon_send_exit(node, caf::exit_reason::user_shutdown);

@@ -65,6 +65,9 @@ struct node_process_options {
                                          // pass it is refused; 0: no bound
   heartbeat_options heartbeat;
   tls_options tls;
+  // The address this node's collectives (the Gloo pipes of stages across nodes) listen on; empty: the
+  // local address that routes toward the coordinator.
+  std::string collective_host;
 };
 // Joins the coordinator and serves until SIGINT/SIGTERM, then drains (its replicas take no new job and
 // finish the running ones, up to drain_timeout_s) and exits; when the link to the coordinator is lost

@@ -202,6 +202,7 @@ int run_node_cmd(const cluster_cmd_options& given) {
   }
   n.heartbeat = heartbeat(o);
   n.tls = tls(o);
+  n.collective_host = o.collective_host;
   return actors::run_node(n);
 }
 

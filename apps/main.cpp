@@ -174,6 +174,9 @@ int main(int argc, char** argv) {
   nd->add_option("--threads", cc.threads, "compute threads per executor")->check(CLI::Range(0, 4096));
   nd->add_option("--device-memory", cc.device_memory, "memory the (simulated) device offers its executors, e.g. 8GiB; deployments past it are refused");
   nd->add_option("--max-replicas", cc.max_replicas, "executors (replicas) this node's device may host; 0: no bound")->check(CLI::Range(0, 1024));
+  nd->add_option("--collective-host", cc.collective_host,
+                 "the address this node's cross-node collectives (pipeline stages on other nodes) listen on; default: the local "
+                 "address that routes toward the coordinator");
   nd->callback([&] { rc = troupe::app::run_node_cmd(cc); });
   auto* dp = app.add_subcommand("deploy", "deploy a model on a running cluster");
   common(dp, "--coordinator", "the coordinator's HOST:PORT");

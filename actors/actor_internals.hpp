@@ -63,13 +63,15 @@ inline constexpr auto request_timeout = std::chrono::seconds(600);
 // collective groups).
 std::shared_ptr<transport::rendezvous_store> coordinator_rendezvous(caf::actor_system& sys, const caf::actor& coordinator);
 
-// A stage before the last of a cross-node replica (load.world_rank of load.pipeline_parallel stages),
-// spawned by `node` as a detached rank actor over its part of `model`, or why not.
-result<caf::actor, std::string> spawn_rank(caf::event_based_actor* node, const std::shared_ptr<const families::model_handle>& model,
-                                           const transport::load_request& load, const caf::actor& coordinator, int threads,
-                                           const std::string& host);
+// A stage before the last of a cross-node replica (stage load.world_rank of load.pipeline_parallel):
+// its load.tensor_parallel ranks spawned by `node` as detached rank actors over their parts of `model`
+// (joined by an in-process group), in rank order, or why not.
+result<std::vector<caf::actor>, std::string> spawn_stage(caf::event_based_actor* node, const std::shared_ptr<const families::model_handle>& model,
+                                                         const transport::load_request& load, const caf::actor& coordinator, int threads,
+                                                         const std::string& host);
 
-// The last stage of a cross-node replica, which drives the others (`ranks`, stage order): its part,
+// The last stage of a cross-node replica, which drives the others (`ranks`: the remote stages' rank
+// actors, stage by stage): its rank 0's part,
 // its executor, the remote ranks for driver_options::other_ranks and the connect step for
 // driver_options::connect; `keep` holds what they point into.
 struct cross_node_head {

@@ -498,18 +498,21 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_thr
   return {
       // Spawns the replicas of a deployment; each registers itself with `coordinator` once prepared.
       // Replies with the number spawned, or 0 and why not.
-      // A stage before the last of a cross-node replica: a rank actor over its part, for the last
-      // stage's driver (ranks.cpp). Replies with the actor, or a null actor and why not.
+      // A stage before the last of a cross-node replica: a rank actor per rank over its part, for the
+      // last stage's driver (ranks.cpp). Replies with the actors, or none and why not.
       [=](rank_atom, const std::string& bytes, const caf::actor& coordinator) -> caf::message {
         auto& st = self->state;
+        const std::vector<caf::actor> none;
         auto d = deployment_of(bytes);
-        if (!d) return caf::make_message(caf::actor{}, d.error());
+        if (!d) return caf::make_message(none, d.error());
         auto h = handle_for(st, *d);
-        if (!h) return caf::make_message(caf::actor{}, h.error());
-        auto r = spawn_rank(self, *h, d->load, coordinator, st.executor_threads, st.collective_host);
-        if (!r) return caf::make_message(caf::actor{}, r.error());
-        self->link_to(*r);
-        st.spawned.push_back(*r);
+        if (!h) return caf::make_message(none, h.error());
+        auto r = spawn_stage(self, *h, d->load, coordinator, st.executor_threads, st.collective_host);
+        if (!r) return caf::make_message(none, r.error());
+        for (const auto& a : *r) {
+          self->link_to(a);
+          st.spawned.push_back(a);
+        }
         return caf::make_message(*r, std::string());
       },
       // The last stage of a cross-node replica: the driver, over the rank actors of the other stages.
@@ -667,7 +670,7 @@ template <class Fail>
 void place_across_nodes(caf::stateful_actor<coordinator_state>* self, transport::deploy d, std::int32_t count, Fail fail) {
   auto& st = self->state;
   const int pp = d.load.pipeline_parallel;
-  if (std::max(1, d.load.tensor_parallel) != 1) return fail("stages across nodes take no tensor parallel split yet");
+  const int tp = std::max(1, d.load.tensor_parallel);
   if (static_cast<int>(st.nodes.size()) < pp)
     return fail("a pipeline of " + std::to_string(pp) + " stages across nodes needs " + std::to_string(pp) + " nodes, " +
                 std::to_string(st.nodes.size()) + " joined");
@@ -683,7 +686,7 @@ void place_across_nodes(caf::stateful_actor<coordinator_state>* self, transport:
       bool failed = false;
     };
     auto g = std::make_shared<gathering>();
-    g->ranks.resize(static_cast<std::size_t>(pp - 1));
+    g->ranks.resize(static_cast<std::size_t>((pp - 1) * tp));
     auto head = [=] {
       transport::deploy hd = rd;
       hd.load.world_rank = pp - 1;
@@ -699,13 +702,13 @@ void place_across_nodes(caf::stateful_actor<coordinator_state>* self, transport:
       sd.load.world_rank = s;
       self->request(stage_nodes[static_cast<std::size_t>(s)], request_timeout, rank_atom::value, transport::encode(sd), caf::actor_cast<caf::actor>(self))
           .then(
-              [=](const caf::actor& rank, const std::string& why) {
+              [=](const std::vector<caf::actor>& ranks, const std::string& why) {
                 if (g->failed) return;
-                if (!rank) {
+                if (static_cast<int>(ranks.size()) != tp) {
                   g->failed = true;
-                  return fail("stage " + std::to_string(s) + ": " + why);
+                  return fail("stage " + std::to_string(s) + ": " + (why.empty() ? std::string("a rank count other than the split's") : why));
                 }
-                g->ranks[static_cast<std::size_t>(s)] = rank;
+                for (int t = 0; t < tp; ++t) g->ranks[static_cast<std::size_t>(s * tp + t)] = ranks[static_cast<std::size_t>(t)];
                 if (++g->arrived == pp - 1) head();
               },
               [=](caf::error& e) {

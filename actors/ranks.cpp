@@ -60,14 +60,15 @@ class coordinator_store final : public transport::rendezvous_store {
 };
 
 // The pipe of a cross-node replica: rank `stage` of `stages`, meeting through the coordinator.
+// Its ranks of index `t` (one per stage) share one pipe.
 result<std::unique_ptr<collective>, std::string> join_pipe(caf::actor_system& sys, const caf::actor& coordinator, const std::string& group,
-                                                           int stage, int stages, const std::string& host) {
+                                                           int t, int stage, int stages, const std::string& host) {
   transport::gloo_options g;
   g.host = host;
   g.rank = stage;
   g.size = stages;
   g.store = coordinator_rendezvous(sys, coordinator);
-  g.prefix = group + "/pipe";
+  g.prefix = group + "/pipe" + std::to_string(t);
   g.timeout = std::chrono::seconds(60);
   auto c = transport::connect_gloo(g);
   if (!c) return unexpected("stage " + std::to_string(stage) + " joining the pipe: " + c.error().message());
@@ -82,8 +83,9 @@ struct rank_state {
   std::shared_ptr<const families::model_handle> part;
   caf::actor coordinator;
   std::string group;
-  int stage = 0, stages = 1;
+  int t = 0, stage = 0, stages = 1;
   std::string host;  // where its pipe listens
+  std::shared_ptr<void> group_keep;  // the stage's tensor-parallel group, shared by its rank actors
   deferred_collective pipe;
   std::unique_ptr<exec::cpu::cpu_executor> ex;
   std::unique_ptr<driver::weight_map_source> weights;
@@ -97,23 +99,26 @@ struct rank_state {
 };
 
 caf::behavior rank_actor(caf::stateful_actor<rank_state>* self, std::shared_ptr<const families::model_handle> part, caf::actor coordinator,
-                         std::string group, int stage, int stages, int threads, std::string host) {
+                         std::string group, int t, int stage, int stages, int threads, std::string host, collective* tp_group,
+                         std::shared_ptr<void> group_keep) {
   auto& st = self->state;
   st.host = std::move(host);
+  st.t = t;
+  st.group_keep = std::move(group_keep);
   st.part = std::move(part);
   st.coordinator = std::move(coordinator);
   st.group = std::move(group);
   st.stage = stage;
   st.stages = stages;
-  st.ex = std::make_unique<exec::cpu::cpu_executor>(exec::cpu::cpu_options{threads, std::nullopt, nullptr, &st.pipe});
+  st.ex = std::make_unique<exec::cpu::cpu_executor>(exec::cpu::cpu_options{threads, std::nullopt, tp_group, &st.pipe});
   return {
       [=](rank_connect_atom) -> std::string {
         auto& st = self->state;
         if (st.pipe.joined()) return {};
-        auto p = join_pipe(self->system(), st.coordinator, st.group, st.stage, st.stages, st.host);
+        auto p = join_pipe(self->system(), st.coordinator, st.group, st.t, st.stage, st.stages, st.host);
         if (!p) return p.error();
         st.pipe.join(std::move(*p));
-        spdlog::info("event=rank_joined group={} stage={} of={}", st.group, st.stage, st.stages);
+        spdlog::info("event=rank_joined group={} stage={} of={} rank={}", st.group, st.stage, st.stages, st.t);
         return {};
       },
       [=](rank_load_atom) -> std::string {
@@ -232,56 +237,86 @@ std::shared_ptr<transport::rendezvous_store> coordinator_rendezvous(caf::actor_s
   return std::make_shared<coordinator_store>(sys, coordinator);
 }
 
-result<caf::actor, std::string> spawn_rank(caf::event_based_actor* node, const std::shared_ptr<const families::model_handle>& model,
-                                           const transport::load_request& load, const caf::actor& coordinator, int threads,
-                                           const std::string& host) {
-  const int pp = load.pipeline_parallel, stage = load.world_rank;
-  if (std::max(1, load.tensor_parallel) != 1) return unexpected(std::string("stages across nodes take no tensor parallel split yet"));
-  if (pp < 2 || stage < 0 || stage >= pp - 1) return unexpected("a remote rank is a stage before the last of " + std::to_string(pp));
-  if (load.group.empty()) return unexpected(std::string("a remote rank needs its replica's group"));
-  auto part = model->stage(stage, pp);
-  if (!part) return unexpected(families::message(part.error()));
-  return node->spawn<caf::detached>(rank_actor, *part, coordinator, load.group, stage, pp, threads, host);
+result<std::vector<caf::actor>, std::string> spawn_stage(caf::event_based_actor* node, const std::shared_ptr<const families::model_handle>& model,
+                                                         const transport::load_request& load, const caf::actor& coordinator, int threads,
+                                                         const std::string& host) {
+  const int tp = std::max(1, load.tensor_parallel), pp = load.pipeline_parallel, stage = load.world_rank;
+  if (pp < 2 || stage < 0 || stage >= pp - 1) return unexpected("a remote stage is one before the last of " + std::to_string(pp));
+  if (load.group.empty()) return unexpected(std::string("a remote stage needs its replica's group"));
+  // Every part first: a split the model refuses spawns nothing.
+  std::vector<std::shared_ptr<const families::model_handle>> parts;
+  for (int t = 0; t < tp; ++t) {
+    auto part = tp * pp > 1 ? model->part(t, tp, stage, pp) : model->stage(stage, pp);
+    if (!part) return unexpected(families::message(part.error()));
+    parts.push_back(*part);
+  }
+  // The stage's ranks are on this node: their all_reduce meets in an in-process group.
+  auto group = std::make_shared<std::vector<std::unique_ptr<collective>>>(tp > 1 ? local_group(tp) : std::vector<std::unique_ptr<collective>>{});
+  std::vector<caf::actor> out;
+  for (int t = 0; t < tp; ++t)
+    out.push_back(node->spawn<caf::detached>(rank_actor, parts[static_cast<std::size_t>(t)], coordinator, load.group, t, stage, pp, threads, host,
+                                             tp > 1 ? (*group)[static_cast<std::size_t>(t)].get() : nullptr, std::shared_ptr<void>(group)));
+  return out;
 }
 
 result<cross_node_head, std::string> make_cross_node_head(caf::actor_system& sys, const std::shared_ptr<const families::model_handle>& model,
                                                          const transport::load_request& load, const caf::actor& coordinator,
                                                          const std::vector<caf::actor>& ranks, int threads, const std::string& host) {
-  const int pp = load.pipeline_parallel;
-  if (pp < 2 || static_cast<int>(ranks.size()) != pp - 1)
-    return unexpected("a cross-node replica of " + std::to_string(pp) + " stages has " + std::to_string(pp - 1) + " remote ranks, got " +
-                      std::to_string(ranks.size()));
-  auto part = model->stage(pp - 1, pp);
-  if (!part) return unexpected(families::message(part.error()));
-  struct parts {
-    deferred_collective pipe;
-    std::unique_ptr<exec::cpu::cpu_executor> ex;
+  const int tp = std::max(1, load.tensor_parallel), pp = load.pipeline_parallel;
+  if (pp < 2 || static_cast<int>(ranks.size()) != (pp - 1) * tp)
+    return unexpected("a cross-node replica of " + std::to_string(pp) + " stages of " + std::to_string(tp) + " ranks has " +
+                      std::to_string((pp - 1) * tp) + " remote ranks, got " + std::to_string(ranks.size()));
+  // The last stage's ranks, all here: rank 0 drives, the others are local ranks of the driver.
+  std::vector<std::shared_ptr<const families::model_handle>> parts;
+  for (int t = 0; t < tp; ++t) {
+    auto part = tp > 1 ? model->part(t, tp, pp - 1, pp) : model->stage(pp - 1, pp);
+    if (!part) return unexpected(families::message(part.error()));
+    parts.push_back(*part);
+  }
+  struct stage_parts {
+    std::vector<std::unique_ptr<collective>> group;  // the last stage's tensor-parallel group
+    std::vector<std::unique_ptr<deferred_collective>> pipes;
+    std::vector<std::unique_ptr<exec::cpu::cpu_executor>> ex;
     std::vector<std::shared_ptr<actor_rank>> remotes;
   };
-  auto p = std::make_shared<parts>();
-  p->ex = std::make_unique<exec::cpu::cpu_executor>(exec::cpu::cpu_options{threads, std::nullopt, nullptr, &p->pipe});
+  auto p = std::make_shared<stage_parts>();
+  if (tp > 1) p->group = local_group(tp);
+  for (int t = 0; t < tp; ++t) {
+    p->pipes.push_back(std::make_unique<deferred_collective>());
+    p->ex.push_back(std::make_unique<exec::cpu::cpu_executor>(
+        exec::cpu::cpu_options{threads, std::nullopt, tp > 1 ? p->group[static_cast<std::size_t>(t)].get() : nullptr, p->pipes.back().get()}));
+  }
   cross_node_head h;
-  h.part = *part;
+  h.part = parts[0];
   for (const auto& r : ranks) {
     p->remotes.push_back(std::make_shared<actor_rank>(sys, r));
     h.other_ranks.push_back({nullptr, nullptr, p->remotes.back()});
   }
+  for (int t = 1; t < tp; ++t) h.other_ranks.push_back({parts[static_cast<std::size_t>(t)], p->ex[static_cast<std::size_t>(t)].get(), nullptr});
   const std::string group = load.group;
-  // Every stage joins the pipe at once (Gloo waits for all of them): the remote ranks on threads of
-  // their own, this one here.
-  h.connect = [&sys, p, coordinator, group, pp, host]() -> result<void, std::string> {
+  // Every rank joins its pipe at once (Gloo waits for all of a pipe's stages): the remote ranks and
+  // this stage's ranks each on a thread of its own.
+  h.connect = [&sys, p, coordinator, group, tp, pp, host]() -> result<void, std::string> {
     std::vector<std::future<result<void, std::string>>> others;
     for (auto& r : p->remotes) others.push_back(std::async(std::launch::async, [r] { return r->connect(); }));
-    auto mine = join_pipe(sys, coordinator, group, pp - 1, pp, host);
+    std::vector<std::future<result<std::unique_ptr<collective>, std::string>>> mine;
+    for (int t = 0; t < tp; ++t)
+      mine.push_back(std::async(std::launch::async, [&sys, coordinator, group, t, pp, host] { return join_pipe(sys, coordinator, group, t, pp - 1, pp, host); }));
     std::string err;
     for (std::size_t i = 0; i < others.size(); ++i)
-      if (auto r = others[i].get(); !r && err.empty()) err = "stage " + std::to_string(i) + ": " + r.error();
-    if (!mine) return unexpected(mine.error());
+      if (auto r = others[i].get(); !r && err.empty()) err = "remote rank " + std::to_string(i) + ": " + r.error();
+    for (int t = 0; t < tp; ++t) {
+      auto c = mine[static_cast<std::size_t>(t)].get();
+      if (!c) {
+        if (err.empty()) err = c.error();
+        continue;
+      }
+      p->pipes[static_cast<std::size_t>(t)]->join(std::move(*c));
+    }
     if (!err.empty()) return unexpected(err);
-    p->pipe.join(std::move(*mine));
     return {};
   };
-  h.executor = std::shared_ptr<exec::cpu::cpu_executor>(p, p->ex.get());
+  h.executor = std::shared_ptr<exec::cpu::cpu_executor>(p, p->ex[0].get());
   h.keep = p;
   return h;
 }

@@ -461,29 +461,48 @@ TEST(multiprocess, a_tensor_and_pipeline_parallel_replica_on_a_node_serves_like_
   serve_split_replica(2, 2, "1x5", "4 layers do not make 5 stages");
 }
 
+// Two node processes joined to `c`'s coordinator, and a session that has seen both.
+result<std::unique_ptr<session>, std::string> two_nodes(cluster_fixture& c, const std::string& a, const std::string& b) {
+  c.nodes.push_back(c.node(a, (c.dir / "secret").string()));
+  c.nodes.push_back(c.node(b, (c.dir / "secret").string()));
+  auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  if (!s) return s;
+  for (int i = 0; i < 100; ++i) {
+    auto st = (*s)->status();
+    if (st && st->find("\"" + a + "\"") != std::string::npos && st->find("\"" + b + "\"") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return s;
+}
+
 // A replica whose two pipeline stages are on two node processes (deploy across_nodes): stage 0 is a rank
 // actor on one node, stage 1 and the driver on the other; the stages pass activations over Gloo (meeting
 // through the coordinator's rendezvous) and the driver reaches stage 0 over CAF for every step. Six jobs,
-// greedy and sampled, give one device's tokens. Three stages with two nodes, and a tensor-parallel split
-// across nodes, are refused by name.
+// greedy and sampled, give one device's tokens. Three stages with two nodes, and a split the heads do not
+// allow, are refused by name.
 TEST(multiprocess, a_pipeline_across_two_nodes_serves_like_one_device) {
   cluster_fixture c;
-  c.nodes.push_back(c.node("pa", (c.dir / "secret").string()));
-  c.nodes.push_back(c.node("pb", (c.dir / "secret").string()));
-  auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  auto s = two_nodes(c, "pa", "pb");
   ASSERT_TRUE(s) << s.error();
-  for (int i = 0; i < 100; ++i) {
-    auto st = (*s)->status();
-    if (st && st->find("\"pa\"") != std::string::npos && st->find("\"pb\"") != std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
   auto three = (*s)->deploy(model_path(), 1, driver_opts(), 1, 3, true);
   ASSERT_FALSE(three);
   EXPECT_NE(three.error().find("needs 3 nodes, 2 joined"), std::string::npos) << three.error();
-  auto tp = (*s)->deploy(model_path(), 1, driver_opts(), 2, 2, true);
-  ASSERT_FALSE(tp);
-  EXPECT_NE(tp.error().find("no tensor parallel split"), std::string::npos) << tp.error();
+  auto bad = (*s)->deploy(model_path(), 1, driver_opts(), 3, 2, true);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().find("split 3 ways"), std::string::npos) << bad.error();
   auto name = (*s)->deploy(model_path(), 1, driver_opts(), 1, 2, true);
+  ASSERT_TRUE(name) << name.error();
+  expect_one_devices_tokens(**s);
+}
+
+// Two stages of two tensor-parallel ranks each across two node processes: each node's stage is two
+// executors joined by an in-process group, rank t of one stage reaches rank t of the other over its own
+// Gloo pipe, and the driver on the last stage drives all four. Six jobs give one device's tokens.
+TEST(multiprocess, a_two_by_two_replica_across_two_nodes_serves_like_one_device) {
+  cluster_fixture c;
+  auto s = two_nodes(c, "qa", "qb");
+  ASSERT_TRUE(s) << s.error();
+  auto name = (*s)->deploy(model_path(), 1, driver_opts(), 2, 2, true);
   ASSERT_TRUE(name) << name.error();
   expect_one_devices_tokens(**s);
 }

@@ -1,6 +1,7 @@
 #pragma once
 // The cluster's command line: troupe coordinator, node, deploy, submit, status.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,5 +63,8 @@ int run_gateway_cmd(const cluster_cmd_options& o);
 int run_scale_cmd(const cluster_cmd_options& o);
 int run_top_cmd(const cluster_cmd_options& o);
 int run_collectives_cmd(const cluster_cmd_options& o);
+
+// "16GiB", "512MiB", "2000000" -> bytes; nullopt when it is none of those.
+std::optional<std::uint64_t> parse_bytes(const std::string& t);
 
 }  // namespace troupe::app

@@ -7,6 +7,7 @@
 #include "apps/bench.hpp"
 #include "apps/generate.hpp"
 #include "apps/inspect.hpp"
+#include "apps/plan.hpp"
 #include "apps/serve.hpp"
 #include "apps/sim.hpp"
 #include "apps/cluster_cmd.hpp"
@@ -103,6 +104,17 @@ int main(int argc, char** argv) {
   fx->callback([&] { rc = troupe::app::run_fixture(fix); });
 
   troupe::app::bench_options bench;
+  troupe::app::plan_options plan;
+  auto* pl = app.add_subcommand("plan", "where a model fits: replicas, pipeline stages and tensor-parallel groups on an inventory");
+  pl->add_option("--model", plan.model, "a GGUF file or Hugging Face directory (default: the embedded model)");
+  pl->add_option("--node", plan.nodes, "a node: ID=KIND:MEMORY[*COUNT][,...], e.g. a=cuda:80GiB*8 (repeat for more nodes)")->required();
+  pl->add_option("--goal", plan.goal, "latency (tensor parallel first), capacity (the most KV per replica) or throughput (the most replicas)");
+  pl->add_option("--max-tensor-parallel", plan.max_tensor_parallel, "at most this many ranks per stage")->check(CLI::Range(1, 4096));
+  pl->add_option("--replicas", plan.replicas, "exactly this many replicas")->check(CLI::Range(1, 1 << 20));
+  pl->add_option("--min-kv-tokens", plan.min_kv_tokens, "KV tokens every replica holds at least")->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+  pl->add_flag("--json", plan.json);
+  pl->callback([&] { rc = troupe::app::run_plan(plan); });
+
   auto* bn = app.add_subcommand("bench", "prefill and decode tokens per second on the CPU executor");
   bn->add_option("--model", bench.model)->required();
   bn->add_option("--prompt-len", bench.prompt_len)->check(CLI::Range(1, 1 << 20));

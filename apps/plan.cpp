@@ -1,0 +1,165 @@
+#include "apps/plan.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <map>
+
+#include "apps/cluster_cmd.hpp"
+#include "apps/default_model.hpp"
+#include "families/components/dense_decoder.hpp"
+#include "families/model_handle.hpp"
+#include "families/registry.hpp"
+#include "placement/planner.hpp"
+
+namespace troupe::app {
+namespace {
+
+// What one replica of `h` needs, from its weights as stored: the heaviest layer (the planner takes one
+// size for all), the embedding, the final norm and head (a tied head counts the embedding again, as the
+// planner asks), f32 KV, and the scratch of a 256-token prefill chunk and a 16-row decode.
+result<placement::requirements, std::string> requirements_of(const families::model_handle& h) {
+  const auto* dense = dynamic_cast<const families::dense_decoder*>(&h.model());
+  if (dense == nullptr || dense->spec().attention.empty()) return unexpected("the planner knows dense decoders only, not " + h.model().config().family);
+  const auto& spec = dense->spec();
+  placement::requirements r;
+  std::map<std::int32_t, std::uint64_t> per_layer;
+  bool tied = true;
+  std::uint64_t embedding = 0;
+  for (const auto& e : h.model().weights().entries()) {
+    const auto bytes = static_cast<std::uint64_t>(e.view.bytes());
+    if (e.role.layer >= 0) per_layer[e.role.layer] += bytes;
+    else if (e.role.name == "token_embd") embedding += bytes;
+    else if (e.role.name == "output") tied = false, r.head_bytes += bytes;
+    else if (e.role.name == "output_norm") r.head_bytes += bytes;
+    else r.embedding_bytes += bytes;  // rope tables and the like: with the first stage
+  }
+  r.embedding_bytes += embedding;
+  if (tied) r.head_bytes += embedding;
+  for (const auto& [l, b] : per_layer) r.layer_bytes = std::max(r.layer_bytes, b);
+  r.layers = static_cast<std::int32_t>(spec.stack.layers);
+  r.kv_bytes_per_token_per_layer = static_cast<std::uint64_t>(h.model().config().kv_elems_per_token_per_layer) * 4;
+  r.heads = static_cast<std::int32_t>(spec.attention[0].heads);
+  r.kv_heads = static_cast<std::int32_t>(spec.attention[0].kv_heads);
+  const auto hidden = static_cast<std::uint64_t>(spec.stack.hidden), ffn = static_cast<std::uint64_t>(spec.ffn.width);
+  r.scratch_bytes = 256 * (8 * hidden + 3 * ffn) * 4 + 16 * static_cast<std::uint64_t>(spec.stack.vocab) * 4;
+  return r;
+}
+
+// "a=cuda:80GiB*8,cpu:64GiB" -> a node.
+result<placement::node, std::string> parse_node(const std::string& text) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) return unexpected("a node is ID=KIND:MEMORY[*COUNT][,...], got '" + text + "'");
+  placement::node n;
+  n.id = text.substr(0, eq);
+  std::map<std::string, int> count_of;
+  for (std::size_t at = eq + 1; at <= text.size();) {
+    const auto comma = std::min(text.find(',', at), text.size());
+    const std::string dev = text.substr(at, comma - at);
+    at = comma + 1;
+    const auto colon = dev.find(':');
+    if (colon == std::string::npos) return unexpected("a device is KIND:MEMORY[*COUNT], got '" + dev + "'");
+    const std::string kind = dev.substr(0, colon);
+    std::string mem = dev.substr(colon + 1);
+    int count = 1;
+    if (const auto star = mem.find('*'); star != std::string::npos) {
+      try {
+        count = std::stoi(mem.substr(star + 1));
+      } catch (...) {
+        count = 0;
+      }
+      mem = mem.substr(0, star);
+      if (count < 1 || count > 4096) return unexpected("a device count is 1 to 4096, got '" + dev + "'");
+    }
+    placement::device_kind k;
+    if (kind == "cuda") k = placement::device_kind::cuda;
+    else if (kind == "cpu") k = placement::device_kind::cpu;
+    else return unexpected("a device kind is cuda or cpu, got '" + kind + "'");
+    const auto bytes = parse_bytes(mem);
+    if (!bytes || *bytes == 0) return unexpected("a device's memory is bytes or a size like 80GiB, got '" + mem + "'");
+    for (int i = 0; i < count; ++i) {
+      placement::device d;
+      d.name = kind + ":" + std::to_string(count_of[kind]++);
+      d.kind = k;
+      d.memory_bytes = *bytes;
+      n.devices.push_back(std::move(d));
+    }
+    if (comma == text.size()) break;
+  }
+  return n;
+}
+
+}  // namespace
+
+int run_plan(const plan_options& o) {
+  auto path = model_or_default(o.model, "plan");
+  if (!path) {
+    std::fprintf(stderr, "%s\n", path.error().c_str());
+    return 2;
+  }
+  auto h = families::model_handle::load(*path, families::registry::builtin());
+  if (!h) {
+    std::fprintf(stderr, "troupe plan: %s\n", families::message(h.error()).c_str());
+    return 2;
+  }
+  auto req = requirements_of(**h);
+  if (!req) {
+    std::fprintf(stderr, "troupe plan: %s\n", req.error().c_str());
+    return 2;
+  }
+  placement::inventory inv;
+  for (const auto& t : o.nodes) {
+    auto n = parse_node(t);
+    if (!n) {
+      std::fprintf(stderr, "troupe plan: %s\n", n.error().c_str());
+      return 2;
+    }
+    inv.nodes.push_back(std::move(*n));
+  }
+  placement::policy pol;
+  if (o.goal == "latency") pol.goal = placement::objective::latency;
+  else if (o.goal == "capacity") pol.goal = placement::objective::capacity;
+  else if (o.goal == "throughput") pol.goal = placement::objective::throughput;
+  else {
+    std::fprintf(stderr, "troupe plan: --goal is latency, capacity or throughput, got '%s'\n", o.goal.c_str());
+    return 2;
+  }
+  if (o.max_tensor_parallel > 0) pol.max_tensor_parallel = o.max_tensor_parallel;
+  if (o.replicas > 0) pol.replicas = o.replicas;
+  pol.min_kv_tokens = o.min_kv_tokens;
+  auto plan = placement::make_plan(inv, *req, pol);
+  if (!plan) {
+    std::fprintf(stderr, "troupe plan: %s\n", plan.error().message().c_str());
+    return 1;
+  }
+  bool across = false;
+  for (const auto& r : plan->replicas)
+    for (std::size_t s = 1; s < r.stages.size(); ++s) across = across || r.stages[s].devices[0].node != r.stages[0].devices[0].node;
+  std::string deploy = "troupe deploy --model " + *path + " --replicas " + std::to_string(plan->replicas.size()) + " --tensor-parallel " +
+                       std::to_string(plan->tensor_parallel) + " --pipeline-parallel " + std::to_string(plan->pipeline) + (across ? " --across-nodes" : "");
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = *path;
+    j["requirements"] = {{"layers", req->layers},     {"layer_bytes", req->layer_bytes}, {"embedding_bytes", req->embedding_bytes},
+                         {"head_bytes", req->head_bytes}, {"kv_bytes_per_token_per_layer", req->kv_bytes_per_token_per_layer},
+                         {"scratch_bytes", req->scratch_bytes}, {"heads", req->heads}, {"kv_heads", req->kv_heads}};
+    j["kind"] = std::string(placement::name(plan->kind));
+    j["tensor_parallel"] = plan->tensor_parallel;
+    j["pipeline_parallel"] = plan->pipeline;
+    j["across_nodes"] = across;
+    j["replicas"] = nlohmann::json::array();
+    for (const auto& r : plan->replicas) j["replicas"].push_back({{"kv_tokens", r.kv_tokens}, {"stages", r.stages.size()}});
+    j["deploy"] = deploy;
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("model %s: %d layers of %.1f MiB, embedding %.1f MiB, head %.1f MiB, KV %llu bytes per token per layer, %d heads over %d KV heads\n",
+              path->c_str(), req->layers, static_cast<double>(req->layer_bytes) / (1 << 20), static_cast<double>(req->embedding_bytes) / (1 << 20),
+              static_cast<double>(req->head_bytes) / (1 << 20), static_cast<unsigned long long>(req->kv_bytes_per_token_per_layer), req->heads,
+              req->kv_heads);
+  std::printf("%s\n", placement::describe(*plan, inv).c_str());
+  std::printf("%s\n", deploy.c_str());
+  return 0;
+}
+
+}  // namespace troupe::app

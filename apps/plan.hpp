@@ -1,0 +1,24 @@
+#pragma once
+// troupe plan: where a model fits. The model's memory needs are read from the checkpoint (its weights
+// by layer, embedding and head, KV bytes per token, attention heads); the inventory is given on the
+// command line; the placement planner (placement/planner.hpp) picks replicas, pipeline stages and
+// tensor-parallel groups, or says by how much the model does not fit.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace troupe::app {
+
+struct plan_options {
+  std::string model;                // empty: the embedded model
+  std::vector<std::string> nodes;   // "ID=KIND:MEMORY[*COUNT][,KIND:MEMORY[*COUNT]...]", e.g. "a=cuda:80GiB*8"
+  std::string goal = "latency";     // latency | capacity | throughput
+  int max_tensor_parallel = 0;      // 0: no bound
+  int replicas = 0;                 // 0: the goal's default
+  std::int64_t min_kv_tokens = 1;
+  bool json = false;
+};
+
+int run_plan(const plan_options& o);
+
+}  // namespace troupe::app

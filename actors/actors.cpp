@@ -612,6 +612,7 @@ struct node_slot {
   std::string id;
   caf::actor actor;
   std::int32_t max_replicas = 0;  // executors its device may host; 0: no bound
+  std::uint64_t device_memory = 0;  // what its device offers; 0: not declared
 };
 
 struct coordinator_state;
@@ -963,10 +964,11 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
         }
         return left;
       },
-      // A node's bound on the executors its device hosts (sent right after it joins).
-      [=](capacity_atom, const caf::actor& node, std::int32_t max_replicas) {
+      // A node's bound on the executors its device hosts and the memory the device offers (sent right
+      // after it joins).
+      [=](capacity_atom, const caf::actor& node, std::int32_t max_replicas, std::uint64_t device_memory) {
         for (auto& n : self->state.nodes)
-          if (n.actor == node) n.max_replicas = max_replicas;
+          if (n.actor == node) n.max_replicas = max_replicas, n.device_memory = device_memory;
       },
       // A node that proved it holds the cluster's secret (the gatekeeper checked it).
       [=](node_atom, const std::string& id, const caf::actor& node) {
@@ -997,6 +999,11 @@ caf::behavior coordinator_actor(caf::stateful_actor<coordinator_state>* self, ca
         nlohmann::json j;
         j["nodes"] = nlohmann::json::array();
         for (const auto& n : st.nodes) j["nodes"].push_back(n.id);
+        // Each node's device as the placement planner takes it (troupe deploy --plan); memory 0: the
+        // node declared none (--device-memory).
+        j["devices"] = nlohmann::json::array();
+        for (const auto& n : st.nodes)
+          j["devices"].push_back({{"node", n.id}, {"name", "cpu:0"}, {"kind", "cpu"}, {"memory_bytes", n.device_memory}});
         j["replicas"] = nlohmann::json::array();
         for (const auto& r : st.replicas)
           if (r.driver) {

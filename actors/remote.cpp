@@ -232,7 +232,7 @@ int run_node(const node_process_options& o) {
       continue;
     }
     joined_once = true;
-    caf::anon_send(*coordinator, capacity_atom::value, node, o.max_replicas);
+    caf::anon_send(*coordinator, capacity_atom::value, node, o.max_replicas, o.device_memory);
     std::printf("troupe node: '%s' joined %s:%d\n", id.c_str(), o.host.c_str(), o.port);
     std::fflush(stdout);
     spdlog::info("event=joined coordinator={}:{}", o.host, o.port);

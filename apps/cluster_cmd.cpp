@@ -1,4 +1,5 @@
 #include "apps/cluster_cmd.hpp"
+#include "apps/plan.hpp"
 
 #include "transport/collectives.hpp"
 
@@ -315,15 +316,32 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     d.capacity = e.capacity;
     d.prefill_chunk = 0;  // the node derives the chunk and the budget from the capacity
     d.token_budget = 0;
+    int replicas = e.replicas, tp = o.tensor_parallel, pp = o.pipeline_parallel;
+    bool across = o.across_nodes;
+    if (!o.plan.empty()) {
+      // The planner on the devices the nodes declared: it picks the replicas and the split.
+      auto st = (*s)->status();
+      if (!st) {
+        std::fprintf(stderr, "troupe deploy: %s\n", st.error().c_str());
+        return 1;
+      }
+      auto split = plan_on_cluster(e.model, *st, o.plan);
+      if (!split) {
+        std::fprintf(stderr, "troupe deploy: --plan %s: %s\n", o.plan.c_str(), split.error().c_str());
+        return 1;
+      }
+      std::printf("plan (%s): %s\n", o.plan.c_str(), split->description.c_str());
+      replicas = split->replicas, tp = split->tensor_parallel, pp = split->pipeline_parallel, across = split->across_nodes;
+    }
     std::optional<progress_bar> bar;
-    if (o.progress) bar.emplace(**s, std::filesystem::path(e.model).filename().string(), e.replicas);
-    auto r = (*s)->deploy(e.model, e.replicas, d, o.tensor_parallel, o.pipeline_parallel, o.across_nodes);
+    if (o.progress) bar.emplace(**s, std::filesystem::path(e.model).filename().string(), replicas);
+    auto r = (*s)->deploy(e.model, replicas, d, tp, pp, across);
     if (bar) bar->finish(r.has_value());
     if (!r) {
       std::fprintf(stderr, "troupe deploy: %s: %s\n", e.model.c_str(), r.error().c_str());
       return 1;
     }
-    std::printf("deployed '%s' on %d replica(s)\n", r->c_str(), e.replicas);
+    std::printf("deployed '%s' on %d replica(s)\n", r->c_str(), replicas);
   }
   return 0;
 }

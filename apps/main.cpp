@@ -200,6 +200,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   dp->add_option("--pipeline-parallel", cc.pipeline_parallel, "split each replica's layers into M stages on one node (composes with --tensor-parallel)")
       ->check(CLI::Range(1, 64));
+  dp->add_option("--plan", cc.plan,
+                 "latency, capacity or throughput: the placement planner picks the replicas and the split from the devices the "
+                 "nodes declared (--device-memory), overriding --replicas and the parallel options");
   dp->add_flag("--across-nodes", cc.across_nodes,
                "put each pipeline stage on a node of its own (the stages pass activations over Gloo, meeting through the coordinator)");
   dp->add_flag("--progress", cc.progress, "show the replicas' preparation (weights, then each compiled entry) as a progress bar");

@@ -89,7 +89,55 @@ result<placement::node, std::string> parse_node(const std::string& text) {
   return n;
 }
 
+std::optional<placement::objective> objective_of(const std::string& goal) {
+  if (goal == "latency") return placement::objective::latency;
+  if (goal == "capacity") return placement::objective::capacity;
+  if (goal == "throughput") return placement::objective::throughput;
+  return std::nullopt;
+}
+
+bool stages_cross_nodes(const placement::plan& p) {
+  for (const auto& r : p.replicas)
+    for (std::size_t s = 1; s < r.stages.size(); ++s)
+      if (r.stages[s].devices[0].node != r.stages[0].devices[0].node) return true;
+  return false;
+}
+
 }  // namespace
+
+result<planned_split, std::string> plan_on_cluster(const std::string& model, const std::string& status_json, const std::string& goal) {
+  const auto obj = objective_of(goal);
+  if (!obj) return unexpected("--plan is latency, capacity or throughput, got '" + goal + "'");
+  const auto j = nlohmann::json::parse(status_json, nullptr, false);
+  if (j.is_discarded() || !j.contains("devices") || !j["devices"].is_array()) return unexpected(std::string("the cluster's status lists no devices"));
+  placement::inventory inv;
+  for (const auto& d : j["devices"]) {
+    const auto memory = d.value("memory_bytes", std::uint64_t{0});
+    const auto node = d.value("node", std::string());
+    if (memory == 0) return unexpected("node '" + node + "' declared no device memory (troupe node --device-memory): the planner has nothing to fill");
+    placement::device dev;
+    dev.name = d.value("name", std::string("cpu:0"));
+    dev.kind = d.value("kind", std::string("cpu")) == "cuda" ? placement::device_kind::cuda : placement::device_kind::cpu;
+    dev.memory_bytes = memory;
+    inv.nodes.push_back({node, {dev}});
+  }
+  if (inv.nodes.empty()) return unexpected(std::string("no node has joined"));
+  auto h = families::model_handle::load(model, families::registry::builtin());
+  if (!h) return unexpected(families::message(h.error()));
+  auto req = requirements_of(**h);
+  if (!req) return unexpected(req.error());
+  placement::policy pol;
+  pol.goal = *obj;
+  auto plan = placement::make_plan(inv, *req, pol);
+  if (!plan) return unexpected(plan.error().message());
+  planned_split out;
+  out.replicas = static_cast<int>(plan->replicas.size());
+  out.tensor_parallel = plan->tensor_parallel;
+  out.pipeline_parallel = plan->pipeline;
+  out.across_nodes = stages_cross_nodes(*plan);
+  out.description = placement::describe(*plan, inv);
+  return out;
+}
 
 int run_plan(const plan_options& o) {
   auto path = model_or_default(o.model, "plan");
@@ -117,10 +165,9 @@ int run_plan(const plan_options& o) {
     inv.nodes.push_back(std::move(*n));
   }
   placement::policy pol;
-  if (o.goal == "latency") pol.goal = placement::objective::latency;
-  else if (o.goal == "capacity") pol.goal = placement::objective::capacity;
-  else if (o.goal == "throughput") pol.goal = placement::objective::throughput;
-  else {
+  if (const auto obj = objective_of(o.goal)) {
+    pol.goal = *obj;
+  } else {
     std::fprintf(stderr, "troupe plan: --goal is latency, capacity or throughput, got '%s'\n", o.goal.c_str());
     return 2;
   }
@@ -132,9 +179,7 @@ int run_plan(const plan_options& o) {
     std::fprintf(stderr, "troupe plan: %s\n", plan.error().message().c_str());
     return 1;
   }
-  bool across = false;
-  for (const auto& r : plan->replicas)
-    for (std::size_t s = 1; s < r.stages.size(); ++s) across = across || r.stages[s].devices[0].node != r.stages[0].devices[0].node;
+  const bool across = stages_cross_nodes(*plan);
   std::string deploy = "troupe deploy --model " + *path + " --replicas " + std::to_string(plan->replicas.size()) + " --tensor-parallel " +
                        std::to_string(plan->tensor_parallel) + " --pipeline-parallel " + std::to_string(plan->pipeline) + (across ? " --across-nodes" : "");
   if (o.json) {

@@ -4,6 +4,8 @@
 // command line; the placement planner (placement/planner.hpp) picks replicas, pipeline stages and
 // tensor-parallel groups, or says by how much the model does not fit.
 #include <cstdint>
+
+#include "engine/core/result.hpp"
 #include <string>
 #include <vector>
 
@@ -20,5 +22,16 @@ struct plan_options {
 };
 
 int run_plan(const plan_options& o);
+
+// The split `troupe deploy --plan GOAL` deploys: the planner's plan for `model` on the devices a running
+// cluster's status reports (each node's --device-memory), or why there is none.
+struct planned_split {
+  int replicas = 1;
+  int tensor_parallel = 1;
+  int pipeline_parallel = 1;
+  bool across_nodes = false;
+  std::string description;  // placement::describe
+};
+result<planned_split, std::string> plan_on_cluster(const std::string& model, const std::string& status_json, const std::string& goal);
 
 }  // namespace troupe::app

@@ -52,7 +52,7 @@ std::vector<message> one_of_each() {
   all.push_back(error{9, "overloaded", "too many jobs", retry::overloaded});
   all.push_back(step_batch{"step rows=2", {1, 2}, {0, 7}, {3, 4}, {0, 1, -1, 2}, {{1, 0, full_sampling(), true}, {2, 5, {}, false}}});
   all.push_back(step_result{"step rows=2", {{4, -1.0f, {}}}, {false, true}, ""});
-  all.push_back(load_request{"/m.gguf", "cpu:0", "layers 0-11", 16, 1024, 16, 1024, 256, 512, true, false, 4});
+  all.push_back(load_request{"/m.gguf", "cpu:0", "layers 0-11", 16, 1024, 16, 1024, 256, 512, true, false, 4, 2, true, 3, "replica-7"});
   all.push_back(node_hello{"node-1", "127.0.0.1", 4242, {{"cpu:0", "cpu", 1ull << 34}}, std::string("\0proof", 6)});
   all.push_back(heartbeat{"node-1", 17, {1, 2, 3, 4, 5.5, 6, 7, 8, 9}});
   all.push_back(inventory{{{"node-1", {{"cpu:0", "cpu", 1}}}, {"node-2", {{"cuda:0", "cuda", 2}, {"cuda:1", "cuda", 3}}}}});

@@ -489,6 +489,22 @@ result<std::shared_ptr<const families::model_handle>, std::string> handle_for(no
   return h;
 }
 
+// A replica's actors on the node: the executor actor over the driver's executor and the driver (its own
+// thread), both linked to the node; `keep` holds whatever the driver's other ranks point into.
+void spawn_replica(caf::stateful_actor<node_state>* self, std::shared_ptr<const families::model_handle> part,
+                   std::shared_ptr<exec::cpu::cpu_executor> ex, const driver::driver_options& o, const caf::actor& coordinator,
+                   const std::string& model, std::shared_ptr<void> keep) {
+  auto& st = self->state;
+  auto dev = self->spawn(executor_actor, std::shared_ptr<exec::executor>(ex), "cpu:" + std::to_string(st.spawned.size()));
+  auto drv = self->spawn<caf::detached>(driver_actor, std::move(part), std::shared_ptr<exec::executor>(ex), o, st.max_per_replica, coordinator,
+                                        model, std::move(keep));
+  self->link_to(dev);
+  self->link_to(drv);
+  st.spawned.push_back(dev);
+  st.spawned.push_back(drv);
+  st.executors.push_back(ex);
+}
+
 caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
                          std::string collective_host) {
   self->state.collective_host = std::move(collective_host);
@@ -527,14 +543,7 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_thr
         driver::driver_options o = replica_options(d->load, **h);
         o.other_ranks = head->other_ranks;
         o.connect = head->connect;
-        auto dev = self->spawn(executor_actor, std::shared_ptr<exec::executor>(head->executor), "cpu:" + std::to_string(st.spawned.size()));
-        auto drv = self->spawn<caf::detached>(driver_actor, head->part, std::shared_ptr<exec::executor>(head->executor), o, st.max_per_replica,
-                                              coordinator, d->model, head->keep);
-        self->link_to(dev);
-        self->link_to(drv);
-        st.spawned.push_back(dev);
-        st.spawned.push_back(drv);
-        st.executors.push_back(head->executor);
+        spawn_replica(self, head->part, head->executor, o, coordinator, d->model, head->keep);
         return caf::make_message(std::int32_t{1}, std::string());
       },
       [=](deploy_atom, const std::string& bytes, const caf::actor& coordinator) -> caf::message {
@@ -569,15 +578,8 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_thr
           std::shared_ptr<driver::cpu_replica> replica(std::move(*made));
           driver::driver_options ro = o;
           replica->attach(ro);
-          std::shared_ptr<exec::cpu::cpu_executor> ex(replica, &replica->head_executor());
-          auto dev = self->spawn(executor_actor, std::shared_ptr<exec::executor>(ex), "cpu:" + std::to_string(st.spawned.size()));
-          auto drv = self->spawn<caf::detached>(driver_actor, replica->head(), std::shared_ptr<exec::executor>(ex), ro,
-                                                st.max_per_replica, coordinator, d->model, std::shared_ptr<void>(replica));
-          self->link_to(dev);
-          self->link_to(drv);
-          st.spawned.push_back(dev);
-          st.spawned.push_back(drv);
-          st.executors.push_back(ex);
+          spawn_replica(self, replica->head(), std::shared_ptr<exec::cpu::cpu_executor>(replica, &replica->head_executor()), ro, coordinator,
+                        d->model, replica);
         }
         return caf::make_message(d->replicas, std::string());
       },

@@ -28,7 +28,6 @@ class cpu_replica {
   // Adds every other rank to `o.other_ranks`.
   void attach(driver_options& o) const;
   int ranks() const { return static_cast<int>(executors_.size()); }
-  exec::cpu::cpu_executor& executor(int world_rank) { return *executors_[static_cast<std::size_t>(world_rank)]; }
 
  private:
   cpu_replica() = default;

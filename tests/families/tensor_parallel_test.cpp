@@ -43,26 +43,16 @@ void PrintTo(const tp_case& c, std::ostream* os) { *os << case_name(c); }
 
 using troupe::testing::log_softmax;
 
-std::int32_t argmax(const std::vector<float>& l) {
-  return static_cast<std::int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
-}
+using troupe::testing::argmax;
 
 constexpr int prompt_len = 12, steps = 12;
 
 std::shared_ptr<const model_handle> load(const tp_case& c) {
   const auto d = troupe::testing::tp_dims(c.type);
-  const auto path = fs::temp_directory_path() / ("troupe-tp-" + std::to_string(::getpid()) + "-" + case_name(c) + (c.gguf ? ".gguf" : ""));
-  EXPECT_TRUE(write_fixture(c.family, d, path, c.gguf));
-  auto h = model_handle::load(path, registry::builtin());
-  EXPECT_TRUE(h) << (h ? "" : message(h.error()));
-  return h ? *h : nullptr;
+  return troupe::testing::load_split_fixture(c.family, d, "troupe-tp-" + case_name(c), c.gguf);
 }
 
-std::vector<std::int32_t> prompt(std::int64_t vocab) {
-  std::vector<std::int32_t> p;
-  for (int i = 0; i < prompt_len; ++i) p.push_back(static_cast<std::int32_t>(3 + (i * 97 + 11) % (vocab - 3)));
-  return p;
-}
+std::vector<std::int32_t> prompt(std::int64_t vocab) { return troupe::testing::split_prompt(vocab, prompt_len); }
 
 // Greedy generation on one handle: the logits before every generated token.
 template <class Runner>

@@ -339,10 +339,9 @@ TEST_P(split_processes, give_one_devices_tokens_and_logits) {
   const bool gguf = family == "llama";
   const fs::path model = fs::path(dir_) / (family + (gguf ? ".gguf" : ""));
   ASSERT_TRUE(families::write_fixture(family, d, model, gguf));
-  std::vector<std::int32_t> prompt;
-  for (int i = 0; i < 12; ++i) prompt.push_back(3 + (i * 97 + 11) % 381);
+  const auto prompt = troupe::testing::split_prompt(d.vocab);
   constexpr int steps = 12;
-  auto argmax = [](const std::vector<float>& l) { return static_cast<std::int32_t>(std::max_element(l.begin(), l.end()) - l.begin()); };
+  using troupe::testing::argmax;
   const std::vector<std::pair<int, int>> splits{{2, 1}, {4, 1}, {1, 2}, {2, 2}};
   for (const auto& [tp, pp] : splits) {
     SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp));

@@ -88,9 +88,10 @@ result<cross_node_head, std::string> make_cross_node_head(caf::actor_system& sys
 caf::actor spawn_registry(caf::actor_system& sys);
 caf::actor spawn_coordinator(caf::actor_system& sys, const caf::actor& registry, const caf::actor& node, std::int64_t max_outstanding,
                              std::int64_t max_per_replica);
-// `collective_host`: the address the node's cross-node collectives listen on.
+// `collective_host`: the address the node's cross-node collectives listen on; `cuda_device` >= 0: its
+// replicas run on that GPU.
 caf::actor spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
-                      std::string collective_host = "127.0.0.1");
+                      std::string collective_host = "127.0.0.1", int cuda_device = -1);
 
 // The local address a socket toward host:port would leave from ("127.0.0.1" when it cannot tell).
 std::string local_address_toward(const std::string& host, int port);

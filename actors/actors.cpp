@@ -22,6 +22,7 @@
 #include <unordered_set>
 
 #include "engine/exec/cpu/cpu_executor.hpp"
+#include "engine/exec/cuda/cuda_executor.hpp"
 #include "engine/text/chat_template.hpp"
 #include "families/model_handle.hpp"
 #include "transport/codec.hpp"
@@ -425,6 +426,7 @@ struct node_state {
   std::int64_t max_per_replica = 256;
   std::uint64_t device_memory = 0;  // bytes the device offers its executors; 0: no bound
   std::string collective_host = "127.0.0.1";  // where its cross-node collectives listen
+  int cuda_device = -1;  // >= 0: its replicas run on this GPU (the CUDA executor); else on the CPU
   std::map<std::string, std::shared_ptr<const families::model_handle>> handles;
   std::vector<caf::actor> spawned;
   std::vector<std::weak_ptr<exec::executor>> executors;
@@ -492,10 +494,11 @@ result<std::shared_ptr<const families::model_handle>, std::string> handle_for(no
 // A replica's actors on the node: the executor actor over the driver's executor and the driver (its own
 // thread), both linked to the node; `keep` holds whatever the driver's other ranks point into.
 void spawn_replica(caf::stateful_actor<node_state>* self, std::shared_ptr<const families::model_handle> part,
-                   std::shared_ptr<exec::cpu::cpu_executor> ex, const driver::driver_options& o, const caf::actor& coordinator,
+                   std::shared_ptr<exec::executor> ex, const driver::driver_options& o, const caf::actor& coordinator,
                    const std::string& model, std::shared_ptr<void> keep) {
   auto& st = self->state;
-  auto dev = self->spawn(executor_actor, std::shared_ptr<exec::executor>(ex), "cpu:" + std::to_string(st.spawned.size()));
+  const std::string device = st.cuda_device >= 0 ? "cuda:" + std::to_string(st.cuda_device) : "cpu:" + std::to_string(st.spawned.size());
+  auto dev = self->spawn(executor_actor, ex, device);
   auto drv = self->spawn<caf::detached>(driver_actor, std::move(part), std::shared_ptr<exec::executor>(ex), o, st.max_per_replica, coordinator,
                                         model, std::move(keep));
   self->link_to(dev);
@@ -506,8 +509,9 @@ void spawn_replica(caf::stateful_actor<node_state>* self, std::shared_ptr<const 
 }
 
 caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
-                         std::string collective_host) {
+                         std::string collective_host, int cuda_device) {
   self->state.collective_host = std::move(collective_host);
+  self->state.cuda_device = cuda_device;
   self->state.executor_threads = executor_threads;
   self->state.device_memory = device_memory;
   self->state.max_per_replica = max_per_replica;
@@ -572,13 +576,26 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_thr
         // A tensor x pipeline parallel replica: its ranks' parts. A split the model refuses fails the
         // first replica, before anything is spawned.
         const int tp = std::max(1, d->load.tensor_parallel), pp = std::max(1, d->load.pipeline_parallel);
+        if (st.cuda_device >= 0) {
+          // One CUDA executor per replica on the node's GPU (a sharded replica runs on CPU nodes).
+          if (tp > 1 || pp > 1)
+            return caf::make_message(std::int32_t{0}, std::string("a GPU node serves whole replicas (tensor and pipeline parallel run on cpu nodes)"));
+          for (std::int32_t r = 0; r < d->replicas; ++r) {
+            exec::cuda::cuda_options co;
+            co.device = st.cuda_device;
+            auto made = exec::cuda::make_executor(co);
+            if (!made) return caf::make_message(r, made.error().message());
+            spawn_replica(self, h, std::shared_ptr<exec::executor>(std::move(*made)), o, coordinator, d->model, nullptr);
+          }
+          return caf::make_message(d->replicas, std::string());
+        }
         for (std::int32_t r = 0; r < d->replicas; ++r) {
           auto made = driver::cpu_replica::make(h, tp, pp, st.executor_threads);
           if (!made) return caf::make_message(std::int32_t{0}, made.error());
           std::shared_ptr<driver::cpu_replica> replica(std::move(*made));
           driver::driver_options ro = o;
           replica->attach(ro);
-          spawn_replica(self, replica->head(), std::shared_ptr<exec::cpu::cpu_executor>(replica, &replica->head_executor()), ro, coordinator,
+          spawn_replica(self, replica->head(), std::shared_ptr<exec::executor>(replica, &replica->head_executor()), ro, coordinator,
                         d->model, replica);
         }
         return caf::make_message(d->replicas, std::string());
@@ -587,7 +604,10 @@ caf::behavior node_actor(caf::stateful_actor<node_state>* self, int executor_thr
         transport::node_hello h;
         h.node_id = self->state.node_id;
         h.host = "127.0.0.1";
-        h.devices.push_back({"cpu:0", "cpu", self->state.device_memory});
+        if (self->state.cuda_device >= 0)
+          h.devices.push_back({"cuda:" + std::to_string(self->state.cuda_device), "cuda", self->state.device_memory});
+        else
+          h.devices.push_back({"cpu:0", "cpu", self->state.device_memory});
         return transport::encode(h);
       },
       [](ping_atom) { return ping_atom::value; },
@@ -1207,8 +1227,8 @@ caf::actor spawn_coordinator(caf::actor_system& sys, const caf::actor& registry,
 }
 
 caf::actor spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
-                      std::string collective_host) {
-  return sys.spawn(node_actor, executor_threads, max_per_replica, device_memory, std::move(collective_host));
+                      std::string collective_host, int cuda_device) {
+  return sys.spawn(node_actor, executor_threads, max_per_replica, device_memory, std::move(collective_host), cuda_device);
 }
 
 client::~client() = default;

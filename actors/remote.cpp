@@ -217,7 +217,7 @@ int run_node(const node_process_options& o) {
   spdlog::info("event=collectives_listen host={}", collective_host);
   while (!signalled) {
     if (joined_once) spdlog::info("event=rejoining coordinator={}:{}", o.host, o.port);
-    auto node = spawn_node(sys, o.executor_threads, o.max_per_replica, o.device_memory, collective_host);
+    auto node = spawn_node(sys, o.executor_threads, o.max_per_replica, o.device_memory, collective_host, o.cuda_device);
     auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, node, o.tls.enabled());
     if (!coordinator) {
       caf::anon_send_exit(node, caf::exit_reason::user_shutdown);

@@ -68,6 +68,7 @@ struct node_process_options {
   // The address this node's collectives (the Gloo pipes of stages across nodes) listen on; empty: the
   // local address that routes toward the coordinator.
   std::string collective_host;
+  int cuda_device = -1;  // >= 0: replicas run on this GPU (--devices cuda:N)
 };
 // Joins the coordinator and serves until SIGINT/SIGTERM, then drains (its replicas take no new job and
 // finish the running ones, up to drain_timeout_s) and exits; when the link to the coordinator is lost

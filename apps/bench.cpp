@@ -15,6 +15,7 @@
 #include "engine/driver/cpu_replica.hpp"
 #include "engine/driver/driver.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
+#include "engine/exec/cuda/cuda_executor.hpp"
 #include "engine/exec/cpu/thread_pool.hpp"
 
 namespace troupe::app {
@@ -242,6 +243,69 @@ int run_batch_bench(const bench_options& o, std::shared_ptr<const families::mode
   return 0;
 }
 
+// --backend cuda: one device, the served path (driver, sampling on the device): prefill of one
+// prompt_len prompt, decode at batch 1 and at --batch N, against the bound the device's copy bandwidth
+// puts on decode at batch 1 (every weight byte read once per token).
+int run_cuda_bench(const bench_options& o, std::shared_ptr<const families::model_handle> h) {
+  exec::cuda::cuda_options co;
+  co.device = o.device;
+  auto devs = exec::cuda::devices();
+  auto one_ex = exec::cuda::make_executor(co);
+  if (!devs || !one_ex) {
+    std::fprintf(stderr, "troupe bench: the cuda backend: %s\n", !devs ? devs.error().c_str() : one_ex.error().message().c_str());
+    return 2;
+  }
+  auto one = drive_batch(h, **one_ex, o, 1);
+  if (!one) {
+    std::fprintf(stderr, "troupe bench: %s\n", one.error().c_str());
+    return 1;
+  }
+  const double weight_bytes = static_cast<double>((*one_ex)->memory().weight_bytes);
+  one_ex->reset();
+  batch_figures many = *one;
+  if (o.batch > 1) {
+    auto many_ex = exec::cuda::make_executor(co);
+    if (!many_ex) {
+      std::fprintf(stderr, "troupe bench: %s\n", many_ex.error().message().c_str());
+      return 1;
+    }
+    auto m = drive_batch(h, **many_ex, o, o.batch);
+    if (!m) {
+      std::fprintf(stderr, "troupe bench: %s\n", m.error().c_str());
+      return 1;
+    }
+    many = *m;
+  }
+  auto bw = exec::cuda::copy_bandwidth(o.device);
+  const double bw_b = bw ? *bw * 1e9 : 0;
+  const double bound = weight_bytes > 0 ? bw_b / weight_bytes : 0;
+  const auto& dev = (*devs)[static_cast<std::size_t>(o.device)];
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = o.model;
+    j["device"] = dev.name;
+    j["prompt_len"] = o.prompt_len;
+    j["gen"] = o.gen;
+    j["batch"] = o.batch;
+    j["prefill_tok_s"] = one->prefill_tok_s;
+    j["decode_tok_s_batch1"] = one->decode_tok_s;
+    j["decode_tok_s"] = many.decode_tok_s;
+    j["bandwidth_gb_s"] = bw_b / 1e9;
+    j["weight_bytes"] = weight_bytes;
+    j["decode_bound_tok_s"] = bound;
+    j["decode_fraction_of_bound"] = bound > 0 ? one->decode_tok_s / bound : 0;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("model %s on %s (sm_%d%d), driver with device sampling\n", o.model.c_str(), dev.name.c_str(), dev.major, dev.minor);
+    std::printf("prefill_tok_s %.1f (prompt %lld)\ndecode_tok_s %.2f at batch 1, %.2f aggregate at batch %lld (%lld tokens each)\n",
+                one->prefill_tok_s, static_cast<long long>(o.prompt_len), one->decode_tok_s, many.decode_tok_s,
+                static_cast<long long>(o.batch), static_cast<long long>(o.gen));
+    std::printf("bandwidth %.1f GB/s (device copy), weights %.1f MB: decode bound %.1f tok/s, batch-1 decode at %.0f%% of it\n",
+                bw_b / 1e9, weight_bytes / 1e6, bound, bound > 0 ? 100.0 * one->decode_tok_s / bound : 0.0);
+  }
+  return 0;
+}
+
 // Times every collective of one rank: their share of that rank's step time (its own sums and copies
 // and the wait for the other ranks).
 class timed_collective final : public collective {
@@ -457,6 +521,7 @@ int run_bench(const bench_options& o) {
     std::fprintf(stderr, "troupe bench: %s\n", families::message(h.error()).c_str());
     return 2;
   }
+  if (o.backend == "cuda") return run_cuda_bench(o, *h);
   if (o.pipeline_parallel > 1) return run_replica_bench(o, *h);
   if (o.tensor_parallel > 1) return run_tp_bench(o, *h);
   if (o.actors) return run_actor_bench(o, *h);

@@ -17,6 +17,8 @@ struct bench_options {
   bool actors = false;  // --batch N jobs through a one-process actor cluster vs the driver directly
   int tensor_parallel = 0;  // > 1: one sequence on 1 rank and on N in-process ranks (docs/tensor-parallel.md)
   int pipeline_parallel = 0;  // > 1: one sequence through the driver on 1 x 1 and on N x M ranks (cpu_replica)
+  std::string backend = "cpu";  // cpu or cuda (single sequence and --batch N)
+  int device = 0;
 
 };
 int run_bench(const bench_options& opt);

@@ -1,6 +1,7 @@
 #include "apps/cluster_cmd.hpp"
 #include "apps/plan.hpp"
 
+#include "engine/exec/cuda/cuda_executor.hpp"
 #include "transport/collectives.hpp"
 
 #include <nlohmann/json.hpp>
@@ -182,11 +183,26 @@ int run_node_cmd(const cluster_cmd_options& given) {
   auto o = given;
   auto p = prepare(o, "node", "--join");
   if (!p) return 2;
-  if (o.devices.rfind("cpu", 0) != 0) {
-    std::fprintf(stderr, "troupe node: only cpu devices exist in this build (got --devices %s)\n", o.devices.c_str());
+  actors::node_process_options n;
+  if (o.devices.rfind("cuda:", 0) == 0) {
+    // A GPU node: the device must exist here (and this build must have the CUDA target).
+    char* end = nullptr;
+    const long dev = std::strtol(o.devices.c_str() + 5, &end, 10);
+    if (end == o.devices.c_str() + 5 || *end != '\0' || dev < 0) {
+      std::fprintf(stderr, "troupe node: --devices takes cpu:0 or cuda:N (got %s)\n", o.devices.c_str());
+      return 2;
+    }
+    auto devs = exec::cuda::devices();
+    if (!devs || dev >= static_cast<long>(devs->size())) {
+      std::fprintf(stderr, "troupe node: --devices %s: %s\n", o.devices.c_str(),
+                   !devs ? devs.error().c_str() : ("this machine has " + std::to_string(devs->size()) + " CUDA devices").c_str());
+      return 2;
+    }
+    n.cuda_device = static_cast<int>(dev);
+  } else if (o.devices.rfind("cpu", 0) != 0) {
+    std::fprintf(stderr, "troupe node: --devices takes cpu:0 or cuda:N (got %s)\n", o.devices.c_str());
     return 2;
   }
-  actors::node_process_options n;
   n.host = p->at.host;
   n.port = p->at.port;
   n.secret = p->secret;

@@ -18,6 +18,7 @@ struct generate_options {
   std::uint64_t seed = 0;
   std::int64_t logprobs = 0;
   std::string backend = "cpu";
+  int device = 0;  // --backend cuda: which GPU
   std::int64_t threads = 0;
   int pipeline_parallel = 1;  // stages of one replica, each over a range of the layers
   int tensor_parallel = 1;  // ranks of one replica split over simulated CPU devices in this process

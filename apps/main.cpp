@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
   g->add_option("--seed", gen.seed);
   g->add_option("--logprobs", gen.logprobs, "the top K log-probabilities per generated position")->check(CLI::Range(0, 1 << 20));
   g->add_option("--backend", gen.backend, "cpu, oracle or cuda");
+  g->add_option("--device", gen.device, "--backend cuda: the GPU to run on")->check(CLI::Range(0, 1024));
   g->add_option("--threads", gen.threads);
   g->add_option("--tensor-parallel", gen.tensor_parallel,
                 "split the model over N simulated devices (threads of this process, each its own executor over its "
@@ -123,6 +124,8 @@ int main(int argc, char** argv) {
   bn->add_option("--threads", bench.threads)->check(CLI::Range(0, 4096));
   bn->add_option("--runs", bench.runs, "measured runs (after one warm-up); medians are printed")->check(CLI::Range(1, 1000));
   bn->add_flag("--json", bench.json);
+  bn->add_option("--backend", bench.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  bn->add_option("--device", bench.device, "--backend cuda: the GPU to run on")->check(CLI::Range(0, 1024));
   bn->add_flag("--actors", bench.actors, "with --batch N: N jobs through the actor cluster vs the driver directly");
   bn->add_option("--tensor-parallel", bench.tensor_parallel,
                  "one sequence on 1 rank and on N in-process ranks (--threads shared between them): tokens/s and the collectives' share")
@@ -182,7 +185,7 @@ int main(int argc, char** argv) {
   auto* nd = app.add_subcommand("node", "run a node that joins a coordinator");
   common(nd, "--join", "the coordinator's HOST:PORT");
   nd->add_option("--node-id", cc.node_id);
-  nd->add_option("--devices", cc.devices, "devices this node offers (cpu:0)");
+  nd->add_option("--devices", cc.devices, "the device this node's replicas run on: cpu:0 or cuda:N (a GPU)");
   nd->add_option("--threads", cc.threads, "compute threads per executor")->check(CLI::Range(0, 4096));
   nd->add_option("--device-memory", cc.device_memory, "memory the (simulated) device offers its executors, e.g. 8GiB; deployments past it are refused");
   nd->add_option("--max-replicas", cc.max_replicas, "executors (replicas) this node's device may host; 0: no bound")->check(CLI::Range(0, 1024));

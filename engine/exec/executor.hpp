@@ -115,12 +115,12 @@ class executor {
                                                                    const mask_hook& masks = {});
 
   // The per-sequence histories the head reads (penalties, bias) and updates. Opening an open sequence
-  // replaces its history.
-  result<void, exec_error> open_history(std::uint64_t sequence, std::int64_t vocab, std::span<const std::int32_t> prompt,
-                                        std::span<const std::pair<std::int32_t, float>> bias = {});
-  void close_history(std::uint64_t sequence);
+  // replaces its history. A device backend that mirrors the histories overrides these to follow them.
+  virtual result<void, exec_error> open_history(std::uint64_t sequence, std::int64_t vocab, std::span<const std::int32_t> prompt,
+                                                std::span<const std::pair<std::int32_t, float>> bias = {});
+  virtual void close_history(std::uint64_t sequence);
   // Records tokens the sequence produced elsewhere (a resumed sequence's earlier output).
-  void record_history(std::uint64_t sequence, std::span<const std::int32_t> tokens);
+  virtual void record_history(std::uint64_t sequence, std::span<const std::int32_t> tokens);
   const token_history* history(std::uint64_t sequence) const;
   std::size_t open_histories() const { return histories_.size(); }
 

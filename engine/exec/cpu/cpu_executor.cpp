@@ -1,4 +1,5 @@
 #include "engine/exec/cpu/cpu_executor.hpp"
+#include "engine/compile/fusion.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -30,14 +31,11 @@ struct executable {
 struct entry {
   executable_id exe;
   graph::graph g;
-  compile::pruned_graph pruned;
-  compile::buffer_plan plan;
+  compile::target_plan tp;  // the pruned graph, its buffer plan and the fusion candidates
   tensor arena;
   std::vector<std::byte*> ptr;  // per value
   std::vector<instr> program;
   std::deque<packed_matrix> own_packed;  // folded weights packed for this entry (stable addresses)
-  std::vector<std::int64_t> residual_linear;  // per equation: for an add fused as a residual epilogue, its linear
-  std::vector<std::int64_t> gated_act;        // per equation: for a mul fused as act(g) * u, its activation
 };
 
 std::optional<exec_error> fail(exec_error_code c, std::string where, std::string why) {
@@ -122,81 +120,6 @@ unary_kind to_unary(op o) {
   }
 }
 
-// How many readers each value has among the equations that run, the outputs and the state outputs.
-std::vector<int> reader_counts(const graph::graph& g, const compile::pruned_graph& p) {
-  std::vector<int> uses(g.values().size(), 0);
-  for (std::size_t i = 0; i < g.equations().size(); ++i)
-    if (p.runs[i])
-      for (auto v : g.equations()[i].inputs) ++uses[v.index];
-  for (const auto& o : g.outputs()) ++uses[o.value.index];
-  for (const auto& s : g.states()) ++uses[s.out.index];
-  return uses;
-}
-
-// The residual epilogue: add(linear(x, W), r) (either operand order, f32, one shape), where the linear
-// runs just before the add and its result has no other reader, becomes one matmul that stores
-// x W^T + r straight into the add's buffer. Per equation: the fused add's linear, else -1.
-std::vector<std::int64_t> residual_fusions(const graph::graph& g, const compile::pruned_graph& p, const std::vector<int>& uses) {
-  std::vector<std::int64_t> linear_of(g.equations().size(), -1);
-  std::vector<std::int64_t> producer(g.values().size(), -1);
-  std::int64_t prev = -1;
-  for (std::size_t i = 0; i < g.equations().size(); ++i) {
-    if (!p.runs[i]) continue;
-    const auto& e = g.equations()[i];
-    const auto& ot = g.info(e.out).type;
-    if (e.code == op::add && ot.type == dtype::f32 && e.inputs[0] != e.inputs[1]) {
-      for (int side = 0; side < 2; ++side) {
-        const auto lv = e.inputs[static_cast<std::size_t>(side)], rv = e.inputs[static_cast<std::size_t>(1 - side)];
-        const std::int64_t j = producer[lv.index];
-        if (j < 0 || j != prev || uses[lv.index] != 1) continue;
-        const auto& le = g.equations()[static_cast<std::size_t>(j)];
-        const auto& lt = g.info(lv).type;
-        const auto& rt = g.info(rv).type;
-        if (le.code != op::linear || g.info(le.inputs[0]).type.type != dtype::f32 || lt.type != dtype::f32 ||
-            rt.type != dtype::f32 || lt.dims != ot.dims || rt.dims != ot.dims)
-          continue;
-        linear_of[i] = j;
-        break;
-      }
-    }
-    producer[e.out.index] = static_cast<std::int64_t>(i);
-    prev = static_cast<std::int64_t>(i);
-  }
-  return linear_of;
-}
-
-// The gated feed-forward middle: mul(act(g), u) (either operand order, act = silu or gelu_tanh, f32,
-// one shape), where act(g) has no other reader, becomes one pass act(g) * u; the activation never runs
-// on its own. Per equation: the fused mul's activation, else -1.
-std::vector<std::int64_t> gated_fusions(const graph::graph& g, const compile::pruned_graph& p, const std::vector<int>& uses) {
-  std::vector<std::int64_t> act_of(g.equations().size(), -1);
-  std::vector<std::int64_t> producer(g.values().size(), -1);
-  for (std::size_t i = 0; i < g.equations().size(); ++i) {
-    if (!p.runs[i]) continue;
-    const auto& e = g.equations()[i];
-    const auto& ot = g.info(e.out).type;
-    if (e.code == op::mul && ot.type == dtype::f32) {
-      for (int side = 0; side < 2; ++side) {
-        const auto av = e.inputs[static_cast<std::size_t>(side)], uv = e.inputs[static_cast<std::size_t>(1 - side)];
-        const std::int64_t j = producer[av.index];
-        if (j < 0 || uses[av.index] != 1 || av == uv) continue;
-        const auto& ae = g.equations()[static_cast<std::size_t>(j)];
-        if (ae.code != op::silu && ae.code != op::gelu_tanh) continue;
-        const auto& at = g.info(av).type;
-        const auto& gt = g.info(ae.inputs[0]).type;
-        const auto& ut = g.info(uv).type;
-        if (at.type != dtype::f32 || gt.type != dtype::f32 || ut.type != dtype::f32 || at.dims != ot.dims ||
-            gt.dims != ot.dims || ut.dims != ot.dims)
-          continue;
-        act_of[i] = j;
-        break;
-      }
-    }
-    producer[e.out.index] = static_cast<std::int64_t>(i);
-  }
-  return act_of;
-}
-
 }  // namespace
 
 struct cpu_executor::impl {
@@ -265,7 +188,7 @@ memory_report cpu_executor::memory() const {
   }
   for (const auto& en : impl_->entries) {
     m.scratch_bytes += en->arena.bytes();
-    for (const auto& [_, t] : en->pruned.folded) m.weight_bytes += t.bytes();
+    for (const auto& [_, t] : en->tp.pruned.folded) m.weight_bytes += t.bytes();
     for (const auto& p : en->own_packed) m.weight_bytes += p.bytes();
   }
   return m;
@@ -280,19 +203,12 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
   en->g = g;
   const auto& gg = en->g;
 
-  // Folding keeps the ops whose kernels read stored weights.
-  auto foldable = [](const graph::equation& e) {
-    return e.code != op::linear && e.code != op::gather_rows && e.code != op::scatter_rows && e.code != op::attention &&
-           e.code != op::all_reduce && e.code != op::all_gather && e.code != op::pipe_send && e.code != op::pipe_recv;
-  };
-  auto lookup = [&](const graph::weight_role& r) { return ex.weights->find(r); };
-  auto pruned = compile::fold_and_prune(gg, lookup, foldable);
-  if (!pruned) {
-    const bool missing = pruned.error().reason.find("no tensor") != std::string::npos;
-    return unexpected(exec_error{missing ? exec_error_code::missing_weight : exec_error_code::unsupported, pruned.error().where, pruned.error().reason});
+  auto planned = compile::plan_for_target(gg, [&](const graph::weight_role& r) { return ex.weights->find(r); });
+  if (!planned) {
+    const bool missing = planned.error().reason.find("no tensor") != std::string::npos;
+    return unexpected(exec_error{missing ? exec_error_code::missing_weight : exec_error_code::unsupported, planned.error().where, planned.error().reason});
   }
-  en->pruned = std::move(*pruned);
-  en->pruned.source = &en->g;
+  en->tp = std::move(*planned);
 
   // States: one buffer per name per executable, shared by every entry that declares it.
   for (const auto& s : gg.states()) {
@@ -308,38 +224,17 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
     }
   }
 
-  // A fused step reads its skipped producer's first input itself (a fused linear's x at its add, a
-  // fused gated mul's g), so that input (and what it aliases) lives until the fused step.
-  const auto readers = reader_counts(gg, en->pruned);
-  en->residual_linear = residual_fusions(gg, en->pruned, readers);
-  en->gated_act = gated_fusions(gg, en->pruned, readers);
-  for (const auto* fused_of : {&en->residual_linear, &en->gated_act})
-    for (std::size_t i = 0; i < gg.equations().size(); ++i) {
-      const std::int64_t j = (*fused_of)[i];
-      if (j < 0) continue;
-      auto& lu = en->pruned.last_use[gg.equations()[static_cast<std::size_t>(j)].inputs[0].index];
-      lu = std::max(lu, static_cast<std::int64_t>(i));
-    }
-
-  // In place: a reshape shares its input's bytes, and a scatter into a state updates the state.
-  std::vector<bool> is_state_in(gg.values().size(), false);
-  for (const auto& s : gg.states()) is_state_in[s.in.index] = true;
-  en->plan = compile::plan_buffers(en->pruned, [&](const graph::equation& e) {
-    if (e.code == op::reshape) return 0;
-    if (e.code == op::scatter_rows && is_state_in[e.inputs[0].index] && en->pruned.last_use[e.inputs[0].index] <= static_cast<std::int64_t>(&e - gg.equations().data())) return 0;
-    return -1;
-  });
-  en->arena = tensor(dtype::u8, {std::max<std::int64_t>(en->plan.arena_bytes, 64)});
+  en->arena = tensor(dtype::u8, {std::max<std::int64_t>(en->tp.plan.arena_bytes, 64)});
 
   // Resolve every value's bytes.
   en->ptr.assign(gg.values().size(), nullptr);
   for (const auto& l : gg.literals()) en->ptr[l.value.index] = const_cast<std::byte*>(l.data.data());
   for (const auto& w : gg.weights()) en->ptr[w.value.index] = const_cast<std::byte*>(ex.weights->find(w.role)->data());
-  for (auto& [v, t] : en->pruned.folded) en->ptr[v] = t.data();
+  for (auto& [v, t] : en->tp.pruned.folded) en->ptr[v] = t.data();
   for (const auto& s : gg.states()) en->ptr[s.in.index] = ex.states.at(s.name).data();
   for (std::uint32_t v = 0; v < gg.values().size(); ++v) {
-    if (en->plan.kind[v] == compile::storage::arena) en->ptr[v] = en->arena.data() + en->plan.offset[v];
-    if (en->plan.kind[v] == compile::storage::alias) en->ptr[v] = en->ptr[en->plan.alias_of[v]];
+    if (en->tp.plan.kind[v] == compile::storage::arena) en->ptr[v] = en->arena.data() + en->tp.plan.offset[v];
+    if (en->tp.plan.kind[v] == compile::storage::alias) en->ptr[v] = en->ptr[en->tp.plan.alias_of[v]];
   }
   if (auto r = impl_->lower(*en, ex); !r) return unexpected(r.error());
   impl_->entries.push_back(std::move(en));
@@ -348,9 +243,8 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
 
 result<void, exec_error> cpu_executor::impl::lower(entry& en, executable& ex) {
   const auto& g = en.g;
-  std::vector<bool> fused(g.equations().size(), false);
   for (std::size_t i = 0; i < g.equations().size(); ++i) {
-    if (!en.pruned.runs[i]) continue;
+    if (!en.tp.pruned.runs[i]) continue;
     const auto& e = g.equations()[i];
     const auto& t = g.info(e.out).type;
     const std::string where = "eqn " + std::to_string(i) + " (" + std::string(graph::op_name(e.code)) + ")";
@@ -363,44 +257,12 @@ result<void, exec_error> cpu_executor::impl::lower(entry& en, executable& ex) {
         return unexpected(exec_error{exec_error_code::unsupported, where, "input of type " + it.str()});
     }
   }
-  // Residual epilogues (chosen before planning): the linear is lowered at its add, unless the plan
-  // gave the add's buffer bytes the matmul still reads (x) or partly shares with r.
-  std::vector<std::int64_t> residual_of(g.equations().size(), -1);
-  std::vector<std::int64_t> gated_of(g.equations().size(), -1);
-  {
-    auto bytes_of = [&](graph::value_id v) { return g.info(v).type.dims.numel() * static_cast<std::int64_t>(sizeof(float)); };
-    auto overlap = [&](graph::value_id a, graph::value_id b) {
-      const std::byte *pa = en.ptr[a.index], *pb = en.ptr[b.index];
-      return pa && pb && pa < pb + bytes_of(b) && pb < pa + bytes_of(a);
-    };
-    for (std::size_t i = 0; i < g.equations().size(); ++i) {
-      const std::int64_t j = en.residual_linear[i];
-      if (j < 0) continue;
-      const auto& e = g.equations()[i];
-      const auto& le = g.equations()[static_cast<std::size_t>(j)];
-      const int side = e.inputs[0] == le.out ? 0 : 1;
-      const auto rv = e.inputs[static_cast<std::size_t>(1 - side)];
-      if (!en.ptr[e.out.index] || overlap(e.out, le.inputs[0])) continue;
-      if (overlap(e.out, rv) && en.ptr[e.out.index] != en.ptr[rv.index]) continue;
-      residual_of[i] = side;
-      fused[static_cast<std::size_t>(j)] = true;
-    }
-    // Gated middles (chosen before planning): the activation is skipped and computed inside the mul,
-    // unless the mul's buffer partly overlaps g or u (elementwise, so the very same bytes are fine).
-    for (std::size_t i = 0; i < g.equations().size(); ++i) {
-      const std::int64_t j = en.gated_act[i];
-      if (j < 0) continue;
-      const auto& e = g.equations()[i];
-      const auto& ae = g.equations()[static_cast<std::size_t>(j)];
-      const auto uv = e.inputs[0] == ae.out ? e.inputs[1] : e.inputs[0];
-      auto partly = [&](graph::value_id a, graph::value_id b) { return overlap(a, b) && en.ptr[a.index] != en.ptr[b.index]; };
-      if (!en.ptr[e.out.index] || partly(e.out, ae.inputs[0]) || partly(e.out, uv)) continue;
-      gated_of[i] = j;
-      fused[static_cast<std::size_t>(j)] = true;
-    }
-  }
+  const auto choice = compile::choose_fusions(g, en.tp, en.ptr);
+  const auto& fused = choice.fused;
+  const auto& residual_of = choice.residual_side;
+  const auto& gated_of = choice.gated_of;
   for (std::size_t i = 0; i < g.equations().size(); ++i) {
-    if (!en.pruned.runs[i] || fused[i]) continue;
+    if (!en.tp.pruned.runs[i] || fused[i]) continue;
     std::optional<exec_error> err;
     auto f = lower_eqn(en, ex, i, residual_of, gated_of, err);
     if (err) return unexpected(*err);
@@ -446,7 +308,7 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
         it = ex.packed.emplace(key, std::move(*pk)).first;
       }
       pm = &it->second;
-    } else if (en.pruned.constant[wv.index]) {
+    } else if (en.tp.pruned.constant[wv.index]) {
       auto pk = pack(tensor_view(wt.type, wt.dims, P(wv)));
       if (!pk) return nullptr;
       en.own_packed.push_back(std::move(*pk));
@@ -491,7 +353,7 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
       const auto& bt = T(e.inputs[1]);
       if (residual_of[i] >= 0) {
         const auto side = static_cast<std::size_t>(residual_of[i]);
-        const auto& le = g.equations()[static_cast<std::size_t>(en.residual_linear[i])];
+        const auto& le = g.equations()[static_cast<std::size_t>(en.tp.residual_linear[i])];
         return lower_linear(le, reinterpret_cast<float*>(out), reinterpret_cast<const float*>(P(e.inputs[1 - side])));
       }
       // A gated feed-forward's middle: act(g) * u in one pass.
@@ -901,7 +763,7 @@ result<step_outputs, exec_error> cpu_executor::step(entry_id id, const step_inpu
     const auto& t = g.info(s.value).type;
     if (it->second.type() != t.type || it->second.shape() != t.dims)
       return unexpected(exec_error{exec_error_code::bad_binding, where, "expects " + t.str() + ", got " + graph::tensor_type{it->second.type(), it->second.shape()}.str()});
-    if (en.ptr[s.value.index] && en.plan.kind[s.value.index] == compile::storage::arena)
+    if (en.ptr[s.value.index] && en.tp.plan.kind[s.value.index] == compile::storage::arena)
       std::memcpy(en.ptr[s.value.index], it->second.data(), it->second.bytes());
   }
   for (auto& f : en.program)

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <numeric>
 
+#include "tests/support/exec_cases.hpp"
 #include "tests/support/logprobs.hpp"
 #include "apps/exec_runner.hpp"
 #include "apps/oracle_runner.hpp"
@@ -19,16 +20,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct model_case {
-  std::string_view family;
-  dtype format;
-  bool gguf;
-};
-
-std::string case_name(const model_case& c) {
-  return std::string(c.family) + "_" + std::string(troupe::name(c.format)) + (c.gguf ? "_gguf" : "_hf");
-}
-void PrintTo(const model_case& c, std::ostream* os) { *os << case_name(c); }
+using troupe::testing::case_name;
+using troupe::testing::model_case;
 
 // How far each format's CPU path may move log-probabilities from the oracle: the executor's stated
 // bound (logprob_bound, with the reasons for each figure).
@@ -36,25 +29,7 @@ double tolerance(dtype t) { return logprob_bound(t); }
 
 using troupe::testing::log_softmax;
 
-std::shared_ptr<const families::model_handle> load_case(const model_case& c) {
-  families::fixture_dims d;
-  d.vocab = 512;
-  d.hidden = 256;
-  d.ffn = 512;
-  d.heads = 4;
-  d.kv_heads = 2;
-  d.head_dim = 64;
-  d.layers = c.family == "gemma3" ? 6 : 2;
-  d.matrix_type = c.format;
-  const auto dir = fs::temp_directory_path() / ("troupe-cpu-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const auto path = dir / (case_name(c) + (c.gguf ? ".gguf" : ""));
-  auto w = families::write_fixture(c.family, d, path, c.gguf);
-  EXPECT_TRUE(w) << (w ? "" : w.error().message());
-  auto h = families::model_handle::load(path, families::registry::builtin());
-  EXPECT_TRUE(h) << (h ? "" : families::message(h.error()));
-  return h ? *h : nullptr;
-}
+std::shared_ptr<const families::model_handle> load_case(const model_case& c) { return troupe::testing::load_case(c, "troupe-cpu-test"); }
 
 class cpu_vs_oracle : public ::testing::TestWithParam<model_case> {};
 
@@ -62,47 +37,15 @@ TEST_P(cpu_vs_oracle, prefill_and_decode_match_the_oracle_on_every_isa_level) {
   const auto c = GetParam();
   auto h = load_case(c);
   ASSERT_TRUE(h);
-  std::vector<std::int32_t> prompt;
-  for (int i = 0; i < 20; ++i) prompt.push_back(3 + (i * 53 + 7) % 500);
-  app::oracle_runner oracle(h, 32);
-  std::vector<std::vector<double>> want;
-  auto l = oracle.feed(prompt);
-  ASSERT_TRUE(l) << l.error();
-  want.push_back(log_softmax(*l));
-  std::vector<std::int32_t> decoded;
-  for (int s = 0; s < 4; ++s) {
-    const auto next = static_cast<std::int32_t>(std::max_element(want.back().begin(), want.back().end()) - want.back().begin());
-    decoded.push_back(next);
-    auto d = oracle.feed(std::span(&decoded.back(), 1));
-    ASSERT_TRUE(d) << d.error();
-    want.push_back(log_softmax(*d));
-  }
+  const auto ref = troupe::testing::oracle_reference(h);
+  ASSERT_EQ(ref.logprobs.size(), 5u);
   for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
     if (!usable(level)) continue;
     SCOPED_TRACE(std::string(isa_name(level)));
     cpu_executor ex({2, level});
-    auto run = app::exec_runner::create(h, ex, 32);
-    ASSERT_TRUE(run) << run.error();
-    std::vector<std::vector<double>> got;
-    auto g = run->feed(prompt);
-    ASSERT_TRUE(g) << g.error();
-    got.push_back(log_softmax(*g));
-    for (auto t : decoded) {
-      auto d = run->feed(std::span(&t, 1));
-      ASSERT_TRUE(d) << d.error();
-      got.push_back(log_softmax(*d));
-    }
-    double worst = 0;
-    for (std::size_t s = 0; s < want.size(); ++s) {
-      std::vector<std::size_t> ids(want[s].size());
-      std::iota(ids.begin(), ids.end(), 0);
-      std::partial_sort(ids.begin(), ids.begin() + 10, ids.end(), [&](auto a, auto b) { return want[s][a] > want[s][b]; });
-      for (int k = 0; k < 10; ++k) worst = std::max(worst, std::fabs(got[s][ids[k]] - want[s][ids[k]]));
-      const auto top = std::max_element(got[s].begin(), got[s].end()) - got[s].begin();
-      if (static_cast<std::size_t>(top) != ids[0]) {
-        EXPECT_LT(want[s][ids[0]] - want[s][ids[1]], 2 * tolerance(c.format)) << "step " << s;
-      }
-    }
+    const auto got = troupe::testing::executor_steps(h, ex, ref);
+    ASSERT_FALSE(got.empty());
+    const double worst = troupe::testing::worst_top10(ref, got, 2 * tolerance(c.format));
     EXPECT_LT(worst, tolerance(c.format)) << "worst top-10 |dlogprob| " << worst;
     std::printf("[ cpu ] %s %s: worst top-10 |dlogprob| vs oracle %.2e\n", case_name(c).c_str(), std::string(isa_name(level)).c_str(), worst);
   }

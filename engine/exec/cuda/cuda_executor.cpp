@@ -1,0 +1,1351 @@
+// The CUDA executor (see cuda_executor.hpp). Host code: compiles entries with the shared passes and
+// lowers each equation to launches of kernels.cu / linear_kernels.cu / cuBLASLt on the executor's
+// stream, over device pointers fixed at prepare.
+#include "engine/exec/cuda/cuda_executor.hpp"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include "engine/compile/fusion.hpp"
+#include "engine/core/half.hpp"
+#include "engine/core/quant.hpp"
+#include "engine/exec/cuda/kernels.hpp"
+#include "engine/exec/cuda/linear_kernels.hpp"
+#include "engine/exec/cuda/sample_kernels.hpp"
+
+namespace troupe::exec::cuda {
+
+namespace {
+
+using graph::op;
+
+std::string cuda_why(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+
+std::string lt_why(cublasStatus_t s) { return "cuBLAS status " + std::to_string(static_cast<int>(s)); }
+
+exec_error device_fault(std::string where, std::string why) { return exec_error{exec_error_code::device_error, std::move(where), std::move(why)}; }
+
+bool value_type_ok(dtype t) { return t == dtype::f32 || t == dtype::i32 || t == dtype::i64 || t == dtype::boolean; }
+
+// Bump allocation over cudaMalloc'd chunks; everything lives until the executor goes.
+class device_arena {
+ public:
+  device_arena() = default;
+  device_arena(const device_arena&) = delete;
+  device_arena& operator=(const device_arena&) = delete;
+  ~device_arena() {
+    for (auto* p : chunks_) cudaFree(p);
+  }
+  result<std::byte*, std::string> take(std::size_t bytes) {
+    bytes = (std::max<std::size_t>(bytes, 1) + 255) & ~std::size_t{255};
+    if (bytes > left_) {
+      const std::size_t size = std::max(bytes, chunk_bytes);
+      void* p = nullptr;
+      if (auto e = cudaMalloc(&p, size); e != cudaSuccess) {
+        cudaGetLastError();  // an allocation failure is not sticky
+        return unexpected("cudaMalloc of " + std::to_string(size) + " bytes: " + cuda_why(e) + " (" +
+                          std::to_string(reserved_) + " bytes reserved before)");
+      }
+      chunks_.push_back(static_cast<std::byte*>(p));
+      next_ = static_cast<std::byte*>(p);
+      left_ = size;
+      reserved_ += size;
+    }
+    std::byte* p = next_;
+    next_ += bytes;
+    left_ -= bytes;
+    return p;
+  }
+  std::size_t reserved() const { return reserved_; }
+
+ private:
+  static constexpr std::size_t chunk_bytes = std::size_t{64} << 20;
+  std::vector<std::byte*> chunks_;
+  std::byte* next_ = nullptr;
+  std::size_t left_ = 0, reserved_ = 0;
+};
+
+// Page-locked host memory for a step's copies.
+struct pinned {
+  std::byte* p = nullptr;
+  std::size_t bytes = 0;
+  pinned() = default;
+  pinned(const pinned&) = delete;
+  pinned& operator=(const pinned&) = delete;
+  ~pinned() {
+    if (p) cudaFreeHost(p);
+  }
+  bool reserve(std::size_t n) {
+    if (n <= bytes) return true;
+    if (p) cudaFreeHost(p);
+    p = nullptr;
+    bytes = 0;
+    void* q = nullptr;
+    if (cudaMallocHost(&q, std::max<std::size_t>(n, 64)) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    p = static_cast<std::byte*>(q);
+    bytes = std::max<std::size_t>(n, 64);
+    return true;
+  }
+};
+
+struct dev_tensor {
+  std::byte* ptr = nullptr;
+  dtype type = dtype::f32;
+  troupe::shape dims;
+  std::size_t bytes = 0;
+};
+
+struct executable {
+  const weight_source* weights = nullptr;
+  std::map<std::string, dev_tensor> states;
+  std::map<std::string, dev_tensor> uploaded;  // weights by role, stored format (or decoded to f16)
+};
+
+// One cuBLASLt product y[M, N] = x[M, K] W[N, K]^T (+ r), prepared at lowering.
+struct lt_product {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  lt_product() = default;
+  lt_product(const lt_product&) = delete;
+  lt_product& operator=(const lt_product&) = delete;
+  ~lt_product() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+// A lowered equation: enqueues launches (device) or runs host work between them (collectives).
+struct instr {
+  std::function<std::optional<exec_error>()> run;
+  bool host = false;
+};
+
+struct entry {
+  executable_id exe;
+  graph::graph g;
+  compile::target_plan tp;  // the pruned graph, its buffer plan and the fusion candidates
+  std::byte* arena = nullptr;
+  std::size_t arena_bytes = 0;
+  std::size_t own_bytes = 0;  // folded constants and literals uploaded for this entry
+  std::vector<std::byte*> ptr;  // per value, device
+  std::vector<instr> program;
+  bool host_work = false;
+  std::vector<std::unique_ptr<lt_product>> products;
+  pinned staging;  // slots in, outputs out
+  cudaGraphExec_t graph = nullptr;
+  std::uint64_t graph_epoch = 0;
+  int steps = 0;
+  ~entry() {
+    if (graph) cudaGraphExecDestroy(graph);
+  }
+};
+
+}  // namespace
+
+class cuda_executor final : public executor {
+ public:
+  explicit cuda_executor(const cuda_options& o) : opt_(o) {}
+  ~cuda_executor() override;
+
+  result<void, exec_error> init();
+
+  std::string_view target() const override { return "cuda"; }
+  result<executable_id, exec_error> load(const weight_source& weights) override;
+  result<entry_id, exec_error> add_entry(executable_id exe, const graph::graph& g) override;
+  result<step_outputs, exec_error> step(entry_id entry, const step_inputs& in) override;
+  result<void, exec_error> reset_states(executable_id exe) override;
+  result<tensor, exec_error> read_state(executable_id exe, const std::string& name) const override;
+  memory_report memory() const override;
+  result<std::vector<sampled_row>, exec_error> step_sample(entry_id entry, const step_inputs& in,
+                                                           std::span<const sample_row_request> rows,
+                                                           const mask_hook& masks) override;
+  result<void, exec_error> open_history(std::uint64_t sequence, std::int64_t vocab, std::span<const std::int32_t> prompt,
+                                        std::span<const std::pair<std::int32_t, float>> bias) override;
+  void close_history(std::uint64_t sequence) override;
+  void record_history(std::uint64_t sequence, std::span<const std::int32_t> tokens) override;
+
+ private:
+  // Every CUDA call goes through here: a fault at prepare is an error of that call; during a step it
+  // poisons the executor.
+  std::optional<exec_error> check(cudaError_t e, const std::string& where, bool in_step) {
+    if (e == cudaSuccess) return std::nullopt;
+    auto err = device_fault(where, cuda_why(e));
+    if (in_step) poison(err);
+    return err;
+  }
+  void poison(const exec_error& e) {
+    if (!poisoned_) poisoned_ = e.where + ": " + e.reason;
+  }
+  // Every entry point first binds this thread to the executor's device (the driver steps from its own
+  // thread, not the one that made the executor), and refuses once poisoned.
+  std::optional<exec_error> refused_if_poisoned() const {
+    if (poisoned_) return device_fault("cuda", "the executor is poisoned by an earlier device fault: " + *poisoned_);
+    if (auto e = cudaSetDevice(opt_.device); e != cudaSuccess) return device_fault("cudaSetDevice", cuda_why(e));
+    return std::nullopt;
+  }
+  result<dev_tensor, exec_error> upload(const tensor_view& t, const std::string& where);
+  result<const dev_tensor*, exec_error> weight(executable& ex, const graph::weight_role& role, bool as_linear);
+  result<void, exec_error> lower(entry& en, executable& ex);
+  std::optional<exec_error> lower_eqn(entry& en, executable& ex, std::size_t i, const std::vector<std::int64_t>& residual_of,
+                                      const std::vector<std::int64_t>& gated_of);
+  std::optional<exec_error> lower_linear(entry& en, executable& ex, const graph::equation& le, float* y, const float* r,
+                                         const std::string& where);
+  // Runs an entry: slots in, launches (or its graph), states; outputs stay on the device.
+  std::optional<exec_error> run(entry& en, const step_inputs& in);
+  std::optional<exec_error> finish_step(entry& en, const std::vector<std::string>* names, step_outputs& out);
+  std::optional<exec_error> flag_error(entry& en);
+  result<int, exec_error> history_slot(std::uint64_t sequence, std::int64_t vocab, const std::set<int>& busy);
+  std::optional<exec_error> ensure_sampler(int rows, std::int64_t vocab);
+
+  cuda_options opt_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  device_arena arena_;
+  std::byte* workspace_ = nullptr;  // cuBLASLt's
+  static constexpr std::size_t workspace_bytes = std::size_t{32} << 20;
+  step_flag* flag_ = nullptr;       // device
+  pinned flag_host_;
+  // Block-format weights decoded to f16 for a cuBLASLt product (prefill); grown at prepare only (a
+  // new buffer invalidates captured graphs through the epoch).
+  std::byte* decode_buf_ = nullptr;
+  std::size_t decode_bytes_ = 0;
+  std::uint64_t epoch_ = 0;
+  std::vector<std::unique_ptr<executable>> exes_;
+  std::vector<std::unique_ptr<entry>> entries_;
+  std::size_t weight_bytes_ = 0, state_bytes_ = 0, scratch_bytes_ = 0;
+  std::optional<std::string> poisoned_;
+  mutable std::mutex structure_;
+
+  // Device-kept sampling histories: a cache of the host histories (the base class keeps those), one
+  // slot per sequence, refreshed when the host's copy changed other than by a device pick.
+  struct slot_state {
+    std::uint64_t sequence = 0;
+    bool used = false;
+    bool dirty = true;
+    std::uint64_t last_use = 0;
+  };
+  std::int64_t hist_vocab_ = 0;
+  std::int32_t* hist_counts_ = nullptr;
+  std::uint8_t* hist_prompt_ = nullptr;
+  float* hist_bias_ = nullptr;
+  std::vector<slot_state> slots_;
+  std::map<std::uint64_t, int> slot_of_;
+  std::uint64_t use_clock_ = 0;
+  pinned hist_stage_;
+  device_sample_row* rows_dev_ = nullptr;
+  device_sample_out* out_dev_ = nullptr;
+  std::uint32_t* masks_dev_ = nullptr;
+  std::byte* sample_work_ = nullptr;
+  int sample_rows_cap_ = 0;
+  pinned sample_stage_;
+};
+
+cuda_executor::~cuda_executor() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  entries_.clear();
+  if (lt_) cublasLtDestroy(lt_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+result<void, exec_error> cuda_executor::init() {
+  if (auto e = check(cudaSetDevice(opt_.device), "cudaSetDevice(" + std::to_string(opt_.device) + ")", false)) return unexpected(*e);
+  if (auto e = check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate", false)) return unexpected(*e);
+  if (auto s = cublasLtCreate(&lt_); s != CUBLAS_STATUS_SUCCESS) return unexpected(device_fault("cublasLtCreate", lt_why(s)));
+  auto ws = arena_.take(workspace_bytes);
+  if (!ws) return unexpected(device_fault("cuda workspace", ws.error()));
+  workspace_ = *ws;
+  auto fl = arena_.take(sizeof(step_flag));
+  if (!fl) return unexpected(device_fault("cuda flag", fl.error()));
+  flag_ = reinterpret_cast<step_flag*>(*fl);
+  if (!flag_host_.reserve(sizeof(step_flag))) return unexpected(device_fault("cudaMallocHost", "pinned memory for the step flag"));
+  return {};
+}
+
+result<dev_tensor, exec_error> cuda_executor::upload(const tensor_view& t, const std::string& where) {
+  dev_tensor d;
+  d.type = t.type();
+  d.dims = t.shape();
+  d.bytes = t.bytes();
+  auto p = arena_.take(d.bytes);
+  if (!p) return unexpected(device_fault(where, p.error()));
+  d.ptr = *p;
+  if (d.bytes)
+    if (auto e = check(cudaMemcpy(d.ptr, t.data(), d.bytes, cudaMemcpyHostToDevice), where + " upload", false)) return unexpected(*e);
+  return d;
+}
+
+// A weight on the device, uploaded on first use. Linear and embedding tables keep their stored format
+// when a kernel reads it; other block formats are decoded to f16 here, once.
+result<const dev_tensor*, exec_error> cuda_executor::weight(executable& ex, const graph::weight_role& role, bool table) {
+  const auto key = role.str();
+  if (auto it = ex.uploaded.find(key); it != ex.uploaded.end()) return &it->second;
+  auto view = ex.weights->find(role);
+  if (!view) return unexpected(exec_error{exec_error_code::missing_weight, key, "the weight source has no tensor for it"});
+  dev_tensor d;
+  if (table && is_quantized(view->type()) && !weight_format_supported(view->type())) {
+    const std::int64_t n = view->shape().numel();
+    std::vector<float> f(static_cast<std::size_t>(n));
+    if (auto r = dequantize_row(view->type(), view->data(), f.data(), n); !r)
+      return unexpected(exec_error{exec_error_code::unsupported, key, r.error().message()});
+    std::vector<std::uint16_t> h(f.size());
+    for (std::size_t i = 0; i < f.size(); ++i) h[i] = f32_to_f16(f[i]);
+    auto up = upload(tensor_view(dtype::f16, view->shape(), reinterpret_cast<const std::byte*>(h.data())), key);
+    if (!up) return unexpected(up.error());
+    d = *up;
+  } else {
+    auto up = upload(*view, key);
+    if (!up) return unexpected(up.error());
+    d = *up;
+  }
+  weight_bytes_ += d.bytes;
+  return &ex.uploaded.emplace(key, std::move(d)).first->second;
+}
+
+result<executable_id, exec_error> cuda_executor::load(const weight_source& weights) {
+  const std::lock_guard lock(structure_);
+  if (auto e = refused_if_poisoned()) return unexpected(*e);
+  auto ex = std::make_unique<executable>();
+  ex->weights = &weights;
+  exes_.push_back(std::move(ex));
+  return executable_id{static_cast<std::uint32_t>(exes_.size() - 1)};
+}
+
+result<void, exec_error> cuda_executor::reset_states(executable_id exe) {
+  if (exe.value >= exes_.size()) return unexpected(exec_error{exec_error_code::unknown_id, "executable", "not loaded here"});
+  if (auto e = refused_if_poisoned()) return unexpected(*e);
+  for (auto& [name, t] : exes_[exe.value]->states)
+    if (auto e = check(cudaMemsetAsync(t.ptr, 0, t.bytes, stream_), "reset state " + name, true)) return unexpected(*e);
+  if (auto e = check(cudaStreamSynchronize(stream_), "reset states", true)) return unexpected(*e);
+  return {};
+}
+
+result<tensor, exec_error> cuda_executor::read_state(executable_id exe, const std::string& name) const {
+  if (exe.value >= exes_.size()) return unexpected(exec_error{exec_error_code::unknown_id, "executable", "not loaded here"});
+  if (auto e = refused_if_poisoned()) return unexpected(*e);
+  const auto& st = exes_[exe.value]->states;
+  const auto it = st.find(name);
+  if (it == st.end()) return unexpected(exec_error{exec_error_code::unknown_id, "state " + name, "no entry declares it"});
+  tensor t(it->second.type, it->second.dims);
+  if (t.bytes()) {
+    if (auto e = cudaStreamSynchronize(stream_); e != cudaSuccess) return unexpected(device_fault("read state " + name, cuda_why(e)));
+    if (auto e = cudaMemcpy(t.data(), it->second.ptr, t.bytes(), cudaMemcpyDeviceToHost); e != cudaSuccess)
+      return unexpected(device_fault("read state " + name, cuda_why(e)));
+  }
+  return t;
+}
+
+memory_report cuda_executor::memory() const {
+  const std::lock_guard lock(structure_);
+  memory_report m;
+  m.weight_bytes = weight_bytes_;
+  m.state_bytes = state_bytes_;
+  m.scratch_bytes = scratch_bytes_;
+  return m;
+}
+
+result<entry_id, exec_error> cuda_executor::add_entry(executable_id exe, const graph::graph& g) {
+  const std::lock_guard lock(structure_);
+  if (exe.value >= exes_.size()) return unexpected(exec_error{exec_error_code::unknown_id, "executable", "not loaded here"});
+  if (auto e = refused_if_poisoned()) return unexpected(*e);
+  auto& ex = *exes_[exe.value];
+  auto en = std::make_unique<entry>();
+  en->exe = exe;
+  en->g = g;
+  const auto& gg = en->g;
+
+  auto planned = compile::plan_for_target(gg, [&](const graph::weight_role& r) { return ex.weights->find(r); });
+  if (!planned) {
+    const bool missing = planned.error().reason.find("no tensor") != std::string::npos;
+    return unexpected(exec_error{missing ? exec_error_code::missing_weight : exec_error_code::unsupported, planned.error().where,
+                                 planned.error().reason});
+  }
+  en->tp = std::move(*planned);
+
+  // Every value a running equation computes or reads must be a type the kernels handle (weights read by
+  // linear and gather_rows excepted), checked before anything is allocated.
+  for (std::size_t i = 0; i < gg.equations().size(); ++i) {
+    if (!en->tp.pruned.runs[i]) continue;
+    const auto& e = gg.equations()[i];
+    const std::string where = "eqn " + std::to_string(i) + " (" + std::string(graph::op_name(e.code)) + ")";
+    if (!value_type_ok(gg.info(e.out).type.type))
+      return unexpected(exec_error{exec_error_code::unsupported, where, "the CUDA target computes in f32 and i32; this value is " + gg.info(e.out).type.str()});
+    for (auto v : e.inputs) {
+      const bool weight_operand = (e.code == op::linear && v == e.inputs[1]) || (e.code == op::gather_rows && v == e.inputs[0]);
+      if (!weight_operand && !value_type_ok(gg.info(v).type.type))
+        return unexpected(exec_error{exec_error_code::unsupported, where, "input of type " + gg.info(v).type.str()});
+    }
+  }
+
+  // States: one device buffer per name per executable, zeroed, shared by the entries that declare it.
+  for (const auto& s : gg.states()) {
+    const auto& t = gg.info(s.in).type;
+    if (!value_type_ok(t.type))
+      return unexpected(exec_error{exec_error_code::unsupported, "state " + s.name, "dtype " + std::string(troupe::name(t.type))});
+    auto it = ex.states.find(s.name);
+    if (it == ex.states.end()) {
+      dev_tensor d;
+      d.type = t.type;
+      d.dims = t.dims;
+      d.bytes = *storage_bytes(t.type, static_cast<std::uint64_t>(t.dims.numel()));
+      auto p = arena_.take(d.bytes);
+      if (!p) return unexpected(device_fault("state " + s.name, p.error()));
+      d.ptr = *p;
+      if (auto e = check(cudaMemset(d.ptr, 0, d.bytes), "state " + s.name, false)) return unexpected(*e);
+      state_bytes_ += d.bytes;
+      ex.states.emplace(s.name, std::move(d));
+    } else if (it->second.type != t.type || it->second.dims != t.dims) {
+      return unexpected(exec_error{exec_error_code::state_conflict, "state " + s.name,
+                                   "declared " + t.str() + " here and " + graph::tensor_type{it->second.type, it->second.dims}.str() + " before"});
+    }
+  }
+
+  en->arena_bytes = static_cast<std::size_t>(std::max<std::int64_t>(en->tp.plan.arena_bytes, 64));
+  auto ar = arena_.take(en->arena_bytes);
+  if (!ar) return unexpected(device_fault("entry arena", ar.error()));
+  en->arena = *ar;
+  scratch_bytes_ += en->arena_bytes;
+
+  // Device addresses: literals and folded constants uploaded for this entry, weights once per
+  // executable, states, the arena.
+  en->ptr.assign(gg.values().size(), nullptr);
+  std::vector<bool> read(gg.values().size(), false);
+  for (std::size_t i = 0; i < gg.equations().size(); ++i)
+    if (en->tp.pruned.runs[i])
+      for (auto v : gg.equations()[i].inputs) read[v.index] = true;
+  for (const auto& o : gg.outputs()) read[o.value.index] = true;
+  for (const auto& l : gg.literals()) {
+    if (!read[l.value.index]) continue;
+    auto d = upload(l.data.view(), "literal " + gg.info(l.value).label);
+    if (!d) return unexpected(d.error());
+    en->ptr[l.value.index] = d->ptr;
+    en->own_bytes += d->bytes;
+  }
+  for (const auto& w : gg.weights()) {
+    if (!read[w.value.index] || en->tp.pruned.folded.count(w.value.index)) continue;
+    bool table = false;
+    for (std::size_t i = 0; i < gg.equations().size() && !table; ++i) {
+      const auto& e = gg.equations()[i];
+      table = en->tp.pruned.runs[i] && ((e.code == op::linear && e.inputs[1] == w.value) || (e.code == op::gather_rows && e.inputs[0] == w.value));
+    }
+    auto d = weight(ex, w.role, table);
+    if (!d) return unexpected(d.error());
+    en->ptr[w.value.index] = (*d)->ptr;
+  }
+  for (auto& [v, t] : en->tp.pruned.folded) {
+    if (!read[v]) continue;
+    auto d = upload(t.view(), "constant " + gg.info(graph::value_id{v}).label);
+    if (!d) return unexpected(d.error());
+    en->ptr[v] = d->ptr;
+    en->own_bytes += d->bytes;
+  }
+  weight_bytes_ += en->own_bytes;
+  for (const auto& s : gg.states()) en->ptr[s.in.index] = ex.states.at(s.name).ptr;
+  for (std::uint32_t v = 0; v < gg.values().size(); ++v) {
+    if (en->tp.plan.kind[v] == compile::storage::arena) en->ptr[v] = en->arena + en->tp.plan.offset[v];
+    if (en->tp.plan.kind[v] == compile::storage::alias) en->ptr[v] = en->ptr[en->tp.plan.alias_of[v]];
+  }
+
+  // Pinned staging for the slots and the outputs.
+  std::size_t stage = 0;
+  for (const auto& s : gg.slots()) stage += *storage_bytes(gg.info(s.value).type.type, static_cast<std::uint64_t>(gg.info(s.value).type.dims.numel()));
+  std::size_t outs = 0;
+  for (const auto& o : gg.outputs()) outs += *storage_bytes(gg.info(o.value).type.type, static_cast<std::uint64_t>(gg.info(o.value).type.dims.numel()));
+  if (!en->staging.reserve(std::max(stage, outs) + 64)) return unexpected(device_fault("cudaMallocHost", "pinned staging of an entry"));
+
+  if (auto r = lower(*en, ex); !r) return unexpected(r.error());
+  for (const auto& o : gg.outputs())
+    if (o.name == "logits" && gg.info(o.value).type.dims.rank() == 2 && gg.info(o.value).type.type == dtype::f32) {
+      const auto& d = gg.info(o.value).type.dims;
+      if (d[1] != hist_vocab_ || d[0] > sample_rows_cap_)
+        if (auto e = ensure_sampler(static_cast<int>(std::max<std::int64_t>(d[0], sample_rows_cap_)), d[1])) return unexpected(*e);
+    }
+  entries_.push_back(std::move(en));
+  return entry_id{static_cast<std::uint32_t>(entries_.size() - 1)};
+}
+
+result<void, exec_error> cuda_executor::lower(entry& en, executable& ex) {
+  const auto& g = en.g;
+  const auto choice = compile::choose_fusions(g, en.tp, en.ptr);
+  const auto& fused = choice.fused;
+  const auto& residual_of = choice.residual_side;
+  const auto& gated_of = choice.gated_of;
+  for (std::size_t i = 0; i < g.equations().size(); ++i) {
+    if (!en.tp.pruned.runs[i] || fused[i]) continue;
+    if (auto err = lower_eqn(en, ex, i, residual_of, gated_of)) return unexpected(*err);
+  }
+  for (const auto& in : en.program) en.host_work = en.host_work || in.host;
+  return {};
+}
+
+std::optional<exec_error> cuda_executor::lower_linear(entry& en, executable&, const graph::equation& le, float* y, const float* r,
+                                                      const std::string& where) {
+  const auto& g = en.g;
+  const auto wv = le.inputs[1];
+  const auto& wt = g.info(wv).type;
+  const std::byte* w = en.ptr[wv.index];
+  // A folded or literal weight is f32 (the fold computes in f32); a stored one has its own format,
+  // or f16 when it was decoded at upload.
+  dtype wtype = wt.type;
+  if (const auto b = std::find_if(g.weights().begin(), g.weights().end(), [&](const auto& x) { return x.value == wv; });
+      b != g.weights().end() && !en.tp.pruned.folded.count(wv.index)) {
+    wtype = exes_[en.exe.value]->uploaded.at(b->role.str()).type;
+  } else if (!en.tp.pruned.constant[wv.index]) {
+    return exec_error{exec_error_code::unsupported, where, "a linear weight must be known at prepare"};
+  }
+  if (!weight_format_supported(wtype))
+    return exec_error{exec_error_code::unsupported, where, "no CUDA kernel reads weights stored as " + std::string(troupe::name(wtype))};
+  const std::int64_t K = wt.dims[1], N = wt.dims[0];
+  const std::int64_t M = K == 0 ? 0 : g.info(le.inputs[0]).type.dims.numel() / K;
+  const auto* x = reinterpret_cast<const float*>(en.ptr[le.inputs[0].index]);
+  cudaStream_t st = stream_;
+  if (M <= opt_.gemv_max_rows) {
+    en.program.push_back({[=]() -> std::optional<exec_error> {
+      launch_gemv(wtype, w, N, K, x, M, y, r, st);
+      return std::nullopt;
+    }});
+    return std::nullopt;
+  }
+  // cuBLASLt: y^T [N, M] = W [N, K] x^T, column-major views of the row-major buffers; the residual
+  // is C with beta = 1 (C may be y itself).
+  const bool half_in = wtype != dtype::f32;
+  const auto elem = wtype == dtype::bf16 ? CUDA_R_16BF : wtype == dtype::f32 ? CUDA_R_32F : CUDA_R_16F;
+  const bool decode = is_quantized(wtype);
+  std::byte* xh = nullptr;
+  if (half_in) {
+    auto p = arena_.take(static_cast<std::size_t>(M * K) * 2);
+    if (!p) return device_fault(where, p.error());
+    xh = *p;
+    scratch_bytes_ += static_cast<std::size_t>(M * K) * 2;
+  }
+  if (decode && static_cast<std::size_t>(N * K) * 2 > decode_bytes_) {
+    auto p = arena_.take(static_cast<std::size_t>(N * K) * 2);
+    if (!p) return device_fault(where, p.error());
+    decode_buf_ = *p;
+    decode_bytes_ = static_cast<std::size_t>(N * K) * 2;
+    scratch_bytes_ += decode_bytes_;
+    ++epoch_;  // graphs captured with the old buffer are captured again
+  }
+  auto prod = std::make_unique<lt_product>();
+  auto lt_check = [&](cublasStatus_t s, const char* what) -> std::optional<exec_error> {
+    if (s == CUBLAS_STATUS_SUCCESS) return std::nullopt;
+    return exec_error{exec_error_code::unsupported, where, std::string(what) + ": " + lt_why(s)};
+  };
+  if (auto e = lt_check(cublasLtMatmulDescCreate(&prod->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate")) return e;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  if (auto e = lt_check(cublasLtMatmulDescSetAttribute(prod->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "TRANSA")) return e;
+  if (auto e = lt_check(cublasLtMatmulDescSetAttribute(prod->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "TRANSB")) return e;
+  if (auto e = lt_check(cublasLtMatrixLayoutCreate(&prod->a, elem, static_cast<std::uint64_t>(K), static_cast<std::uint64_t>(N), K), "layout A")) return e;
+  if (auto e = lt_check(cublasLtMatrixLayoutCreate(&prod->b, elem, static_cast<std::uint64_t>(K), static_cast<std::uint64_t>(M), K), "layout B")) return e;
+  if (auto e = lt_check(cublasLtMatrixLayoutCreate(&prod->c, CUDA_R_32F, static_cast<std::uint64_t>(N), static_cast<std::uint64_t>(M), N), "layout C")) return e;
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (auto e = lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference")) return e;
+  const std::uint64_t ws = workspace_bytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  const auto hs = cublasLtMatmulAlgoGetHeuristic(lt_, prod->desc, prod->a, prod->b, prod->c, prod->c, pref, 1, &heur, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (hs != CUBLAS_STATUS_SUCCESS || found == 0)
+    return exec_error{exec_error_code::unsupported, where, "cuBLASLt has no algorithm for " + std::string(troupe::name(wtype)) + " [" +
+                                                               std::to_string(M) + " x " + std::to_string(K) + "] x [" + std::to_string(N) + "]"};
+  prod->algo = heur.algo;
+  const lt_product* pp = prod.get();
+  en.products.push_back(std::move(prod));
+  cublasLtHandle_t lt = lt_;
+  std::byte* wsp = workspace_;
+  std::byte* const* dbuf = &decode_buf_;
+  en.program.push_back({[=, this]() -> std::optional<exec_error> {
+    const void* a = w;
+    if (decode) {
+      launch_decode_f16(wtype, w, N, K, *dbuf, st);
+      a = *dbuf;
+    }
+    const void* b = x;
+    if (wtype == dtype::bf16) launch_to_bf16(x, M * K, xh, st), b = xh;
+    else if (half_in) launch_to_f16(x, M * K, xh, st), b = xh;
+    const float alpha = 1.0f, beta = r ? 1.0f : 0.0f;
+    const void* c = r ? static_cast<const void*>(r) : static_cast<const void*>(y);
+    if (auto s = cublasLtMatmul(lt, pp->desc, &alpha, a, pp->a, b, pp->b, &beta, c, pp->c, y, pp->c, &pp->algo, wsp, workspace_bytes, st);
+        s != CUBLAS_STATUS_SUCCESS) {
+      auto err = device_fault(where, "cublasLtMatmul: " + lt_why(s));
+      poison(err);
+      return err;
+    }
+    return std::nullopt;
+  }});
+  return std::nullopt;
+}
+
+namespace {
+
+ew to_ew(op o) {
+  switch (o) {
+    case op::neg: return ew::neg;
+    case op::abs: return ew::abs;
+    case op::exp: return ew::exp;
+    case op::log: return ew::log;
+    case op::sqrt: return ew::sqrt;
+    case op::rsqrt: return ew::rsqrt;
+    case op::recip: return ew::recip;
+    case op::tanh: return ew::tanh;
+    case op::erf: return ew::erf;
+    case op::sigmoid: return ew::sigmoid;
+    case op::silu: return ew::silu;
+    case op::gelu_tanh: return ew::gelu_tanh;
+    case op::add: return ew::add;
+    case op::sub: return ew::sub;
+    case op::mul: return ew::mul;
+    case op::div: return ew::div;
+    case op::maximum: return ew::maximum;
+    case op::minimum: return ew::minimum;
+    case op::pow: return ew::pow;
+    case op::equal: return ew::equal;
+    case op::less: return ew::less;
+    case op::less_equal: return ew::less_equal;
+    case op::greater: return ew::greater;
+    case op::where: return ew::where;
+    default: return ew::cast;
+  }
+}
+
+std::vector<std::int64_t> broadcast_strides(const troupe::shape& in, const troupe::shape& out) {
+  std::vector<std::int64_t> st(out.rank(), 0);
+  std::int64_t s = 1;
+  for (std::size_t i = in.rank(); i-- > 0;) {
+    const std::size_t o = out.rank() - in.rank() + i;
+    st[o] = in[i] == 1 ? 0 : s;
+    s *= in[i];
+  }
+  return st;
+}
+
+std::vector<std::int64_t> dense_strides(const troupe::shape& s) {
+  std::vector<std::int64_t> st(s.rank(), 1);
+  for (std::size_t d = s.rank(); d-- > 1;) st[d - 1] = st[d] * s[d];
+  return st;
+}
+
+}  // namespace
+
+std::optional<exec_error> cuda_executor::lower_eqn(entry& en, executable& ex, std::size_t i, const std::vector<std::int64_t>& residual_of,
+                                                   const std::vector<std::int64_t>& gated_of) {
+  const auto& g = en.g;
+  const auto& e = g.equations()[i];
+  const std::string where = "eqn " + std::to_string(i) + " (" + std::string(graph::op_name(e.code)) + ")";
+  auto P = [&](graph::value_id v) { return en.ptr[v.index]; };
+  auto T = [&](graph::value_id v) -> const graph::tensor_type& { return g.info(v).type; };
+  std::byte* out = P(e.out);
+  const auto ot = T(e.out);
+  const std::int64_t n = ot.dims.numel();
+  cudaStream_t st = stream_;
+  step_flag* flag = flag_;
+  const auto eqn = static_cast<std::int32_t>(i);
+  auto device = [&](std::function<void()> f) {
+    en.program.push_back({[f = std::move(f)]() -> std::optional<exec_error> {
+      f();
+      return std::nullopt;
+    }});
+    return std::optional<exec_error>{};
+  };
+  auto map_of = [&](const troupe::shape& out_dims, std::initializer_list<std::vector<std::int64_t>> strides) -> std::optional<nd_map> {
+    if (out_dims.rank() > static_cast<std::size_t>(max_rank)) return std::nullopt;
+    nd_map m;
+    m.rank = static_cast<std::int32_t>(out_dims.rank());
+    for (std::size_t d = 0; d < out_dims.rank(); ++d) m.dims[d] = out_dims[d];
+    int k = 0;
+    for (const auto& s : strides) {
+      for (std::size_t d = 0; d < s.size(); ++d) m.strides[k][d] = s[d];
+      ++k;
+    }
+    return m;
+  };
+  auto too_deep = [&] { return exec_error{exec_error_code::unsupported, where, "rank above " + std::to_string(max_rank)}; };
+
+  switch (e.code) {
+    case op::neg: case op::abs: case op::exp: case op::log: case op::sqrt: case op::rsqrt: case op::recip: case op::tanh:
+    case op::erf: case op::sigmoid: case op::silu: case op::gelu_tanh: {
+      const auto* x = P(e.inputs[0]);
+      const auto k = to_ew(e.code);
+      if (ot.type == dtype::f32)
+        return device([=] { launch_unary_f32(k, reinterpret_cast<const float*>(x), n, reinterpret_cast<float*>(out), st); });
+      auto m = map_of(ot.dims, {dense_strides(ot.dims)});
+      if (!m) return too_deep();
+      const auto t = ot.type;
+      return device([=, m = *m] { launch_elementwise_nd(k, t, t, x, nullptr, nullptr, m, out, flag, eqn, st); });
+    }
+    case op::add: case op::sub: case op::mul: case op::div: case op::maximum: case op::minimum: case op::pow:
+    case op::equal: case op::less: case op::less_equal: case op::greater: {
+      const auto& at = T(e.inputs[0]);
+      const auto& bt = T(e.inputs[1]);
+      if (residual_of[i] >= 0) {
+        const auto side = static_cast<std::size_t>(residual_of[i]);
+        const auto& le = g.equations()[static_cast<std::size_t>(en.tp.residual_linear[i])];
+        return lower_linear(en, ex, le, reinterpret_cast<float*>(out), reinterpret_cast<const float*>(P(e.inputs[1 - side])), where);
+      }
+      if (gated_of[i] >= 0) {
+        const auto& ae = g.equations()[static_cast<std::size_t>(gated_of[i])];
+        const auto* gp = reinterpret_cast<const float*>(P(ae.inputs[0]));
+        const auto* up = reinterpret_cast<const float*>(P(e.inputs[0] == ae.out ? e.inputs[1] : e.inputs[0]));
+        const auto k = to_ew(ae.code);
+        return device([=] { launch_gated_f32(k, gp, up, n, reinterpret_cast<float*>(out), st); });
+      }
+      const auto* a = P(e.inputs[0]);
+      const auto* b = P(e.inputs[1]);
+      const auto k = to_ew(e.code);
+      if (at.type == dtype::f32 && ot.type == dtype::f32 && e.code != op::pow && at.dims == ot.dims) {
+        const std::int64_t row = ot.dims.rank() ? ot.dims.back() : 1;
+        std::int64_t b_len = -1;
+        if (bt.dims == ot.dims) b_len = n;
+        else if (bt.dims.numel() == 1) b_len = 1;
+        else if (ot.dims.rank() >= 1 && bt.dims.rank() >= 1 && bt.dims.numel() == row && bt.dims.back() == row) b_len = row;
+        if (b_len > 0)
+          return device([=] {
+            launch_binary_f32(k, reinterpret_cast<const float*>(a), reinterpret_cast<const float*>(b), n, b_len, reinterpret_cast<float*>(out), st);
+          });
+      }
+      auto m = map_of(ot.dims, {broadcast_strides(at.dims, ot.dims), broadcast_strides(bt.dims, ot.dims)});
+      if (!m) return too_deep();
+      const auto ta = at.type, tout = ot.type;
+      return device([=, m = *m] { launch_elementwise_nd(k, ta, tout, a, b, nullptr, m, out, flag, eqn, st); });
+    }
+    case op::where: {
+      auto m = map_of(ot.dims, {broadcast_strides(T(e.inputs[0]).dims, ot.dims), broadcast_strides(T(e.inputs[1]).dims, ot.dims),
+                                broadcast_strides(T(e.inputs[2]).dims, ot.dims)});
+      if (!m) return too_deep();
+      const auto *c = P(e.inputs[0]), *a = P(e.inputs[1]), *b = P(e.inputs[2]);
+      const auto t = ot.type;
+      return device([=, m = *m] { launch_elementwise_nd(ew::where, t, t, c, a, b, m, out, flag, eqn, st); });
+    }
+    case op::cast: {
+      auto m = map_of(ot.dims, {dense_strides(ot.dims)});
+      if (!m) return too_deep();
+      const auto* x = P(e.inputs[0]);
+      const auto from = T(e.inputs[0]).type, to = ot.type;
+      return device([=, m = *m] { launch_elementwise_nd(ew::cast, from, to, x, nullptr, nullptr, m, out, flag, eqn, st); });
+    }
+    case op::reduce_sum: case op::reduce_max: case op::reduce_mean: case op::arg_max: case op::softmax: case op::log_softmax: {
+      const auto& it = T(e.inputs[0]);
+      const std::int64_t axis = e.attrs.axis < 0 ? e.attrs.axis + static_cast<std::int64_t>(it.dims.rank()) : e.attrs.axis;
+      std::int64_t outer = 1, len = it.dims[static_cast<std::size_t>(axis)], inner = 1;
+      for (std::int64_t d = 0; d < axis; ++d) outer *= it.dims[static_cast<std::size_t>(d)];
+      for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < it.dims.rank(); ++d) inner *= it.dims[d];
+      const ew k = e.code == op::reduce_sum ? ew::add : e.code == op::reduce_max ? ew::maximum : e.code == op::reduce_mean ? ew::div
+                 : e.code == op::arg_max ? ew::greater : e.code == op::softmax ? ew::exp : ew::log;
+      const auto* x = P(e.inputs[0]);
+      const auto tin = it.type, tout = ot.type;
+      return device([=] { launch_reduce(k, tin, tout, x, outer, len, inner, out, st); });
+    }
+    case op::reshape:
+      return std::nullopt;  // planned as an alias
+    case op::transpose: case op::slice: case op::concat: case op::broadcast: {
+      const auto es = static_cast<std::int32_t>(*storage_bytes(ot.type, 1));
+      if (e.code == op::concat) {
+        const std::int64_t axis = e.attrs.axis < 0 ? e.attrs.axis + static_cast<std::int64_t>(ot.dims.rank()) : e.attrs.axis;
+        std::int64_t outer = 1, inner = 1;
+        for (std::int64_t d = 0; d < axis; ++d) outer *= ot.dims[static_cast<std::size_t>(d)];
+        for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < ot.dims.rank(); ++d) inner *= ot.dims[d];
+        const std::int64_t row = ot.dims[static_cast<std::size_t>(axis)] * inner;
+        std::int64_t at = 0;
+        for (auto v : e.inputs) {
+          const std::int64_t len = T(v).dims[static_cast<std::size_t>(axis)] * inner;
+          const auto* src = P(v);
+          std::byte* dst = out + at * es;
+          const std::size_t width = static_cast<std::size_t>(len * es), dpitch = static_cast<std::size_t>(row * es);
+          if (width > 0 && outer > 0)
+            en.program.push_back({[=, this]() -> std::optional<exec_error> {
+              return check(cudaMemcpy2DAsync(dst, dpitch, src, width, width, static_cast<std::size_t>(outer), cudaMemcpyDeviceToDevice, st), where, true);
+            }});
+          at += len;
+        }
+        return std::nullopt;
+      }
+      const auto& it = T(e.inputs[0]);
+      std::vector<std::int64_t> s;
+      std::int64_t base = 0;
+      if (e.code == op::transpose) {
+        const auto in_st = dense_strides(it.dims);
+        for (auto p : e.attrs.ints) s.push_back(in_st[static_cast<std::size_t>(p)]);
+      } else if (e.code == op::slice) {
+        const std::int64_t axis = e.attrs.axis < 0 ? e.attrs.axis + static_cast<std::int64_t>(it.dims.rank()) : e.attrs.axis;
+        s = dense_strides(it.dims);
+        base = e.attrs.ints[0] * s[static_cast<std::size_t>(axis)];
+      } else {
+        s = broadcast_strides(it.dims, ot.dims);
+      }
+      auto m = map_of(ot.dims, {s});
+      if (!m) return too_deep();
+      m->base[0] = base;
+      const auto* x = P(e.inputs[0]);
+      return device([=, m = *m] { launch_copy_nd(es, x, m, out, st); });
+    }
+    case op::matmul: {
+      const auto& as = T(e.inputs[0]).dims;
+      const auto& bs = T(e.inputs[1]).dims;
+      const std::int64_t M = as[as.rank() - 2], K = as.back(), N = bs.back();
+      const std::int64_t batch = n / std::max<std::int64_t>(M * N, 1);
+      const auto* a = reinterpret_cast<const float*>(P(e.inputs[0]));
+      const auto* b = reinterpret_cast<const float*>(P(e.inputs[1]));
+      return device([=] { launch_matmul_f32(a, b, batch, M, K, N, reinterpret_cast<float*>(out), st); });
+    }
+    case op::linear:
+      return lower_linear(en, ex, e, reinterpret_cast<float*>(out), nullptr, where);
+    case op::gather_rows: {
+      const auto& tt = T(e.inputs[0]);
+      const auto* ids = P(e.inputs[1]);
+      const auto id_type = T(e.inputs[1]).type;
+      const std::int64_t count = T(e.inputs[1]).dims.numel(), R = tt.dims[0], C = tt.dims.rank() > 1 ? tt.dims.numel() / std::max<std::int64_t>(R, 1) : 1;
+      auto idp = arena_.take(static_cast<std::size_t>(std::max<std::int64_t>(count, 1)) * 4);
+      if (!idp) return device_fault(where, idp.error());
+      scratch_bytes_ += static_cast<std::size_t>(std::max<std::int64_t>(count, 1)) * 4;
+      auto* ids32 = reinterpret_cast<std::int32_t*>(*idp);
+      const auto* table = P(e.inputs[0]);
+      // The table's stored type on the device (a weight may have been decoded to f16 at upload).
+      dtype stored = tt.type;
+      if (const auto b = std::find_if(g.weights().begin(), g.weights().end(), [&](const auto& w) { return w.value == e.inputs[0]; });
+          b != g.weights().end() && !en.tp.pruned.folded.count(e.inputs[0].index))
+        stored = exes_[en.exe.value]->uploaded.at(b->role.str()).type;
+      if (id_type != dtype::i32 && id_type != dtype::i64)
+        return exec_error{exec_error_code::unsupported, where, "ids of type " + std::string(troupe::name(id_type))};
+      if (ot.type == stored) {
+        const std::int64_t row_bytes = static_cast<std::int64_t>(*storage_bytes(stored, static_cast<std::uint64_t>(C)));
+        return device([=] {
+          launch_check_ids(id_type, ids, count, R, ids32, flag, eqn, st);
+          launch_gather_bytes(table, row_bytes, ids32, count, out, st);
+        });
+      }
+      if (ot.type != dtype::f32 || !weight_format_supported(stored))
+        return exec_error{exec_error_code::unsupported, where, "no CUDA gather from " + std::string(troupe::name(stored)) + " to " + std::string(troupe::name(ot.type))};
+      return device([=] {
+        launch_check_ids(id_type, ids, count, R, ids32, flag, eqn, st);
+        launch_gather_decode(stored, table, C, ids32, count, reinterpret_cast<float*>(out), st);
+      });
+    }
+    case op::all_reduce: case op::all_gather: case op::pipe_send: case op::pipe_recv: {
+      collective* c = e.code == op::pipe_send || e.code == op::pipe_recv ? opt_.pipe : opt_.group;
+      if (c == nullptr)
+        return exec_error{exec_error_code::unsupported, where,
+                          e.code == op::pipe_send || e.code == op::pipe_recv ? "a pipeline stage's graph needs the executor's pipe (cuda_options::pipe)"
+                                                                              : "a tensor-parallel shard's graph needs the executor's group (cuda_options::group)"};
+      // Host-staged: the collective's transport moves host buffers.
+      const std::byte* x = e.inputs.empty() ? nullptr : P(e.inputs[0]);
+      const std::int64_t in_n = e.inputs.empty() ? 0 : T(e.inputs[0]).dims.numel();
+      const auto code = e.code;
+      const std::int64_t peer = e.attrs.ints.empty() ? 0 : e.attrs.ints[0];
+      const auto& xd = e.inputs.empty() ? ot.dims : T(e.inputs[0]).dims;
+      const std::int64_t C = xd.rank() ? xd.back() : 1, M = C == 0 ? 0 : in_n / C;
+      auto buf = std::make_shared<std::vector<float>>(static_cast<std::size_t>(std::max(n, in_n)));
+      auto all = std::make_shared<std::vector<float>>(code == op::all_gather ? static_cast<std::size_t>(n) : 0);
+      en.program.push_back({[=, this]() -> std::optional<exec_error> {
+        if (x && in_n > 0) {
+          if (auto err = check(cudaMemcpyAsync(buf->data(), x, static_cast<std::size_t>(in_n) * 4, cudaMemcpyDeviceToHost, st), where, true)) return err;
+          if (auto err = check(cudaStreamSynchronize(st), where, true)) return err;
+        }
+        result<void, std::string> r;
+        switch (code) {
+          case op::all_reduce: r = c->all_reduce_sum(std::span(buf->data(), static_cast<std::size_t>(n))); break;
+          case op::all_gather: {
+            std::vector<float> tmp(all->size());
+            r = c->all_gather(std::span<const float>(buf->data(), static_cast<std::size_t>(in_n)), tmp);
+            const std::int64_t R = C * M != 0 ? n / (C * M) : 0;
+            for (std::int64_t rk = 0; rk < R && r; ++rk)
+              for (std::int64_t m = 0; m < M; ++m)
+                std::memcpy(all->data() + m * R * C + rk * C, tmp.data() + (rk * M + m) * C, static_cast<std::size_t>(C) * 4);
+            break;
+          }
+          case op::pipe_send: r = c->send(std::span<const float>(buf->data(), static_cast<std::size_t>(n)), static_cast<int>(peer)); break;
+          default: r = c->recv(std::span(buf->data(), static_cast<std::size_t>(n)), static_cast<int>(peer)); break;
+        }
+        if (!r) return device_fault(where, r.error());
+        const float* src = code == op::all_gather ? all->data() : buf->data();
+        if (code == op::pipe_send && x == out) return std::nullopt;
+        if (auto err = check(cudaMemcpyAsync(out, src, static_cast<std::size_t>(n) * 4, cudaMemcpyHostToDevice, st), where, true)) return err;
+        return check(cudaStreamSynchronize(st), where, true);
+      }, true});
+      return std::nullopt;
+    }
+    case op::scatter_rows: {
+      const auto& dt = T(e.inputs[0]);
+      const auto* dst = P(e.inputs[0]);
+      const auto* ids = P(e.inputs[1]);
+      const auto* src = P(e.inputs[2]);
+      const auto id_type = T(e.inputs[1]).type;
+      if (id_type != dtype::i32 && id_type != dtype::i64)
+        return exec_error{exec_error_code::unsupported, where, "ids of type " + std::string(troupe::name(id_type))};
+      const std::int64_t count = T(e.inputs[1]).dims.numel(), R = dt.dims[0];
+      const std::size_t total = *storage_bytes(dt.type, static_cast<std::uint64_t>(dt.dims.numel()));
+      const std::int64_t row_bytes = R ? static_cast<std::int64_t>(total) / R : 0;
+      const bool in_place = dst == out;
+      if (!in_place)
+        en.program.push_back({[=, this]() -> std::optional<exec_error> {
+          return check(cudaMemcpyAsync(out, dst, total, cudaMemcpyDeviceToDevice, st), where, true);
+        }});
+      return device([=] { launch_scatter_rows(id_type, ids, count, R, row_bytes, src, out, flag, eqn, st); });
+    }
+    case op::rms_norm: case op::layer_norm: {
+      const std::int64_t N = ot.dims.back();
+      const std::int64_t rows = N ? n / N : 0;
+      if (T(e.inputs[1]).type != dtype::f32 || (e.code == op::layer_norm && T(e.inputs[2]).type != dtype::f32))
+        return exec_error{exec_error_code::unsupported, where, "norm weights must be f32 (or constant, folded to f32)"};
+      const auto* x = reinterpret_cast<const float*>(P(e.inputs[0]));
+      const auto* w = reinterpret_cast<const float*>(P(e.inputs[1]));
+      const auto* b = e.code == op::layer_norm ? reinterpret_cast<const float*>(P(e.inputs[2])) : nullptr;
+      const auto eps = static_cast<float>(e.attrs.eps);
+      return device([=] { launch_norm(x, w, b, rows, N, eps, reinterpret_cast<float*>(out), st); });
+    }
+    case op::rope: {
+      const std::int64_t Tn = ot.dims[0], H = ot.dims[1], D = ot.dims[2];
+      const auto* x = P(e.inputs[0]);
+      const auto* pos = P(e.inputs[1]);
+      const auto pos_type = T(e.inputs[1]).type;
+      if (pos_type != dtype::i32 && pos_type != dtype::i64)
+        return exec_error{exec_error_code::unsupported, where, "positions of type " + std::string(troupe::name(pos_type))};
+      const auto* inv = reinterpret_cast<const float*>(P(e.inputs[2]));
+      const std::int64_t half = T(e.inputs[2]).dims[0];
+      const bool neox = e.attrs.neox;
+      const auto scale = static_cast<float>(e.attrs.scale);
+      if (x != out)
+        en.program.push_back({[=, this]() -> std::optional<exec_error> {
+          return check(cudaMemcpyAsync(out, x, static_cast<std::size_t>(n) * 4, cudaMemcpyDeviceToDevice, st), where, true);
+        }});
+      return device([=] { launch_rope(reinterpret_cast<float*>(out), Tn, H, D, pos_type, pos, inv, half, neox, scale, st); });
+    }
+    case op::attention: {
+      attention_launch a;
+      a.q = reinterpret_cast<const float*>(P(e.inputs[0]));
+      a.k = reinterpret_cast<const float*>(P(e.inputs[1]));
+      a.v = reinterpret_cast<const float*>(P(e.inputs[2]));
+      a.index = P(e.inputs[3]);
+      a.index_type = T(e.inputs[3]).type;
+      a.allow = reinterpret_cast<const std::uint8_t*>(P(e.inputs[4]));
+      a.out = reinterpret_cast<float*>(out);
+      const auto& qs = T(e.inputs[0]).dims;
+      const auto& ks = T(e.inputs[1]).dims;
+      const auto& ms = T(e.inputs[4]).dims;
+      a.Hq = qs[1];
+      a.D = qs[2];
+      a.Hkv = ks[1];
+      a.S = ks[0];
+      a.Dv = T(e.inputs[2]).dims[2];
+      a.R = ms[0];
+      a.T = ms[1];
+      a.C = ms[2];
+      a.scale = static_cast<float>(e.attrs.scale);
+      a.softcap = static_cast<float>(e.attrs.softcap);
+      if (a.D > max_attention_dim || a.Dv > max_attention_dim)
+        return exec_error{exec_error_code::unsupported, where, "head dimensions above " + std::to_string(max_attention_dim)};
+      if (a.index_type != dtype::i32 && a.index_type != dtype::i64)
+        return exec_error{exec_error_code::unsupported, where, "an index of type " + std::string(troupe::name(a.index_type))};
+      if (a.Hkv == 0 || a.Hq % a.Hkv != 0) return exec_error{exec_error_code::unsupported, where, "query heads not a multiple of kv heads"};
+      auto ix = arena_.take(static_cast<std::size_t>(std::max<std::int64_t>(a.R * a.C, 1)) * 4);
+      if (!ix) return device_fault(where, ix.error());
+      scratch_bytes_ += static_cast<std::size_t>(std::max<std::int64_t>(a.R * a.C, 1)) * 4;
+      a.ix32 = reinterpret_cast<std::int32_t*>(*ix);
+      return device([=] { launch_attention(a, flag, eqn, st); });
+    }
+  }
+  return exec_error{exec_error_code::unsupported, where, "no CUDA lowering"};
+}
+
+std::optional<exec_error> cuda_executor::run(entry& en, const step_inputs& in) {
+  const auto& g = en.g;
+  // Slots: checked, staged in pinned memory, copied in.
+  std::size_t at = 0;
+  for (const auto& s : g.slots()) {
+    const auto it = in.slots.find(s.slot.name);
+    const std::string where = "slot " + s.slot.name;
+    if (it == in.slots.end()) return exec_error{exec_error_code::bad_binding, where, "not bound"};
+    const auto& t = g.info(s.value).type;
+    if (it->second.type() != t.type || it->second.shape() != t.dims)
+      return exec_error{exec_error_code::bad_binding, where, "expects " + t.str() + ", got " + graph::tensor_type{it->second.type(), it->second.shape()}.str()};
+  }
+  for (const auto& s : g.slots()) {
+    const auto& v = in.slots.at(s.slot.name);
+    if (!en.ptr[s.value.index] || en.tp.plan.kind[s.value.index] != compile::storage::arena || v.bytes() == 0) continue;
+    std::memcpy(en.staging.p + at, v.data(), v.bytes());
+    if (auto e = check(cudaMemcpyAsync(en.ptr[s.value.index], en.staging.p + at, v.bytes(), cudaMemcpyHostToDevice, stream_), "slot " + s.slot.name, true))
+      return e;
+    at += v.bytes();
+  }
+  if (auto e = check(cudaMemsetAsync(flag_, 0, sizeof(step_flag), stream_), "step flag", true)) return e;
+
+  ++en.steps;
+  const bool capture = opt_.graphs && !en.host_work && en.steps >= 2;
+  if (capture && en.graph && en.graph_epoch != epoch_) {
+    cudaGraphExecDestroy(en.graph);
+    en.graph = nullptr;
+  }
+  if (capture && !en.graph) {
+    if (auto e = check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture", true)) return e;
+    for (auto& f : en.program)
+      if (auto e = f.run()) {
+        cudaGraph_t broken = nullptr;
+        cudaStreamEndCapture(stream_, &broken);
+        if (broken) cudaGraphDestroy(broken);
+        return e;
+      }
+    cudaGraph_t graph = nullptr;
+    if (auto e = check(cudaStreamEndCapture(stream_, &graph), "graph capture", true)) return e;
+    auto inst = cudaGraphInstantiate(&en.graph, graph, 0);
+    cudaGraphDestroy(graph);
+    if (auto e = check(inst, "graph instantiate", true)) return e;
+    en.graph_epoch = epoch_;
+  }
+  if (capture) {
+    if (auto e = check(cudaGraphLaunch(en.graph, stream_), "graph launch", true)) return e;
+  } else {
+    for (auto& f : en.program)
+      if (auto e = f.run()) return e;
+  }
+  if (auto e = check(cudaGetLastError(), "kernel launch", true)) return e;
+  // States computed elsewhere than their buffer are copied into it.
+  auto& states = exes_[en.exe.value]->states;
+  for (const auto& s : g.states()) {
+    auto& buf = states.at(s.name);
+    if (en.ptr[s.out.index] != buf.ptr)
+      if (auto e = check(cudaMemcpyAsync(buf.ptr, en.ptr[s.out.index], buf.bytes, cudaMemcpyDeviceToDevice, stream_), "state " + s.name, true))
+        return e;
+  }
+  return std::nullopt;
+}
+
+std::optional<exec_error> cuda_executor::flag_error(entry& en) {
+  step_flag f;
+  std::memcpy(&f, flag_host_.p, sizeof f);
+  if (f.code == flag_none) return std::nullopt;
+  std::string where = "eqn " + std::to_string(f.eqn);
+  if (f.eqn >= 0 && static_cast<std::size_t>(f.eqn) < en.g.equations().size())
+    where += " (" + std::string(graph::op_name(en.g.equations()[static_cast<std::size_t>(f.eqn)].code)) + ")";
+  const auto v = std::to_string(f.value), b = std::to_string(f.bound);
+  switch (f.code) {
+    case flag_gather_range: return exec_error{exec_error_code::index_out_of_range, where, "row " + v + " outside [0, " + b + ")"};
+    case flag_scatter_range: return exec_error{exec_error_code::index_out_of_range, where, "slot " + v + " outside [0, " + b + ")"};
+    case flag_scatter_twice: return exec_error{exec_error_code::index_out_of_range, where, "slot " + v + " written twice"};
+    case flag_kv_range: return exec_error{exec_error_code::index_out_of_range, where, "kv row " + v + " outside [0, " + b + ")"};
+    case flag_div_zero: return exec_error{exec_error_code::index_out_of_range, where, "integer division by zero"};
+    default: return exec_error{exec_error_code::device_error, where, "unknown step flag " + std::to_string(f.code)};
+  }
+}
+
+// Copies the named outputs (all when `names` is null) back, waits for the step, and reads its flag.
+std::optional<exec_error> cuda_executor::finish_step(entry& en, const std::vector<std::string>* names, step_outputs& out) {
+  struct pending {
+    const std::string* name;
+    graph::tensor_type type;
+    std::size_t at, bytes;
+  };
+  std::vector<pending> wanted;
+  std::size_t at = 0;
+  for (const auto& o : en.g.outputs()) {
+    if (names && std::find(names->begin(), names->end(), o.name) == names->end()) continue;
+    const auto& t = en.g.info(o.value).type;
+    const std::size_t bytes = *storage_bytes(t.type, static_cast<std::uint64_t>(t.dims.numel()));
+    if (bytes)
+      if (auto e = check(cudaMemcpyAsync(en.staging.p + at, en.ptr[o.value.index], bytes, cudaMemcpyDeviceToHost, stream_), "output " + o.name, true))
+        return e;
+    wanted.push_back({&o.name, t, at, bytes});
+    at += bytes;
+  }
+  if (auto e = check(cudaMemcpyAsync(flag_host_.p, flag_, sizeof(step_flag), cudaMemcpyDeviceToHost, stream_), "step flag", true)) return e;
+  if (auto e = check(cudaStreamSynchronize(stream_), "step", true)) return e;
+  if (auto e = flag_error(en)) return e;
+  for (const auto& w : wanted) {
+    tensor r(w.type.type, w.type.dims);
+    if (w.bytes) std::memcpy(r.data(), en.staging.p + w.at, w.bytes);
+    out.outputs.emplace(*w.name, std::move(r));
+  }
+  return std::nullopt;
+}
+
+result<step_outputs, exec_error> cuda_executor::step(entry_id id, const step_inputs& in) {
+  if (id.value >= entries_.size()) return unexpected(exec_error{exec_error_code::unknown_id, "entry", "not added here"});
+  if (auto e = refused_if_poisoned()) return unexpected(*e);
+  auto& en = *entries_[id.value];
+  if (auto e = run(en, in)) return unexpected(*e);
+  step_outputs out;
+  if (auto e = finish_step(en, nullptr, out)) return unexpected(*e);
+  return out;
+}
+
+result<void, exec_error> cuda_executor::open_history(std::uint64_t sequence, std::int64_t vocab, std::span<const std::int32_t> prompt,
+                                                     std::span<const std::pair<std::int32_t, float>> bias) {
+  auto r = executor::open_history(sequence, vocab, prompt, bias);
+  if (auto it = slot_of_.find(sequence); it != slot_of_.end()) slots_[static_cast<std::size_t>(it->second)].dirty = true;
+  return r;
+}
+
+void cuda_executor::close_history(std::uint64_t sequence) {
+  executor::close_history(sequence);
+  if (auto it = slot_of_.find(sequence); it != slot_of_.end()) {
+    slots_[static_cast<std::size_t>(it->second)] = slot_state{};
+    slot_of_.erase(it);
+  }
+}
+
+void cuda_executor::record_history(std::uint64_t sequence, std::span<const std::int32_t> tokens) {
+  executor::record_history(sequence, tokens);
+  if (auto it = slot_of_.find(sequence); it != slot_of_.end()) slots_[static_cast<std::size_t>(it->second)].dirty = true;
+}
+
+// The device slot of a sequence's history, uploading the host's copy when the device's is stale. A
+// sequence without a host history has none on the device either (-1). Slots are reused least
+// recently used first, never one a row of this step holds.
+result<int, exec_error> cuda_executor::history_slot(std::uint64_t sequence, std::int64_t vocab, const std::set<int>& busy) {
+  const token_history* h = history(sequence);
+  if (!h) return -1;
+  if (h->vocab() != vocab)
+    return unexpected(exec_error{exec_error_code::bad_sampling, "history of sequence " + std::to_string(sequence),
+                                 "vocabulary " + std::to_string(h->vocab()) + " but the logits have " + std::to_string(vocab)});
+  int slot = -1;
+  if (auto it = slot_of_.find(sequence); it != slot_of_.end()) slot = it->second;
+  if (slot < 0) {
+    std::uint64_t oldest = ~std::uint64_t{0};
+    for (std::size_t s = 0; s < slots_.size(); ++s) {
+      if (busy.count(static_cast<int>(s))) continue;
+      if (!slots_[s].used) { slot = static_cast<int>(s); break; }
+      if (slots_[s].last_use < oldest) oldest = slots_[s].last_use, slot = static_cast<int>(s);
+    }
+    if (slot < 0) return unexpected(exec_error{exec_error_code::bad_sampling, "histories", "more rows than device history slots"});
+    if (slots_[static_cast<std::size_t>(slot)].used) slot_of_.erase(slots_[static_cast<std::size_t>(slot)].sequence);
+    slots_[static_cast<std::size_t>(slot)] = slot_state{sequence, true, true, 0};
+    slot_of_[sequence] = slot;
+  }
+  auto& s = slots_[static_cast<std::size_t>(slot)];
+  s.last_use = ++use_clock_;
+  if (s.dirty) {
+    // Dense counts, prompt flags and bias, staged and copied on the stream (ordered before the sampler).
+    const std::size_t V = static_cast<std::size_t>(vocab);
+    auto* counts = reinterpret_cast<std::int32_t*>(hist_stage_.p);
+    auto* prompt = reinterpret_cast<std::uint8_t*>(hist_stage_.p + V * 8);
+    auto* bias = reinterpret_cast<float*>(hist_stage_.p + V * 4);
+    // The stage is reused per upload: wait for the previous upload to leave it.
+    if (auto e = check(cudaStreamSynchronize(stream_), "history upload", true)) return unexpected(*e);
+    for (std::size_t t = 0; t < V; ++t) {
+      counts[t] = h->count(static_cast<std::int32_t>(t));
+      prompt[t] = h->in_prompt(static_cast<std::int32_t>(t)) ? 1 : 0;
+      bias[t] = 0.0f;
+    }
+    for (const auto& [t, b] : h->bias()) bias[t] += b;
+    const std::size_t off = static_cast<std::size_t>(slot) * V;
+    if (auto e = check(cudaMemcpyAsync(hist_counts_ + off, counts, V * 4, cudaMemcpyHostToDevice, stream_), "history upload", true)) return unexpected(*e);
+    if (auto e = check(cudaMemcpyAsync(hist_bias_ + off, bias, V * 4, cudaMemcpyHostToDevice, stream_), "history upload", true)) return unexpected(*e);
+    if (auto e = check(cudaMemcpyAsync(hist_prompt_ + off, prompt, V, cudaMemcpyHostToDevice, stream_), "history upload", true)) return unexpected(*e);
+    s.dirty = false;
+  }
+  return slot;
+}
+
+// The sampling head's device buffers for `rows` rows of `vocab` logits: the history table (one slot per
+// sequence it keeps), the rows' rules, picks, masks and scratch. Sized when an entry with logits is
+// added, so a serving step allocates nothing.
+std::optional<exec_error> cuda_executor::ensure_sampler(int R, std::int64_t vocab) {
+  const std::int64_t words = (vocab + 31) / 32;
+  if (hist_vocab_ != vocab) {
+    const std::size_t slots = static_cast<std::size_t>(std::max(opt_.history_slots, R));
+    auto c = arena_.take(slots * static_cast<std::size_t>(vocab) * 4);
+    auto p = arena_.take(slots * static_cast<std::size_t>(vocab));
+    auto b = arena_.take(slots * static_cast<std::size_t>(vocab) * 4);
+    if (!c || !p || !b) return device_fault("sampling histories", !c ? c.error() : !p ? p.error() : b.error());
+    hist_counts_ = reinterpret_cast<std::int32_t*>(*c);
+    hist_prompt_ = reinterpret_cast<std::uint8_t*>(*p);
+    hist_bias_ = reinterpret_cast<float*>(*b);
+    state_bytes_ += slots * static_cast<std::size_t>(vocab) * 9;
+    slots_.assign(slots, slot_state{});
+    slot_of_.clear();
+    hist_vocab_ = vocab;
+    if (!hist_stage_.reserve(static_cast<std::size_t>(vocab) * 9)) return device_fault("cudaMallocHost", "history staging");
+    sample_rows_cap_ = 0;  // the masks and scratch depend on the vocabulary too
+  }
+  if (sample_rows_cap_ >= R) return std::nullopt;
+  const int cap = std::max(R, 8);
+  auto rp = arena_.take(static_cast<std::size_t>(cap) * sizeof(device_sample_row));
+  auto op = arena_.take(static_cast<std::size_t>(cap) * sizeof(device_sample_out));
+  auto mp = arena_.take(static_cast<std::size_t>(cap * words) * 4);
+  auto wp = arena_.take(sample_work_bytes(cap, vocab));
+  if (!rp || !op || !mp || !wp) return device_fault("sampling buffers", "out of device memory");
+  rows_dev_ = reinterpret_cast<device_sample_row*>(*rp);
+  out_dev_ = reinterpret_cast<device_sample_out*>(*op);
+  masks_dev_ = reinterpret_cast<std::uint32_t*>(*mp);
+  sample_work_ = *wp;
+  scratch_bytes_ += static_cast<std::size_t>(cap) * (sizeof(device_sample_row) + sizeof(device_sample_out) + static_cast<std::size_t>(words) * 4) +
+                    sample_work_bytes(cap, vocab);
+  sample_rows_cap_ = cap;
+  if (!sample_stage_.reserve(static_cast<std::size_t>(cap) * (sizeof(device_sample_row) + sizeof(device_sample_out) + static_cast<std::size_t>(words) * 4)))
+    return device_fault("cudaMallocHost", "sampling staging");
+  return std::nullopt;
+}
+
+result<std::vector<sampled_row>, exec_error> cuda_executor::step_sample(entry_id id, const step_inputs& in,
+                                                                        std::span<const sample_row_request> rows, const mask_hook& masks) {
+  if (id.value >= entries_.size()) return unexpected(exec_error{exec_error_code::unknown_id, "entry", "not added here"});
+  if (auto e = refused_if_poisoned()) return unexpected(*e);
+  auto& en = *entries_[id.value];
+  const auto lo = std::find_if(en.g.outputs().begin(), en.g.outputs().end(), [](const auto& o) { return o.name == "logits"; });
+  if (lo == en.g.outputs().end()) return unexpected(exec_error{exec_error_code::bad_binding, "head", "the entry returns no logits to sample"});
+  const auto& lt = en.g.info(lo->value).type;
+  if (lt.dims.rank() != 2 || lt.type != dtype::f32 || lt.dims[0] < static_cast<std::int64_t>(rows.size()))
+    return unexpected(exec_error{exec_error_code::bad_binding, "head", "logits are not f32 [rows, vocab] covering every sampled row"});
+  const std::int64_t vocab = lt.dims[1];
+  const int R = static_cast<int>(rows.size());
+  for (int r = 0; r < R; ++r)
+    if (auto c = exec::check(rows[static_cast<std::size_t>(r)].params); !c)
+      return unexpected(exec_error{exec_error_code::bad_sampling, "row " + std::to_string(r), c.error().message()});
+  static_assert(max_top_logprobs <= max_device_top_logprobs, "check() bounds top_logprobs by what the device reports");
+
+  // The sampler's buffers were sized when the entry was added (its logits' rows and vocabulary).
+  const std::int64_t words = (vocab + 31) / 32;
+  if (hist_vocab_ != vocab || sample_rows_cap_ < R) {
+    const std::lock_guard lock(structure_);
+    if (auto e = ensure_sampler(R, vocab)) return unexpected(*e);
+  }
+
+  // The forward pass runs on the device while the host fills the masks and the rows' rules.
+  if (auto e = run(en, in)) return unexpected(*e);
+  std::vector<std::vector<std::uint32_t>> mask_words(rows.size());
+  if (masks) masks(mask_words);
+  auto* params = reinterpret_cast<device_sample_row*>(sample_stage_.p);
+  auto* mask_stage = reinterpret_cast<std::uint32_t*>(sample_stage_.p + static_cast<std::size_t>(sample_rows_cap_) * sizeof(device_sample_row));
+  auto* outs = reinterpret_cast<device_sample_out*>(sample_stage_.p + static_cast<std::size_t>(sample_rows_cap_) * (sizeof(device_sample_row) + static_cast<std::size_t>(words) * 4));
+  std::set<int> busy;
+  bool any_mask = false;
+  for (int r = 0; r < R; ++r) {
+    const auto& q = rows[static_cast<std::size_t>(r)];
+    auto& d = params[r];
+    d = device_sample_row{};
+    d.temperature = q.params.temperature;
+    d.top_p = q.params.top_p;
+    d.min_p = q.params.min_p;
+    d.repetition_penalty = q.params.repetition_penalty;
+    d.presence_penalty = q.params.presence_penalty;
+    d.frequency_penalty = q.params.frequency_penalty;
+    d.top_k = q.params.top_k;
+    d.top_logprobs = q.params.top_logprobs;
+    d.seed = q.params.seed;
+    d.draw = q.draw;
+    auto slot = history_slot(q.sequence, vocab, busy);
+    if (!slot) {
+      cudaStreamSynchronize(stream_);
+      return unexpected(slot.error());
+    }
+    d.history = *slot;
+    if (*slot >= 0) busy.insert(*slot);
+    const auto& m = mask_words[static_cast<std::size_t>(r)];
+    if (!m.empty()) {
+      bool allows = false;
+      for (std::int64_t t = 0; t < vocab && !allows; t += 32) allows = m.size() == static_cast<std::size_t>(words) && m[static_cast<std::size_t>(t / 32)] != 0;
+      if (m.size() != static_cast<std::size_t>(words) || !allows) {
+        cudaStreamSynchronize(stream_);
+        return unexpected(exec_error{exec_error_code::bad_sampling, "row " + std::to_string(r),
+                                     m.size() != static_cast<std::size_t>(words) ? "a mask of " + std::to_string(m.size()) + " words for " + std::to_string(words)
+                                                                                 : "the mask allows no token"});
+      }
+      std::memcpy(mask_stage + static_cast<std::size_t>(r) * static_cast<std::size_t>(words), m.data(), m.size() * 4);
+      d.masked = 1;
+      any_mask = true;
+    }
+  }
+  if (auto e = check(cudaMemcpyAsync(rows_dev_, params, static_cast<std::size_t>(R) * sizeof(device_sample_row), cudaMemcpyHostToDevice, stream_), "sampling rows", true))
+    return unexpected(*e);
+  if (any_mask)
+    if (auto e = check(cudaMemcpyAsync(masks_dev_, mask_stage, static_cast<std::size_t>(R * words) * 4, cudaMemcpyHostToDevice, stream_), "masks", true))
+      return unexpected(*e);
+  const auto* logits = reinterpret_cast<const float*>(en.ptr[lo->value.index]);
+  if (R > 0)
+    launch_sample(logits, vocab, vocab, R, rows_dev_, device_history_table{hist_counts_, hist_prompt_, hist_bias_}, masks_dev_, words, out_dev_,
+                  sample_work_, stream_);
+  if (auto e = check(cudaGetLastError(), "sampling launch", true)) return unexpected(*e);
+  if (auto e = check(cudaMemcpyAsync(outs, out_dev_, static_cast<std::size_t>(R) * sizeof(device_sample_out), cudaMemcpyDeviceToHost, stream_), "picks", true))
+    return unexpected(*e);
+  // Logits only for the rows that asked (Head::Logits), read with the picks.
+  bool want = false;
+  for (const auto& q : rows) want = want || q.want_logits;
+  step_outputs lg;
+  static const std::vector<std::string> logits_only{"logits"}, nothing{};
+  if (auto e = finish_step(en, want ? &logits_only : &nothing, lg)) return unexpected(*e);
+  std::vector<sampled_row> picks(rows.size());
+  for (int r = 0; r < R; ++r) {
+    const auto& o = outs[r];
+    auto& p = picks[static_cast<std::size_t>(r)];
+    p.pick.token = o.token;
+    p.pick.logprob = o.logprob;
+    p.pick.non_finite = o.non_finite != 0;
+    for (int k = 0; k < o.top_count && k < max_device_top_logprobs; ++k) p.pick.top.push_back({o.top_tokens[k], o.top_logprobs[k]});
+    // The device recorded the pick into its slot; the host copy follows without marking it stale.
+    const std::int32_t tok = o.token;
+    executor::record_history(rows[static_cast<std::size_t>(r)].sequence, std::span(&tok, 1));
+    if (rows[static_cast<std::size_t>(r)].want_logits) {
+      const auto& t = lg.outputs.at("logits");
+      const float* row = t.as<float>() + static_cast<std::int64_t>(r) * vocab;
+      p.logits.assign(row, row + vocab);
+    }
+  }
+  return picks;
+}
+
+result<std::vector<device_info>, std::string> devices() {
+  int count = 0;
+  if (auto e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    cudaGetLastError();
+    return unexpected("no usable CUDA device: " + cuda_why(e));
+  }
+  if (count == 0) return unexpected(std::string("no CUDA device on this machine"));
+  std::vector<device_info> out;
+  for (int d = 0; d < count; ++d) {
+    cudaDeviceProp p{};
+    if (auto e = cudaGetDeviceProperties(&p, d); e != cudaSuccess) return unexpected("cudaGetDeviceProperties: " + cuda_why(e));
+    out.push_back({d, p.name, p.totalGlobalMem, p.major, p.minor, p.multiProcessorCount});
+  }
+  return out;
+}
+
+result<std::unique_ptr<executor>, exec_error> make_executor(const cuda_options& options) {
+  auto devs = devices();
+  if (!devs) return unexpected(device_fault("cuda", devs.error()));
+  if (options.device < 0 || options.device >= static_cast<int>(devs->size()))
+    return unexpected(device_fault("cuda", "device " + std::to_string(options.device) + " of " + std::to_string(devs->size())));
+  auto ex = std::make_unique<cuda_executor>(options);
+  if (auto r = ex->init(); !r) return unexpected(r.error());
+  return std::unique_ptr<executor>(std::move(ex));
+}
+
+result<double, std::string> copy_bandwidth(int device, std::size_t bytes, int repeats) {
+  if (auto e = cudaSetDevice(device); e != cudaSuccess) return unexpected("cudaSetDevice: " + cuda_why(e));
+  void *a = nullptr, *b = nullptr;
+  if (auto e = cudaMalloc(&a, bytes); e != cudaSuccess) return unexpected("cudaMalloc: " + cuda_why(e));
+  if (auto e = cudaMalloc(&b, bytes); e != cudaSuccess) {
+    cudaFree(a);
+    return unexpected("cudaMalloc: " + cuda_why(e));
+  }
+  cudaEvent_t t0, t1;
+  cudaEventCreate(&t0);
+  cudaEventCreate(&t1);
+  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);  // warm-up
+  cudaEventRecord(t0);
+  for (int i = 0; i < repeats; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaEventRecord(t1);
+  cudaEventSynchronize(t1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, t0, t1);
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  cudaFree(a);
+  cudaFree(b);
+  if (auto e = cudaGetLastError(); e != cudaSuccess) return unexpected(cuda_why(e));
+  return 2.0 * static_cast<double>(bytes) * repeats / (static_cast<double>(ms) * 1e-3) / 1e9;
+}
+
+}  // namespace troupe::exec::cuda

@@ -1,0 +1,111 @@
+#pragma once
+// The CUDA target's graph-op kernels (kernels.cu): plain C++ declarations, so the executor's host code
+// includes no CUDA header. Every pointer is a device pointer, every `stream` a cudaStream_t; each
+// launcher only enqueues work (no allocation, no synchronization), so an entry's launches can be
+// captured into a CUDA graph. Meanings are the oracle's (engine/graph/ops.hpp); values are f32, i32,
+// i64 or boolean (one byte), as on the CPU target.
+#include <cstdint>
+
+#include "engine/core/dtype.hpp"
+
+namespace troupe::exec::cuda {
+
+// A step's first refusal, written by the kernel that finds it and read back with the outputs. Kernels
+// that write carried state (scatter into a KV pool) do nothing once a refusal is set, so a refused
+// step leaves the states as the earlier refusal found them.
+struct step_flag {
+  std::int32_t code = 0;  // flag_code
+  std::int32_t eqn = 0;
+  std::int64_t value = 0;  // the offending id
+  std::int64_t bound = 0;  // the table's rows
+};
+enum flag_code : std::int32_t {
+  flag_none = 0,
+  flag_gather_range = 1,   // gather_rows: an id outside [0, rows)
+  flag_scatter_range = 2,  // scatter_rows: an id past the rows
+  flag_scatter_twice = 3,  // scatter_rows: one slot written twice
+  flag_kv_range = 4,       // attention: an allowed index outside [0, S)
+  flag_div_zero = 5,       // integer division by zero
+};
+
+// Elementwise operations, the graph's unary, binary, comparison, where and cast ops.
+enum class ew : std::int32_t {
+  neg, abs, exp, log, sqrt, rsqrt, recip, tanh, erf, sigmoid, silu, gelu_tanh,
+  add, sub, mul, div, maximum, minimum, pow,
+  equal, less, less_equal, greater,
+  where, cast,
+};
+
+inline constexpr int max_rank = 8;
+// An output shape and, per input, its element strides over it (0 where broadcast), plus a base offset.
+struct nd_map {
+  std::int32_t rank = 0;
+  std::int64_t dims[max_rank] = {};
+  std::int64_t strides[3][max_rank] = {};
+  std::int64_t base[3] = {};
+};
+
+// f32 fast paths: y = op(x); y = op(a, b) with b of n elements, 1 element (scalar) or `row` elements
+// (repeated along the last dimension); y = act(g) * u.
+void launch_unary_f32(ew op, const float* x, std::int64_t n, float* y, void* stream);
+void launch_binary_f32(ew op, const float* a, const float* b, std::int64_t n, std::int64_t b_len, float* y, void* stream);
+void launch_gated_f32(ew act, const float* g, const float* u, std::int64_t n, float* y, void* stream);
+
+// Any elementwise op over broadcast inputs of type `in` (for where: inputs 1 and 2; input 0 is the
+// boolean condition), output `out` contiguous over the map's shape. Values pass through double as in
+// the oracle; a float stored to an integer rounds half to even and saturates.
+void launch_elementwise_nd(ew op, dtype in, dtype out, const void* a, const void* b, const void* c, const nd_map& map,
+                           void* y, step_flag* flag, std::int32_t eqn, void* stream);
+
+// Reductions along an axis viewed as [outer, len, inner]: sum, max, mean, arg_max (i32 output),
+// softmax, log_softmax. `kind` uses ew::add (sum), ew::maximum (max), ew::div (mean), ew::greater
+// (arg_max), ew::exp (softmax), ew::log (log_softmax).
+void launch_reduce(ew kind, dtype in, dtype out, const void* x, std::int64_t outer, std::int64_t len, std::int64_t inner,
+                   void* y, void* stream);
+
+// Movement by element size `es`: y[j] = x[base + sum_d idx_d(j) * strides[0][d]] over the map's shape.
+void launch_copy_nd(std::int32_t es, const void* x, const nd_map& map, void* y, void* stream);
+
+// matmul(a [B, M, K], b [B, K, N]) -> [B, M, N], f32.
+void launch_matmul_f32(const float* a, const float* b, std::int64_t B, std::int64_t M, std::int64_t K, std::int64_t N,
+                       float* y, void* stream);
+
+// Ids of type `t` (i32 or i64) to i32, each checked against [0, rows); an id outside flags `code` and
+// becomes 0 (never read out of bounds).
+void launch_check_ids(dtype t, const void* ids, std::int64_t count, std::int64_t rows, std::int32_t* ids32, step_flag* flag,
+                      std::int32_t eqn, void* stream);
+// y[j] = table row ids32[j], `row_bytes` bytes each.
+void launch_gather_bytes(const void* table, std::int64_t row_bytes, const std::int32_t* ids32, std::int64_t count, void* y,
+                         void* stream);
+// scatter_rows: checks every id (range, distinct; a negative id skips its row) and only then, when no
+// refusal is set, writes dst's rows ids[j] from src row j. dst is updated in place.
+void launch_scatter_rows(dtype t, const void* ids, std::int64_t count, std::int64_t rows, std::int64_t row_bytes,
+                         const void* src, void* dst, step_flag* flag, std::int32_t eqn, void* stream);
+
+// rms_norm (b null) and layer_norm over rows of n.
+void launch_norm(const float* x, const float* w, const float* b, std::int64_t rows, std::int64_t n, float eps, float* y,
+                 void* stream);
+
+// rope in place on x [T, H, D]: positions of type `pt` (i32 or i64), `half` frequencies.
+void launch_rope(float* x, std::int64_t T, std::int64_t H, std::int64_t D, dtype pt, const void* pos, const float* inv_freq,
+                 std::int64_t half, bool neox, float scale, void* stream);
+
+// attention over a KV map (op::attention): checks the allowed indices (flag_kv_range) into ix32 [R, C],
+// then one flash-style pass per (row, query tile, head): K/V tiles staged in shared memory, online
+// softmax, no score matrix. D and Dv at most max_attention_dim.
+inline constexpr std::int64_t max_attention_dim = 256;
+struct attention_launch {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const void* index = nullptr;
+  dtype index_type = dtype::i32;
+  const std::uint8_t* allow = nullptr;
+  std::int32_t* ix32 = nullptr;  // scratch [R, C]
+  float* out = nullptr;
+  std::int64_t Hq = 0, Hkv = 0, D = 0, Dv = 0, S = 0, R = 0, T = 0, C = 0;
+  float scale = 1.0f, softcap = 0.0f;
+};
+void launch_attention(const attention_launch& a, step_flag* flag, std::int32_t eqn, void* stream);
+
+}  // namespace troupe::exec::cuda

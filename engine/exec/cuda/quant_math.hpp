@@ -1,0 +1,620 @@
+#pragma once
+// The weight formats of the CUDA target, written once for both compilers: linear_kernels.cu runs this
+// code on the device and the host tests run it against troupe::dequantize_row (engine/core/quant.cpp,
+// ggml's reference layouts) and the narrow-float converters of engine/core/half.hpp.
+//
+// A format is read in pieces. A piece is two runs of eight consecutive weights of one block, and a run
+// is eight small integer codes with the scale and offset of their sub-block: w = scale * code - offset
+// (plain formats keep the weights themselves as the codes). Decoding computes exactly the reference's
+// expression (q4_k: (d * sc) * q - dmin * m; q6_k: (d * sc) * q; q8_0, q4_0: q * d), each operation
+// rounded on its own, so weights match bit for bit. Dot products factor the scale out instead:
+// scale * sum(code * x) - offset * sum(x), every step one fused multiply-add.
+//
+// Bytes are read through a loader (see byte_loader): the call sites state the alignment they can
+// promise (that of the block, given as a template argument, and of the offset inside it), and a
+// loader may use wider loads where that allows. Blocks of one row start every block_bytes bytes, so
+// a block is as aligned as the row base and block_bytes allow (max_align).
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "engine/core/dtype.hpp"
+#include "engine/exec/cuda/hd.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+#if defined(__CUDA_ARCH__)
+#define TROUPE_QUANT_UNROLL _Pragma("unroll")
+#else
+#define TROUPE_QUANT_UNROLL
+#endif
+
+namespace troupe::exec::cuda::quant {
+
+// ---- bits and once-rounded arithmetic ------------------------------------------------------------
+// The _rn intrinsics keep nvcc from contracting a * b - c into one FMA, which would change a decoded
+// weight's last bit; g++ in ISO mode does not contract.
+
+using cuda::bits_of;
+using cuda::float_of;
+TROUPE_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+TROUPE_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+TROUPE_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+// The exact float of v - Bias for 0 <= v < 2^23: 2^23 + v is a float with v in its mantissa, and
+// subtracting 2^23 + Bias (exact) is exact. Two ALU operations, no int-to-float conversion.
+template <int Bias>
+TROUPE_HD float code_to_float(std::uint32_t v) {
+  return float_of(0x4b000000u | v) - static_cast<float>(8388608 + Bias);
+}
+
+// ---- f16 and bf16 ----------------------------------------------------------------------------------
+// The bit-level forms are half.hpp's rules (NaN payloads kept on the way up; on the way down a NaN
+// keeps its top mantissa bits and is made quiet). On the device the hardware conversions are used: the
+// same values (widening is exact, narrowing rounds to nearest even) except that a NaN comes out as
+// the canonical NaN.
+
+TROUPE_HD float f16_bits_to_float_soft(std::uint16_t h) {
+  const std::uint32_t sign = (static_cast<std::uint32_t>(h) & 0x8000u) << 16;
+  const std::uint32_t exp = (static_cast<std::uint32_t>(h) >> 10) & 0x1fu;
+  const std::uint32_t mant = static_cast<std::uint32_t>(h) & 0x3ffu;
+  if (exp == 0x1fu) return float_of(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact
+    const float v = static_cast<float>(mant) * 0x1p-24f;
+    return sign != 0 ? -v : v;
+  }
+  return float_of(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+TROUPE_HD std::uint16_t float_to_f16_bits_soft(float f) {
+  const std::uint32_t x = bits_of(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t exp = (x >> 23) & 0xffu;
+  std::uint32_t mant = x & 0x7fffffu;
+  if (exp == 0xffu) return static_cast<std::uint16_t>(sign | 0x7c00u | (mant != 0 ? 0x200u | (mant >> 13) : 0u));
+  const int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 0x1f) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow: infinity
+  if (e <= 0) {
+    if (e < -10) return static_cast<std::uint16_t>(sign);  // below half the smallest subnormal
+    mant |= 0x800000u;
+    const int shift = 14 - e;
+    std::uint32_t half = mant >> shift;
+    const std::uint32_t rem = mant & ((1u << shift) - 1);
+    const std::uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u) != 0)) ++half;
+    return static_cast<std::uint16_t>(sign | half);
+  }
+  std::uint32_t half = (static_cast<std::uint32_t>(e) << 10) | (mant >> 13);
+  const std::uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u) != 0)) ++half;  // a carry into the exponent is right
+  return static_cast<std::uint16_t>(sign | half);
+}
+
+TROUPE_HD float bf16_bits_to_float(std::uint16_t h) { return float_of(static_cast<std::uint32_t>(h) << 16); }
+
+TROUPE_HD std::uint16_t float_to_bf16_bits_soft(float f) {
+  std::uint32_t x = bits_of(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<std::uint16_t>(x >> 16);
+}
+
+TROUPE_HD float f16_bits_to_float(std::uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(h));
+#else
+  return f16_bits_to_float_soft(h);
+#endif
+}
+TROUPE_HD std::uint16_t float_to_f16_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __half_as_ushort(__float2half_rn(f));
+#else
+  return float_to_f16_bits_soft(f);
+#endif
+}
+TROUPE_HD std::uint16_t float_to_bf16_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#else
+  return float_to_bf16_bits_soft(f);
+#endif
+}
+
+// ---- loading bytes ---------------------------------------------------------------------------------
+// A loader reads little-endian weight bytes and f32 activations:
+//   u8(p), u16<Align>(p)           one byte, one 16-bit value
+//   words<Align, N>(p, w)           N 32-bit words from p (4 * N bytes)
+//   x8(p, v)                        eight floats from p (may be vectorized when the loader knows p is)
+// Align is what the caller promises of p (a power of two, at most 16). byte_loader ignores it: it
+// reads byte by byte, right for any address; the kernels' loader uses the widest load it allows.
+
+TROUPE_HD constexpr int align_min(int a, int b) { return a < b ? a : b; }
+
+struct byte_loader {
+  TROUPE_HD std::uint32_t u8(const std::uint8_t* p) const { return p[0]; }
+  template <int Align>
+  TROUPE_HD std::uint32_t u16(const std::uint8_t* p) const {
+    return static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 8);
+  }
+  template <int Align, int N>
+  TROUPE_HD void words(const std::uint8_t* p, std::uint32_t (&w)[N]) const {
+    TROUPE_QUANT_UNROLL
+    for (int j = 0; j < N; ++j) {
+      const std::uint8_t* q = p + 4 * j;
+      w[j] = static_cast<std::uint32_t>(q[0]) | (static_cast<std::uint32_t>(q[1]) << 8) |
+             (static_cast<std::uint32_t>(q[2]) << 16) | (static_cast<std::uint32_t>(q[3]) << 24);
+    }
+  }
+  TROUPE_HD void x8(const float* p, float (&v)[8]) const {
+    TROUPE_QUANT_UNROLL
+    for (int i = 0; i < 8; ++i) v[i] = p[i];
+  }
+};
+
+// Byte k (0..11) of the 12-byte q4_k scale field held as three words, k not known at compile time
+// (selects, not an indexed local array, so the device keeps it in registers).
+TROUPE_HD std::uint32_t byte_of3(std::uint32_t s0, std::uint32_t s1, std::uint32_t s2, int k) {
+  const std::uint32_t w = k < 4 ? s0 : (k < 8 ? s1 : s2);
+  return (w >> (8 * (k & 3))) & 0xffu;
+}
+
+// ---- runs and the formats --------------------------------------------------------------------------
+
+// Eight consecutive weights: w[i] = scale * code[i] - offset. How much of that applies is the format's
+// `affine`: 0 (w = code), 1 (w = scale * code), 2 (the whole expression).
+struct run8 {
+  float code[8];
+  float scale;
+  float offset;
+};
+
+// Each format: block_elems weights in block_bytes bytes, read as `pieces` pieces; run_elem(p, h) is
+// the first element (within the block) of run h of piece p; load_piece<A> fills a piece's two runs
+// from a block aligned to A. Plain formats (f32, f16, bf16) have no blocks; they are read in pieces
+// of 16 elements, and a row whose length is not a multiple of 16 ends in single elements (element<A>,
+// from a row aligned to A). max_align is the largest alignment every block can have; mid_align the
+// one the kernels use when 16 is not there.
+
+struct fmt_f32 {
+  static constexpr dtype type = dtype::f32;
+  static constexpr bool plain = true;
+  static constexpr int elem_bytes = 4, block_elems = 16, block_bytes = 64, pieces = 1, affine = 0;
+  static constexpr int max_align = 16, mid_align = 4;
+  TROUPE_HD static constexpr int run_elem(int, int h) { return 8 * h; }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int, run8 (&out)[2]) {
+    std::uint32_t w[16];
+    ld.template words<A, 16>(blk, w);
+    TROUPE_QUANT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      TROUPE_QUANT_UNROLL
+      for (int i = 0; i < 8; ++i) out[h].code[i] = float_of(w[8 * h + i]);
+      out[h].scale = 1.0f;
+      out[h].offset = 0.0f;
+    }
+  }
+  template <int A, class Ld>
+  TROUPE_HD static float element(const Ld& ld, const std::uint8_t* row, std::int64_t k) {
+    std::uint32_t w[1];
+    ld.template words<align_min(A, 4), 1>(row + 4 * k, w);
+    return float_of(w[0]);
+  }
+};
+
+template <dtype T>
+struct fmt_half_like {  // f16 and bf16: 16-bit elements, two to a word, the first in the low half
+  static constexpr dtype type = T;
+  static constexpr bool plain = true;
+  static constexpr int elem_bytes = 2, block_elems = 16, block_bytes = 32, pieces = 1, affine = 0;
+  static constexpr int max_align = 16, mid_align = 2;
+  TROUPE_HD static float widen(std::uint32_t h) {
+    if constexpr (T == dtype::f16) return f16_bits_to_float(static_cast<std::uint16_t>(h));
+    else return bf16_bits_to_float(static_cast<std::uint16_t>(h));
+  }
+  TROUPE_HD static constexpr int run_elem(int, int h) { return 8 * h; }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int, run8 (&out)[2]) {
+    std::uint32_t w[8];
+    ld.template words<A, 8>(blk, w);
+    TROUPE_QUANT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      TROUPE_QUANT_UNROLL
+      for (int i = 0; i < 8; ++i) out[h].code[i] = widen((w[4 * h + i / 2] >> (16 * (i & 1))) & 0xffffu);
+      out[h].scale = 1.0f;
+      out[h].offset = 0.0f;
+    }
+  }
+  template <int A, class Ld>
+  TROUPE_HD static float element(const Ld& ld, const std::uint8_t* row, std::int64_t k) {
+    return widen(ld.template u16<align_min(A, 2)>(row + 2 * k));
+  }
+};
+using fmt_f16 = fmt_half_like<dtype::f16>;
+using fmt_bf16 = fmt_half_like<dtype::bf16>;
+
+// q8_0: f16 d at 0, int8 qs[32] at 2; w[j] = qs[j] * d. Piece p: qs[16p .. 16p + 16).
+struct fmt_q8_0 {
+  static constexpr dtype type = dtype::q8_0;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 32, block_bytes = 34, pieces = 2, affine = 1;
+  static constexpr int max_align = 2, mid_align = 2;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return 16 * p + 8 * h; }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    const float d = f16_bits_to_float(static_cast<std::uint16_t>(ld.template u16<A>(blk)));
+    std::uint32_t q[4];
+    ld.template words<align_min(A, 2), 4>(blk + 2 + 16 * p, q);
+    TROUPE_QUANT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      TROUPE_QUANT_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        const std::uint32_t b = (q[2 * h + i / 4] >> (8 * (i & 3))) & 0xffu;
+        out[h].code[i] = code_to_float<128>(b ^ 0x80u);  // the int8 value
+      }
+      out[h].scale = d;
+      out[h].offset = 0.0f;
+    }
+  }
+};
+
+// q4_0: f16 d at 0, qs[16] at 2; w[j] = ((qs[j] & 15) - 8) * d, w[j + 16] = ((qs[j] >> 4) - 8) * d.
+// Piece p: qs[8p .. 8p + 8), run 0 their low nibbles (elements 8p..), run 1 the high (16 + 8p..).
+struct fmt_q4_0 {
+  static constexpr dtype type = dtype::q4_0;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 32, block_bytes = 18, pieces = 2, affine = 1;
+  static constexpr int max_align = 2, mid_align = 2;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return 8 * p + 16 * h; }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    const float d = f16_bits_to_float(static_cast<std::uint16_t>(ld.template u16<A>(blk)));
+    std::uint32_t q[2];
+    ld.template words<align_min(A, 2), 2>(blk + 2 + 8 * p, q);
+    TROUPE_QUANT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      TROUPE_QUANT_UNROLL
+      for (int i = 0; i < 8; ++i) out[h].code[i] = code_to_float<8>((q[i / 4] >> (8 * (i & 3) + 4 * h)) & 0xfu);
+      out[h].scale = d;
+      out[h].offset = 0.0f;
+    }
+  }
+};
+
+// q4_k: f16 d at 0, f16 dmin at 2, 12 bytes of 6-bit scales and mins at 4, qs[128] at 16. Chunk c
+// (64 elements) is qs[32c .. 32c + 32): sub-block 2c in the low nibbles, 2c + 1 in the high;
+// w = (d * sc) * q - dmin * m. Piece p = 4c + u: qs[8p .. 8p + 8), run 0 the low nibbles (elements
+// 64c + 8u..), run 1 the high (64c + 32 + 8u..).
+struct fmt_q4_k {
+  static constexpr dtype type = dtype::q4_k;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 256, block_bytes = 144, pieces = 16, affine = 2;
+  static constexpr int max_align = 16, mid_align = 4;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return 64 * (p >> 2) + 32 * h + 8 * (p & 3); }
+  // ggml's get_scale_min_k4: sub-blocks 0..3 use the low 6 bits of bytes j and j + 4; 4..7 the nibbles
+  // of byte j + 4 with the top 2 bits of bytes j - 4 (scale) and j (min).
+  TROUPE_HD static void scale_min(std::uint32_t s0, std::uint32_t s1, std::uint32_t s2, int j, std::uint32_t& sc,
+                                  std::uint32_t& m) {
+    if (j < 4) {
+      sc = byte_of3(s0, s1, s2, j) & 63u;
+      m = byte_of3(s0, s1, s2, j + 4) & 63u;
+    } else {
+      const std::uint32_t b = byte_of3(s0, s1, s2, j + 4);
+      sc = (b & 0x0fu) | ((byte_of3(s0, s1, s2, j - 4) >> 6) << 4);
+      m = (b >> 4) | ((byte_of3(s0, s1, s2, j) >> 6) << 4);
+    }
+  }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    std::uint32_t head[4];  // d | dmin << 16, then the scale bytes
+    ld.template words<A, 4>(blk, head);
+    std::uint32_t q[2];
+    ld.template words<align_min(A, 8), 2>(blk + 16 + 8 * p, q);
+    const float d = f16_bits_to_float(static_cast<std::uint16_t>(head[0] & 0xffffu));
+    const float dmin = f16_bits_to_float(static_cast<std::uint16_t>(head[0] >> 16));
+    TROUPE_QUANT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      std::uint32_t sc, m;
+      scale_min(head[1], head[2], head[3], 2 * (p >> 2) + h, sc, m);
+      out[h].scale = mul_rn(d, static_cast<float>(sc));
+      out[h].offset = mul_rn(dmin, static_cast<float>(m));
+      TROUPE_QUANT_UNROLL
+      for (int i = 0; i < 8; ++i) out[h].code[i] = code_to_float<0>((q[i / 4] >> (8 * (i & 3) + 4 * h)) & 0xfu);
+    }
+  }
+};
+
+// q6_k: ql[128] at 0, qh[64] at 128, int8 scales[16] at 192, f16 d at 208. Half hf (128 elements)
+// uses ql[64hf ..] and qh[32hf ..]; its quarter g, element l (0..31) is the nibble g / 2 of
+// ql[64hf + 32(g % 2) + l] with bits 2g, 2g + 1 of qh[32hf + l] on top, minus 32, times
+// d * scales[8hf + 2g + l / 16]. Piece p = 8hf + 4gp + u: ql[8p .. 8p + 8) and qh[32hf + 8u ..
+// + 8); run h is quarter g = gp + 2h (elements 128hf + 32g + 8u..).
+struct fmt_q6_k {
+  static constexpr dtype type = dtype::q6_k;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 256, block_bytes = 210, pieces = 16, affine = 1;
+  static constexpr int max_align = 2, mid_align = 2;
+  TROUPE_HD static constexpr int run_elem(int p, int h) {
+    return 128 * (p >> 3) + 32 * ((p >> 2) & 1) + 64 * h + 8 * (p & 3);
+  }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    const int hf = p >> 3, gp = (p >> 2) & 1, u = p & 3;
+    std::uint32_t ql[2], qh[2];
+    ld.template words<align_min(A, 8), 2>(blk + 8 * p, ql);
+    ld.template words<align_min(A, 8), 2>(blk + 128 + 32 * hf + 8 * u, qh);
+    const float d = f16_bits_to_float(static_cast<std::uint16_t>(ld.template u16<align_min(A, 16)>(blk + 208)));
+    TROUPE_QUANT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const int g = gp + 2 * h;
+      const std::uint32_t sc = ld.u8(blk + 192 + 8 * hf + 2 * g + (u >> 1));
+      out[h].scale = mul_rn(d, code_to_float<128>(sc ^ 0x80u));  // d * (int8) sc
+      out[h].offset = 0.0f;
+      TROUPE_QUANT_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        const std::uint32_t lo = (ql[i / 4] >> (8 * (i & 3) + 4 * h)) & 0xfu;
+        const std::uint32_t hi = (qh[i / 4] >> (8 * (i & 3) + 2 * g)) & 3u;
+        out[h].code[i] = code_to_float<32>(lo | (hi << 4));
+      }
+    }
+  }
+};
+
+// Calls fn(F{}) for the format that reads `t`; false when no format does.
+template <class Fn>
+bool with_format(dtype t, Fn&& fn) {
+  switch (t) {
+    case dtype::f32: fn(fmt_f32{}); return true;
+    case dtype::f16: fn(fmt_f16{}); return true;
+    case dtype::bf16: fn(fmt_bf16{}); return true;
+    case dtype::q8_0: fn(fmt_q8_0{}); return true;
+    case dtype::q4_0: fn(fmt_q4_0{}); return true;
+    case dtype::q4_k: fn(fmt_q4_k{}); return true;
+    case dtype::q6_k: fn(fmt_q6_k{}); return true;
+    default: return false;
+  }
+}
+
+// Bytes of a row of `elems` weights (elems a whole number of blocks for the block formats).
+template <class F>
+TROUPE_HD constexpr std::int64_t row_bytes(std::int64_t elems) {
+  if constexpr (F::plain) return elems * F::elem_bytes;
+  else return elems / F::block_elems * F::block_bytes;
+}
+
+// ---- alignment -------------------------------------------------------------------------------------
+
+// The alignment (a power of two, at most 16) of every address base + i * stride.
+TROUPE_HD constexpr int common_align(std::uint64_t base, std::uint64_t stride) {
+  const std::uint64_t v = base | stride | 16u;
+  return static_cast<int>(v & (~v + 1));
+}
+
+// The alignment a kernel is built for, given what the blocks have: 16, F::mid_align or 1.
+template <class F>
+TROUPE_HD constexpr int select_align(int have) {
+  if (F::max_align >= 16 && have >= 16) return 16;
+  if (have >= F::mid_align) return F::mid_align;
+  return 1;
+}
+
+// fn(std::integral_constant<int, A>{}) for the A that select_align<F> chose (host code: the launches
+// and the tests pick the instantiation with it).
+template <class F, class Fn>
+void with_align(int a, Fn&& fn) {
+  if constexpr (F::max_align >= 16) {
+    if (a == 16) return fn(std::integral_constant<int, 16>{});
+  }
+  if constexpr (F::mid_align > 1) {
+    if (a == F::mid_align) return fn(std::integral_constant<int, F::mid_align>{});
+  }
+  fn(std::integral_constant<int, 1>{});
+}
+
+// Whether x8 may use 16-byte loads on activation rows of length K at `x`: every run starts a multiple
+// of 8 elements into a row, so the base and the row stride must be 16-byte multiples.
+TROUPE_HD constexpr bool x_vector_ok(std::uint64_t x, std::int64_t K) { return x % 16 == 0 && K % 4 == 0; }
+
+// ---- values ----------------------------------------------------------------------------------------
+
+template <int Affine>
+TROUPE_HD float run_value(const run8& r, int i) {
+  if constexpr (Affine == 0) return r.code[i];
+  else if constexpr (Affine == 1) return mul_rn(r.scale, r.code[i]);
+  else return sub_rn(mul_rn(r.scale, r.code[i]), r.offset);
+}
+
+template <class F, int A, class Ld>
+TROUPE_HD void decode_piece(const Ld& ld, const std::uint8_t* blk, int p, float (&v)[2][8]) {
+  run8 runs[2];
+  F::template load_piece<A>(ld, blk, p, runs);
+  TROUPE_QUANT_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    TROUPE_QUANT_UNROLL
+    for (int i = 0; i < 8; ++i) v[h][i] = run_value<F::affine>(runs[h], i);
+  }
+}
+
+// Decodes one block (plain formats: 16 elements) into out[0 .. block_elems).
+template <class F, int A = 1, class Ld = byte_loader>
+TROUPE_HD void decode_block(const std::uint8_t* blk, float* out, const Ld& ld = Ld{}) {
+  for (int p = 0; p < F::pieces; ++p) {
+    float v[2][8];
+    decode_piece<F, A>(ld, blk, p, v);
+    TROUPE_QUANT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      TROUPE_QUANT_UNROLL
+      for (int i = 0; i < 8; ++i) out[F::run_elem(p, h) + i] = v[h][i];
+    }
+  }
+}
+
+// Work items of decoding a row of C weights: its pieces, then (plain formats) its last C % 16
+// elements one by one.
+template <class F>
+TROUPE_HD constexpr std::int64_t decode_items(std::int64_t C) {
+  const std::int64_t pieces = C / F::block_elems * F::pieces;
+  if constexpr (F::plain) return pieces + C % F::block_elems;
+  else return pieces;
+}
+
+// Decodes item `it` of a row (aligned to A) of C weights: a piece, whose runs go to elements
+// first[0] and first[1] of the row (returns 8), or one element, at first[0], in v[0][0] (returns 1).
+template <class F, int A, class Ld>
+TROUPE_HD int decode_item(const Ld& ld, const std::uint8_t* row, std::int64_t C, std::int64_t it,
+                          std::int64_t (&first)[2], float (&v)[2][8]) {
+  const std::int64_t pieces = C / F::block_elems * F::pieces;
+  if constexpr (F::plain) {
+    if (it >= pieces) {
+      first[0] = first[1] = pieces * F::block_elems + (it - pieces);
+      v[0][0] = F::template element<A>(ld, row, first[0]);
+      return 1;
+    }
+  }
+  const std::int64_t b = it / F::pieces;
+  const int p = static_cast<int>(it % F::pieces);
+  decode_piece<F, A>(ld, row + b * F::block_bytes, p, v);
+  first[0] = b * F::block_elems + F::run_elem(p, 0);
+  first[1] = b * F::block_elems + F::run_elem(p, 1);
+  return 8;
+}
+
+// ---- dot products ----------------------------------------------------------------------------------
+
+// acc + run . x, where sx = sum(x) (only read when Affine == 2): the codes against x in one FMA chain,
+// then scaled (and the offset's share taken off) into acc.
+template <int Affine>
+TROUPE_HD float accumulate_run(const run8& r, const float (&x)[8], float sx, float acc) {
+  float s = 0.0f;
+  TROUPE_QUANT_UNROLL
+  for (int i = 0; i < 8; ++i) s = fma_rn(r.code[i], x[i], s);
+  if constexpr (Affine == 0) {
+    return acc + s;
+  } else {
+    acc = fma_rn(r.scale, s, acc);
+    if constexpr (Affine == 2) acc = fma_rn(-r.offset, sx, acc);
+    return acc;
+  }
+}
+
+TROUPE_HD float sum8(const float (&x)[8]) {
+  float s = 0.0f;
+  TROUPE_QUANT_UNROLL
+  for (int i = 0; i < 8; ++i) s += x[i];
+  return s;
+}
+
+// The dot product of one block with x[0 .. block_elems), pieces and runs in order.
+template <class F, int A = 1, class Ld = byte_loader>
+TROUPE_HD float block_dot(const std::uint8_t* blk, const float* x, const Ld& ld = Ld{}) {
+  float acc = 0.0f;
+  for (int p = 0; p < F::pieces; ++p) {
+    run8 runs[2];
+    F::template load_piece<A>(ld, blk, p, runs);
+    TROUPE_QUANT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      float xv[8];
+      ld.x8(x + F::run_elem(p, h), xv);
+      acc = accumulate_run<F::affine>(runs[h], xv, F::affine == 2 ? sum8(xv) : 0.0f, acc);
+    }
+  }
+  return acc;
+}
+
+// ---- the GEMV's per-thread work --------------------------------------------------------------------
+// A CTA of gemv_threads threads computes gemv_rows output rows for up to MaxM activation rows. Thread
+// t takes the pieces t, t + gemv_threads, ... of the rows (the same pieces of every row, so each run of
+// x it loads serves all of them), accumulating acc[r][m]. The kernel then sums each warp's 32 values
+// by a shuffle butterfly (offsets 16, 8, 4, 2, 1: v += v of lane ^ offset), the warps' sums in warp
+// order, and adds the residual last.
+
+inline constexpr int gemv_threads = 128;
+inline constexpr int gemv_warps = gemv_threads / 32;
+inline constexpr int gemv_rows = 2;
+inline constexpr int gemv_max_m = 8;
+
+// The MaxM a pass over mc (1..gemv_max_m) activation rows is built for.
+TROUPE_HD constexpr int gemv_pass_m(int mc) { return mc <= 1 ? 1 : mc <= 2 ? 2 : mc <= 4 ? 4 : 8; }
+
+// fn(std::integral_constant<int, MaxM>{}) for MaxM = pm (one of gemv_pass_m's values).
+template <class Fn>
+void with_pass_m(int pm, Fn&& fn) {
+  switch (pm) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    default: return fn(std::integral_constant<int, 8>{});
+  }
+}
+
+// rows[r]: the weight row of output row r (a valid row even past N; that result is not stored), aligned
+// to A; x: the pass's first activation row, K floats each; mc <= MaxM rows used.
+template <class F, int A, int MaxM, int R, class Ld>
+TROUPE_HD void gemv_thread(const Ld& ld, const std::uint8_t* const (&rows)[R], std::int64_t K, const float* x, int mc,
+                           int tid, int nthreads, float (&acc)[R][MaxM]) {
+  TROUPE_QUANT_UNROLL
+  for (int r = 0; r < R; ++r) {
+    TROUPE_QUANT_UNROLL
+    for (int m = 0; m < MaxM; ++m) acc[r][m] = 0.0f;
+  }
+  const std::int64_t pieces = K / F::block_elems * F::pieces;
+  for (std::int64_t q = tid; q < pieces; q += nthreads) {
+    const std::int64_t b = q / F::pieces;
+    const int p = static_cast<int>(q % F::pieces);
+    run8 runs[R][2];
+    TROUPE_QUANT_UNROLL
+    for (int r = 0; r < R; ++r) F::template load_piece<A>(ld, rows[r] + b * F::block_bytes, p, runs[r]);
+    TROUPE_QUANT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const float* xr = x + b * F::block_elems + F::run_elem(p, h);
+      TROUPE_QUANT_UNROLL
+      for (int m = 0; m < MaxM; ++m) {
+        if (m < mc) {
+          float xv[8];
+          ld.x8(xr + m * K, xv);
+          const float sx = F::affine == 2 ? sum8(xv) : 0.0f;
+          TROUPE_QUANT_UNROLL
+          for (int r = 0; r < R; ++r) acc[r][m] = accumulate_run<F::affine>(runs[r][h], xv, sx, acc[r][m]);
+        }
+      }
+    }
+  }
+  if constexpr (F::plain) {  // the last K % 16 weights, one per thread
+    for (std::int64_t k = pieces * F::block_elems + tid; k < K; k += nthreads) {
+      float wv[R];
+      TROUPE_QUANT_UNROLL
+      for (int r = 0; r < R; ++r) wv[r] = F::template element<A>(ld, rows[r], k);
+      TROUPE_QUANT_UNROLL
+      for (int m = 0; m < MaxM; ++m) {
+        if (m < mc) {
+          const float xk = x[m * K + k];
+          TROUPE_QUANT_UNROLL
+          for (int r = 0; r < R; ++r) acc[r][m] = fma_rn(wv[r], xk, acc[r][m]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace troupe::exec::cuda::quant

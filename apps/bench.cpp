@@ -540,7 +540,7 @@ int run_bench(const bench_options& o) {
       std::fprintf(stderr, "troupe bench: %s\n", r.error().c_str());
       return 1;
     }
-  std::vector<double> prefill, decode;
+  std::vector<double> prefill, decode, bandwidth;
   for (int rep = 0; rep < o.runs + 1; ++rep) {  // the first run warms caches and pages
     (void)run->reset();
     const auto t0 = std::chrono::steady_clock::now();
@@ -563,16 +563,21 @@ int run_bench(const bench_options& o) {
     if (rep == 0) continue;
     prefill.push_back(static_cast<double>(o.prompt_len) / std::chrono::duration<double>(t1 - t0).count());
     decode.push_back(static_cast<double>(o.gen) / std::chrono::duration<double>(t2 - t1).count());
+    // The machine's read bandwidth right after this run's decode: on a shared VM it moves by half
+    // between minutes, so each run is held against its own sample.
+    bandwidth.push_back(measure_read_bandwidth(std::size_t{1} << 30, ex.threads()));
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  const double bw = measure_read_bandwidth(std::size_t{1} << 30, ex.threads());
   // Bytes a decode step must read: every weight once (the embedding only for one row).
   const double model_bytes = static_cast<double>(ex.memory().weight_bytes);
+  std::vector<double> fractions;
+  for (std::size_t r = 0; r < decode.size(); ++r) fractions.push_back(decode[r] * model_bytes / bandwidth[r]);
+  const double bw = median(bandwidth);
   const double bound = bw / model_bytes;
-  const double p = median(prefill), d = median(decode);
+  const double p = median(prefill), d = median(decode), fraction = median(fractions);
   if (o.json) {
     nlohmann::json j;
     j["model"] = o.model;
@@ -585,14 +590,18 @@ int run_bench(const bench_options& o) {
     j["bandwidth_gb_s"] = bw / 1e9;
     j["weight_bytes"] = model_bytes;
     j["decode_bound_tok_s"] = bound;
-    j["decode_fraction_of_bound"] = d / bound;
+    j["decode_fraction_of_bound"] = fraction;
+    j["bandwidth_gb_s_min"] = *std::min_element(bandwidth.begin(), bandwidth.end()) / 1e9;
+    j["bandwidth_gb_s_max"] = *std::max_element(bandwidth.begin(), bandwidth.end()) / 1e9;
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("model %s, %d threads, %s\n", o.model.c_str(), ex.threads(), std::string(exec::cpu::isa_name(ex.level())).c_str());
     std::printf("prefill_tok_s %.1f (prompt %lld)\ndecode_tok_s %.2f (%lld tokens)\n", p, static_cast<long long>(o.prompt_len), d,
                 static_cast<long long>(o.gen));
-    std::printf("bandwidth %.1f GB/s, weights %.1f MB: decode bound %.2f tok/s, decode at %.0f%% of it\n", bw / 1e9, model_bytes / 1e6, bound,
-                100.0 * d / bound);
+    std::printf("bandwidth %.1f GB/s (median of a sample after each run, %.1f-%.1f), weights %.1f MB: decode bound %.2f tok/s, "
+                "decode at %.0f%% of it (median over runs, each against its own sample)\n",
+                bw / 1e9, *std::min_element(bandwidth.begin(), bandwidth.end()) / 1e9, *std::max_element(bandwidth.begin(), bandwidth.end()) / 1e9,
+                model_bytes / 1e6, bound, 100.0 * fraction);
   }
   return 0;
 }

@@ -97,8 +97,8 @@ T apply_binary(op o, T a, T b) {
     case op::sub: return a - b;
     case op::mul: return a * b;
     case op::div: return a / b;
-    case op::maximum: return std::max(a, b);
-    case op::minimum: return std::min(a, b);
+    case op::maximum: return std::isnan(a) || std::isnan(b) ? static_cast<T>(NAN) : std::max(a, b);  // NaN if either is, as the oracle
+    case op::minimum: return std::isnan(a) || std::isnan(b) ? static_cast<T>(NAN) : std::min(a, b);
     default: return a;
   }
 }
@@ -385,7 +385,8 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
             for (std::int64_t j = 0; j < n; ++j) fo[j] = apply_binary(code, fa[j], s);
             return std::nullopt;
           };
-        if (at.dims == ot.dims && bt.dims.rank() >= 1 && bt.dims.numel() == ot.dims.back() && ot.dims.rank() >= 1) {
+        if (at.dims == ot.dims && bt.dims.rank() >= 1 && ot.dims.rank() >= 1 && bt.dims.numel() == ot.dims.back() &&
+            bt.dims.back() == ot.dims.back()) {
           const std::int64_t row = ot.dims.back();
           return [=]() -> std::optional<exec_error> {
             for (std::int64_t r = 0; r < n / std::max<std::int64_t>(row, 1); ++r)

@@ -224,6 +224,10 @@ class cuda_executor final : public executor {
   // new buffer invalidates captured graphs through the epoch).
   std::byte* decode_buf_ = nullptr;
   std::size_t decode_bytes_ = 0;
+  // The activations of a cuBLASLt product rounded to the weight's half type: one buffer for every
+  // entry (steps run one at a time), grown at prepare like decode_buf_.
+  std::byte* half_buf_ = nullptr;
+  std::size_t half_bytes_ = 0;
   std::uint64_t epoch_ = 0;
   std::vector<std::unique_ptr<executable>> exes_;
   std::vector<std::unique_ptr<entry>> entries_;
@@ -256,6 +260,7 @@ class cuda_executor final : public executor {
 };
 
 cuda_executor::~cuda_executor() {
+  cudaSetDevice(opt_.device);
   if (stream_) cudaStreamSynchronize(stream_);
   entries_.clear();
   if (lt_) cublasLtDestroy(lt_);
@@ -428,6 +433,7 @@ result<entry_id, exec_error> cuda_executor::add_entry(executable_id exe, const g
     if (en->tp.pruned.runs[i])
       for (auto v : gg.equations()[i].inputs) read[v.index] = true;
   for (const auto& o : gg.outputs()) read[o.value.index] = true;
+  for (const auto& s : gg.states()) read[s.out.index] = true;
   for (const auto& l : gg.literals()) {
     if (!read[l.value.index]) continue;
     auto d = upload(l.data.view(), "literal " + gg.info(l.value).label);
@@ -474,6 +480,8 @@ result<entry_id, exec_error> cuda_executor::add_entry(executable_id exe, const g
       if (d[1] != hist_vocab_ || d[0] > sample_rows_cap_)
         if (auto e = ensure_sampler(static_cast<int>(std::max<std::int64_t>(d[0], sample_rows_cap_)), d[1])) return unexpected(*e);
     }
+  // Uploads and state zeroing went on the default stream; the executor's stream does not wait for it.
+  if (auto e = check(cudaDeviceSynchronize(), "add_entry", false)) return unexpected(*e);
   entries_.push_back(std::move(en));
   return entry_id{static_cast<std::uint32_t>(entries_.size() - 1)};
 }
@@ -525,12 +533,13 @@ std::optional<exec_error> cuda_executor::lower_linear(entry& en, executable&, co
   const bool half_in = wtype != dtype::f32;
   const auto elem = wtype == dtype::bf16 ? CUDA_R_16BF : wtype == dtype::f32 ? CUDA_R_32F : CUDA_R_16F;
   const bool decode = is_quantized(wtype);
-  std::byte* xh = nullptr;
-  if (half_in) {
+  if (half_in && static_cast<std::size_t>(M * K) * 2 > half_bytes_) {
     auto p = arena_.take(static_cast<std::size_t>(M * K) * 2);
     if (!p) return device_fault(where, p.error());
-    xh = *p;
-    scratch_bytes_ += static_cast<std::size_t>(M * K) * 2;
+    half_buf_ = *p;
+    half_bytes_ = static_cast<std::size_t>(M * K) * 2;
+    scratch_bytes_ += half_bytes_;
+    ++epoch_;
   }
   if (decode && static_cast<std::size_t>(N * K) * 2 > decode_bytes_) {
     auto p = arena_.take(static_cast<std::size_t>(N * K) * 2);
@@ -556,6 +565,19 @@ std::optional<exec_error> cuda_executor::lower_linear(entry& en, executable&, co
   if (auto e = lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference")) return e;
   const std::uint64_t ws = workspace_bytes;
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  // The heuristic assumes 256-byte operands unless told: the arena's values are 64-byte aligned (the
+  // weights, the decode and half buffers 256).
+  auto align_of = [](const void* p) {
+    std::uint32_t a = 256;
+    while (a > 1 && reinterpret_cast<std::uintptr_t>(p) % a != 0) a /= 2;
+    return a;
+  };
+  const std::uint32_t align_a = decode ? 256u : align_of(w), align_b = half_in ? 256u : align_of(x);
+  const std::uint32_t align_c = std::min(align_of(y), r ? align_of(r) : 256u), align_d = align_of(y);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d));
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
   const auto hs = cublasLtMatmulAlgoGetHeuristic(lt_, prod->desc, prod->a, prod->b, prod->c, prod->c, pref, 1, &heur, &found);
@@ -569,6 +591,7 @@ std::optional<exec_error> cuda_executor::lower_linear(entry& en, executable&, co
   cublasLtHandle_t lt = lt_;
   std::byte* wsp = workspace_;
   std::byte* const* dbuf = &decode_buf_;
+  std::byte* const* hbuf = &half_buf_;
   en.program.push_back({[=, this]() -> std::optional<exec_error> {
     const void* a = w;
     if (decode) {
@@ -576,8 +599,8 @@ std::optional<exec_error> cuda_executor::lower_linear(entry& en, executable&, co
       a = *dbuf;
     }
     const void* b = x;
-    if (wtype == dtype::bf16) launch_to_bf16(x, M * K, xh, st), b = xh;
-    else if (half_in) launch_to_f16(x, M * K, xh, st), b = xh;
+    if (wtype == dtype::bf16) launch_to_bf16(x, M * K, *hbuf, st), b = *hbuf;
+    else if (half_in) launch_to_f16(x, M * K, *hbuf, st), b = *hbuf;
     const float alpha = 1.0f, beta = r ? 1.0f : 0.0f;
     const void* c = r ? static_cast<const void*>(r) : static_cast<const void*>(y);
     if (auto s = cublasLtMatmul(lt, pp->desc, &alpha, a, pp->a, b, pp->b, &beta, c, pp->c, y, pp->c, &pp->algo, wsp, workspace_bytes, st);
@@ -821,6 +844,8 @@ std::optional<exec_error> cuda_executor::lower_eqn(entry& en, executable& ex, st
         stored = exes_[en.exe.value]->uploaded.at(b->role.str()).type;
       if (id_type != dtype::i32 && id_type != dtype::i64)
         return exec_error{exec_error_code::unsupported, where, "ids of type " + std::string(troupe::name(id_type))};
+      if (R == 0)  // every id is refused; nothing to read
+        return device([=] { launch_check_ids(id_type, ids, count, R, ids32, flag, eqn, st); });
       if (ot.type == stored) {
         const std::int64_t row_bytes = static_cast<std::int64_t>(*storage_bytes(stored, static_cast<std::uint64_t>(C)));
         return device([=] {
@@ -951,6 +976,7 @@ std::optional<exec_error> cuda_executor::lower_eqn(entry& en, executable& ex, st
       if (a.index_type != dtype::i32 && a.index_type != dtype::i64)
         return exec_error{exec_error_code::unsupported, where, "an index of type " + std::string(troupe::name(a.index_type))};
       if (a.Hkv == 0 || a.Hq % a.Hkv != 0) return exec_error{exec_error_code::unsupported, where, "query heads not a multiple of kv heads"};
+      if (a.R > 65535 || a.Hq > 65535) return exec_error{exec_error_code::unsupported, where, "more than 65535 KV-map rows or query heads"};
       auto ix = arena_.take(static_cast<std::size_t>(std::max<std::int64_t>(a.R * a.C, 1)) * 4);
       if (!ix) return device_fault(where, ix.error());
       scratch_bytes_ += static_cast<std::size_t>(std::max<std::int64_t>(a.R * a.C, 1)) * 4;
@@ -1012,14 +1038,13 @@ std::optional<exec_error> cuda_executor::run(entry& en, const step_inputs& in) {
       if (auto e = f.run()) return e;
   }
   if (auto e = check(cudaGetLastError(), "kernel launch", true)) return e;
-  // States computed elsewhere than their buffer are copied into it.
+  // States computed elsewhere than their buffer are copied into it, unless the step was refused.
   auto& states = exes_[en.exe.value]->states;
   for (const auto& s : g.states()) {
     auto& buf = states.at(s.name);
-    if (en.ptr[s.out.index] != buf.ptr)
-      if (auto e = check(cudaMemcpyAsync(buf.ptr, en.ptr[s.out.index], buf.bytes, cudaMemcpyDeviceToDevice, stream_), "state " + s.name, true))
-        return e;
+    if (en.ptr[s.out.index] != buf.ptr) launch_commit(en.ptr[s.out.index], static_cast<std::int64_t>(buf.bytes), buf.ptr, flag_, stream_);
   }
+  if (auto e = check(cudaGetLastError(), "state commit", true)) return e;
   return std::nullopt;
 }
 
@@ -1153,39 +1178,44 @@ result<int, exec_error> cuda_executor::history_slot(std::uint64_t sequence, std:
 // sequence it keeps), the rows' rules, picks, masks and scratch. Sized when an entry with logits is
 // added, so a serving step allocates nothing.
 std::optional<exec_error> cuda_executor::ensure_sampler(int R, std::int64_t vocab) {
+  if (hist_vocab_ != 0 && hist_vocab_ != vocab)
+    return exec_error{exec_error_code::unsupported, "logits",
+                      "a vocabulary of " + std::to_string(vocab) + " beside " + std::to_string(hist_vocab_) + ": one sampling vocabulary per executor"};
   const std::int64_t words = (vocab + 31) / 32;
-  if (hist_vocab_ != vocab) {
-    const std::size_t slots = static_cast<std::size_t>(std::max(opt_.history_slots, R));
-    auto c = arena_.take(slots * static_cast<std::size_t>(vocab) * 4);
-    auto p = arena_.take(slots * static_cast<std::size_t>(vocab));
-    auto b = arena_.take(slots * static_cast<std::size_t>(vocab) * 4);
+  const std::size_t V = static_cast<std::size_t>(vocab);
+  // The history table: at least history_slots sequences, and every row of the largest batch.
+  const std::size_t slots = static_cast<std::size_t>(std::max(opt_.history_slots, R));
+  if (slots > slots_.size()) {
+    if (!hist_stage_.reserve(V * 9)) return device_fault("cudaMallocHost", "history staging");
+    auto c = arena_.take(slots * V * 4);
+    auto p = arena_.take(slots * V);
+    auto b = arena_.take(slots * V * 4);
     if (!c || !p || !b) return device_fault("sampling histories", !c ? c.error() : !p ? p.error() : b.error());
     hist_counts_ = reinterpret_cast<std::int32_t*>(*c);
     hist_prompt_ = reinterpret_cast<std::uint8_t*>(*p);
     hist_bias_ = reinterpret_cast<float*>(*b);
-    state_bytes_ += slots * static_cast<std::size_t>(vocab) * 9;
-    slots_.assign(slots, slot_state{});
+    state_bytes_ += slots * V * 9;
+    slots_.assign(slots, slot_state{});  // the new table holds nothing yet: every sequence uploads again
     slot_of_.clear();
-    hist_vocab_ = vocab;
-    if (!hist_stage_.reserve(static_cast<std::size_t>(vocab) * 9)) return device_fault("cudaMallocHost", "history staging");
-    sample_rows_cap_ = 0;  // the masks and scratch depend on the vocabulary too
   }
-  if (sample_rows_cap_ >= R) return std::nullopt;
-  const int cap = std::max(R, 8);
-  auto rp = arena_.take(static_cast<std::size_t>(cap) * sizeof(device_sample_row));
-  auto op = arena_.take(static_cast<std::size_t>(cap) * sizeof(device_sample_out));
-  auto mp = arena_.take(static_cast<std::size_t>(cap * words) * 4);
-  auto wp = arena_.take(sample_work_bytes(cap, vocab));
-  if (!rp || !op || !mp || !wp) return device_fault("sampling buffers", "out of device memory");
-  rows_dev_ = reinterpret_cast<device_sample_row*>(*rp);
-  out_dev_ = reinterpret_cast<device_sample_out*>(*op);
-  masks_dev_ = reinterpret_cast<std::uint32_t*>(*mp);
-  sample_work_ = *wp;
-  scratch_bytes_ += static_cast<std::size_t>(cap) * (sizeof(device_sample_row) + sizeof(device_sample_out) + static_cast<std::size_t>(words) * 4) +
-                    sample_work_bytes(cap, vocab);
-  sample_rows_cap_ = cap;
-  if (!sample_stage_.reserve(static_cast<std::size_t>(cap) * (sizeof(device_sample_row) + sizeof(device_sample_out) + static_cast<std::size_t>(words) * 4)))
-    return device_fault("cudaMallocHost", "sampling staging");
+  if (sample_rows_cap_ < R) {
+    const int cap = std::max(R, 8);
+    const std::size_t rows_b = static_cast<std::size_t>(cap) * sizeof(device_sample_row), outs_b = static_cast<std::size_t>(cap) * sizeof(device_sample_out);
+    const std::size_t masks_b = static_cast<std::size_t>(cap * words) * 4;
+    if (!sample_stage_.reserve(rows_b + outs_b + masks_b)) return device_fault("cudaMallocHost", "sampling staging");
+    auto rp = arena_.take(rows_b);
+    auto op = arena_.take(outs_b);
+    auto mp = arena_.take(masks_b);
+    auto wp = arena_.take(sample_work_bytes(cap, vocab));
+    if (!rp || !op || !mp || !wp) return device_fault("sampling buffers", "out of device memory");
+    rows_dev_ = reinterpret_cast<device_sample_row*>(*rp);
+    out_dev_ = reinterpret_cast<device_sample_out*>(*op);
+    masks_dev_ = reinterpret_cast<std::uint32_t*>(*mp);
+    sample_work_ = *wp;
+    scratch_bytes_ += rows_b + outs_b + masks_b + sample_work_bytes(cap, vocab);
+    sample_rows_cap_ = cap;
+  }
+  hist_vocab_ = vocab;
   return std::nullopt;
 }
 
@@ -1275,7 +1305,11 @@ result<std::vector<sampled_row>, exec_error> cuda_executor::step_sample(entry_id
   for (const auto& q : rows) want = want || q.want_logits;
   step_outputs lg;
   static const std::vector<std::string> logits_only{"logits"}, nothing{};
-  if (auto e = finish_step(en, want ? &logits_only : &nothing, lg)) return unexpected(*e);
+  if (auto e = finish_step(en, want ? &logits_only : &nothing, lg)) {
+    // The device may have recorded picks the host will not: its copies of these histories are stale.
+    for (int slot : busy) slots_[static_cast<std::size_t>(slot)].dirty = true;
+    return unexpected(*e);
+  }
   std::vector<sampled_row> picks(rows.size());
   for (int r = 0; r < R; ++r) {
     const auto& o = outs[r];

@@ -57,8 +57,8 @@ __device__ float binary_f(ew op, float a, float b) {
     case ew::sub: return a - b;
     case ew::mul: return a * b;
     case ew::div: return a / b;
-    case ew::maximum: return a < b ? b : a;  // std::max, as the CPU target
-    case ew::minimum: return b < a ? b : a;  // std::min
+    case ew::maximum: return isnan(a) || isnan(b) ? NAN : (a < b ? b : a);  // NaN if either is, as the oracle
+    case ew::minimum: return isnan(a) || isnan(b) ? NAN : (b < a ? b : a);
     case ew::pow: return powf(a, b);
     default: return a;
   }
@@ -174,8 +174,8 @@ __global__ void elementwise_nd_kernel(ew op, dtype in, dtype out, const void* a,
             r = x / z;
           }
           break;
-        case ew::maximum: r = x < z ? z : x; break;
-        case ew::minimum: r = z < x ? z : x; break;
+        case ew::maximum: r = isnan(x) || isnan(z) ? NAN : (x < z ? z : x); break;
+        case ew::minimum: r = isnan(x) || isnan(z) ? NAN : (z < x ? z : x); break;
         case ew::pow: r = pow(x, z); break;
         case ew::equal: r = x == z; break;
         case ew::less: r = x < z; break;
@@ -334,6 +334,13 @@ __global__ void scatter_kernel(dtype t, const void* ids, std::int64_t count, std
   }
 }
 
+__global__ void commit_kernel(const unsigned char* src, std::int64_t bytes, unsigned char* dst, const step_flag* flag) {
+  if (*reinterpret_cast<const volatile std::int32_t*>(&flag->code) != 0) return;
+  for (std::int64_t q = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; q < bytes;
+       q += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    dst[q] = src[q];
+}
+
 // rms_norm / layer_norm: a block per row; sums in double.
 __global__ void norm_kernel(const float* x, const float* w, const float* b, std::int64_t n, float eps, float* y) {
   __shared__ double red[threads / 32];
@@ -398,8 +405,11 @@ constexpr int max_dims_per_lane = static_cast<int>(max_attention_dim / 32);
 
 __global__ void attention_kernel(attention_launch a, int keys_per_tile) {
   extern __shared__ float smem[];
-  float* ks = smem;                                   // [tile, D]
-  float* vs = ks + keys_per_tile * a.D;               // [tile, Dv]
+  // K rows padded by one float: lane j reads row j at the same d, and an unpadded row of D (a multiple
+  // of 32) floats would put all 32 lanes in one bank.
+  const std::int64_t kstride = a.D + 1;
+  float* ks = smem;                                   // [tile, D + 1]
+  float* vs = ks + keys_per_tile * kstride;           // [tile, Dv]
   float* qs = vs + keys_per_tile * a.Dv;              // [warps, D]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const std::int64_t h = blockIdx.y, r = blockIdx.z;
@@ -419,7 +429,7 @@ __global__ void attention_kernel(attention_launch a, int keys_per_tile) {
     __syncthreads();
     for (std::int64_t e = threadIdx.x; e < static_cast<std::int64_t>(tile) * a.D; e += blockDim.x) {
       const std::int64_t j = e / a.D, d = e % a.D;
-      ks[e] = a.k[(static_cast<std::int64_t>(a.ix32[r * a.C + c0 + j]) * a.Hkv + kvh) * a.D + d];
+      ks[j * kstride + d] = a.k[(static_cast<std::int64_t>(a.ix32[r * a.C + c0 + j]) * a.Hkv + kvh) * a.D + d];
     }
     for (std::int64_t e = threadIdx.x; e < static_cast<std::int64_t>(tile) * a.Dv; e += blockDim.x) {
       const std::int64_t j = e / a.Dv, d = e % a.Dv;
@@ -431,7 +441,7 @@ __global__ void attention_kernel(attention_launch a, int keys_per_tile) {
     float s = -INFINITY;
     if (lane < tile && allow_row[c0 + lane]) {
       float dot = 0.0f;
-      for (std::int64_t d = 0; d < a.D; ++d) dot += qw[d] * ks[lane * a.D + d];
+      for (std::int64_t d = 0; d < a.D; ++d) dot += qw[d] * ks[lane * kstride + d];
       s = dot * a.scale;
       if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
     }
@@ -505,7 +515,7 @@ void launch_check_ids(dtype t, const void* ids, std::int64_t count, std::int64_t
 }
 void launch_gather_bytes(const void* table, std::int64_t row_bytes, const std::int32_t* ids32, std::int64_t count, void* y,
                          void* stream) {
-  if (count * row_bytes > 0)
+  if (count * row_bytes > 0 && table != nullptr)
     gather_bytes_kernel<<<blocks_for(count * row_bytes), threads, 0, S(stream)>>>(
         static_cast<const unsigned char*>(table), row_bytes, ids32, count, static_cast<unsigned char*>(y));
 }
@@ -516,6 +526,11 @@ void launch_scatter_rows(dtype t, const void* ids, std::int64_t count, std::int6
   if (row_bytes > 0)
     scatter_kernel<<<blocks_for(count * row_bytes), threads, 0, S(stream)>>>(
         t, ids, count, row_bytes, static_cast<const unsigned char*>(src), static_cast<unsigned char*>(dst), flag);
+}
+void launch_commit(const void* src, std::int64_t bytes, void* dst, const step_flag* flag, void* stream) {
+  if (bytes > 0)
+    commit_kernel<<<blocks_for(bytes), threads, 0, S(stream)>>>(static_cast<const unsigned char*>(src), bytes,
+                                                                 static_cast<unsigned char*>(dst), flag);
 }
 void launch_norm(const float* x, const float* w, const float* b, std::int64_t rows, std::int64_t n, float eps, float* y,
                  void* stream) {
@@ -531,9 +546,13 @@ void launch_attention(const attention_launch& a, step_flag* flag, std::int32_t e
     kv_check_kernel<<<blocks_for(a.R * a.C), threads, 0, S(stream)>>>(a.index_type, a.index, a.allow, a.R, a.T, a.C, a.S,
                                                                       a.ix32, flag, eqn);
   if (a.R * a.T * a.Hq <= 0) return;
+  if (a.S == 0) {  // no key row exists: every allowed index was refused above, and a query reads nothing
+    cudaMemsetAsync(a.out, 0, static_cast<std::size_t>(a.R * a.T * a.Hq * a.Dv) * sizeof(float), S(stream));
+    return;
+  }
   const int warps = a.T < attn_warps ? static_cast<int>(a.T) : attn_warps;
   const int tile = a.D + a.Dv > 256 ? 16 : 32;
-  const std::size_t smem = (static_cast<std::size_t>(tile) * (a.D + a.Dv) + static_cast<std::size_t>(warps) * a.D) * sizeof(float);
+  const std::size_t smem = (static_cast<std::size_t>(tile) * (a.D + 1 + a.Dv) + static_cast<std::size_t>(warps) * a.D) * sizeof(float);
   const dim3 grid(static_cast<unsigned>((a.T + warps - 1) / warps), static_cast<unsigned>(a.Hq), static_cast<unsigned>(a.R));
   attention_kernel<<<grid, warps * 32, smem, S(stream)>>>(a, tile);
 }

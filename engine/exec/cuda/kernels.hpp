@@ -82,6 +82,10 @@ void launch_gather_bytes(const void* table, std::int64_t row_bytes, const std::i
 void launch_scatter_rows(dtype t, const void* ids, std::int64_t count, std::int64_t rows, std::int64_t row_bytes,
                          const void* src, void* dst, step_flag* flag, std::int32_t eqn, void* stream);
 
+// dst = src (`bytes` bytes) unless the step's flag holds a refusal: how a step commits a carried state
+// computed outside its buffer, so a refused step leaves every state as it was.
+void launch_commit(const void* src, std::int64_t bytes, void* dst, const step_flag* flag, void* stream);
+
 // rms_norm (b null) and layer_norm over rows of n.
 void launch_norm(const float* x, const float* w, const float* b, std::int64_t rows, std::int64_t n, float eps, float* y,
                  void* stream);

@@ -12,6 +12,7 @@
 #include "tests/support/logprobs.hpp"
 #include "apps/exec_runner.hpp"
 #include "apps/oracle_runner.hpp"
+#include "engine/eval/oracle.hpp"
 #include "engine/graph/builder.hpp"
 #include "families/fixtures/fixture.hpp"
 
@@ -113,6 +114,47 @@ TEST(cpu_executor, refuses_bad_steps_without_touching_state) {
   EXPECT_EQ(ex.step(entry_id{99}, in).error().code, exec_error_code::unknown_id);
   EXPECT_GT(ex.memory().weight_bytes, 0u);
   EXPECT_GT(ex.memory().state_bytes, 0u);
+}
+
+// A column broadcast over a square matrix (b [4, 1] against [4, 4]: the row fast path must not take
+// it) and maximum / minimum with NaN (NaN when either side is, as the oracle), against the oracle.
+TEST(cpu_executor, broadcast_columns_and_nan_extremes_match_the_oracle) {
+  graph::builder b;
+  const auto x = b.slot(graph::slot_kind::request_input, {dtype::f32, {4, 4}}, "x");
+  const auto c = b.slot(graph::slot_kind::request_input, {dtype::f32, {4, 1}}, "c");
+  const auto r = b.slot(graph::slot_kind::request_input, {dtype::f32, {4}}, "r");
+  b.output("col", b.add(x, c));
+  b.output("max", b.binary(graph::op::maximum, x, r));
+  b.output("min", b.binary(graph::op::minimum, x, r));
+  auto g = std::move(b).finish();
+  ASSERT_TRUE(g);
+  tensor xt(dtype::f32, {4, 4}), ct(dtype::f32, {4, 1}), rt(dtype::f32, {4});
+  for (int i = 0; i < 16; ++i) xt.as<float>()[i] = static_cast<float>(i) - 7.5f;
+  xt.as<float>()[5] = NAN;
+  for (int i = 0; i < 4; ++i) ct.as<float>()[i] = 100.0f * static_cast<float>(i + 1);
+  for (int i = 0; i < 4; ++i) rt.as<float>()[i] = i == 2 ? NAN : 0.0f;
+  eval::eval_inputs ei;
+  ei.slots = {{"x", xt.view()}, {"c", ct.view()}, {"r", rt.view()}};
+  eval::map_const_source none;
+  ei.weights = &none;
+  auto want = eval::evaluate(*g, ei);
+  ASSERT_TRUE(want) << want.error().message();
+  struct no_weights : weight_source {
+    std::optional<tensor_view> find(const graph::weight_role&) const override { return std::nullopt; }
+  } w;
+  cpu_executor ex;
+  auto exe = ex.load(w);
+  auto en = ex.add_entry(*exe, *g);
+  ASSERT_TRUE(en) << en.error().message();
+  step_inputs si;
+  si.slots = ei.slots;
+  auto got = ex.step(*en, si);
+  ASSERT_TRUE(got) << got.error().message();
+  for (const auto& [name, t] : want->outputs)
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      const float a = t.as<float>()[i], b2 = got->outputs.at(name).as<float>()[i];
+      EXPECT_TRUE((std::isnan(a) && std::isnan(b2)) || a == b2) << name << "[" << i << "]: oracle " << a << ", cpu " << b2;
+    }
 }
 
 TEST(cpu_executor, refuses_at_prepare_what_it_cannot_lower) {

@@ -10,12 +10,14 @@ out += `read bandwidth sampled after each troupe run (2 threads over 1 GiB): per
 out += `Random weights, vocab 151936, hidden 896, 24 layers, 14 heads, 2 KV heads, ffn 4864, tied embeddings.\n`;
 out += `llama.cpp: llama-bench (commit 80fb11a, -DGGML_NATIVE=ON), mean of 3 repetitions; troupe: \`troupe bench\`, median of 3 runs.\n`;
 out += `Decode / bandwidth bound: each troupe run's decode against the read bandwidth measured right after it (weights read once per token), median over runs.\n`;
-out += `Prefill: ${prompt}-token prompt from an empty cache; decode: ${gen} tokens after it (batch 1).\n\n`;
+out += `Prefill: ${prompt}-token prompt from an empty cache; decode: ${gen} tokens after it (batch 1; llama-bench's tg at depth ${prompt}).\n\n`;
 out += `| weights | file MB | prefill llama.cpp tok/s | prefill troupe tok/s | ratio | decode llama.cpp tok/s | decode troupe tok/s | ratio | read bandwidth GB/s (min-max) | troupe decode / bandwidth bound |\n`;
 out += `| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n`;
 for (const r of rows) {
-  const pp = r.llama.find(x => x.n_prompt > 0 && x.n_gen === 0);
-  const tg = r.llama.find(x => x.n_gen > 0 && x.n_prompt === 0);
+  const depth = x => x.n_depth || 0;
+  const pp = r.llama.find(x => x.n_prompt > 0 && x.n_gen === 0 && depth(x) === 0);
+  const tg = r.llama.find(x => x.n_gen > 0 && x.n_prompt === 0 && depth(x) === Number(prompt)) ||
+             r.llama.find(x => x.n_gen > 0 && x.n_prompt === 0);
   const lp = pp ? pp.avg_ts : NaN, lt = tg ? tg.avg_ts : NaN;
   const tp = r.troupe.prefill_tok_s, tt = r.troupe.decode_tok_s;
   out += `| ${r.type} | ${(r.bytes / 1e6).toFixed(0)} | ${lp.toFixed(1)} | ${tp.toFixed(1)} | ${(tp / lp).toFixed(2)} | ${lt.toFixed(2)} | ${tt.toFixed(2)} | ${(tt / lt).toFixed(2)} | ${r.troupe.bandwidth_gb_s.toFixed(1)} (${r.troupe.bandwidth_gb_s_min.toFixed(1)}-${r.troupe.bandwidth_gb_s_max.toFixed(1)}) | ${(100 * r.troupe.decode_fraction_of_bound).toFixed(0)}% |\n`;

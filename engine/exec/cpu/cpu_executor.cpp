@@ -1,4 +1,5 @@
 #include "engine/exec/cpu/cpu_executor.hpp"
+#include "engine/exec/lowering.hpp"
 #include "engine/compile/fusion.hpp"
 
 #include <algorithm>
@@ -40,20 +41,6 @@ struct entry {
 
 std::optional<exec_error> fail(exec_error_code c, std::string where, std::string why) {
   return exec_error{c, std::move(where), std::move(why)};
-}
-
-bool supported_value_type(dtype t) { return t == dtype::f32 || t == dtype::i32 || t == dtype::i64 || t == dtype::boolean; }
-
-// Element strides of `in` over the output shape `out` under NumPy broadcasting (0 where broadcast).
-std::vector<std::int64_t> broadcast_strides(const troupe::shape& in, const troupe::shape& out) {
-  std::vector<std::int64_t> st(out.rank(), 0);
-  std::int64_t s = 1;
-  for (std::size_t i = in.rank(); i-- > 0;) {
-    const std::size_t o = out.rank() - in.rank() + i;
-    st[o] = in[i] == 1 ? 0 : s;
-    s *= in[i];
-  }
-  return st;
 }
 
 // Calls fn(out_index, in_offsets...) over every element of `out` with per-input strides.
@@ -213,7 +200,7 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
   // States: one buffer per name per executable, shared by every entry that declares it.
   for (const auto& s : gg.states()) {
     const auto& t = gg.info(s.in).type;
-    if (!supported_value_type(t.type))
+    if (!computable_type(t.type))
       return unexpected(exec_error{exec_error_code::unsupported, "state " + s.name, "dtype " + std::string(troupe::name(t.type))});
     auto it = ex.states.find(s.name);
     if (it == ex.states.end()) {
@@ -243,20 +230,7 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
 
 result<void, exec_error> cpu_executor::impl::lower(entry& en, executable& ex) {
   const auto& g = en.g;
-  for (std::size_t i = 0; i < g.equations().size(); ++i) {
-    if (!en.tp.pruned.runs[i]) continue;
-    const auto& e = g.equations()[i];
-    const auto& t = g.info(e.out).type;
-    const std::string where = "eqn " + std::to_string(i) + " (" + std::string(graph::op_name(e.code)) + ")";
-    if (!supported_value_type(t.type))
-      return unexpected(exec_error{exec_error_code::unsupported, where, "the CPU target computes in f32 and i32; this value is " + t.str()});
-    for (auto v : e.inputs) {
-      const auto& it = g.info(v).type;
-      const bool weight_operand = (e.code == op::linear && v == e.inputs[1]) || (e.code == op::gather_rows && v == e.inputs[0]);
-      if (!weight_operand && !supported_value_type(it.type))
-        return unexpected(exec_error{exec_error_code::unsupported, where, "input of type " + it.str()});
-    }
-  }
+  if (auto e = check_value_types(g, en.tp.pruned.runs, "CPU")) return unexpected(*e);
   const auto choice = compile::choose_fusions(g, en.tp, en.ptr);
   const auto& fused = choice.fused;
   const auto& residual_of = choice.residual_side;
@@ -516,15 +490,12 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
       std::vector<std::int64_t> st;
       std::int64_t base = 0;
       if (e.code == op::transpose) {
-        std::vector<std::int64_t> in_st(it.dims.rank(), 1);
-        for (std::size_t d = it.dims.rank(); d-- > 1;) in_st[d - 1] = in_st[d] * it.dims[d];
+        const auto in_st = dense_strides(it.dims);
         for (auto p : e.attrs.ints) st.push_back(in_st[p]);
       } else if (e.code == op::slice) {
         const std::int64_t axis = e.attrs.axis < 0 ? e.attrs.axis + static_cast<std::int64_t>(it.dims.rank()) : e.attrs.axis;
-        std::vector<std::int64_t> in_st(it.dims.rank(), 1);
-        for (std::size_t d = it.dims.rank(); d-- > 1;) in_st[d - 1] = in_st[d] * it.dims[d];
-        st = in_st;
-        base = e.attrs.ints[0] * in_st[axis];
+        st = dense_strides(it.dims);
+        base = e.attrs.ints[0] * st[axis];
       } else {
         st = broadcast_strides(it.dims, ot.dims);
       }
@@ -757,15 +728,10 @@ result<step_outputs, exec_error> cpu_executor::step(entry_id id, const step_inpu
   if (id.value >= impl_->entries.size()) return unexpected(exec_error{exec_error_code::unknown_id, "entry", "not added here"});
   auto& en = *impl_->entries[id.value];
   const auto& g = en.g;
+  if (auto e = check_slots(g, in)) return unexpected(*e);
   for (const auto& s : g.slots()) {
-    const auto it = in.slots.find(s.slot.name);
-    const std::string where = "slot " + s.slot.name;
-    if (it == in.slots.end()) return unexpected(exec_error{exec_error_code::bad_binding, where, "not bound"});
-    const auto& t = g.info(s.value).type;
-    if (it->second.type() != t.type || it->second.shape() != t.dims)
-      return unexpected(exec_error{exec_error_code::bad_binding, where, "expects " + t.str() + ", got " + graph::tensor_type{it->second.type(), it->second.shape()}.str()});
-    if (en.ptr[s.value.index] && en.tp.plan.kind[s.value.index] == compile::storage::arena)
-      std::memcpy(en.ptr[s.value.index], it->second.data(), it->second.bytes());
+    const auto& v = in.slots.at(s.slot.name);
+    if (en.ptr[s.value.index] && en.tp.plan.kind[s.value.index] == compile::storage::arena) std::memcpy(en.ptr[s.value.index], v.data(), v.bytes());
   }
   for (auto& f : en.program)
     if (auto e = f()) return unexpected(*e);

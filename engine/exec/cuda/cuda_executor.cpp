@@ -19,6 +19,7 @@
 #include "engine/core/half.hpp"
 #include "engine/core/quant.hpp"
 #include "engine/exec/cuda/kernels.hpp"
+#include "engine/exec/lowering.hpp"
 #include "engine/exec/cuda/linear_kernels.hpp"
 #include "engine/exec/cuda/sample_kernels.hpp"
 
@@ -33,8 +34,6 @@ std::string cuda_why(cudaError_t e) { return std::string(cudaGetErrorName(e)) + 
 std::string lt_why(cublasStatus_t s) { return "cuBLAS status " + std::to_string(static_cast<int>(s)); }
 
 exec_error device_fault(std::string where, std::string why) { return exec_error{exec_error_code::device_error, std::move(where), std::move(why)}; }
-
-bool value_type_ok(dtype t) { return t == dtype::f32 || t == dtype::i32 || t == dtype::i64 || t == dtype::boolean; }
 
 // Bump allocation over cudaMalloc'd chunks; everything lives until the executor goes.
 class device_arena {
@@ -200,10 +199,10 @@ class cuda_executor final : public executor {
   }
   result<dev_tensor, exec_error> upload(const tensor_view& t, const std::string& where);
   result<const dev_tensor*, exec_error> weight(executable& ex, const graph::weight_role& role, bool as_linear);
-  result<void, exec_error> lower(entry& en, executable& ex);
-  std::optional<exec_error> lower_eqn(entry& en, executable& ex, std::size_t i, const std::vector<std::int64_t>& residual_of,
+  result<void, exec_error> lower(entry& en);
+  std::optional<exec_error> lower_eqn(entry& en, std::size_t i, const std::vector<std::int64_t>& residual_of,
                                       const std::vector<std::int64_t>& gated_of);
-  std::optional<exec_error> lower_linear(entry& en, executable& ex, const graph::equation& le, float* y, const float* r,
+  std::optional<exec_error> lower_linear(entry& en, const graph::equation& le, float* y, const float* r,
                                          const std::string& where);
   // Runs an entry: slots in, launches (or its graph), states; outputs stay on the device.
   std::optional<exec_error> run(entry& en, const step_inputs& in);
@@ -381,25 +380,14 @@ result<entry_id, exec_error> cuda_executor::add_entry(executable_id exe, const g
   }
   en->tp = std::move(*planned);
 
-  // Every value a running equation computes or reads must be a type the kernels handle (weights read by
-  // linear and gather_rows excepted), checked before anything is allocated.
-  for (std::size_t i = 0; i < gg.equations().size(); ++i) {
-    if (!en->tp.pruned.runs[i]) continue;
-    const auto& e = gg.equations()[i];
-    const std::string where = "eqn " + std::to_string(i) + " (" + std::string(graph::op_name(e.code)) + ")";
-    if (!value_type_ok(gg.info(e.out).type.type))
-      return unexpected(exec_error{exec_error_code::unsupported, where, "the CUDA target computes in f32 and i32; this value is " + gg.info(e.out).type.str()});
-    for (auto v : e.inputs) {
-      const bool weight_operand = (e.code == op::linear && v == e.inputs[1]) || (e.code == op::gather_rows && v == e.inputs[0]);
-      if (!weight_operand && !value_type_ok(gg.info(v).type.type))
-        return unexpected(exec_error{exec_error_code::unsupported, where, "input of type " + gg.info(v).type.str()});
-    }
-  }
+  // Every value a running equation computes or reads must be a type the kernels handle, checked before
+  // anything is allocated.
+  if (auto e = check_value_types(gg, en->tp.pruned.runs, "CUDA")) return unexpected(*e);
 
   // States: one device buffer per name per executable, zeroed, shared by the entries that declare it.
   for (const auto& s : gg.states()) {
     const auto& t = gg.info(s.in).type;
-    if (!value_type_ok(t.type))
+    if (!computable_type(t.type))
       return unexpected(exec_error{exec_error_code::unsupported, "state " + s.name, "dtype " + std::string(troupe::name(t.type))});
     auto it = ex.states.find(s.name);
     if (it == ex.states.end()) {
@@ -473,7 +461,7 @@ result<entry_id, exec_error> cuda_executor::add_entry(executable_id exe, const g
   for (const auto& o : gg.outputs()) outs += *storage_bytes(gg.info(o.value).type.type, static_cast<std::uint64_t>(gg.info(o.value).type.dims.numel()));
   if (!en->staging.reserve(std::max(stage, outs) + 64)) return unexpected(device_fault("cudaMallocHost", "pinned staging of an entry"));
 
-  if (auto r = lower(*en, ex); !r) return unexpected(r.error());
+  if (auto r = lower(*en); !r) return unexpected(r.error());
   for (const auto& o : gg.outputs())
     if (o.name == "logits" && gg.info(o.value).type.dims.rank() == 2 && gg.info(o.value).type.type == dtype::f32) {
       const auto& d = gg.info(o.value).type.dims;
@@ -486,7 +474,7 @@ result<entry_id, exec_error> cuda_executor::add_entry(executable_id exe, const g
   return entry_id{static_cast<std::uint32_t>(entries_.size() - 1)};
 }
 
-result<void, exec_error> cuda_executor::lower(entry& en, executable& ex) {
+result<void, exec_error> cuda_executor::lower(entry& en) {
   const auto& g = en.g;
   const auto choice = compile::choose_fusions(g, en.tp, en.ptr);
   const auto& fused = choice.fused;
@@ -494,13 +482,13 @@ result<void, exec_error> cuda_executor::lower(entry& en, executable& ex) {
   const auto& gated_of = choice.gated_of;
   for (std::size_t i = 0; i < g.equations().size(); ++i) {
     if (!en.tp.pruned.runs[i] || fused[i]) continue;
-    if (auto err = lower_eqn(en, ex, i, residual_of, gated_of)) return unexpected(*err);
+    if (auto err = lower_eqn(en, i, residual_of, gated_of)) return unexpected(*err);
   }
   for (const auto& in : en.program) en.host_work = en.host_work || in.host;
   return {};
 }
 
-std::optional<exec_error> cuda_executor::lower_linear(entry& en, executable&, const graph::equation& le, float* y, const float* r,
+std::optional<exec_error> cuda_executor::lower_linear(entry& en, const graph::equation& le, float* y, const float* r,
                                                       const std::string& where) {
   const auto& g = en.g;
   const auto wv = le.inputs[1];
@@ -646,26 +634,9 @@ ew to_ew(op o) {
   }
 }
 
-std::vector<std::int64_t> broadcast_strides(const troupe::shape& in, const troupe::shape& out) {
-  std::vector<std::int64_t> st(out.rank(), 0);
-  std::int64_t s = 1;
-  for (std::size_t i = in.rank(); i-- > 0;) {
-    const std::size_t o = out.rank() - in.rank() + i;
-    st[o] = in[i] == 1 ? 0 : s;
-    s *= in[i];
-  }
-  return st;
-}
-
-std::vector<std::int64_t> dense_strides(const troupe::shape& s) {
-  std::vector<std::int64_t> st(s.rank(), 1);
-  for (std::size_t d = s.rank(); d-- > 1;) st[d - 1] = st[d] * s[d];
-  return st;
-}
-
 }  // namespace
 
-std::optional<exec_error> cuda_executor::lower_eqn(entry& en, executable& ex, std::size_t i, const std::vector<std::int64_t>& residual_of,
+std::optional<exec_error> cuda_executor::lower_eqn(entry& en, std::size_t i, const std::vector<std::int64_t>& residual_of,
                                                    const std::vector<std::int64_t>& gated_of) {
   const auto& g = en.g;
   const auto& e = g.equations()[i];
@@ -718,7 +689,7 @@ std::optional<exec_error> cuda_executor::lower_eqn(entry& en, executable& ex, st
       if (residual_of[i] >= 0) {
         const auto side = static_cast<std::size_t>(residual_of[i]);
         const auto& le = g.equations()[static_cast<std::size_t>(en.tp.residual_linear[i])];
-        return lower_linear(en, ex, le, reinterpret_cast<float*>(out), reinterpret_cast<const float*>(P(e.inputs[1 - side])), where);
+        return lower_linear(en, le, reinterpret_cast<float*>(out), reinterpret_cast<const float*>(P(e.inputs[1 - side])), where);
       }
       if (gated_of[i] >= 0) {
         const auto& ae = g.equations()[static_cast<std::size_t>(gated_of[i])];
@@ -826,7 +797,7 @@ std::optional<exec_error> cuda_executor::lower_eqn(entry& en, executable& ex, st
       return device([=] { launch_matmul_f32(a, b, batch, M, K, N, reinterpret_cast<float*>(out), st); });
     }
     case op::linear:
-      return lower_linear(en, ex, e, reinterpret_cast<float*>(out), nullptr, where);
+      return lower_linear(en, e, reinterpret_cast<float*>(out), nullptr, where);
     case op::gather_rows: {
       const auto& tt = T(e.inputs[0]);
       const auto* ids = P(e.inputs[1]);
@@ -990,15 +961,8 @@ std::optional<exec_error> cuda_executor::lower_eqn(entry& en, executable& ex, st
 std::optional<exec_error> cuda_executor::run(entry& en, const step_inputs& in) {
   const auto& g = en.g;
   // Slots: checked, staged in pinned memory, copied in.
+  if (auto e = check_slots(g, in)) return e;
   std::size_t at = 0;
-  for (const auto& s : g.slots()) {
-    const auto it = in.slots.find(s.slot.name);
-    const std::string where = "slot " + s.slot.name;
-    if (it == in.slots.end()) return exec_error{exec_error_code::bad_binding, where, "not bound"};
-    const auto& t = g.info(s.value).type;
-    if (it->second.type() != t.type || it->second.shape() != t.dims)
-      return exec_error{exec_error_code::bad_binding, where, "expects " + t.str() + ", got " + graph::tensor_type{it->second.type(), it->second.shape()}.str()};
-  }
   for (const auto& s : g.slots()) {
     const auto& v = in.slots.at(s.slot.name);
     if (!en.ptr[s.value.index] || en.tp.plan.kind[s.value.index] != compile::storage::arena || v.bytes() == 0) continue;

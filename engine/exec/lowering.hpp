@@ -1,0 +1,30 @@
+#pragma once
+// What every target checks and computes the same way when it lowers a graph and binds a step: the
+// value types its kernels compute in, the step's slots against the graph, and the element strides of
+// broadcasting and movement ops.
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "engine/core/shape.hpp"
+#include "engine/exec/executor.hpp"
+
+namespace troupe::exec {
+
+// The value types the targets compute in: f32, i32, i64 and boolean.
+bool computable_type(dtype t);
+
+// Every value a running equation (`runs`) computes or reads is computable (the stored weights linear
+// and gather_rows read excepted), or the unsupported refusal naming the equation and `target`.
+std::optional<exec_error> check_value_types(const graph::graph& g, const std::vector<bool>& runs, std::string_view target);
+
+// Every slot of `g` is bound in `in` with its type and shape, or the bad_binding refusal naming it.
+std::optional<exec_error> check_slots(const graph::graph& g, const step_inputs& in);
+
+// Element strides of `in` over the output shape `out` under NumPy broadcasting (0 where broadcast).
+std::vector<std::int64_t> broadcast_strides(const troupe::shape& in, const troupe::shape& out);
+// Row-major element strides of `s`.
+std::vector<std::int64_t> dense_strides(const troupe::shape& s);
+
+}  // namespace troupe::exec

@@ -499,7 +499,7 @@ void spawn_replica(caf::stateful_actor<node_state>* self, std::shared_ptr<const 
   auto& st = self->state;
   const std::string device = st.cuda_device >= 0 ? "cuda:" + std::to_string(st.cuda_device) : "cpu:" + std::to_string(st.spawned.size());
   auto dev = self->spawn(executor_actor, ex, device);
-  auto drv = self->spawn<caf::detached>(driver_actor, std::move(part), std::shared_ptr<exec::executor>(ex), o, st.max_per_replica, coordinator,
+  auto drv = self->spawn<caf::detached>(driver_actor, std::move(part), ex, o, st.max_per_replica, coordinator,
                                         model, std::move(keep));
   self->link_to(dev);
   self->link_to(drv);

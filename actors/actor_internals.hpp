@@ -1,5 +1,5 @@
 #pragma once
-// Shared by actors.cpp, remote.cpp and ranks.cpp only (CAF inside; no other folder includes it): the
+// Shared by the actors' sources only (CAF inside; no other folder includes it): the
 // atoms of the actor protocol, the actors a process starts, and the set of client actors a cluster
 // handle opened.
 #include <caf/all.hpp>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "actors/cluster.hpp"
+#include "actors/protocol.hpp"
 #include "engine/driver/driver.hpp"
 #include "transport/messages.hpp"
 
@@ -21,43 +22,6 @@ class rendezvous_store;
 }
 
 namespace troupe::actors {
-
-using submit_atom = caf::atom_constant<caf::atom("submit")>;
-using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
-using chunk_atom = caf::atom_constant<caf::atom("chunk")>;
-using tick_atom = caf::atom_constant<caf::atom("tick")>;
-using stats_atom = caf::atom_constant<caf::atom("stats")>;
-using done_atom = caf::atom_constant<caf::atom("done")>;
-using register_atom = caf::atom_constant<caf::atom("register")>;
-using deploy_atom = caf::atom_constant<caf::atom("deploy")>;
-using resolve_atom = caf::atom_constant<caf::atom("resolve")>;
-using ping_atom = caf::atom_constant<caf::atom("ping")>;
-using replicas_atom = caf::atom_constant<caf::atom("replicas")>;
-using node_atom = caf::atom_constant<caf::atom("node")>;
-using status_atom = caf::atom_constant<caf::atom("status")>;
-using join_atom = caf::atom_constant<caf::atom("join")>;
-using scale_atom = caf::atom_constant<caf::atom("scale")>;
-using stop_atom = caf::atom_constant<caf::atom("stop")>;
-using drain_atom = caf::atom_constant<caf::atom("drain")>;
-using capacity_atom = caf::atom_constant<caf::atom("capacity")>;
-using progress_atom = caf::atom_constant<caf::atom("progress")>;
-using kv_set_atom = caf::atom_constant<caf::atom("kvset")>;
-using kv_get_atom = caf::atom_constant<caf::atom("kvget")>;
-
-// The coordinator's rendezvous store (transport::rendezvous_store through a session): bounds on what
-// one cluster may keep there, so a client cannot grow the coordinator without limit.
-inline constexpr std::size_t rendezvous_max_key = 512;
-inline constexpr std::size_t rendezvous_max_value = 1 << 20;
-inline constexpr std::size_t rendezvous_max_bytes = 64u << 20;
-
-// A replica whose pipeline stages are on different nodes (ranks.cpp).
-using rank_atom = caf::atom_constant<caf::atom("rank")>;          // node: spawn a stage's rank actor
-using rank_connect_atom = caf::atom_constant<caf::atom("rjoin")>;  // rank: join the replica's pipe
-using rank_load_atom = caf::atom_constant<caf::atom("rload")>;     // rank: load its part's weights
-using rank_add_atom = caf::atom_constant<caf::atom("radd")>;       // rank: compile an entry (entry_wire text)
-using rank_step_atom = caf::atom_constant<caf::atom("rstep")>;     // rank: run a step (an encoded step_batch)
-
-inline constexpr auto request_timeout = std::chrono::seconds(600);
 
 // The coordinator's key-value store seen from a process holding its handle (the rendezvous of
 // collective groups).
@@ -86,6 +50,23 @@ result<cross_node_head, std::string> make_cross_node_head(caf::actor_system& sys
                                                          const std::vector<caf::actor>& ranks, int threads, const std::string& host);
 
 caf::actor spawn_registry(caf::actor_system& sys);
+caf::behavior executor_actor(caf::event_based_actor* self, std::shared_ptr<exec::executor> ex, std::string device);
+
+// A replica's driver actor (detached: it computes on its own thread), spawned by `parent` (a node)
+// which monitors it: a driver that fails to prepare or dies takes nothing else with it.
+struct driver_spawn {
+  std::shared_ptr<const families::model_handle> handle;
+  std::shared_ptr<exec::executor> executor;
+  driver::driver_options options;
+  std::int64_t max_jobs = 256;
+  caf::actor coordinator;
+  std::string model;
+  std::uint64_t replica_id = 0;
+  std::shared_ptr<void> keep;  // what the driver's other ranks point into
+};
+caf::actor spawn_driver(caf::event_based_actor* parent, driver_spawn args);
+// `node`: a node in this process that joins at once (local_cluster), or none (nodes join through the
+// gatekeeper).
 caf::actor spawn_coordinator(caf::actor_system& sys, const caf::actor& registry, const caf::actor& node, std::int64_t max_outstanding,
                              std::int64_t max_per_replica);
 // `collective_host`: the address the node's cross-node collectives listen on; `cuda_device` >= 0: its
@@ -95,6 +76,10 @@ caf::actor spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t
 
 // The local address a socket toward host:port would leave from ("127.0.0.1" when it cannot tell).
 std::string local_address_toward(const std::string& host, int port);
+
+// The coordinator's status (decoded), and the served names with a serving replica.
+result<transport::cluster_status, std::string> cluster_status_of(caf::actor_system& sys, const caf::actor& coordinator);
+std::vector<std::string> served_models(caf::actor_system& sys, const caf::actor& coordinator);
 
 // Every live replica's figures: the coordinator names the drivers, each driver answers for itself.
 std::vector<transport::stats> collect_replica_stats(caf::actor_system& sys, const caf::actor& coordinator);

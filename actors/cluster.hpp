@@ -18,6 +18,7 @@ namespace troupe::actors {
 
 struct cluster_options {
   std::int32_t replicas = 2;               // driver replicas of the model (each with its own executor)
+  std::string name;                        // the served name; empty: the checkpoint's stem
   driver::driver_options driver;           // each replica's driver
   int executor_threads = 1;                // compute threads per CPU executor
   std::int32_t tensor_parallel = 1;        // ranks (executors) per stage of a replica, docs/tensor-parallel.md
@@ -86,6 +87,8 @@ class serving_backend {
   virtual std::unique_ptr<client> connect() = 0;
   virtual std::vector<transport::stats> replica_stats() = 0;
   virtual std::string model_name() const = 0;
+  // The served names with at least one serving replica, as the coordinator knows them now.
+  virtual std::vector<std::string> models() = 0;
 };
 
 struct cluster_state;
@@ -102,6 +105,7 @@ class local_cluster final : public serving_backend {
   transport::stats stats();
   std::vector<transport::stats> replica_stats() override;
   std::string model_name() const override { return name(); }
+  std::vector<std::string> models() override;
   // Resolves a checkpoint through the registry actor without loading its tensors.
   result<std::string, std::string> resolve(const std::filesystem::path& model);
   // The model name jobs should use.

@@ -1,6 +1,12 @@
 #include "actors/gateway.hpp"
 
 #include <httplib.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include <array>
@@ -265,8 +271,22 @@ struct gateway_state {
   serving_backend* cluster = nullptr;
   std::unique_ptr<client> cl;
   std::optional<text::text_codec> codec;
-  std::string model;
+  std::string model;  // the model whose tokenizer `codec` is (logprobs' token strings)
   httplib::Server server;
+  // The served names, as the coordinator's deployments say (followed live: a model deployed after the
+  // gateway started is served, one removed is a 404), refreshed at most once a second.
+  std::mutex models_m;
+  std::vector<std::string> models_cache;
+  std::chrono::steady_clock::time_point models_at{};
+  std::vector<std::string> served_models() {
+    std::lock_guard lock(models_m);
+    const auto now = std::chrono::steady_clock::now();
+    if (models_cache.empty() || now - models_at > std::chrono::seconds(1)) {
+      models_cache = cluster->models();
+      models_at = now;
+    }
+    return models_cache;
+  }
   std::thread thread;
   int port = 0;
   metrics stats;
@@ -316,13 +336,20 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
   params p{body, std::nullopt};
   request_plan plan;
   auto& j = plan.job;
-  if (auto it = body.find("model"); it == body.end() || !it->is_string()) {
-    p.fail("model", "a model name is required");
+  // The model named (routed by the coordinator to its replicas only), or the only one served.
+  const auto served = served_models();
+  if (auto it = body.find("model"); it != body.end() && !it->is_null() && !it->is_string()) {
+    p.fail("model", "model is a string");
+  } else if (it == body.end() || it->is_null() || it->get<std::string>().empty()) {
+    if (served.empty()) return reply_error(endpoint, res, {503, "no model is being served yet", "model", "model_not_ready"});
+    if (served.size() > 1) p.fail("model", "this server serves several models: name one (GET /v1/models)");
+    else j.model = served.front();
   } else {
     j.model = it->get<std::string>();
-    if (j.model != model) return reply_error(endpoint, res, {404, "The model '" + j.model + "' does not exist", "model", "model_not_found"});
-    j.model.clear();  // the coordinator's deployment
+    if (std::find(served.begin(), served.end(), j.model) == served.end())
+      return reply_error(endpoint, res, {404, "The model '" + j.model + "' does not exist", "model", "model_not_found"});
   }
+  const std::string model = j.model;  // what the answer names
   read_common(p, plan);
   if (chat) {
     auto it = body.find("messages");
@@ -486,7 +513,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, jobs, st, chat, plan, id, created, t0, logprob_entry](std::size_t, httplib::DataSink& sink) {
+      [this, jobs, st, chat, plan, id, created, t0, logprob_entry, model](std::size_t, httplib::DataSink& sink) {
         auto send = [&](const json& j) {
           const std::string line = "data: " + dump(j) + "\n\n";
           return sink.write(line.data(), line.size());
@@ -630,6 +657,30 @@ void gateway::stop() {
   if (!s_->stopped.exchange(true)) s_->server.stop();
 }
 
+result<void, std::string> port_available(const std::string& host, int port) {
+  if (port == 0) return {};
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
+    return unexpected("cannot resolve the address " + host);
+  std::string why;
+  const int fd = ::socket(res->ai_family, res->ai_socktype, res->ai_protocol);
+  if (fd < 0) {
+    why = std::strerror(errno);
+  } else {
+    int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0) why = std::strerror(errno);
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  if (!why.empty()) return unexpected("cannot listen on " + host + ":" + std::to_string(port) + ": " + why);
+  return {};
+}
+
 result<std::unique_ptr<gateway>, std::string> gateway::start(serving_backend& cluster, const std::filesystem::path& model, gateway_options options) {
   auto s = std::make_unique<gateway_state>();
   s->options = options;
@@ -642,6 +693,12 @@ result<std::unique_ptr<gateway>, std::string> gateway::start(serving_backend& cl
   auto& srv = s->server;
   const int threads = std::max(4, options.http_threads);
   srv.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
+  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server on a port in
+  // use binds too and the kernel splits the connections between the two.
+  srv.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const char*>(&yes), sizeof yes);
+  });
   srv.set_payload_max_length(options.max_body_bytes);
   srv.set_read_timeout(options.io_timeout_s, 0);
   srv.set_write_timeout(options.io_timeout_s, 0);
@@ -668,7 +725,9 @@ result<std::unique_ptr<gateway>, std::string> gateway::start(serving_backend& cl
   });
   srv.Get("/v1/models", [st](const httplib::Request& req, httplib::Response& res) {
     if (!st->authorized(req)) return st->reply_error("/v1/models", res, {401, "Incorrect API key provided", "", "invalid_api_key"});
-    json j = {{"object", "list"}, {"data", json::array({{{"id", st->model}, {"object", "model"}, {"created", 0}, {"owned_by", "troupe"}}})}};
+    json data = json::array();
+    for (const auto& m : st->served_models()) data.push_back({{"id", m}, {"object", "model"}, {"created", 0}, {"owned_by", "troupe"}});
+    json j = {{"object", "list"}, {"data", data}};
     res.set_content(dump(j), "application/json");
     st->count("/v1/models", 200);
   });

@@ -33,6 +33,10 @@ result<std::vector<std::string>, std::string> read_api_keys(const std::filesyste
 // outside them and the OpenAI tool_calls array as JSON (empty when there is none).
 std::pair<std::string, std::string> parse_tool_calls(const std::string& text);
 
+// Whether `host:port` can be listened on now (a port in use is refused by name): checked before
+// anything is loaded, so a second server on a used port exits at once.
+result<void, std::string> port_available(const std::string& host, int port);
+
 struct gateway_state;
 
 class gateway {

@@ -22,6 +22,9 @@
 #include <thread>
 
 #include "actors/actor_internals.hpp"
+#include "actors/model_needs.hpp"
+#include "actors/status_text.hpp"
+#include "engine/exec/cuda/cuda_executor.hpp"
 #include "transport/codec.hpp"
 #include "transport/collectives.hpp"
 
@@ -87,22 +90,35 @@ caf::behavior gatekeeper_actor(caf::stateful_actor<gatekeeper_state>* self, std:
         return n.back();
       },
       [=](join_atom, const std::string& role, const std::string& id, const std::string& nonce, const std::string& proof,
-          const caf::actor& peer) -> caf::message {
+          const caf::actor& peer, const std::string& inventory, std::int32_t max_replicas) -> caf::response_promise {
         auto& st = self->state;
+        auto rp = self->make_response_promise();
+        auto answer = [&](caf::actor a, std::string why) {
+          rp.deliver(std::move(a), std::move(why));
+          return rp;
+        };
         auto it = std::find(st.nonces.begin(), st.nonces.end(), nonce);
-        if (it == st.nonces.end()) return caf::make_message(caf::actor{}, std::string("refused: unknown or used nonce"));
+        if (it == st.nonces.end()) return answer(caf::actor{}, std::string("refused: unknown or used nonce"));
         st.nonces.erase(it);
         const auto expected = hmac_sha256_hex(st.secret, nonce + "|" + role + "|" + id);
         if (proof.size() != expected.size() || CRYPTO_memcmp(proof.data(), expected.data(), expected.size()) != 0) {
           spdlog::warn("event=join_refused role={} id={} reason=bad_proof", role, id);
-          return caf::make_message(caf::actor{}, std::string("refused: the proof does not match the cluster secret"));
+          return answer(caf::actor{}, std::string("refused: the proof does not match the cluster secret"));
         }
-        if (role == "node") {
-          if (!peer) return caf::make_message(caf::actor{}, std::string("refused: a node must send its handle"));
-          self->send(st.coordinator, node_atom::value, id, peer);
-          spdlog::info("event=node_joined node={}", id);
-        }
-        return caf::make_message(st.coordinator, std::string());
+        if (role != "node") return answer(st.coordinator, std::string());
+        if (!peer) return answer(caf::actor{}, std::string("refused: a node must send its handle"));
+        // The coordinator decides (node ids are unique); its handle goes out only once it took the node.
+        self->request(st.coordinator, std::chrono::seconds(10), node_atom::value, id, peer, max_replicas, inventory)
+            .then(
+                [=](const std::string& why) mutable {
+                  if (!why.empty()) {
+                    rp.deliver(caf::actor{}, "refused: " + why);
+                    return;
+                  }
+                  rp.deliver(self->state.coordinator, std::string());
+                },
+                [=](caf::error& e) mutable { rp.deliver(caf::actor{}, "the coordinator did not answer: " + self->system().render(e)); });
+        return rp;
       },
   };
 }
@@ -136,8 +152,11 @@ sigset_t block_stop_signals() {
 constexpr auto connect_timeout = std::chrono::seconds(10);
 
 // Proves the secret to a gatekeeper; the coordinator's handle, or why not.
+// `inventory`: a node's devices (an encoded Inventory) and `max_replicas` its bound; the coordinator
+// takes both with the join, so a joined node is placeable at once.
 result<caf::actor, std::string> join(caf::actor_system& sys, const std::string& host, int port, const std::string& secret,
-                                     const std::string& role, const std::string& id, const caf::actor& peer, bool tls) {
+                                     const std::string& role, const std::string& id, const caf::actor& peer, bool tls,
+                                     const std::string& inventory = {}, std::int32_t max_replicas = 0) {
   // The connection is asked of the middleman with a bound rather than through remote_actor(), which
   // waits without one: CAF 0.17's handshake has no timeout of its own (actor-framework issue #504), so a
   // peer that accepts and never answers would hold a rejoining node forever.
@@ -154,7 +173,8 @@ result<caf::actor, std::string> join(caf::actor_system& sys, const std::string& 
   self->request(*gk, connect_timeout, join_atom::value).receive([&](const std::string& n) { nonce = n; }, [&](caf::error& e) { err = sys.render(e); });
   if (nonce.empty()) return unexpected("no challenge from the coordinator: " + err);
   caf::actor coordinator;
-  self->request(*gk, connect_timeout, join_atom::value, role, id, nonce, hmac_sha256_hex(secret, nonce + "|" + role + "|" + id), peer)
+  self->request(*gk, connect_timeout, join_atom::value, role, id, nonce, hmac_sha256_hex(secret, nonce + "|" + role + "|" + id), peer, inventory,
+                max_replicas)
       .receive([&](const caf::actor& c, const std::string& e) { coordinator = c, err = e; }, [&](caf::error& e) { err = sys.render(e); });
   if (!coordinator) return unexpected(err.empty() ? std::string("refused") : err);
   return coordinator;
@@ -194,6 +214,23 @@ int run_coordinator(const coordinator_process_options& o) {
   return 0;
 }
 
+namespace {
+
+// The devices a node declares when it joins: a simulated CPU device of --device-memory, or its GPU with
+// the free memory the CUDA runtime reports (or --device-memory when given).
+std::vector<transport::device> node_devices(const node_process_options& o) {
+  if (o.cuda_device >= 0) {
+    std::uint64_t memory = o.device_memory;
+    if (memory == 0)
+      if (auto devs = exec::cuda::devices(); devs && o.cuda_device < static_cast<int>(devs->size()))
+        memory = (*devs)[static_cast<std::size_t>(o.cuda_device)].memory_bytes;
+    return {{"cuda:" + std::to_string(o.cuda_device), "cuda", memory}};
+  }
+  return {{"cpu:0", "cpu", o.device_memory}};
+}
+
+}  // namespace
+
 int run_node(const node_process_options& o) {
   auto set = block_stop_signals();
   const std::string id = o.node_id.empty() ? "node-" + std::to_string(::getpid()) : o.node_id;
@@ -218,10 +255,13 @@ int run_node(const node_process_options& o) {
   while (!signalled) {
     if (joined_once) spdlog::info("event=rejoining coordinator={}:{}", o.host, o.port);
     auto node = spawn_node(sys, o.executor_threads, o.max_per_replica, o.device_memory, collective_host, o.cuda_device);
-    auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, node, o.tls.enabled());
+    auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, node, o.tls.enabled(),
+                            transport::encode(transport::inventory{{transport::node_inventory{id, node_devices(o)}}}), o.max_replicas);
     if (!coordinator) {
       caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
-      const bool refused = coordinator.error().rfind("refused", 0) == 0;
+      // A rejoin may find its old membership not yet noticed as lost (its id still taken): ask again.
+      const bool taken = coordinator.error().find("is taken by a node") != std::string::npos;
+      const bool refused = coordinator.error().rfind("refused", 0) == 0 && !(taken && joined_once);
       if (refused || !joined_once) {
         spdlog::error("event=join_failed reason=\"{}\"", coordinator.error());
         rc = refused ? 3 : 1;
@@ -232,7 +272,6 @@ int run_node(const node_process_options& o) {
       continue;
     }
     joined_once = true;
-    caf::anon_send(*coordinator, capacity_atom::value, node, o.max_replicas, o.device_memory);
     std::printf("troupe node: '%s' joined %s:%d\n", id.c_str(), o.host.c_str(), o.port);
     std::fflush(stdout);
     spdlog::info("event=joined coordinator={}:{}", o.host, o.port);
@@ -303,10 +342,38 @@ std::unique_ptr<client> session::client_session() { return s_->clients.open(*s_-
 
 result<std::string, std::string> session::deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& o,
                                                   std::int32_t tensor_parallel, std::int32_t pipeline_parallel, bool across_nodes) {
+  deploy_request r;
+  r.model = model;
+  r.replicas = replicas;
+  r.options = o;
+  r.tensor_parallel = tensor_parallel;
+  r.pipeline_parallel = pipeline_parallel;
+  r.across_nodes = across_nodes;
+  return deploy(r);
+}
+
+namespace {
+
+// A deploy or scale reply: the served name, or "code: why".
+result<std::string, std::string> reply_of(const std::string& bytes, const std::string& fallback) {
+  if (bytes.empty()) return unexpected(fallback);
+  auto m = transport::decode(bytes);
+  if (!m) return unexpected(m.error().message());
+  if (auto* e = std::get_if<transport::error>(&*m)) return unexpected(e->code + ": " + e->message);
+  if (auto* d = std::get_if<transport::deploy>(&*m)) return d->model;
+  if (auto* s = std::get_if<transport::scale>(&*m)) return s->model;
+  return unexpected(std::string("an answer of kind ") + std::string(transport::kind(*m)));
+}
+
+}  // namespace
+
+result<std::string, std::string> session::deploy(const deploy_request& r) {
+  const auto& o = r.options;
   transport::deploy d;
-  d.model = model.filename().string();
-  d.replicas = replicas;
-  d.load.model = std::filesystem::absolute(model).string();
+  d.model = r.name.empty() ? served_name(r.model) : r.name;
+  d.replicas = r.replicas;
+  d.goal = r.goal;
+  d.load.model = std::filesystem::absolute(r.model).lexically_normal().string();
   d.load.device = "cpu";
   d.load.max_rows = o.max_rows;
   d.load.capacity = o.capacity;
@@ -316,15 +383,15 @@ result<std::string, std::string> session::deploy(const std::filesystem::path& mo
   d.load.token_budget = o.token_budget;
   d.load.no_prefix_cache = !o.prefix_cache;
   d.load.no_preempt = !o.preempt;
-  d.load.tensor_parallel = tensor_parallel;
-  d.load.pipeline_parallel = pipeline_parallel;
-  d.load.across_nodes = across_nodes;
+  d.load.tensor_parallel = r.tensor_parallel;
+  d.load.pipeline_parallel = r.pipeline_parallel;
+  d.load.across_nodes = r.across_nodes;
   caf::scoped_actor self{*s_->sys};
-  std::string err = "no answer", name;
+  std::string bytes, err = "no answer";
   self->request(s_->coordinator, request_timeout, deploy_atom::value, transport::encode(d))
-      .receive([&](const std::string& e, const std::string& n) { err = e, name = n; }, [&](caf::error& e) { err = s_->sys->render(e); });
-  if (!err.empty()) return unexpected(err);
-  s_->model = name;
+      .receive([&](const std::string& b) { bytes = b; }, [&](caf::error& e) { err = s_->sys->render(e); });
+  auto name = reply_of(bytes, err);
+  if (name) s_->model = *name;
   return name;
 }
 
@@ -332,31 +399,28 @@ std::shared_ptr<transport::rendezvous_store> session::rendezvous_store() { retur
 
 result<std::string, std::string> session::scale(const std::string& model, std::int32_t replicas) {
   caf::scoped_actor self{*s_->sys};
-  std::string err = "no answer", name;
+  std::string bytes, err = "no answer";
   self->request(s_->coordinator, request_timeout, scale_atom::value, transport::encode(transport::scale{model, replicas}))
-      .receive([&](const std::string& e, const std::string& n) { err = e, name = n; }, [&](caf::error& e) { err = s_->sys->render(e); });
-  if (!err.empty()) return unexpected(err);
-  return name;
+      .receive([&](const std::string& b) { bytes = b; }, [&](caf::error& e) { err = s_->sys->render(e); });
+  return reply_of(bytes, err);
 }
 
 std::vector<transport::stats> session::replica_stats() { return collect_replica_stats(*s_->sys, s_->coordinator); }
 
 std::string session::model_name() const {
   if (!s_->model.empty()) return s_->model;
-  caf::scoped_actor self{*s_->sys};
-  std::string j;
-  self->request(s_->coordinator, std::chrono::seconds(30), status_atom::value).receive([&](const std::string& x) { j = x; }, [](caf::error&) {});
-  auto parsed = nlohmann::json::parse(j, nullptr, false);
-  if (parsed.is_discarded() || !parsed.contains("replicas") || parsed["replicas"].empty()) return {};
-  return parsed["replicas"][0].value("model", "");
+  auto names = served_models(*s_->sys, s_->coordinator);
+  return names.empty() ? std::string() : names.front();
 }
 
+std::vector<std::string> session::models() { return served_models(*s_->sys, s_->coordinator); }
+
+result<transport::cluster_status, std::string> session::cluster_status() { return cluster_status_of(*s_->sys, s_->coordinator); }
+
 result<std::string, std::string> session::status() {
-  caf::scoped_actor self{*s_->sys};
-  std::string out, err;
-  self->request(s_->coordinator, std::chrono::seconds(30), status_atom::value).receive([&](const std::string& j) { out = j; }, [&](caf::error& e) { err = s_->sys->render(e); });
-  if (out.empty()) return unexpected(err);
-  return out;
+  auto s = cluster_status();
+  if (!s) return unexpected(s.error());
+  return status_json(*s);
 }
 
 }  // namespace troupe::actors

@@ -78,6 +78,18 @@ int run_node(const node_process_options& o);
 
 struct session_state;
 
+// A deployment as `troupe deploy` asks for it.
+struct deploy_request {
+  std::filesystem::path model;      // a checkpoint every node can read
+  std::string name;                 // the served name; empty: the checkpoint's stem
+  std::int32_t replicas = 1;        // the desired count (a second identical deploy leaves it)
+  driver::driver_options options;
+  std::int32_t tensor_parallel = 0;  // 0: the coordinator's planner decides the split
+  std::int32_t pipeline_parallel = 0;
+  bool across_nodes = false;
+  std::string goal;                 // the planner's objective: latency (empty), capacity, throughput
+};
+
 // A connection to a running coordinator: clients, deployments and status.
 class session final : public serving_backend {
  public:
@@ -94,12 +106,16 @@ class session final : public serving_backend {
   // tensor_parallel x pipeline_parallel > 1: each replica is that many executors on one node, each over
   // its part (docs/tensor-parallel.md); with across_nodes each pipeline stage takes a node of its own.
   result<std::string, std::string> deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& options,
-                                          std::int32_t tensor_parallel = 1, std::int32_t pipeline_parallel = 1, bool across_nodes = false);
+                                          std::int32_t tensor_parallel = 0, std::int32_t pipeline_parallel = 0, bool across_nodes = false);
+  // The same with every field; the error is "code: why" (the node that refused named in why).
+  result<std::string, std::string> deploy(const deploy_request& request);
   // Sets a deployed model's replica count: new replicas are placed and prepared before they take
   // traffic (returns once they serve); removed ones drain (no new jobs, stop after their last).
   result<std::string, std::string> scale(const std::string& model, std::int32_t replicas);
-  // Nodes, replicas and load as JSON text.
+  // Nodes, replicas, deployments and load: typed, and as JSON text (actors/status_text.hpp).
+  result<transport::cluster_status, std::string> cluster_status();
   result<std::string, std::string> status();
+  std::vector<std::string> models() override;
   // The coordinator's key-value store, for the rendezvous of collective groups whose ranks are in
   // different processes or on different machines (transport::gloo_options::store,
   // nccl_options::store). It must not outlive this session.

@@ -23,7 +23,9 @@
 // toml++ reports parse errors as values (no exceptions); only this file includes it.
 #define TOML_EXCEPTIONS 0
 #include <toml++/toml.h>
+#include "actors/model_needs.hpp"
 #include "actors/remote.hpp"
+#include "actors/status_text.hpp"
 #include "apps/default_model.hpp"
 
 #include <csignal>
@@ -54,6 +56,7 @@ struct deployment_entry {
   std::string model;
   int replicas = 1;
   std::int64_t max_rows = 16, capacity = 0;
+  std::string name;  // the served name; empty: the checkpoint's stem
 };
 
 // Reads a cluster file into the options the flags left unset; the deployments it lists.
@@ -97,7 +100,7 @@ result<std::vector<deployment_entry>, std::string> apply_cluster_file(cluster_cm
     for (const auto& d : *deps) {
       const auto* dt = d.as_table();
       if (!dt) return unexpected(o.cluster_file + ": [[deployment]] entries are tables");
-      static const std::set<std::string> keys{"model", "replicas", "max_rows", "capacity"};
+      static const std::set<std::string> keys{"model", "replicas", "max_rows", "capacity", "name"};
       for (const auto& [k, v] : *dt)
         if (!keys.contains(std::string(k.str()))) return unexpected(o.cluster_file + ": unknown key deployment." + std::string(k.str()));
       deployment_entry e;
@@ -106,6 +109,7 @@ result<std::vector<deployment_entry>, std::string> apply_cluster_file(cluster_cm
       e.replicas = (*dt)["replicas"].value_or(1);
       e.max_rows = (*dt)["max_rows"].value_or(std::int64_t{16});
       e.capacity = (*dt)["capacity"].value_or(std::int64_t{0});
+      e.name = (*dt)["name"].value_or(std::string());
       deployments.push_back(e);
     }
   return deployments;
@@ -258,7 +262,7 @@ class progress_bar {
     std::int64_t done = 0, total = 0;
     int ready = 0;
     for (const auto& r : j.value("replicas", nlohmann::json::array()))
-      if (r.value("model", "") == model_) ++ready;
+      if (r.value("model", "") == model_ && r.value("state", "") == "serving") ++ready;
     for (const auto& p : j.value("preparing", nlohmann::json::array()))
       if (p.value("model", "") == model_) {
         done += p.value("done", std::int64_t{0});
@@ -314,7 +318,7 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     return 1;
   }
   std::vector<deployment_entry> todo;
-  if (!o.model.empty()) todo.push_back({o.model, o.replicas, o.max_rows, o.capacity});
+  if (!o.model.empty()) todo.push_back({o.model, o.replicas, o.max_rows, o.capacity, o.name});
   else todo = file_deployments;
   if (todo.empty()) {
     // Neither --model nor [[deployment]] entries: the embedded model, at the path it has on this
@@ -334,7 +338,11 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     d.token_budget = 0;
     int replicas = e.replicas, tp = o.tensor_parallel, pp = o.pipeline_parallel;
     bool across = o.across_nodes;
-    if (!o.plan.empty()) {
+    // --plan GOAL: the planner picks the replica count and split here from the devices the status lists
+    // (and says so), and GOAL goes with the deployment as the coordinator's policy for replacements.
+    // Without it and without split flags the coordinator plans every replica itself.
+    const bool cli_plan = !o.plan.empty();
+    if (cli_plan) {
       // The planner on the devices the nodes declared: it picks the replicas and the split.
       auto st = (*s)->status();
       if (!st) {
@@ -350,8 +358,18 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
       replicas = split->replicas, tp = split->tensor_parallel, pp = split->pipeline_parallel, across = split->across_nodes;
     }
     std::optional<progress_bar> bar;
-    if (o.progress) bar.emplace(**s, std::filesystem::path(e.model).filename().string(), replicas);
-    auto r = (*s)->deploy(e.model, replicas, d, tp, pp, across);
+    const std::string served = e.name.empty() ? actors::served_name(e.model) : e.name;
+    if (o.progress) bar.emplace(**s, served, replicas);
+    actors::deploy_request req;
+    req.model = e.model;
+    req.name = e.name;
+    req.replicas = replicas;
+    req.options = d;
+    req.tensor_parallel = tp > 1 ? tp : 0;
+    req.pipeline_parallel = pp > 1 ? pp : 0;
+    req.across_nodes = across;
+    req.goal = o.plan;
+    auto r = (*s)->deploy(req);
     if (bar) bar->finish(r.has_value());
     if (!r) {
       std::fprintf(stderr, "troupe deploy: %s: %s\n", e.model.c_str(), r.error().c_str());
@@ -378,6 +396,7 @@ int run_submit_cmd(const cluster_cmd_options& given) {
   j.ignore_eos = o.ignore_eos;
   j.sampling.temperature = static_cast<float>(o.temperature);
   j.sampling.seed = o.seed;
+  j.model = o.model;  // empty: the cluster's only model
   auto cl = (*s)->client_session();
   auto jb = cl->submit(j);
   if (!jb) {
@@ -430,12 +449,13 @@ int run_status_cmd(const cluster_cmd_options& given) {
     std::fprintf(stderr, "troupe status: %s\n", s.error().c_str());
     return 1;
   }
-  auto st = (*s)->status();
+  auto st = (*s)->cluster_status();
   if (!st) {
     std::fprintf(stderr, "troupe status: %s\n", st.error().c_str());
     return 1;
   }
-  std::printf("%s\n", nlohmann::json::parse(*st).dump(2).c_str());
+  if (o.json) std::printf("%s\n", actors::status_json(*st).c_str());
+  else std::printf("%s", actors::status_table(*st).c_str());
   return 0;
 }
 
@@ -451,6 +471,10 @@ int run_gateway_cmd(const cluster_cmd_options& given) {
   actors::gateway_options g;
   g.host = at->host;
   g.port = at->port;
+  if (auto free = actors::port_available(at->host, at->port); !free) {
+    std::fprintf(stderr, "troupe gateway: %s\n", free.error().c_str());
+    return 1;
+  }
   if (!o.api_key_file.empty()) {
     auto keys = actors::read_api_keys(o.api_key_file);
     if (!keys) {

@@ -28,7 +28,8 @@ struct cluster_cmd_options {
   bool progress = false;
   int pipeline_parallel = 1;  // deploy: stages per replica, on one node
   bool across_nodes = false;  // deploy: each pipeline stage on a node of its own
-  std::string plan;           // deploy: latency | capacity | throughput: the planner picks replicas and splits
+  std::string plan;           // deploy: latency | capacity | throughput: the planner's goal
+  std::string name;           // deploy: the served name (default: the checkpoint's stem); submit: the model
   std::string collective_host;  // node: where its cross-node collectives listen (empty: toward the coordinator)
   int tensor_parallel = 1;  // deploy: ranks per replica, on one node    // deploy: draw the replicas' preparation as a progress bar on stderr
   // top

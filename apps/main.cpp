@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
   troupe::app::sim_options sim;
   auto* sm = app.add_subcommand("sim", "a simulated cluster of node processes on loopback, with fault injection on stdin");
   sm->add_option("--nodes", sim.nodes)->check(CLI::Range(1, 64));
-  auto* sim_model = sm->add_option("--model", sim.model, "deploy this checkpoint on the nodes (default: the embedded model)");
+  auto* sim_model = sm->add_option("--model", sim.models, "deploy this checkpoint on the nodes (default: the embedded model); repeat for more models");
   sm->add_flag("--no-model", sim.no_model, "start the nodes with nothing deployed")->excludes(sim_model);
   sm->add_option("--replicas", sim.replicas, "replicas of the model (default: one per node)")->check(CLI::Range(0, 1024));
   sm->add_option("--threads", sim.threads, "compute threads per node")->check(CLI::Range(0, 4096));
@@ -203,15 +203,19 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   dp->add_option("--pipeline-parallel", cc.pipeline_parallel, "split each replica's layers into M stages on one node (composes with --tensor-parallel)")
       ->check(CLI::Range(1, 64));
+  dp->add_option("--name", cc.name, "the name jobs use for this model (default: the checkpoint's stem, troupe-kjv for troupe-kjv.gguf)");
   dp->add_option("--plan", cc.plan,
                  "latency, capacity or throughput: the placement planner picks the replicas and the split from the devices the "
-                 "nodes declared (--device-memory), overriding --replicas and the parallel options");
+                 "nodes declared, overriding --replicas and the parallel options (without --plan or a split flag the coordinator "
+                 "plans each replica: a model no node holds is split into pipeline stages across nodes)");
+
   dp->add_flag("--across-nodes", cc.across_nodes,
                "put each pipeline stage on a node of its own (the stages pass activations over Gloo, meeting through the coordinator)");
   dp->add_flag("--progress", cc.progress, "show the replicas' preparation (weights, then each compiled entry) as a progress bar");
   dp->callback([&] { rc = troupe::app::run_deploy_cmd(cc); });
   auto* sb = app.add_subcommand("submit", "submit a job to a running cluster and stream its answer");
   common(sb, "--coordinator", "the coordinator's HOST:PORT");
+  sb->add_option("--model", cc.model, "the served model's name (may be left out when the cluster serves one model)");
   auto* stext = sb->add_option("--prompt", cc.prompt, "prompt text");
   auto* sids = sb->add_option("--prompt-ids", cc.prompt_ids, "prompt token ids, used as given")->delimiter(',');
   stext->excludes(sids);
@@ -237,6 +241,7 @@ int main(int argc, char** argv) {
   gwc->callback([&] { rc = troupe::app::run_gateway_cmd(cc); });
   auto* ss = app.add_subcommand("status", "nodes, replicas and load of a running cluster");
   common(ss, "--coordinator", "the coordinator's HOST:PORT");
+  ss->add_flag("--json", cc.json, "every node (id, devices, state) and replica (id, model, nodes, devices, state, load) as JSON");
   ss->callback([&] { rc = troupe::app::run_status_cmd(cc); });
   auto* tp = app.add_subcommand("top", "a live view of every replica: running and queued jobs, tokens per second, jobs done");
   common(tp, "--coordinator", "the coordinator's HOST:PORT");

@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <map>
 
+#include "actors/model_needs.hpp"
 #include "apps/cluster_cmd.hpp"
 #include "apps/default_model.hpp"
-#include "families/components/dense_decoder.hpp"
 #include "families/model_handle.hpp"
 #include "families/registry.hpp"
 #include "placement/planner.hpp"
@@ -15,36 +15,7 @@
 namespace troupe::app {
 namespace {
 
-// What one replica of `h` needs, from its weights as stored: the heaviest layer (the planner takes one
-// size for all), the embedding, the final norm and head (a tied head counts the embedding again, as the
-// planner asks), f32 KV, and the scratch of a 256-token prefill chunk and a 16-row decode.
-result<placement::requirements, std::string> requirements_of(const families::model_handle& h) {
-  const auto* dense = dynamic_cast<const families::dense_decoder*>(&h.model());
-  if (dense == nullptr || dense->spec().attention.empty()) return unexpected("the planner knows dense decoders only, not " + h.model().config().family);
-  const auto& spec = dense->spec();
-  placement::requirements r;
-  std::map<std::int32_t, std::uint64_t> per_layer;
-  bool tied = true;
-  std::uint64_t embedding = 0;
-  for (const auto& e : h.model().weights().entries()) {
-    const auto bytes = static_cast<std::uint64_t>(e.view.bytes());
-    if (e.role.layer >= 0) per_layer[e.role.layer] += bytes;
-    else if (e.role.name == "token_embd") embedding += bytes;
-    else if (e.role.name == "output") tied = false, r.head_bytes += bytes;
-    else if (e.role.name == "output_norm") r.head_bytes += bytes;
-    else r.embedding_bytes += bytes;  // rope tables and the like: with the first stage
-  }
-  r.embedding_bytes += embedding;
-  if (tied) r.head_bytes += embedding;
-  for (const auto& [l, b] : per_layer) r.layer_bytes = std::max(r.layer_bytes, b);
-  r.layers = static_cast<std::int32_t>(spec.stack.layers);
-  r.kv_bytes_per_token_per_layer = static_cast<std::uint64_t>(h.model().config().kv_elems_per_token_per_layer) * 4;
-  r.heads = static_cast<std::int32_t>(spec.attention[0].heads);
-  r.kv_heads = static_cast<std::int32_t>(spec.attention[0].kv_heads);
-  const auto hidden = static_cast<std::uint64_t>(spec.stack.hidden), ffn = static_cast<std::uint64_t>(spec.ffn.width);
-  r.scratch_bytes = 256 * (8 * hidden + 3 * ffn) * 4 + 16 * static_cast<std::uint64_t>(spec.stack.vocab) * 4;
-  return r;
-}
+using actors::requirements_of;
 
 // "a=cuda:80GiB*8,cpu:64GiB" -> a node.
 result<placement::node, std::string> parse_node(const std::string& text) {

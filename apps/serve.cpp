@@ -21,6 +21,10 @@ int run_serve(const serve_options& o) {
   actors::gateway_options g;
   g.host = o.host;
   g.port = o.port;
+  if (auto free = actors::port_available(o.host, o.port); !free) {
+    std::fprintf(stderr, "troupe serve: %s\n", free.error().c_str());
+    return 1;
+  }
   if (!o.api_key_file.empty()) {
     auto keys = actors::read_api_keys(o.api_key_file);
     if (!keys) {

@@ -69,6 +69,25 @@ void stop(pid_t pid) {
   ::waitpid(pid, nullptr, 0);
 }
 
+// Every process at once: SIGTERM, up to 3 s for them to leave, then SIGKILL; each reaped.
+void stop_together(const std::vector<pid_t>& pids) {
+  std::vector<pid_t> left;
+  for (auto p : pids)
+    if (p > 0) {
+      ::kill(p, SIGCONT);
+      ::kill(p, SIGTERM);
+      left.push_back(p);
+    }
+  for (int i = 0; i < 60 && !left.empty(); ++i) {
+    std::erase_if(left, [](pid_t p) { return ::waitpid(p, nullptr, WNOHANG) == p; });
+    if (!left.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (auto p : left) {
+    ::kill(p, SIGKILL);
+    ::waitpid(p, nullptr, 0);
+  }
+}
+
 // A loopback TCP relay between one node and the coordinator, so the sim can cut that node's link and
 // restore it without network namespaces: while cut, open connections are shut down and new ones are
 // accepted and closed at once.
@@ -177,14 +196,16 @@ class link_relay {
 }  // namespace
 
 int run_sim(const sim_options& o) {
-  std::string model;
+  std::vector<std::string> models;
   if (!o.no_model) {
-    auto found = model_or_default(o.model, "sim");
-    if (!found) {
-      std::fprintf(stderr, "%s\n", found.error().c_str());
-      return 2;
+    for (const auto& m : o.models.empty() ? std::vector<std::string>{std::string()} : o.models) {
+      auto found = model_or_default(m, "sim");
+      if (!found) {
+        std::fprintf(stderr, "%s\n", found.error().c_str());
+        return 2;
+      }
+      models.push_back(std::move(*found));
     }
-    model = std::move(*found);
   }
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   const fs::path dir = o.dir.empty() ? fs::temp_directory_path() / ("troupe-sim-" + std::to_string(::getpid())) : fs::path(o.dir);
@@ -234,8 +255,9 @@ int run_sim(const sim_options& o) {
   std::vector<pid_t> nodes;
   for (int i = 0; i < o.nodes; ++i) nodes.push_back(spawn(node_args(i), dir / ("node-" + std::to_string(i) + ".log")));
   auto stop_all = [&] {
-    for (auto p : nodes) stop(p);
-    stop(coordinator);
+    std::vector<pid_t> all = nodes;
+    all.push_back(coordinator);
+    stop_together(all);
   };
   auto secret = actors::read_secret(dir / "secret");
   auto s = actors::session::connect("127.0.0.1", port, secret ? *secret : std::string());
@@ -254,7 +276,7 @@ int run_sim(const sim_options& o) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::printf("troupe sim: coordinator 127.0.0.1:%d, secret %s, %d node(s), logs in %s\n", port, (dir / "secret").c_str(), o.nodes, dir.c_str());
-  if (!model.empty()) {
+  for (const auto& model : models) {
     driver::driver_options d;
     d.max_rows = o.max_rows;
     d.capacity = o.capacity;
@@ -268,29 +290,39 @@ int run_sim(const sim_options& o) {
     }
     std::printf("troupe sim: '%s' deployed on %d replica(s)\n", r->c_str(), o.replicas > 0 ? o.replicas : o.nodes);
   }
-  std::printf("commands: kill I | pause I | resume I | restart I | cut I | restore I | status | quit\n");
-  std::fflush(stdout);
+  const char* help =
+      "commands: kill I | pause I | resume I | restart I | cut I | restore I | status | help | quit   (I: a node's index, 0 to %d)\n";
+  std::printf(help, o.nodes - 1);
+  const bool tty = ::isatty(0) != 0;
+  auto prompt = [&] {
+    if (tty) std::printf("troupe> ");
+    std::fflush(stdout);
+  };
+  prompt();
 
-  std::atomic<bool> signalled{false};
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&set, &sig);
-    signalled = true;
-    ::close(0);  // ends the command loop
-  });
-  std::string line;
-  bool quit = false;
-  while (!signalled && std::getline(std::cin, line)) {
+  // The command loop polls stdin and the stop signals together (sigtimedwait), so SIGINT and SIGTERM
+  // stop the sim at once even while it waits at its prompt.
+  int sig = 0;
+  bool quit = false, input_open = true;
+  std::string pending;
+  auto handle = [&](const std::string& line) {
     std::istringstream in(line);
-    std::string cmd;
-    int i = -1;
-    in >> cmd >> i;
+    std::string cmd, arg;
+    in >> cmd >> arg;
     const bool indexed = cmd == "kill" || cmd == "pause" || cmd == "resume" || cmd == "restart" || cmd == "cut" || cmd == "restore";
-    if (indexed && (i < 0 || i >= static_cast<int>(nodes.size()))) {
-      std::printf("no node %d\n", i);
+    int i = -1;
+    if (indexed) {
+      char* end = nullptr;
+      const long v = arg.empty() ? -1 : std::strtol(arg.c_str(), &end, 10);
+      if (!arg.empty() && *end == '\0' && v >= 0 && v < static_cast<long>(nodes.size())) i = static_cast<int>(v);
+    }
+    if (indexed && i < 0) {
+      std::printf("%s takes a node index 0 to %d, got '%s'\n", cmd.c_str(), o.nodes - 1, arg.c_str());
     } else if (cmd == "kill") {
-      ::kill(nodes[static_cast<std::size_t>(i)], SIGKILL);
-      ::waitpid(nodes[static_cast<std::size_t>(i)], nullptr, 0);
+      if (nodes[static_cast<std::size_t>(i)] > 0) {
+        ::kill(nodes[static_cast<std::size_t>(i)], SIGKILL);
+        ::waitpid(nodes[static_cast<std::size_t>(i)], nullptr, 0);
+      }
       nodes[static_cast<std::size_t>(i)] = -1;
       std::printf("node %d killed\n", i);
     } else if (cmd == "pause") {
@@ -312,22 +344,51 @@ int run_sim(const sim_options& o) {
     } else if (cmd == "status") {
       auto st = (*s)->status();
       std::printf("%s\n", st ? st->c_str() : st.error().c_str());
+    } else if (cmd == "help") {
+      std::printf(help, o.nodes - 1);
     } else if (cmd == "quit") {
       quit = true;
-      break;
     } else if (!cmd.empty()) {
-      std::printf("unknown command '%s'\n", cmd.c_str());
+      std::printf("unknown command '%s' (help lists them)\n", cmd.c_str());
     }
-    std::fflush(stdout);
+    if (!quit) prompt();
+  };
+  const timespec tick{0, 100 * 1000 * 1000};
+  while (!quit) {
+    if (const int got = ::sigtimedwait(&set, nullptr, &tick); got > 0) {
+      sig = got;
+      break;
+    }
+    // Reap nodes that died on their own (no zombies while the sim runs).
+    for (auto& p : nodes)
+      if (p > 0 && ::waitpid(p, nullptr, WNOHANG) == p) p = -1;
+    if (!input_open) continue;  // without a terminal (stdin at its end) the cluster runs until a signal
+    pollfd in{0, POLLIN, 0};
+    if (::poll(&in, 1, 0) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::read(0, buf, sizeof buf);
+    if (n <= 0) {
+      input_open = false;
+      if (!pending.empty()) handle(pending);
+      pending.clear();
+      continue;
+    }
+    pending.append(buf, static_cast<std::size_t>(n));
+    if (pending.size() > (1 << 16)) pending.clear();  // a line that long is no command
+    for (auto nl = pending.find('\n'); nl != std::string::npos && !quit; nl = pending.find('\n')) {
+      const std::string line = pending.substr(0, nl);
+      pending.erase(0, nl + 1);
+      handle(line);
+    }
   }
-  // Without a terminal (stdin at its end) the cluster runs until a signal.
-  if (quit && !signalled) pthread_kill(waiter.native_handle(), SIGTERM);
-  waiter.join();
+  if (sig) std::printf("\ntroupe sim: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  std::fflush(stdout);
   s->reset();
   stop_all();
   relays.clear();
   std::printf("troupe sim: stopped\n");
-  return 0;
+  std::fflush(stdout);
+  return sig == SIGINT ? 130 : sig == SIGTERM ? 143 : 0;
 }
 
 }  // namespace troupe::app

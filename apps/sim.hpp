@@ -1,12 +1,13 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace troupe::app {
 
 struct sim_options {
   int nodes = 2;
-  std::string model;  // deployed; empty: the embedded default model
+  std::vector<std::string> models;  // deployed, each on `replicas` replicas; none: the embedded default model
   bool no_model = false;  // start the nodes with nothing deployed
   int replicas = 0;   // 0: one per node
   int threads = 1;    // compute threads per node

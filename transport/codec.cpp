@@ -22,11 +22,22 @@ std::string_view name(decode_error_code c) {
   return "unknown";
 }
 
+std::string_view name(replica_state s) {
+  switch (s) {
+    case replica_state::preparing: return "preparing";
+    case replica_state::serving: return "serving";
+    case replica_state::draining: return "draining";
+    case replica_state::failed: return "failed";
+  }
+  return "unknown";
+}
+
 std::string decode_error::message() const { return "message refused: " + reason + " (" + std::string(name(code)) + ")"; }
 
 std::string_view kind(const message& m) {
   static constexpr std::string_view names[] = {"submit", "chunk", "cancel", "error", "step_batch", "step_result", "load",
-                                               "hello", "heartbeat", "inventory", "plan", "deploy", "scale", "stats"};
+                                               "hello", "heartbeat", "inventory", "plan", "deploy", "scale", "stats",
+                                               "resolved", "cluster_status"};
   return names[m.index()];
 }
 
@@ -115,6 +126,7 @@ void put(LoadRequest::Builder b, const load_request& l) {
   b.setAcrossNodes(l.across_nodes);
   b.setWorldRank(l.world_rank);
   b.setGroup(l.group);
+  b.setReplicaId(l.replica_id);
 }
 
 template <class L>
@@ -254,6 +266,7 @@ struct body_writer {
     b.setModel(m.model);
     b.setReplicas(m.replicas);
     put(b.initLoad(), m.load);
+    b.setGoal(m.goal);
   }
   void operator()(const scale& m) {
     auto b = body.initScale();
@@ -261,6 +274,62 @@ struct body_writer {
     b.setReplicas(m.replicas);
   }
   void operator()(const stats& m) { put(body.initStats(), m); }
+  void operator()(const resolved_model& m) {
+    auto b = body.initResolved();
+    b.setPath(m.path);
+    b.setFamily(m.family);
+    b.setBytes(m.bytes);
+    b.setMaxPositions(m.max_positions);
+    b.setLayers(m.layers);
+    b.setLayerBytes(m.layer_bytes);
+    b.setEmbeddingBytes(m.embedding_bytes);
+    b.setHeadBytes(m.head_bytes);
+    b.setKvBytesPerTokenPerLayer(m.kv_bytes_per_token_per_layer);
+    b.setScratchBytes(m.scratch_bytes);
+    b.setHeads(m.heads);
+    b.setKvHeads(m.kv_heads);
+    b.setPlannable(m.plannable);
+    b.setError(m.error);
+  }
+  void operator()(const cluster_status& m) {
+    auto b = body.initClusterStatus();
+    auto n = b.initNodes(static_cast<unsigned>(m.nodes.size()));
+    for (unsigned i = 0; i < m.nodes.size(); ++i) {
+      const auto& x = m.nodes[i];
+      n[i].setId(x.id);
+      put_devices(n[i].initDevices(static_cast<unsigned>(x.devices.size())), x.devices);
+      n[i].setState(x.state);
+      n[i].setReplicas(x.replicas);
+      n[i].setCommittedBytes(x.committed_bytes);
+    }
+    auto r = b.initReplicas(static_cast<unsigned>(m.replicas.size()));
+    for (unsigned i = 0; i < m.replicas.size(); ++i) {
+      const auto& x = m.replicas[i];
+      r[i].setId(x.id);
+      r[i].setModel(x.model);
+      auto ns = r[i].initNodes(static_cast<unsigned>(x.nodes.size()));
+      for (unsigned k = 0; k < x.nodes.size(); ++k) ns.set(k, x.nodes[k]);
+      auto ds = r[i].initDevices(static_cast<unsigned>(x.devices.size()));
+      for (unsigned k = 0; k < x.devices.size(); ++k) ds.set(k, x.devices[k]);
+      r[i].setState(static_cast<ReplicaState>(x.state));
+      r[i].setOutstanding(x.outstanding);
+      r[i].setPrepareDone(x.prepare_done);
+      r[i].setPrepareTotal(x.prepare_total);
+      r[i].setTensorParallel(x.tensor_parallel);
+      r[i].setPipelineParallel(x.pipeline_parallel);
+    }
+    auto d = b.initDeployments(static_cast<unsigned>(m.deployments.size()));
+    for (unsigned i = 0; i < m.deployments.size(); ++i) {
+      const auto& x = m.deployments[i];
+      d[i].setName(x.name);
+      d[i].setPath(x.path);
+      d[i].setDesired(x.desired);
+      d[i].setServing(x.serving);
+      d[i].setFamily(x.family);
+    }
+    b.setJobs(m.jobs);
+    b.setRefused(m.refused);
+  }
 };
 
 // ---- readers ----------------------------------------------------------------------------------------
@@ -300,7 +369,7 @@ stats get(Stats::Reader r) {
 load_request get(LoadRequest::Reader r) {
   return {text(r.getModel()), text(r.getDevice()), text(r.getShard()), r.getMaxRows(), r.getCapacity(), r.getBlockSize(), r.getPoolBlocks(),
           r.getPrefillChunk(), r.getTokenBudget(), r.getNoPrefixCache(), r.getNoPreempt(), r.getTensorParallel(),
-          r.getPipelineParallel(), r.getAcrossNodes(), r.getWorldRank(), text(r.getGroup())};
+          r.getPipelineParallel(), r.getAcrossNodes(), r.getWorldRank(), text(r.getGroup()), r.getReplicaId()};
 }
 
 std::vector<device> get_devices(capnp::List<Device>::Reader r) {
@@ -413,7 +482,7 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
     case Envelope::Body::DEPLOY: {
       auto r = body.getDeploy();
       if (r.getReplicas() < 0) return bad("a negative replica count");
-      return deploy{text(r.getModel()), r.getReplicas(), get(r.getLoad())};
+      return deploy{text(r.getModel()), r.getReplicas(), get(r.getLoad()), text(r.getGoal())};
     }
     case Envelope::Body::SCALE: {
       auto r = body.getScale();
@@ -421,6 +490,52 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       return scale{text(r.getModel()), r.getReplicas()};
     }
     case Envelope::Body::STATS: return get(body.getStats());
+    case Envelope::Body::RESOLVED: {
+      auto r = body.getResolved();
+      resolved_model m;
+      m.path = text(r.getPath());
+      m.family = text(r.getFamily());
+      m.bytes = r.getBytes();
+      m.max_positions = r.getMaxPositions();
+      m.layers = r.getLayers();
+      m.layer_bytes = r.getLayerBytes();
+      m.embedding_bytes = r.getEmbeddingBytes();
+      m.head_bytes = r.getHeadBytes();
+      m.kv_bytes_per_token_per_layer = r.getKvBytesPerTokenPerLayer();
+      m.scratch_bytes = r.getScratchBytes();
+      m.heads = r.getHeads();
+      m.kv_heads = r.getKvHeads();
+      m.plannable = r.getPlannable();
+      m.error = text(r.getError());
+      return m;
+    }
+    case Envelope::Body::CLUSTER_STATUS: {
+      auto r = body.getClusterStatus();
+      cluster_status m;
+      for (auto n : r.getNodes())
+        m.nodes.push_back({text(n.getId()), get_devices(n.getDevices()), text(n.getState()), n.getReplicas(), n.getCommittedBytes()});
+      for (auto x : r.getReplicas()) {
+        const auto st = static_cast<unsigned>(x.getState());
+        if (st > static_cast<unsigned>(replica_state::failed)) return bad("an unknown replica state " + std::to_string(st));
+        replica_status y;
+        y.id = x.getId();
+        y.model = text(x.getModel());
+        y.nodes = get_texts(x.getNodes());
+        y.devices = get_texts(x.getDevices());
+        y.state = static_cast<replica_state>(st);
+        y.outstanding = x.getOutstanding();
+        y.prepare_done = x.getPrepareDone();
+        y.prepare_total = x.getPrepareTotal();
+        y.tensor_parallel = x.getTensorParallel();
+        y.pipeline_parallel = x.getPipelineParallel();
+        m.replicas.push_back(std::move(y));
+      }
+      for (auto d : r.getDeployments())
+        m.deployments.push_back({text(d.getName()), text(d.getPath()), d.getDesired(), d.getServing(), text(d.getFamily())});
+      m.jobs = r.getJobs();
+      m.refused = r.getRefused();
+      return m;
+    }
   }
   return unexpected(decode_error{decode_error_code::unknown_kind, "body kind " + std::to_string(static_cast<unsigned>(body.which())) +
                                                                       " is not known to protocol version " + std::to_string(protocol_version)});

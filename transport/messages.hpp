@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -142,6 +143,7 @@ struct load_request {
   bool across_nodes = false;           // each stage on a node of its own, its ranks meeting through the coordinator
   std::int32_t world_rank = 0;         // a remote rank's place in the replica (stage x tensor_parallel + rank)
   std::string group;                   // the replica's rendezvous prefix, fresh per replica
+  std::uint64_t replica_id = 0;        // the coordinator's id of the replica this load starts
   friend bool operator==(const load_request&, const load_request&) = default;
 };
 
@@ -206,9 +208,10 @@ struct placement_plan {
 };
 
 struct deploy {
-  std::string model;
-  std::int32_t replicas = 1;
+  std::string model;        // the served name; load.model is the checkpoint's path
+  std::int32_t replicas = 1;  // the desired count
   load_request load;
+  std::string goal;         // the planner's objective: latency (empty), capacity, throughput
   friend bool operator==(const deploy&, const deploy&) = default;
 };
 
@@ -218,7 +221,59 @@ struct scale {
   friend bool operator==(const scale&, const scale&) = default;
 };
 
+// A checkpoint as the registry resolved it: the family and one replica's needs (placement's
+// requirements); `error` non-empty: refused.
+struct resolved_model {
+  std::string path, family;
+  std::uint64_t bytes = 0;
+  std::int64_t max_positions = 0;
+  std::int32_t layers = 0;
+  std::uint64_t layer_bytes = 0, embedding_bytes = 0, head_bytes = 0, kv_bytes_per_token_per_layer = 0, scratch_bytes = 0;
+  std::int32_t heads = 0, kv_heads = 0;
+  bool plannable = false;
+  std::string error;
+  friend bool operator==(const resolved_model&, const resolved_model&) = default;
+};
+
+enum class replica_state : std::uint8_t { preparing, serving, draining, failed };
+std::string_view name(replica_state s);
+
+struct node_status {
+  std::string id;
+  std::vector<device> devices;
+  std::string state;  // joining, ready, draining
+  std::int32_t replicas = 0;
+  std::uint64_t committed_bytes = 0;
+  friend bool operator==(const node_status&, const node_status&) = default;
+};
+
+struct replica_status {
+  std::uint64_t id = 0;
+  std::string model;
+  std::vector<std::string> nodes;    // stage nodes in pipeline order; the driver runs on the last
+  std::vector<std::string> devices;
+  replica_state state = replica_state::preparing;
+  std::int64_t outstanding = 0, prepare_done = 0, prepare_total = 0;
+  std::int32_t tensor_parallel = 1, pipeline_parallel = 1;
+  friend bool operator==(const replica_status&, const replica_status&) = default;
+};
+
+struct deployment_status {
+  std::string name, path;
+  std::int32_t desired = 0, serving = 0;
+  std::string family;
+  friend bool operator==(const deployment_status&, const deployment_status&) = default;
+};
+
+struct cluster_status {
+  std::vector<node_status> nodes;
+  std::vector<replica_status> replicas;
+  std::vector<deployment_status> deployments;
+  std::int64_t jobs = 0, refused = 0;
+  friend bool operator==(const cluster_status&, const cluster_status&) = default;
+};
+
 using message = std::variant<job_submit, token_chunk, cancel_job, error, step_batch, step_result, load_request, node_hello, heartbeat,
-                             inventory, placement_plan, deploy, scale, stats>;
+                             inventory, placement_plan, deploy, scale, stats, resolved_model, cluster_status>;
 
 }  // namespace troupe::transport

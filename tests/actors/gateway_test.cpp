@@ -94,7 +94,7 @@ bool eventually_idle(local_cluster& c) {
 
 TEST(gateway, completions_match_the_engine) {
   auto s = serve();
-  json req = {{"model", "tiny.gguf"}, {"prompt", "w300 w301 w302"}, {"max_tokens", 6}, {"temperature", 0.7}, {"seed", 11}, {"logprobs", 2}};
+  json req = {{"model", "tiny"}, {"prompt", "w300 w301 w302"}, {"max_tokens", 6}, {"temperature", 0.7}, {"seed", 11}, {"logprobs", 2}};
   auto r = s.http->Post("/v1/completions", req.dump(), "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
@@ -107,7 +107,7 @@ TEST(gateway, completions_match_the_engine) {
   for (std::size_t i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(j["choices"][0]["logprobs"]["token_logprobs"][i].get<float>(), ref.picks[i].logprob);
 
   // Token ids as the prompt, n = 2 with seeds 3 and 4.
-  json ids = {{"model", "tiny.gguf"}, {"prompt", {5, 6, 7, 8}}, {"max_tokens", 5}, {"temperature", 1.0}, {"seed", 3}, {"n", 2}};
+  json ids = {{"model", "tiny"}, {"prompt", {5, 6, 7, 8}}, {"max_tokens", 5}, {"temperature", 1.0}, {"seed", 3}, {"n", 2}};
   auto r2 = s.http->Post("/v1/completions", ids.dump(), "application/json");
   ASSERT_EQ(r2->status, 200) << r2->body;
   const auto j2 = json::parse(r2->body);
@@ -119,7 +119,7 @@ TEST(gateway, completions_match_the_engine) {
 
 TEST(gateway, streaming_sends_sse_events_usage_and_done) {
   auto s = serve();
-  json req = {{"model", "tiny.gguf"}, {"messages", {{{"role", "user"}, {"content", "w300"}}}}, {"max_tokens", 5}, {"temperature", 0},
+  json req = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "w300"}}}}, {"max_tokens", 5}, {"temperature", 0},
               {"stream", true}, {"stream_options", {{"include_usage", true}}}};
   std::string body;
   auto r = s.http->Post("/v1/chat/completions", req.dump(), "application/json");
@@ -174,17 +174,17 @@ TEST(gateway, errors_are_openai_shaped) {
   for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
            {"temperature", -1}, {"top_p", 0}, {"n", 0}, {"max_tokens", 0}, {"logit_bias", {{"x", 1}}}, {"stop", 5}, {"seed", "s"},
            {"echo", true}, {"best_of", 3}, {"suffix", "x"}}) {
-    json req = {{"model", "tiny.gguf"}, {"prompt", "w300"}};
+    json req = {{"model", "tiny"}, {"prompt", "w300"}};
     req[field] = value;
     auto e = post("/v1/completions", req.dump());
     EXPECT_EQ(e->status, 400) << field;
     EXPECT_EQ(json::parse(e->body)["error"]["param"], field);
   }
-  auto missing = post("/v1/chat/completions", R"({"model":"tiny.gguf"})");
+  auto missing = post("/v1/chat/completions", R"({"model":"tiny"})");
   EXPECT_EQ(json::parse(missing->body)["error"]["param"], "messages");
   auto unknown = post("/v1/completions", R"({"model":"other","prompt":"x"})");
   EXPECT_EQ(unknown->status, 404);
-  auto too_long = post("/v1/completions", R"({"model":"tiny.gguf","prompt":"x","max_tokens":100000})");
+  auto too_long = post("/v1/completions", R"({"model":"tiny","prompt":"x","max_tokens":100000})");
   EXPECT_EQ(too_long->status, 400);
   EXPECT_EQ(json::parse(too_long->body)["error"]["code"], "too_long");
   auto big = post("/v1/completions", std::string(2 << 20, ' '));
@@ -199,7 +199,7 @@ TEST(gateway, stop_strings_and_metrics) {
   const auto full = engine(encode("w300 w301 w302"), 0.0f, 0, 12);
   // A stop string from the middle of the greedy text.
   const auto piece = full.text.substr(full.text.size() / 2, 3);
-  json req = {{"model", "tiny.gguf"}, {"prompt", "w300 w301 w302"}, {"max_tokens", 12}, {"temperature", 0}, {"stop", {piece}}};
+  json req = {{"model", "tiny"}, {"prompt", "w300 w301 w302"}, {"max_tokens", 12}, {"temperature", 0}, {"stop", {piece}}};
   auto r = s.http->Post("/v1/completions", req.dump(), "application/json");
   ASSERT_EQ(r->status, 200);
   const auto j = json::parse(r->body);
@@ -241,7 +241,7 @@ TEST(gateway, refused_admission_is_429_with_retry_after) {
       httplib::Client c("127.0.0.1", s.gw->port());
       c.set_bearer_token_auth("test-key");
       c.set_read_timeout(60, 0);
-      auto r = c.Post("/v1/completions", R"({"model":"tiny.gguf","prompt":"w300","max_tokens":1500})", "application/json");
+      auto r = c.Post("/v1/completions", R"({"model":"tiny","prompt":"w300","max_tokens":1500})", "application/json");
       if (r) results[static_cast<std::size_t>(i)] = {r->status, r->get_header_value("Retry-After"), r->body};
     });
   for (auto& t : threads) t.join();
@@ -266,7 +266,7 @@ TEST(gateway, disconnects_and_stalled_clients_leak_nothing) {
   // A streaming client that reads its first event and hangs up: the job is cancelled.
   const int fd = connect_raw(s.gw->port());
   ASSERT_GE(fd, 0);
-  const std::string body = json{{"model", "tiny.gguf"}, {"prompt", "w300"}, {"max_tokens", 200}, {"stream", true}}.dump();
+  const std::string body = json{{"model", "tiny"}, {"prompt", "w300"}, {"max_tokens", 200}, {"stream", true}}.dump();
   const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-key\r\nContent-Type: application/json\r\nContent-Length: " +
                           std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(::write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
@@ -284,7 +284,7 @@ TEST(gateway, disconnects_and_stalled_clients_leak_nothing) {
   EXPECT_TRUE(eventually_idle(*s.cluster));
 
   // The gateway still serves.
-  auto ok = s.http->Post("/v1/completions", R"({"model":"tiny.gguf","prompt":"w300","max_tokens":2})", "application/json");
+  auto ok = s.http->Post("/v1/completions", R"({"model":"tiny","prompt":"w300","max_tokens":2})", "application/json");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200);
 }
@@ -309,7 +309,7 @@ TEST(gateway, tool_calls_in_the_hermes_format_are_parsed) {
 
   // A chat request with tools renders them through the template and answers in the chat shape.
   auto s = serve();
-  json req = {{"model", "tiny.gguf"},
+  json req = {{"model", "tiny"},
               {"messages", {{{"role", "user"}, {"content", "weather?"}}}},
               {"max_tokens", 4},
               {"temperature", 0},
@@ -319,7 +319,7 @@ TEST(gateway, tool_calls_in_the_hermes_format_are_parsed) {
   const auto out = json::parse(r->body);
   EXPECT_EQ(out["choices"][0]["message"]["role"], "assistant");
   EXPECT_GT(out["usage"]["prompt_tokens"].get<int>(), json::parse(s.http->Post("/v1/chat/completions",
-      json{{"model", "tiny.gguf"}, {"messages", {{{"role", "user"}, {"content", "weather?"}}}}, {"max_tokens", 1}}.dump(), "application/json")->body)["usage"]["prompt_tokens"].get<int>());
+      json{{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "weather?"}}}}, {"max_tokens", 1}}.dump(), "application/json")->body)["usage"]["prompt_tokens"].get<int>());
 }
 
 }  // namespace

@@ -78,13 +78,13 @@ TEST(openai_client, every_scenario_parses_and_matches_the_engine) {
   const auto root = fs::path(TROUPE_SOURCE_DIR);
   const auto out = fs::temp_directory_path() / ("troupe-openai-" + std::to_string(::getpid()) + ".json");
   const std::string cmd = "node \"" + (root / "tests/reference/openai_client.mjs").string() + "\" --base-url http://127.0.0.1:" +
-                          std::to_string((*gw)->port()) + "/v1 --api-key sk-test --model tiny.gguf --stop '" + stop + "' > \"" + out.string() + "\"";
+                          std::to_string((*gw)->port()) + "/v1 --api-key sk-test --model tiny --stop '" + stop + "' > \"" + out.string() + "\"";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   std::ifstream f(out);
   const json r = json::parse(f);
   fs::remove(out);
 
-  EXPECT_EQ(r["models"], json::array({"tiny.gguf"}));
+  EXPECT_EQ(r["models"], json::array({"tiny"}));
 
   const auto chat = e.run(e.chat_ids("w300 w301 w302"), 0.8f, 5, 8);
   EXPECT_EQ(r["chat"]["content"], chat.text) << r["chat"].dump();

@@ -30,7 +30,7 @@ for n in a b; do
   "$troupe" node --join "127.0.0.1:$(cat "$dir/port")" --secret-file "$dir/secret" --node-id "$n" --device-memory 9MiB > "$dir/$n.log" 2>&1 &
   pids+=($!)
 done
-for _ in $(seq 100); do "$troupe" status "${at[@]}" 2>/dev/null | grep -q '"b"' && "$troupe" status "${at[@]}" | grep -q '"a"' && break; sleep 0.1; done
+for _ in $(seq 100); do "$troupe" status "${at[@]}" --json 2>/dev/null | grep -q '"b"' && "$troupe" status "${at[@]}" --json | grep -q '"a"' && break; sleep 0.1; done
 out="$("$troupe" deploy "${at[@]}" --plan capacity)" || { echo "deploy --plan: $out"; cat "$dir"/*.log; exit 1; }
 echo "$out" | grep -q "plan (capacity): cpu, pipeline 2 x tensor parallel 1, 1 replica" || { echo "deploy --plan: $out"; exit 1; }
 got="$("$troupe" submit "${at[@]}" --prompt "And God said" --max-tokens 16 --json | sed 's/.*"tokens":\(\[[^]]*\]\).*/\1/')"

@@ -19,7 +19,9 @@
 #include "actors/remote.hpp"
 #include "transport/collectives.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
+#include "actors/model_needs.hpp"
 #include "families/fixtures/fixture.hpp"
+#include "placement/assign.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -486,7 +488,7 @@ TEST(multiprocess, a_pipeline_across_two_nodes_serves_like_one_device) {
   ASSERT_TRUE(s) << s.error();
   auto three = (*s)->deploy(model_path(), 1, driver_opts(), 1, 3, true);
   ASSERT_FALSE(three);
-  EXPECT_NE(three.error().find("needs 3 nodes, 2 joined"), std::string::npos) << three.error();
+  EXPECT_NE(three.error().find("needs 3 nodes"), std::string::npos) << three.error();
   auto bad = (*s)->deploy(model_path(), 1, driver_opts(), 3, 2, true);
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().find("split 3 ways"), std::string::npos) << bad.error();
@@ -585,7 +587,7 @@ TEST(multiprocess, a_gateway_in_front_of_a_remote_cluster_serves) {
   auto gw = gateway::start(**gs, model_path(), g);
   ASSERT_TRUE(gw) << gw.error();
   httplib::Client http("127.0.0.1", (*gw)->port());
-  const std::string name = model_path().filename().string();
+  const std::string name = model_path().stem().string();  // the served name: the checkpoint's stem
   auto r = http.Post("/v1/completions", "{\"model\":\"" + name + "\",\"prompt\":[5,6,7],\"max_tokens\":4,\"temperature\":0}", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
@@ -593,6 +595,100 @@ TEST(multiprocess, a_gateway_in_front_of_a_remote_cluster_serves) {
   auto m = http.Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("troupe_kv_blocks_total{node=\"node-0\",replica=\"0\"}"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace troupe::actors
+
+namespace troupe::actors {
+namespace {
+
+// What one replica of the test model commits on one device with `tokens` of KV (the coordinator's
+// memory model: placement::whole_replica_bytes over the model's requirements).
+std::uint64_t replica_bytes(std::int64_t tokens) {
+  auto h = families::model_handle::load(model_path(), families::registry::builtin());
+  EXPECT_TRUE(h);
+  auto req = requirements_of(**h);
+  EXPECT_TRUE(req) << req.error();
+  return placement::whole_replica_bytes(*req, tokens);
+}
+
+process node_with_memory(cluster_fixture& c, const std::string& id, std::uint64_t bytes) {
+  return spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--secret-file", (c.dir / "secret").string(), "--node-id", id,
+                "--device-memory", std::to_string(bytes), "--heartbeat-ms", "200", "--timeout-ms", "800"},
+               c.dir / (id + ".log"));
+}
+
+// A model no node's declared device memory holds, deployed with no split flag: the coordinator's
+// planner splits it into two pipeline stages on the two nodes, and its jobs give one device's tokens.
+TEST(multiprocess, a_model_larger_than_any_node_is_split_across_nodes_by_the_coordinator) {
+  cluster_fixture c;
+  const auto whole = replica_bytes(driver_opts().capacity);
+  const auto each = whole * 3 / 4;  // a stage (half the layers) fits, the whole replica does not
+  c.nodes.push_back(node_with_memory(c, "big-a", each));
+  c.nodes.push_back(node_with_memory(c, "big-b", each));
+  auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  ASSERT_TRUE(s) << s.error();
+  for (int i = 0; i < 100; ++i) {
+    auto st = (*s)->cluster_status();
+    if (st && st->nodes.size() == 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto name = (*s)->deploy(model_path(), 1, driver_opts());
+  ASSERT_TRUE(name) << name.error();
+  auto st = (*s)->cluster_status();
+  ASSERT_TRUE(st) << st.error();
+  ASSERT_EQ(st->replicas.size(), 1u);
+  const auto& r = st->replicas.front();
+  EXPECT_EQ(r.pipeline_parallel, 2);
+  EXPECT_EQ(r.nodes.size(), 2u);
+  EXPECT_NE(r.nodes[0], r.nodes[1]);
+  EXPECT_EQ(r.state, transport::replica_state::serving);
+  for (const auto& n : st->nodes) EXPECT_LE(n.committed_bytes, each) << n.id;
+  expect_one_devices_tokens(**s);
+  // A second replica has no room left: refused by name, the first keeps serving.
+  auto two = (*s)->scale(*name, 2);
+  ASSERT_FALSE(two);
+  EXPECT_NE(two.error().find("no_room"), std::string::npos) << two.error();
+  EXPECT_EQ((*s)->cluster_status()->replicas.size(), 1u);
+}
+
+// A replica that cannot prepare (a capacity past the model's positions) fails its deploy naming the node
+// and the reason; the node stays joined, and the replicas it already served keep serving.
+TEST(multiprocess, a_replica_that_fails_to_prepare_takes_nothing_with_it) {
+  cluster_fixture c;
+  auto s = two_nodes(c, "fa", "fb");
+  ASSERT_TRUE(s) << s.error();
+  auto name = (*s)->deploy(model_path(), 2, driver_opts());
+  ASSERT_TRUE(name) << name.error();
+  deploy_request bad;
+  bad.model = model_path();
+  bad.name = "too-long";
+  bad.replicas = 2;
+  bad.options = driver_opts();
+  bad.options.capacity = 1 << 20;
+  auto refused = (*s)->deploy(bad);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().find("prepare_failed"), std::string::npos) << refused.error();
+  EXPECT_NE(refused.error().find("node 'f"), std::string::npos) << refused.error();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past a heartbeat timeout
+  auto st = (*s)->cluster_status();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->nodes.size(), 2u);
+  EXPECT_EQ(st->replicas.size(), 2u);
+  for (const auto& r : st->replicas) EXPECT_EQ(r.model, *name);
+  EXPECT_EQ(st->deployments.size(), 1u);
+  expect_one_devices_tokens(**s);
+  // The same deployment again is idempotent; a second node with a taken id is refused by name.
+  ASSERT_TRUE((*s)->deploy(model_path(), 2, driver_opts()));
+  EXPECT_EQ((*s)->cluster_status()->replicas.size(), 2u);
+  auto twin = spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--secret-file", (c.dir / "secret").string(), "--node-id",
+                     "fa", "--heartbeat-ms", "200", "--timeout-ms", "800"},
+                    c.dir / "twin.log");
+  EXPECT_EQ(twin.wait_exit(), 3);
+  std::ifstream log(c.dir / "twin.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("is taken"), std::string::npos) << text;
 }
 
 }  // namespace

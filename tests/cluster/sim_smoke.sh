@@ -18,7 +18,7 @@ echo "$answer" | grep -q '"finish_reason":"length"' || { echo "bad answer: $answ
 # The node set of the latest status line, sorted (nodes rejoin in any order; under load a slow node
 # may even be declared lost and rejoin, which reorders the list).
 nodes_now() {
-  grep '"nodes"' "$dir/out" | tail -1 | python3 -c 'import json,sys; print(",".join(sorted(json.loads(sys.stdin.read())["nodes"])))' 2>/dev/null || true
+  grep '"nodes"' "$dir/out" | tail -1 | python3 -c 'import json,sys; print(",".join(sorted(n["id"] for n in json.loads(sys.stdin.read())["nodes"])))' 2>/dev/null || true
 }
 wait_nodes() {  # wait_nodes WANT WHY: ask for status until the node set is WANT (sorted, comma-separated)
   for _ in $(seq 150); do echo "status" >&3; sleep 0.1; [ "$(nodes_now)" = "$1" ] && return 0; done

@@ -52,14 +52,22 @@ std::vector<message> one_of_each() {
   all.push_back(error{9, "overloaded", "too many jobs", retry::overloaded});
   all.push_back(step_batch{"step rows=2", {1, 2}, {0, 7}, {3, 4}, {0, 1, -1, 2}, {{1, 0, full_sampling(), true}, {2, 5, {}, false}}});
   all.push_back(step_result{"step rows=2", {{4, -1.0f, {}}}, {false, true}, ""});
-  all.push_back(load_request{"/m.gguf", "cpu:0", "layers 0-11", 16, 1024, 16, 1024, 256, 512, true, false, 4, 2, true, 3, "replica-7"});
+  all.push_back(load_request{"/m.gguf", "cpu:0", "layers 0-11", 16, 1024, 16, 1024, 256, 512, true, false, 4, 2, true, 3, "replica-7", 42});
   all.push_back(node_hello{"node-1", "127.0.0.1", 4242, {{"cpu:0", "cpu", 1ull << 34}}, std::string("\0proof", 6)});
   all.push_back(heartbeat{"node-1", 17, {1, 2, 3, 4, 5.5, 6, 7, 8, 9}});
   all.push_back(inventory{{{"node-1", {{"cpu:0", "cpu", 1}}}, {"node-2", {{"cuda:0", "cuda", 2}, {"cuda:1", "cuda", 3}}}}});
   all.push_back(placement_plan{"m", {{{{"node-1", {"cuda:0", "cuda:1"}, 0, 12}, {"node-2", {"cuda:0"}, 12, 24}}, 4096}}});
-  all.push_back(deploy{"m", 2, {"/m.gguf", "cpu:0", "", 4, 256, 16, 0}});
+  all.push_back(deploy{"m", 2, {"/m.gguf", "cpu:0", "", 4, 256, 16, 0}, "capacity"});
   all.push_back(scale{"m", 3});
   all.push_back(stats{1, 2, 3, 4, 123.5, 6, 7, 8, 9});
+  all.push_back(resolved_model{"/m.gguf", "llama", 123456, 2048, 4, 1000, 200, 300, 1024, 5000, 8, 2, true, ""});
+  cluster_status cs;
+  cs.nodes.push_back({"node-1", {{"cpu:0", "cpu", 1ull << 30}}, "ready", 2, 1ull << 24});
+  cs.replicas.push_back({7, "m", {"node-1", "node-2"}, {"node-1/cpu:0", "node-2/cpu:0"}, replica_state::draining, 3, 10, 12, 1, 2});
+  cs.deployments.push_back({"m", "/m.gguf", 2, 1, "llama"});
+  cs.jobs = 5;
+  cs.refused = 1;
+  all.push_back(cs);
   return all;
 }
 

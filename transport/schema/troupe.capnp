@@ -24,6 +24,8 @@ struct Envelope {
     deploy @12 :Deploy;
     scale @13 :Scale;
     stats @14 :Stats;
+    resolved @15 :ResolvedModel;
+    clusterStatus @16 :ClusterStatus;
   }
 }
 
@@ -166,6 +168,7 @@ struct LoadRequest {
   acrossNodes @13 :Bool;        # each pipeline stage on a node of its own (the ranks meet through the coordinator)
   worldRank @14 :Int32;         # a remote rank's place in the replica (stage x tensorParallel + rank)
   group @15 :Text;              # the replica's rendezvous prefix, fresh per replica
+  replicaId @16 :UInt64;        # the coordinator's id of the replica this load starts (its reports name it)
 }
 
 # ---- nodes and the cluster --------------------------------------------------------------------------
@@ -217,9 +220,10 @@ struct PlacementPlan {
 }
 
 struct Deploy {
-  model @0 :Text;
-  replicas @1 :Int32;
+  model @0 :Text;               # the served name (jobs name it); load.model is the checkpoint's path
+  replicas @1 :Int32;           # the desired count
   load @2 :LoadRequest;
+  goal @3 :Text;                # the placement planner's objective: latency (default), capacity, throughput
 }
 
 struct Scale {
@@ -237,4 +241,69 @@ struct Stats {
   jobsRefused @6 :Int64;
   promptTokens @7 :Int64;     # prompt tokens admitted
   prefixHitTokens @8 :Int64;  # of those, served from the prefix cache
+}
+
+# ---- the registry's answer and the cluster's status ---------------------------------------------------
+
+# A checkpoint resolved by the registry actor: its family and what one replica needs (placement's
+# requirements, bytes at the stored dtypes, KV in f32). `error` non-empty: refused, and why.
+struct ResolvedModel {
+  path @0 :Text;
+  family @1 :Text;
+  bytes @2 :UInt64;
+  maxPositions @3 :Int64;
+  layers @4 :Int32;
+  layerBytes @5 :UInt64;
+  embeddingBytes @6 :UInt64;
+  headBytes @7 :UInt64;
+  kvBytesPerTokenPerLayer @8 :UInt64;
+  scratchBytes @9 :UInt64;
+  heads @10 :Int32;
+  kvHeads @11 :Int32;
+  plannable @12 :Bool;          # the requirements are known (dense decoders)
+  error @13 :Text;
+}
+
+enum ReplicaState {
+  preparing @0;
+  serving @1;
+  draining @2;
+  failed @3;
+}
+
+struct NodeStatus {
+  id @0 :Text;
+  devices @1 :List(Device);
+  state @2 :Text;               # joining (devices not yet declared), ready, draining
+  replicas @3 :Int32;
+  committedBytes @4 :UInt64;    # device memory the coordinator placed on the node
+}
+
+struct ReplicaStatus {
+  id @0 :UInt64;
+  model @1 :Text;
+  nodes @2 :List(Text);         # its stages' nodes, in pipeline order (the driver on the last)
+  devices @3 :List(Text);
+  state @4 :ReplicaState;
+  outstanding @5 :Int64;
+  prepareDone @6 :Int64;
+  prepareTotal @7 :Int64;
+  tensorParallel @8 :Int32;
+  pipelineParallel @9 :Int32;
+}
+
+struct DeploymentStatus {
+  name @0 :Text;
+  path @1 :Text;
+  desired @2 :Int32;
+  serving @3 :Int32;
+  family @4 :Text;
+}
+
+struct ClusterStatus {
+  nodes @0 :List(NodeStatus);
+  replicas @1 :List(ReplicaStatus);
+  deployments @2 :List(DeploymentStatus);
+  jobs @3 :Int64;
+  refused @4 :Int64;
 }

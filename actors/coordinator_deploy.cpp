@@ -1,0 +1,500 @@
+// The coordinator's deployments: each deployment's desired state (served name, replica count, load
+// template, planner goal) and the reconciliation toward it. Every replica is placed by
+// placement::assign_replica on the devices the nodes declared (anti-affinity first, a whole replica on
+// one node when one holds it, pipeline stages across nodes otherwise); a lost replica is replaced as
+// soon as a node has room; a deploy or scale is one operation that succeeds when its replicas serve, or
+// fails naming the node and the reason and leaves the cluster as it was.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "actors/coordinator_state.hpp"
+#include "actors/model_needs.hpp"
+#include "placement/assign.hpp"
+#include "transport/codec.hpp"
+
+namespace troupe::actors::coord {
+namespace {
+
+// The actor's clock (CAF's test coordinator drives it in the unit tests), a steady clock otherwise.
+using clock = caf::actor_clock::clock_type;
+
+std::string error_reply(std::string code, std::string message, transport::retry r = transport::retry::failed) {
+  return transport::encode(transport::error{0, std::move(code), std::move(message), r});
+}
+
+bool active(const replica_rec& r) { return r.state == transport::replica_state::preparing || r.state == transport::replica_state::serving; }
+
+std::int32_t active_count(const state& st, const std::string& model) {
+  std::int32_t n = 0;
+  for (const auto& [id, r] : st.replicas)
+    if (r.model == model && active(r)) ++n;
+  return n;
+}
+
+bool op_pending(const state& st, const std::string& model) {
+  for (const auto& [id, op] : st.ops)
+    if (op.model == model) return true;
+  return false;
+}
+
+std::optional<placement::objective> goal_of(const std::string& g) {
+  if (g.empty() || g == "latency") return placement::objective::latency;
+  if (g == "capacity") return placement::objective::capacity;
+  if (g == "throughput") return placement::objective::throughput;
+  return std::nullopt;
+}
+
+// The nodes as placement sees them for one more replica of `dep`.
+std::vector<placement::node_view> views(const state& st, const deployment_rec& dep, clock::time_point now) {
+  std::vector<placement::node_view> out;
+  for (const auto& n : st.nodes) {
+    placement::node_view v;
+    v.id = n.id;
+    v.max_replicas = n.max_replicas;
+    bool declared = false;
+    for (const auto& d : n.devices) {
+      placement::device pd;
+      pd.name = d.name;
+      pd.kind = d.kind == "cuda" ? placement::device_kind::cuda : placement::device_kind::cpu;
+      const auto it = n.committed.find(d.name);
+      const std::uint64_t used = it == n.committed.end() ? 0 : it->second;
+      pd.memory_bytes = d.memory_bytes > used ? d.memory_bytes - used : 0;
+      declared = declared || d.memory_bytes > 0;
+      v.devices.push_back(std::move(pd));
+    }
+    v.unbounded = !declared;
+    for (const auto& [id, r] : st.replicas) {
+      if (!active(r) && r.state != transport::replica_state::draining) continue;
+      if (std::find(r.nodes.begin(), r.nodes.end(), n.id) == r.nodes.end()) continue;
+      ++v.hosted;
+      if (r.model == dep.spec.model) ++v.hosted_same;
+    }
+    const auto refused = dep.refused_by.find(n.id);
+    v.excluded = !n.ready || n.draining || (refused != dep.refused_by.end() && now - refused->second < refusal_backoff);
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+placement::replica_request request_of(const deployment_rec& dep) {
+  placement::replica_request rq;
+  if (dep.resolved.plannable) rq.needs = requirements_of(dep.resolved);
+  const auto o = replica_options(dep.spec.load, dep.resolved.max_positions);
+  rq.want_kv_tokens = o.pool_blocks > 0 ? o.pool_blocks * o.block_size : o.max_rows * o.capacity;
+  rq.min_kv_tokens = o.capacity;
+  rq.goal = goal_of(dep.spec.goal).value_or(placement::objective::latency);
+  rq.tensor_parallel = dep.spec.load.tensor_parallel;
+  rq.pipeline_parallel = dep.spec.load.pipeline_parallel;
+  rq.across_nodes = dep.spec.load.across_nodes;
+  return rq;
+}
+
+void release(state& st, replica_rec& r) {
+  for (const auto& c : r.commits)
+    if (auto* n = node_by_id(st, c.node)) {
+      auto& used = n->committed[c.device];
+      used = used > c.bytes ? used - c.bytes : 0;
+    }
+  r.commits.clear();
+}
+
+// The reply of a finished operation and the end of its hold on its replicas.
+void finish_op(actor_t* self, std::uint64_t op_id) {
+  auto& st = self->state;
+  auto it = st.ops.find(op_id);
+  if (it == st.ops.end()) return;
+  auto& op = it->second;
+  for (auto id : op.started)
+    if (auto r = st.replicas.find(id); r != st.replicas.end()) r->second.op = 0;
+  auto& dep = st.deployments.at(op.model);
+  spdlog::info("event={}_done model={} replicas={}", op.kind, op.model, active_count(st, op.model));
+  if (op.kind == "scale") op.rp.deliver(transport::encode(transport::scale{op.model, dep.spec.replicas}));
+  else op.rp.deliver(transport::encode(dep.spec));
+  st.ops.erase(it);
+}
+
+// A failed operation: the replicas it started are stopped, the desired count goes back (a new
+// deployment is forgotten), and the caller hears which node refused and why.
+void fail_op(actor_t* self, std::uint64_t op_id, const std::string& code, const std::string& why) {
+  auto& st = self->state;
+  auto it = st.ops.find(op_id);
+  if (it == st.ops.end()) return;
+  auto op = std::move(it->second);
+  st.ops.erase(it);
+  spdlog::warn("event={}_failed model={} code={} reason=\"{}\"", op.kind, op.model, code, why);
+  for (auto id : op.started) {
+    auto r = st.replicas.find(id);
+    if (r == st.replicas.end()) continue;
+    r->second.op = 0;
+    stop_replica(self, r->second);
+    lose_replica(self, id, "its " + op.kind + " failed", false);
+  }
+  if (op.previous < 0) st.deployments.erase(op.model);
+  else if (auto d = st.deployments.find(op.model); d != st.deployments.end()) d->second.spec.replicas = op.previous;
+  op.rp.deliver(error_reply(code, op.kind + " of '" + op.model + "': " + why));
+}
+
+// Asks the assigned nodes for the replica's actors: every stage before the last spawns rank actors,
+// then the last stage's node spawns the driver over them.
+void start_replica(actor_t* self, deployment_rec& dep, const placement::assignment& a, std::uint64_t op_id) {
+  auto& st = self->state;
+  const auto id = st.next_replica++;
+  replica_rec r;
+  r.id = id;
+  r.model = dep.spec.model;
+  r.op = op_id;
+  r.tensor_parallel = a.tensor_parallel;
+  r.pipeline_parallel = a.pipeline_parallel;
+  for (const auto& s : a.stages) {
+    const auto& n = st.nodes[s.node];
+    r.nodes.push_back(n.id);
+    for (const auto& [dev, bytes] : s.bytes) {
+      r.devices.push_back(n.id + "/" + dev);
+      r.commits.push_back({n.id, dev, bytes});
+    }
+    if (s.bytes.empty()) r.devices.push_back(n.id + "/" + (n.devices.empty() ? std::string("cpu:0") : n.devices.front().name));
+  }
+  for (const auto& c : r.commits) node_by_id(st, c.node)->committed[c.device] += c.bytes;
+  transport::deploy d = dep.spec;
+  d.replicas = 1;
+  d.load.replica_id = id;
+  d.load.tensor_parallel = a.tensor_parallel;
+  d.load.pipeline_parallel = a.pipeline_parallel;
+  d.load.across_nodes = a.across_nodes;
+  const auto o = replica_options(dep.spec.load, dep.resolved.max_positions);
+  if (a.kv_tokens > 0 && a.kv_tokens < o.max_rows * o.capacity && d.load.pool_blocks == 0)
+    d.load.pool_blocks = std::max<std::int64_t>(a.kv_tokens / o.block_size, o.capacity / o.block_size);
+  std::vector<caf::actor> stage_nodes;
+  for (const auto& s : a.stages) stage_nodes.push_back(st.nodes[s.node].actor);
+  spdlog::info("event=replica_placing replica={} model={} nodes={} plan=\"{}\" op={}", id, r.model, fmt::join(r.nodes, ","), a.description, op_id);
+  st.replicas.emplace(id, std::move(r));
+  if (op_id) {
+    st.ops.at(op_id).waiting.insert(id);
+    st.ops.at(op_id).started.push_back(id);
+  }
+  auto failed = [self, id](const std::string& node, const std::string& why) {
+    auto& st = self->state;
+    if (!st.replicas.contains(id)) return;
+    lose_replica(self, id, "node '" + node + "' refused: " + why, true);
+  };
+  auto on_driver = [self, id, failed](const std::string& node, const caf::actor& driver, const std::string& why) {
+    auto it = self->state.replicas.find(id);
+    if (!driver) return failed(node, why);
+    if (it == self->state.replicas.end()) {  // gone meanwhile (its operation failed): stop it too
+      self->send_exit(driver, caf::exit_reason::user_shutdown);
+      return;
+    }
+    it->second.driver = driver;
+    self->monitor(driver);
+  };
+  const auto last_node = st.replicas.at(id).nodes.back();
+  if (!a.across_nodes) {
+    self->request(stage_nodes.front(), request_timeout, deploy_atom::value, transport::encode(d), caf::actor_cast<caf::actor>(self))
+        .then([=](const caf::actor& driver, const std::string& why) { on_driver(last_node, driver, why); },
+              [=](caf::error& e) { failed(last_node, self->system().render(e)); });
+    return;
+  }
+  // Stages on nodes of their own: their pipe meets through the rendezvous store under a fresh prefix.
+  d.load.group = "replica-" + std::to_string(st.next_group++);
+  const int pp = a.pipeline_parallel, tp = std::max(1, a.tensor_parallel);
+  struct gathering {
+    std::vector<caf::actor> ranks;
+    int arrived = 0;
+  };
+  auto g = std::make_shared<gathering>();
+  g->ranks.resize(static_cast<std::size_t>((pp - 1) * tp));
+  auto head = [=] {
+    transport::deploy hd = d;
+    hd.load.world_rank = pp - 1;
+    if (auto it = self->state.replicas.find(id); it != self->state.replicas.end()) it->second.ranks = g->ranks;
+    self->request(stage_nodes.back(), request_timeout, deploy_atom::value, transport::encode(hd), caf::actor_cast<caf::actor>(self), g->ranks)
+        .then([=](const caf::actor& driver, const std::string& why) { on_driver(last_node, driver, why); },
+              [=](caf::error& e) { failed(last_node, self->system().render(e)); });
+  };
+  for (int s = 0; s + 1 < pp; ++s) {
+    transport::deploy sd = d;
+    sd.load.world_rank = s;
+    const auto node = st.replicas.at(id).nodes[static_cast<std::size_t>(s)];
+    self->request(stage_nodes[static_cast<std::size_t>(s)], request_timeout, rank_atom::value, transport::encode(sd), caf::actor_cast<caf::actor>(self))
+        .then(
+            [=](const std::vector<caf::actor>& ranks, const std::string& why) {
+              if (!self->state.replicas.contains(id)) {
+                for (const auto& r : ranks) self->send_exit(r, caf::exit_reason::user_shutdown);
+                return;
+              }
+              if (static_cast<int>(ranks.size()) != tp)
+                return failed(node, "stage " + std::to_string(s) + ": " + (why.empty() ? std::string("a rank count other than the split's") : why));
+              for (int t = 0; t < tp; ++t) g->ranks[static_cast<std::size_t>(s * tp + t)] = ranks[static_cast<std::size_t>(t)];
+              if (++g->arrived == pp - 1) head();
+            },
+            [=](caf::error& e) { failed(node, "stage " + std::to_string(s) + ": " + self->system().render(e)); });
+  }
+}
+
+// Places replicas of `model` until its active count reaches the desired one. With an operation, a
+// placement that finds no room fails it; without one (reconciliation), it waits for room.
+void fill(actor_t* self, const std::string& model, std::uint64_t op_id) {
+  auto& st = self->state;
+  auto it = st.deployments.find(model);
+  if (it == st.deployments.end()) return;
+  auto& dep = it->second;
+  while (active_count(st, model) < dep.spec.replicas) {
+    const auto have = active_count(st, model);
+    auto a = placement::assign_replica(views(st, dep, self->clock().now()), request_of(dep));
+    if (!a) {
+      const auto why = "no node has room for replica " + std::to_string(have + 1) + " of " + std::to_string(dep.spec.replicas) + " of '" + model +
+                       "' (each node's --max-replicas and device memory): " + a.error().reason;
+      if (op_id) return fail_op(self, op_id, "no_room", why);
+      if (dep.blocked != why) spdlog::warn("event=reconcile_blocked model={} reason=\"{}\"", model, why);
+      dep.blocked = why;
+      return;
+    }
+    dep.blocked.clear();
+    if (!op_id) spdlog::info("event=replica_replacing model={} have={} desired={}", model, have, dep.spec.replicas);
+    start_replica(self, dep, *a, op_id);
+  }
+  if (op_id && st.ops.contains(op_id) && st.ops.at(op_id).waiting.empty()) finish_op(self, op_id);
+}
+
+// Replicas past the desired count drain, newest first (no new jobs; each stops after its last).
+void trim(actor_t* self, const std::string& model) {
+  auto& st = self->state;
+  auto dep = st.deployments.find(model);
+  if (dep == st.deployments.end()) return;
+  std::int32_t extra = active_count(st, model) - dep->second.spec.replicas;
+  for (auto it = st.replicas.rbegin(); it != st.replicas.rend() && extra > 0; ++it) {
+    auto& r = it->second;
+    if (r.model != model || !active(r)) continue;
+    --extra;
+    if (r.state == transport::replica_state::preparing) {
+      stop_replica(self, r);
+      lose_replica(self, r.id, "scaled down while preparing", false);
+      return trim(self, model);  // the map changed under the iterator
+    }
+    r.state = transport::replica_state::draining;
+    spdlog::info("event=replica_draining replica={} model={} node={}", r.id, model, r.nodes.back());
+    if (r.outstanding == 0 && r.driver) self->send(r.driver, stop_atom::value);
+  }
+}
+
+std::optional<transport::deploy> decode_deploy(const std::string& bytes, std::string& why) {
+  auto m = transport::decode(bytes);
+  if (!m) {
+    why = m.error().message();
+    return std::nullopt;
+  }
+  if (!std::holds_alternative<transport::deploy>(*m)) {
+    why = "the coordinator takes a Deploy here, not " + std::string(transport::kind(*m));
+    return std::nullopt;
+  }
+  return std::get<transport::deploy>(*m);
+}
+
+}  // namespace
+
+void stop_replica(actor_t* self, replica_rec& r) {
+  if (r.driver) self->send_exit(r.driver, caf::exit_reason::user_shutdown);
+  for (const auto& a : r.ranks)
+    if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+void lose_replica(actor_t* self, std::uint64_t id, const std::string& why, bool failed) {
+  auto& st = self->state;
+  auto it = st.replicas.find(id);
+  if (it == st.replicas.end()) return;
+  auto& r = it->second;
+  const bool was_serving = r.state == transport::replica_state::serving;
+  spdlog::log(failed || was_serving ? spdlog::level::warn : spdlog::level::info, "event=replica_lost replica={} model={} nodes={} reason=\"{}\"", id,
+              r.model, fmt::join(r.nodes, ","), why);
+  for (auto j = st.jobs.begin(); j != st.jobs.end();) {
+    if (j->second.replica == id) {
+      if (j->second.client)
+        self->send(j->second.client, chunk_atom::value,
+                   transport::encode(transport::error{j->first, "disconnected", "the replica serving this job went away", transport::retry::disconnected}));
+      j = st.jobs.erase(j);
+    } else {
+      ++j;
+    }
+  }
+  release(st, r);
+  if (failed && !r.nodes.empty())
+    if (auto d = st.deployments.find(r.model); d != st.deployments.end()) d->second.refused_by[r.nodes.back()] = self->clock().now();
+  const auto op = r.op;
+  if (failed && r.driver) self->send_exit(r.driver, caf::exit_reason::user_shutdown);
+  st.replicas.erase(it);
+  if (op && failed) fail_op(self, op, "prepare_failed", why);
+  else if (op) {
+    if (auto o = st.ops.find(op); o != st.ops.end()) o->second.waiting.erase(id);
+  }
+}
+
+void handle_register(actor_t* self, std::uint64_t id, const caf::actor& driver, const std::string& why) {
+  auto& st = self->state;
+  auto it = st.replicas.find(id);
+  if (it == st.replicas.end()) {
+    if (driver && why.empty()) self->send_exit(driver, caf::exit_reason::user_shutdown);  // its operation failed meanwhile
+    return;
+  }
+  auto& r = it->second;
+  if (!why.empty()) return lose_replica(self, id, "node '" + r.nodes.back() + "' could not prepare the replica: " + why, true);
+  if (!r.driver) {
+    r.driver = driver;
+    self->monitor(driver);
+  }
+  r.state = transport::replica_state::serving;
+  spdlog::info("event=replica_serving replica={} model={} nodes={}", id, r.model, fmt::join(r.nodes, ","));
+  if (auto d = st.deployments.find(r.model); d != st.deployments.end()) d->second.refused_by.erase(r.nodes.back());
+  if (r.op)
+    if (auto op = st.ops.find(r.op); op != st.ops.end()) {
+      op->second.waiting.erase(id);
+      if (op->second.waiting.empty()) finish_op(self, r.op);
+    }
+}
+
+caf::response_promise handle_deploy(actor_t* self, const std::string& bytes) {
+  auto rp = self->make_response_promise();
+  auto& st = self->state;
+  std::string why;
+  auto d = decode_deploy(bytes, why);
+  if (!d) {
+    rp.deliver(error_reply("bad_message", why));
+    return rp;
+  }
+  if (d->load.model.empty()) {
+    rp.deliver(error_reply("invalid_request", "a deployment names a checkpoint"));
+    return rp;
+  }
+  if (d->model.empty()) d->model = served_name(d->load.model);
+  if (d->replicas < 1) {
+    rp.deliver(error_reply("invalid_request", "a deployment has at least one replica (scale to 0 is not served)"));
+    return rp;
+  }
+  if (!goal_of(d->goal)) {
+    rp.deliver(error_reply("invalid_request", "the planner's goal is latency, capacity or throughput, not '" + d->goal + "'"));
+    return rp;
+  }
+  if (op_pending(st, d->model)) {
+    rp.deliver(error_reply("busy", "a deploy or scale of '" + d->model + "' is in progress", transport::retry::overloaded));
+    return rp;
+  }
+  spdlog::info("event=deploy model={} path={} replicas={}", d->model, d->load.model, d->replicas);
+  if (auto existing = st.deployments.find(d->model); existing != st.deployments.end()) {
+    // The same deployment again is its desired count again (idempotent); another checkpoint under a
+    // taken name is refused.
+    if (existing->second.spec.load.model != d->load.model) {
+      rp.deliver(error_reply("name_taken", "'" + d->model + "' already serves " + existing->second.spec.load.model + " (deploy --name NAME)"));
+      return rp;
+    }
+    const auto previous = existing->second.spec.replicas;
+    existing->second.spec.replicas = d->replicas;
+    if (active_count(st, d->model) >= d->replicas) {
+      trim(self, d->model);
+      rp.deliver(transport::encode(existing->second.spec));
+      return rp;
+    }
+    const auto op_id = st.next_op++;
+    st.ops[op_id] = operation{op_id, d->model, "deploy", rp, previous, {}, {}};
+    fill(self, d->model, op_id);
+    return rp;
+  }
+  if (st.nodes.empty()) {
+    rp.deliver(error_reply("no_nodes", "no node has joined", transport::retry::overloaded));
+    return rp;
+  }
+  const auto op_id = st.next_op++;
+  st.ops[op_id] = operation{op_id, d->model, "deploy", rp, -1, {}, {}};
+  // Resolved before any node loads a byte: an unknown checkpoint fails here.
+  self->request(st.registry, request_timeout, resolve_atom::value, d->load.model)
+      .then(
+          [=](const std::string& answer) {
+            auto& st = self->state;
+            if (!st.ops.contains(op_id)) return;
+            auto m = transport::decode(answer);
+            if (!m || !std::holds_alternative<transport::resolved_model>(*m))
+              return fail_op(self, op_id, "internal", "the registry's answer did not decode");
+            const auto& resolved = std::get<transport::resolved_model>(*m);
+            if (!resolved.error.empty()) return fail_op(self, op_id, "unknown_model", resolved.error);
+            st.deployments[d->model] = deployment_rec{*d, resolved, {}, {}};
+            fill(self, d->model, op_id);
+          },
+          [=](caf::error& e) { fail_op(self, op_id, "internal", "registry: " + self->system().render(e)); });
+  return rp;
+}
+
+caf::response_promise handle_scale(actor_t* self, const std::string& bytes) {
+  auto rp = self->make_response_promise();
+  auto& st = self->state;
+  auto m = transport::decode(bytes);
+  if (!m || !std::holds_alternative<transport::scale>(*m)) {
+    rp.deliver(error_reply("bad_message", m ? "the coordinator takes a Scale here" : m.error().message()));
+    return rp;
+  }
+  const auto sc = std::get<transport::scale>(*m);
+  auto dep = st.deployments.find(sc.model);
+  if (dep == st.deployments.end()) {
+    rp.deliver(error_reply("unknown_model", "nothing named '" + sc.model + "' is deployed"));
+    return rp;
+  }
+  if (sc.replicas < 1) {
+    rp.deliver(error_reply("invalid_request", "a deployment keeps at least one replica"));
+    return rp;
+  }
+  if (op_pending(st, sc.model)) {
+    rp.deliver(error_reply("busy", "a deploy or scale of '" + sc.model + "' is in progress", transport::retry::overloaded));
+    return rp;
+  }
+  spdlog::info("event=scale model={} from={} to={}", sc.model, dep->second.spec.replicas, sc.replicas);
+  const auto previous = dep->second.spec.replicas;
+  dep->second.spec.replicas = sc.replicas;
+  if (active_count(st, sc.model) >= sc.replicas) {
+    trim(self, sc.model);
+    rp.deliver(transport::encode(sc));
+    return rp;
+  }
+  const auto op_id = st.next_op++;
+  st.ops[op_id] = operation{op_id, sc.model, "scale", rp, previous, {}, {}};
+  fill(self, sc.model, op_id);
+  return rp;
+}
+
+void reconcile(actor_t* self) {
+  auto& st = self->state;
+  std::vector<std::string> names;
+  for (const auto& [name, dep] : st.deployments) names.push_back(name);
+  for (const auto& name : names) {
+    if (op_pending(st, name)) continue;
+    if (!st.deployments.contains(name)) continue;
+    const auto have = active_count(st, name), want = st.deployments.at(name).spec.replicas;
+    if (have < want) fill(self, name, 0);
+    else if (have > want) trim(self, name);
+  }
+}
+
+transport::cluster_status status_of(const state& st) {
+  transport::cluster_status s;
+  for (const auto& n : st.nodes) {
+    transport::node_status ns;
+    ns.id = n.id;
+    ns.devices = n.devices;
+    ns.state = n.draining ? "draining" : n.ready ? "ready" : "joining";
+    for (const auto& [id, r] : st.replicas)
+      if (std::find(r.nodes.begin(), r.nodes.end(), n.id) != r.nodes.end()) ++ns.replicas;
+    for (const auto& [dev, bytes] : n.committed) ns.committed_bytes += bytes;
+    s.nodes.push_back(std::move(ns));
+  }
+  for (const auto& [id, r] : st.replicas)
+    s.replicas.push_back({r.id, r.model, r.nodes, r.devices, r.state, r.outstanding, r.prepare_done, r.prepare_total, r.tensor_parallel,
+                          r.pipeline_parallel});
+  for (const auto& [name, d] : st.deployments) {
+    std::int32_t serving = 0;
+    for (const auto& [id, r] : st.replicas)
+      if (r.model == name && r.state == transport::replica_state::serving) ++serving;
+    s.deployments.push_back({name, d.spec.load.model, d.spec.replicas, serving, d.resolved.family});
+  }
+  s.jobs = static_cast<std::int64_t>(st.jobs.size());
+  s.refused = st.refused;
+  return s;
+}
+
+}  // namespace troupe::actors::coord

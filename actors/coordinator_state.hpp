@@ -1,0 +1,104 @@
+#pragma once
+// The coordinator's state (coordinator_actor.cpp, coordinator_deploy.cpp): membership, the devices each
+// node declared and what is committed on them, every deployment's desired state, the replicas as they
+// are, the deploy and scale operations in flight, and the jobs routed. CAF inside: only the
+// coordinator's sources include it.
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "actors/actor_internals.hpp"
+#include "transport/messages.hpp"
+
+namespace troupe::actors::coord {
+
+struct node_rec {
+  std::string id;
+  caf::actor actor;
+  std::vector<transport::device> devices;        // as declared (memory 0: none declared)
+  std::int32_t max_replicas = 0;                 // 0: no bound
+  bool ready = false;                            // its devices are declared: placement may use it
+  bool draining = false;                         // leaving: nothing new is placed on it
+  std::map<std::string, std::uint64_t> committed;  // device name -> bytes placed there
+};
+
+struct commit {
+  std::string node, device;
+  std::uint64_t bytes = 0;
+};
+
+struct replica_rec {
+  std::uint64_t id = 0;
+  std::string model;                    // the deployment's served name
+  std::vector<std::string> nodes;       // its stages' nodes in pipeline order (the driver on the last)
+  std::vector<std::string> devices;
+  std::vector<commit> commits;          // device memory it holds, released when it goes
+  caf::actor driver;                    // known once its node answered
+  std::vector<caf::actor> ranks;        // the remote stages' rank actors (stopped with the replica)
+  transport::replica_state state = transport::replica_state::preparing;
+  std::int64_t outstanding = 0, prepare_done = 0, prepare_total = 0;
+  std::int32_t tensor_parallel = 1, pipeline_parallel = 1;
+  std::uint64_t op = 0;                 // the deploy or scale waiting for it; 0: a replacement
+};
+
+struct deployment_rec {
+  transport::deploy spec;               // served name, desired count, load template, goal
+  transport::resolved_model resolved;   // family and needs (the registry's answer)
+  std::map<std::string, caf::actor_clock::time_point> refused_by;  // node -> when it refused (the actor's clock)
+  std::string blocked;                  // why reconciliation last could not place (logged once)
+};
+
+struct operation {
+  std::uint64_t id = 0;
+  std::string model;
+  std::string kind;                     // "deploy" or "scale"
+  caf::response_promise rp;
+  std::int32_t previous = -1;           // the desired count before; -1: the deployment is new
+  std::set<std::uint64_t> waiting;      // replicas not yet serving
+  std::vector<std::uint64_t> started;   // every replica it started
+};
+
+struct job_route {
+  std::uint64_t replica = 0;
+  caf::actor client;
+};
+
+struct state {
+  caf::actor registry;
+  std::vector<node_rec> nodes;                        // in join order
+  std::map<std::uint64_t, replica_rec> replicas;      // by id (creation order)
+  std::map<std::string, deployment_rec> deployments;  // by served name
+  std::map<std::uint64_t, operation> ops;
+  std::unordered_map<std::uint64_t, job_route> jobs;
+  std::uint64_t next_job = 1, next_replica = 1, next_op = 1, next_group = 0;
+  std::int64_t max_outstanding = 1024, max_per_replica = 256;
+  std::int64_t refused = 0;
+  std::map<std::string, std::string> rendezvous;  // the groups' rendezvous keys (kv_set_atom, kv_get_atom)
+  std::size_t rendezvous_bytes = 0;
+  static inline const char* name = "coordinator";
+};
+
+using actor_t = caf::stateful_actor<state>;
+
+node_rec* node_by_id(state& st, const std::string& id);
+node_rec* node_by_actor(state& st, const caf::actor_addr& a);
+std::string node_of(const state& st, const caf::actor& a);  // the id of the node an actor runs on ("" if none)
+
+// Deployments (coordinator_deploy.cpp).
+caf::response_promise handle_deploy(actor_t* self, const std::string& bytes);
+caf::response_promise handle_scale(actor_t* self, const std::string& bytes);
+void handle_register(actor_t* self, std::uint64_t replica, const caf::actor& driver, const std::string& why);
+void reconcile(actor_t* self);
+// A replica is gone (its driver or a node of it lost, or it failed to prepare): its jobs are told to
+// resume elsewhere, its memory released, the operation waiting for it failed.
+void lose_replica(actor_t* self, std::uint64_t replica, const std::string& why, bool failed);
+void stop_replica(actor_t* self, replica_rec& r);
+transport::cluster_status status_of(const state& st);
+
+}  // namespace troupe::actors::coord

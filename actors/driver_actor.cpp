@@ -1,0 +1,274 @@
+// The driver actor: one per model replica, over one Driver<Serving> (its prepared entry set and its
+// sequence store) and the scheduler's continuous-batching rounds. Detached: it prepares and steps on its
+// own thread. Jobs arrive from the coordinator; chunks go straight to each job's client.
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <unordered_map>
+
+#include "actors/actor_internals.hpp"
+#include "engine/text/chat_template.hpp"
+#include "families/model_handle.hpp"
+#include "transport/codec.hpp"
+
+namespace troupe::actors {
+namespace {
+
+std::string error_bytes(std::uint64_t job, std::string code, std::string message, transport::retry r) {
+  return transport::encode(transport::error{job, std::move(code), std::move(message), r});
+}
+
+struct driver_job {
+  std::uint64_t job = 0;
+  caf::actor client;
+  std::int64_t prompt_tokens = 0;
+  std::int64_t generated = 0;
+  bool logprobs = false;
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  bool expired = false;
+};
+
+struct driver_actor_state {
+  std::shared_ptr<const families::model_handle> handle;
+  std::shared_ptr<exec::executor> ex;
+  std::shared_ptr<void> ranks;  // a tensor-parallel replica's group and other ranks' executors
+  std::optional<driver::driver<driver::serving>> drv;
+  std::optional<text::chat_template> chat;
+  std::map<driver::seq_id, driver_job> jobs;
+  std::unordered_map<std::uint64_t, driver::seq_id> by_job;
+  caf::actor coordinator;
+  bool ticking = false;
+  std::int64_t max_jobs = 0;
+  std::int64_t done = 0, refused = 0;
+  double tokens_per_second = 0;
+  static inline const char* name = "driver";
+};
+
+// The request's prompt as token ids, by its form.
+result<std::vector<std::int32_t>, std::string> prompt_ids(driver_actor_state& st, const transport::job_submit& j) {
+  if (const auto* ids = std::get_if<std::vector<std::int32_t>>(&j.prompt)) return *ids;
+  const auto* codec = st.handle->text();
+  if (!codec) return unexpected("a text prompt needs the model's tokenizer: " + st.handle->text_problem());
+  std::string text;
+  bool add_special = true;
+  if (const auto* t = std::get_if<std::string>(&j.prompt)) {
+    text = *t;
+  } else {
+    if (!st.chat) {
+      if (codec->chat_template().empty()) return unexpected(std::string("the model ships no chat template"));
+      auto t = text::chat_template::parse(codec->chat_template());
+      if (!t) return unexpected("chat template: " + t.error().message);
+      st.chat.emplace(std::move(*t));
+    }
+    nlohmann::json msgs = nlohmann::json::array();
+    for (const auto& m : std::get<std::vector<transport::chat_message>>(j.prompt)) msgs.push_back({{"role", m.role}, {"content", m.content}});
+    text::chat_render_options o;
+    o.add_generation_prompt = true;
+    o.tools_json = j.tools_json;
+    const auto& sp = codec->specials();
+    if (sp.bos) o.bos_token = std::string(codec->token_string(*sp.bos).value_or(""));
+    if (sp.eos) o.eos_token = std::string(codec->token_string(*sp.eos).value_or(""));
+    auto r = st.chat->render(msgs.dump(), o);
+    if (!r) return unexpected("chat template: " + r.error().message);
+    text = std::move(*r);
+    add_special = false;  // the template wrote the special tokens it wants
+  }
+  auto ids = codec->encode(text, add_special);
+  if (!ids) return unexpected(ids.error().message());
+  return std::vector<std::int32_t>(ids->begin(), ids->end());
+}
+
+result<driver::request_inputs, std::string> request_inputs_of(const transport::job_submit& j) {
+  driver::request_inputs out;
+  for (const auto& in : j.inputs) {
+    const auto t = dtype_from_name(in.dtype);
+    if (!t || is_quantized(*t)) return unexpected("input '" + in.name + "': unknown element type '" + in.dtype + "'");
+    std::int64_t n = 1;
+    for (auto d : in.shape) {
+      if (d < 0 || d > (std::int64_t{1} << 31)) return unexpected("input '" + in.name + "': a dimension out of range");
+      n *= d;
+    }
+    if (in.shape.empty() || in.shape.size() > 7) return unexpected("input '" + in.name + "': a shape of 1 to 7 dimensions is needed");
+    const auto want = static_cast<std::size_t>(n) * static_cast<std::size_t>(info(*t).block_bytes);
+    if (want != in.data.size()) return unexpected("input '" + in.name + "': " + std::to_string(in.data.size()) + " bytes for a shape of " + std::to_string(want));
+    tensor v(*t, shape(std::span<const std::int64_t>(in.shape)));
+    std::memcpy(v.data(), in.data.data(), in.data.size());
+    out[in.name] = driver::request_input_value{std::move(v), in.positions};
+  }
+  return out;
+}
+
+transport::stats driver_stats(const driver_actor_state& st) {
+  transport::stats s;
+  if (!st.drv) return s;
+  const auto c = st.drv->counters();
+  s.queued = c.waiting;
+  s.running = c.running;
+  s.kv_blocks_total = c.pool_blocks;
+  s.kv_blocks_used = c.pool_blocks - c.pool_available;
+  s.tokens_per_second = st.tokens_per_second;
+  s.jobs_done = st.done;
+  s.jobs_refused = st.refused;
+  s.prompt_tokens = c.prefill_tokens + c.prefix_hit_tokens;
+  s.prefix_hit_tokens = c.prefix_hit_tokens;
+  return s;
+}
+
+caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::shared_ptr<const families::model_handle> handle,
+                           std::shared_ptr<exec::executor> ex, driver::driver_options options, std::int64_t max_jobs,
+                           caf::actor coordinator, std::string model, std::shared_ptr<void> ranks, std::uint64_t replica_id) {
+  auto& st = self->state;
+  st.handle = handle;
+  st.ex = ex;
+  st.ranks = std::move(ranks);
+  st.coordinator = coordinator;
+  st.max_jobs = max_jobs;
+  // Prepared here, on the driver's own thread: the entries compile before it serves. The coordinator
+  // hears how far it has come (what `troupe status` and `troupe deploy --progress` show).
+  options.on_prepare = [self, coordinator, replica_id](std::int64_t done, std::int64_t total) {
+    self->send(coordinator, progress_atom::value, replica_id, done, total);
+  };
+  auto prepared = driver::driver<driver::unprepared>(handle, *ex, options).prepare();
+  if (!prepared) {
+    // Told to the coordinator, which fails the deployment naming this node; the node only monitors
+    // this actor, so its failure takes nothing else with it.
+    spdlog::warn("event=replica_prepare_failed replica={} model={} reason=\"{}\"", replica_id, model, prepared.error().second.message());
+    self->send(coordinator, register_atom::value, replica_id, caf::actor_cast<caf::actor>(self), prepared.error().second.message());
+    self->quit(caf::sec::runtime_error);
+    return {};
+  }
+  st.drv.emplace(std::move(*prepared));
+  self->send(coordinator, register_atom::value, replica_id, caf::actor_cast<caf::actor>(self), std::string());
+
+  auto finish_job = [self](std::uint64_t job) { self->send(self->state.coordinator, done_atom::value, job); };
+  auto refuse = [self, finish_job](std::uint64_t job, const caf::actor& client, std::string code, std::string why, transport::retry r) {
+    ++self->state.refused;
+    if (client) self->send(client, chunk_atom::value, error_bytes(job, std::move(code), std::move(why), r));
+    finish_job(job);
+  };
+  auto start_ticking = [self] {
+    if (self->state.ticking) return;
+    self->state.ticking = true;
+    self->send(self, tick_atom::value);
+  };
+
+  return {
+      [=](submit_atom, const std::string& bytes, const caf::actor& client) {
+        auto& st = self->state;
+        auto m = transport::decode(bytes);
+        if (!m) return refuse(0, client, "bad_message", m.error().message(), m.error().retry());
+        auto* j = std::get_if<transport::job_submit>(&*m);
+        if (!j) return refuse(0, client, "bad_message", "a driver takes job submissions, not " + std::string(transport::kind(*m)), transport::retry::failed);
+        if (static_cast<std::int64_t>(st.jobs.size()) >= st.max_jobs)
+          return refuse(j->job_id, client, "overloaded", "the replica holds " + std::to_string(st.jobs.size()) + " jobs", transport::retry::overloaded);
+        if (st.by_job.contains(j->job_id)) return refuse(j->job_id, client, "invalid_request", "job id already running", transport::retry::failed);
+        auto ids = prompt_ids(st, *j);
+        if (!ids) return refuse(j->job_id, client, "invalid_request", ids.error(), transport::retry::failed);
+        auto inputs = request_inputs_of(*j);
+        if (!inputs) return refuse(j->job_id, client, "invalid_request", inputs.error(), transport::retry::failed);
+        driver::seq_request r;
+        r.prompt = std::move(*ids);
+        const auto& s = j->sampling;
+        r.sampling = {s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty, s.presence_penalty, s.frequency_penalty, s.top_logprobs, s.seed};
+        r.logit_bias = s.logit_bias;
+        r.max_tokens = j->max_tokens;
+        r.stop_ids = j->stop_ids;
+        r.ignore_eos = j->ignore_eos;
+        r.stop = j->stop;
+        r.inputs = std::move(*inputs);
+        r.prior_output = j->prior_output;
+        const auto prompt_len = static_cast<std::int64_t>(r.prompt.size());
+        auto id = st.drv->open(std::move(r));
+        if (!id) return refuse(j->job_id, client, std::string(driver::name(id.error().code)), id.error().message(), transport::retry::failed);
+        driver_job dj{j->job_id, client, prompt_len, static_cast<std::int64_t>(j->prior_output.size()), s.top_logprobs > 0, std::nullopt, false};
+        if (j->deadline_ms > 0) dj.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(j->deadline_ms);
+        spdlog::debug("event=job_admitted job={} seq={} prompt_tokens={} prior_output={}", j->job_id, *id, prompt_len, j->prior_output.size());
+        st.jobs.emplace(*id, std::move(dj));
+        st.by_job[j->job_id] = *id;
+        start_ticking();
+      },
+      [=](cancel_atom, std::uint64_t job) {
+        auto& st = self->state;
+        if (auto it = st.by_job.find(job); it != st.by_job.end()) (void)st.drv->cancel(it->second);
+      },
+      [=](tick_atom) {
+        auto& st = self->state;
+        const auto now = std::chrono::steady_clock::now();
+        for (auto& [seq, j] : st.jobs)
+          if (j.deadline && now > *j.deadline && !j.expired) {
+            j.expired = true;
+            (void)st.drv->cancel(seq);
+          }
+        auto r = st.drv->step();
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count();
+        std::int64_t produced = 0;
+        if (r) {
+          for (const auto& u : r->updates) {
+            auto it = st.jobs.find(u.id);
+            if (it == st.jobs.end()) continue;
+            auto& j = it->second;
+            transport::token_chunk c;
+            c.job_id = j.job;
+            c.ids = u.tokens;
+            c.text = u.text;
+            if (j.logprobs)
+              for (const auto& p : u.picks) {
+                transport::token_logprob lp{p.token, p.logprob, {}};
+                for (const auto& t : p.top) lp.top.push_back({t.token, t.logprob});
+                c.logprobs.push_back(std::move(lp));
+              }
+            j.generated += static_cast<std::int64_t>(u.tokens.size());
+            produced += static_cast<std::int64_t>(u.tokens.size());
+            c.usage = {j.prompt_tokens, j.generated, 0};
+            if (u.finished) c.finish_reason = j.expired && *u.finished == driver::finish_reason::cancelled ? "deadline" : std::string(driver::name(*u.finished));
+            if (j.client) self->send(j.client, chunk_atom::value, transport::encode(c));
+            if (u.finished) {
+              spdlog::debug("event=job_finished job={} tokens={} reason={}", j.job, j.generated, c.finish_reason);
+              ++st.done;
+              finish_job(j.job);
+              st.by_job.erase(j.job);
+              (void)st.drv->release(u.id);
+              st.jobs.erase(it);
+            }
+          }
+        } else {
+          for (auto& [seq, j] : st.jobs) {
+            if (j.client) self->send(j.client, chunk_atom::value, error_bytes(j.job, "internal", r.error().message(), transport::retry::failed));
+            finish_job(j.job);
+            (void)st.drv->release(seq);
+          }
+          st.jobs.clear();
+          st.by_job.clear();
+        }
+        // Recent throughput: smoothed over steps while busy, started afresh by a new burst, 0 when idle.
+        if (secs > 0 && produced > 0) {
+          const double rate = static_cast<double>(produced) / secs;
+          st.tokens_per_second = st.tokens_per_second == 0 ? rate : 0.8 * st.tokens_per_second + 0.2 * rate;
+        }
+        if (st.drv->idle()) {
+          st.ticking = false;
+          st.tokens_per_second = 0;
+        } else {
+          self->send(self, tick_atom::value);
+        }
+      },
+      [=](stats_atom) { return transport::encode(driver_stats(self->state)); },
+      // Drained (or removed by the coordinator): quits with the normal reason.
+      [=](stop_atom) { self->quit(); },
+      [](ping_atom) { return ping_atom::value; },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_driver(caf::event_based_actor* parent, driver_spawn a) {
+  return parent->spawn<caf::detached>(driver_actor, std::move(a.handle), std::move(a.executor), std::move(a.options), a.max_jobs, a.coordinator,
+                                      std::move(a.model), std::move(a.keep), a.replica_id);
+}
+
+}  // namespace troupe::actors

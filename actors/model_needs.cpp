@@ -1,0 +1,130 @@
+#include "actors/model_needs.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "families/components/dense_decoder.hpp"
+#include "families/model_handle.hpp"
+#include "families/registry.hpp"
+
+namespace troupe::actors {
+
+result<placement::requirements, std::string> requirements_of(const families::model_handle& h) {
+  const auto* dense = dynamic_cast<const families::dense_decoder*>(&h.model());
+  if (dense == nullptr || dense->spec().attention.empty()) return unexpected("the planner knows dense decoders only, not " + h.model().config().family);
+  const auto& spec = dense->spec();
+  placement::requirements r;
+  std::map<std::int32_t, std::uint64_t> per_layer;
+  bool tied = true;
+  std::uint64_t embedding = 0;
+  for (const auto& e : h.model().weights().entries()) {
+    const auto bytes = static_cast<std::uint64_t>(e.view.bytes());
+    if (e.role.layer >= 0) per_layer[e.role.layer] += bytes;
+    else if (e.role.name == "token_embd") embedding += bytes;
+    else if (e.role.name == "output") tied = false, r.head_bytes += bytes;
+    else if (e.role.name == "output_norm") r.head_bytes += bytes;
+    else r.embedding_bytes += bytes;  // rope tables and the like: with the first stage
+  }
+  r.embedding_bytes += embedding;
+  if (tied) r.head_bytes += embedding;
+  for (const auto& [l, b] : per_layer) r.layer_bytes = std::max(r.layer_bytes, b);
+  r.layers = static_cast<std::int32_t>(spec.stack.layers);
+  r.kv_bytes_per_token_per_layer = static_cast<std::uint64_t>(h.model().config().kv_elems_per_token_per_layer) * 4;
+  r.heads = static_cast<std::int32_t>(spec.attention[0].heads);
+  r.kv_heads = static_cast<std::int32_t>(spec.attention[0].kv_heads);
+  const auto hidden = static_cast<std::uint64_t>(spec.stack.hidden), ffn = static_cast<std::uint64_t>(spec.ffn.width);
+  r.scratch_bytes = 256 * (8 * hidden + 3 * ffn) * 4 + 16 * static_cast<std::uint64_t>(spec.stack.vocab) * 4;
+  return r;
+}
+
+namespace {
+
+std::uintmax_t checkpoint_bytes(const std::filesystem::path& p) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(p, ec)) return std::filesystem::file_size(p, ec);
+  std::uintmax_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(p, ec))
+    if (e.is_regular_file(ec)) n += e.file_size(ec);
+  return n;
+}
+
+}  // namespace
+
+transport::resolved_model resolve_checkpoint(const std::filesystem::path& path) {
+  transport::resolved_model out;
+  out.path = path.string();
+  auto cfg = families::read_config(path);
+  if (!cfg) {
+    out.error = families::message(cfg.error());
+    return out;
+  }
+  auto e = families::registry::builtin().resolve(*cfg);
+  if (!e) {
+    out.error = e.error().message();
+    return out;
+  }
+  out.family = std::string((*e)->family);
+  out.bytes = checkpoint_bytes(path);
+  // The needs come from the weights' table (mmapped, not read): what the planner places.
+  auto h = families::model_handle::load(path, families::registry::builtin());
+  if (!h) {
+    out.error = families::message(h.error());
+    return out;
+  }
+  out.max_positions = (*h)->model().config().max_positions;
+  if (auto r = requirements_of(**h)) {
+    out.plannable = true;
+    out.layers = r->layers;
+    out.layer_bytes = r->layer_bytes;
+    out.embedding_bytes = r->embedding_bytes;
+    out.head_bytes = r->head_bytes;
+    out.kv_bytes_per_token_per_layer = r->kv_bytes_per_token_per_layer;
+    out.scratch_bytes = r->scratch_bytes;
+    out.heads = r->heads;
+    out.kv_heads = r->kv_heads;
+  }
+  return out;
+}
+
+placement::requirements requirements_of(const transport::resolved_model& r) {
+  placement::requirements q;
+  q.layers = r.layers;
+  q.layer_bytes = r.layer_bytes;
+  q.embedding_bytes = r.embedding_bytes;
+  q.head_bytes = r.head_bytes;
+  q.kv_bytes_per_token_per_layer = r.kv_bytes_per_token_per_layer;
+  q.scratch_bytes = r.scratch_bytes;
+  q.heads = r.heads;
+  q.kv_heads = r.kv_heads;
+  return q;
+}
+
+std::string served_name(const std::filesystem::path& checkpoint) {
+  auto p = checkpoint.lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();  // "dir/" -> "dir"
+  std::string name = p.filename().string();
+  if (name == "." || name == "..") name = std::filesystem::absolute(checkpoint).lexically_normal().parent_path().filename().string();
+  const auto ext = p.extension().string();
+  if (ext == ".gguf" || ext == ".GGUF" || ext == ".safetensors") name = p.stem().string();
+  return name;
+}
+
+driver::driver_options replica_options(const transport::load_request& l, std::int64_t max_positions) {
+  driver::driver_options o;
+  if (l.max_rows > 0) o.max_rows = l.max_rows;
+  if (l.block_size > 0) o.block_size = l.block_size;
+  if (l.capacity > 0) {
+    o.capacity = l.capacity;
+  } else {
+    o.capacity = max_positions > 0 ? std::min(default_capacity, max_positions) : default_capacity;
+    o.capacity = std::max(o.block_size, o.capacity / o.block_size * o.block_size);
+  }
+  o.pool_blocks = l.pool_blocks;
+  o.prefill_chunk = l.prefill_chunk > 0 ? l.prefill_chunk : std::min<std::int64_t>(256, o.capacity);
+  o.token_budget = l.token_budget > 0 ? l.token_budget : o.prefill_chunk + o.max_rows;
+  o.prefix_cache = !l.no_prefix_cache;
+  o.preempt = !l.no_preempt;
+  return o;
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,87 @@
+#pragma once
+// The actor protocol of troupe: the atoms that name each message and what every role takes and
+// answers. Payloads that may cross a process are transport envelopes (Cap'n Proto bytes in a
+// std::string, transport/codec.hpp); actor handles travel beside them. Only <caf/atom.hpp> here, so
+// the protocol can be read (and included) without CAF's whole API.
+//
+// coordinator (coordinator_actor.cpp)
+//   deploy(bytes Deploy)                       -> bytes: Deploy (as placed, with its served name) | Error
+//   scale(bytes Scale)                         -> bytes: Scale | Error
+//   submit(bytes JobSubmit, client)            -> (job id, bytes Error if refused, served model name)
+//   cancel(bytes CancelJob)
+//   done(job id)                               from drivers: a job ended
+//   progress(replica id, done, total)          from drivers: how far prepare() has come
+//   register(replica id, driver, why)          from drivers: prepared (why empty) or not
+//   node(id, node, max replicas, bytes Inventory)  from the gatekeeper: a node proved the secret, with its
+//                                              devices -> why not ("" ok; ids are unique)
+//   drain(node)                                -> replicas of the node still running
+//   status()                                   -> bytes ClusterStatus
+//   replicas()                                 -> the serving drivers
+//   stats()                                    -> bytes Stats
+//   kvset(key, value) -> why not; kvget(key) -> (found, value)   the collectives' rendezvous
+//   reconcile()                                its own tick: toward every deployment's desired state
+// registry (registry_actor.cpp)
+//   resolve(path)                              -> bytes ResolvedModel
+// node (node_actor.cpp)
+//   deploy(bytes Deploy, coordinator)          -> (driver, why): a replica (or the last stage of one)
+//   deploy(bytes Deploy, coordinator, ranks)   -> (driver, why): the last stage over remote stages' ranks
+//   rank(bytes Deploy, coordinator)            -> (rank actors, why): a stage before the last
+//   stats()                                    -> bytes NodeHello (its devices)
+// driver (driver_actor.cpp)
+//   submit(bytes JobSubmit, client); cancel(job id); stats() -> bytes Stats; stop()
+// executor (executor_actor.cpp)
+//   stats()                                    -> (device, bytes held)
+// client (client_actor.cpp)
+//   submit(bytes JobSubmit)                    -> (job id, bytes Error if refused)
+//   chunk(bytes TokenChunk | Error); cancel(job id)
+// rank (rank_actor.cpp): rjoin, rload, radd, rstep (a stage of a cross-node pipeline)
+// Every role answers ping() -> ping.
+#include <caf/atom.hpp>
+
+#include <chrono>
+#include <cstddef>
+
+namespace troupe::actors {
+
+using submit_atom = caf::atom_constant<caf::atom("submit")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using chunk_atom = caf::atom_constant<caf::atom("chunk")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+using register_atom = caf::atom_constant<caf::atom("register")>;
+using deploy_atom = caf::atom_constant<caf::atom("deploy")>;
+using resolve_atom = caf::atom_constant<caf::atom("resolve")>;
+using ping_atom = caf::atom_constant<caf::atom("ping")>;
+using replicas_atom = caf::atom_constant<caf::atom("replicas")>;
+using node_atom = caf::atom_constant<caf::atom("node")>;
+using status_atom = caf::atom_constant<caf::atom("status")>;
+using join_atom = caf::atom_constant<caf::atom("join")>;
+using scale_atom = caf::atom_constant<caf::atom("scale")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using progress_atom = caf::atom_constant<caf::atom("progress")>;
+using kv_set_atom = caf::atom_constant<caf::atom("kvset")>;
+using kv_get_atom = caf::atom_constant<caf::atom("kvget")>;
+using reconcile_atom = caf::atom_constant<caf::atom("reconcile")>;
+
+// A replica whose pipeline stages are on different nodes (rank_actor.cpp).
+using rank_atom = caf::atom_constant<caf::atom("rank")>;          // node: spawn a stage's rank actor
+using rank_connect_atom = caf::atom_constant<caf::atom("rjoin")>;  // rank: join the replica's pipe
+using rank_load_atom = caf::atom_constant<caf::atom("rload")>;     // rank: load its part's weights
+using rank_add_atom = caf::atom_constant<caf::atom("radd")>;       // rank: compile an entry (entry_wire text)
+using rank_step_atom = caf::atom_constant<caf::atom("rstep")>;     // rank: run a step (an encoded step_batch)
+
+// The coordinator's rendezvous store (transport::rendezvous_store through a session): bounds on what
+// one cluster may keep there, so a client cannot grow the coordinator without limit.
+inline constexpr std::size_t rendezvous_max_key = 512;
+inline constexpr std::size_t rendezvous_max_value = 1 << 20;
+inline constexpr std::size_t rendezvous_max_bytes = 64u << 20;
+
+inline constexpr auto request_timeout = std::chrono::seconds(600);
+// How often the coordinator reconciles without an event to prompt it.
+inline constexpr auto reconcile_interval = std::chrono::milliseconds(1000);
+// A node that refused to prepare a deployment's replica is not asked again for this long.
+inline constexpr auto refusal_backoff = std::chrono::seconds(30);
+
+}  // namespace troupe::actors

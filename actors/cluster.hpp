@@ -16,17 +16,6 @@
 
 namespace troupe::actors {
 
-struct cluster_options {
-  std::int32_t replicas = 2;               // driver replicas of the model (each with its own executor)
-  std::string name;                        // the served name; empty: the checkpoint's stem
-  driver::driver_options driver;           // each replica's driver
-  int executor_threads = 1;                // compute threads per CPU executor
-  std::int32_t tensor_parallel = 1;        // ranks (executors) per stage of a replica, docs/tensor-parallel.md
-  std::int32_t pipeline_parallel = 1;      // stages per replica, each over a range of the layers
-  std::int64_t max_outstanding = 1024;     // jobs admitted cluster-wide and not finished; more: overloaded
-  std::int64_t max_per_replica = 256;      // jobs one replica may hold (queued or running)
-  int scheduler_threads = 2;               // CAF's worker threads (drivers run on their own threads)
-};
 
 // The end of a job: its tokens, text and logprobs in order, and how it ended.
 struct job_result {
@@ -89,35 +78,6 @@ class serving_backend {
   virtual std::string model_name() const = 0;
   // The served names with at least one serving replica, as the coordinator knows them now.
   virtual std::vector<std::string> models() = 0;
-};
-
-struct cluster_state;
-
-class local_cluster final : public serving_backend {
- public:
-  // Starts the actor system, the coordinator, the registry and a node, deploys `model` on `replicas`
-  // driver replicas and returns once every replica is prepared (or why not).
-  static result<std::unique_ptr<local_cluster>, std::string> start(const std::filesystem::path& model, const cluster_options& options);
-  ~local_cluster();
-
-  std::unique_ptr<client> connect() override;
-  // Cluster-wide and per-replica figures (queue, running, KV blocks, jobs done and refused).
-  transport::stats stats();
-  std::vector<transport::stats> replica_stats() override;
-  std::string model_name() const override { return name(); }
-  std::vector<std::string> models() override;
-  // Resolves a checkpoint through the registry actor without loading its tensors.
-  result<std::string, std::string> resolve(const std::filesystem::path& model);
-  // The model name jobs should use.
-  const std::string& name() const;
-
-  // For tests: delivers raw bytes, as a peer would, to an actor ("coordinator", "registry", "node",
-  // "driver", "client") and returns whether it still answers a stats or ping request afterwards.
-  bool poke(const std::string& actor, const std::string& bytes);
-
- private:
-  explicit local_cluster(std::unique_ptr<cluster_state> s);
-  std::unique_ptr<cluster_state> s_;
 };
 
 }  // namespace troupe::actors

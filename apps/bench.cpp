@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "apps/exec_runner.hpp"
-#include "actors/cluster.hpp"
+#include "cluster/local_cluster.hpp"
 #include "engine/core/collective.hpp"
 #include "engine/driver/cpu_replica.hpp"
 #include "engine/driver/driver.hpp"

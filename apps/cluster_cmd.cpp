@@ -24,7 +24,7 @@
 #define TOML_EXCEPTIONS 0
 #include <toml++/toml.h>
 #include "actors/model_needs.hpp"
-#include "actors/remote.hpp"
+#include "cluster/remote.hpp"
 #include "actors/status_text.hpp"
 #include "apps/default_model.hpp"
 

@@ -9,7 +9,8 @@
 #include "apps/inspect.hpp"
 #include "apps/plan.hpp"
 #include "apps/serve.hpp"
-#include "apps/sim.hpp"
+#include "apps/default_model.hpp"
+#include "cluster/sim.hpp"
 #include "apps/cluster_cmd.hpp"
 #include "apps/tokenize.hpp"
 
@@ -152,11 +153,12 @@ int main(int argc, char** argv) {
   sv->add_option("--max-outstanding", serve.max_outstanding, "jobs admitted and not finished; more get 429")->check(CLI::Range(1, 1 << 20));
   sv->callback([&] { rc = troupe::app::run_serve(serve); });
 
-  troupe::app::sim_options sim;
+  troupe::cluster::sim_options sim;
+  bool sim_no_model = false;
   auto* sm = app.add_subcommand("sim", "a simulated cluster of node processes on loopback, with fault injection on stdin");
   sm->add_option("--nodes", sim.nodes)->check(CLI::Range(1, 64));
   auto* sim_model = sm->add_option("--model", sim.models, "deploy this checkpoint on the nodes (default: the embedded model); repeat for more models");
-  sm->add_flag("--no-model", sim.no_model, "start the nodes with nothing deployed")->excludes(sim_model);
+  sm->add_flag("--no-model", sim_no_model, "start the nodes with nothing deployed")->excludes(sim_model);
   sm->add_option("--replicas", sim.replicas, "replicas of the model (default: one per node)")->check(CLI::Range(0, 1024));
   sm->add_option("--threads", sim.threads, "compute threads per node")->check(CLI::Range(0, 4096));
   sm->add_option("--max-rows", sim.max_rows)->check(CLI::Range(1, 1024));
@@ -165,7 +167,20 @@ int main(int argc, char** argv) {
   sm->add_option("--timeout-ms", sim.timeout_ms)->check(CLI::Range(50, 600000));
   sm->add_option("--dir", sim.dir, "where the secret and the logs go");
   sm->add_option("--device-memory", sim.device_memory, "each node's simulated CPU device memory, e.g. 8GiB");
-  sm->callback([&] { rc = troupe::app::run_sim(sim); });
+  sm->callback([&] {
+    // The embedded model when none is named (and --no-model is not given).
+    if (sim.models.empty() && !sim_no_model) sim.models.emplace_back();
+    for (auto& m : sim.models) {
+      auto found = troupe::app::model_or_default(m, "sim");
+      if (!found) {
+        std::fprintf(stderr, "%s\n", found.error().c_str());
+        rc = 2;
+        return;
+      }
+      m = std::move(*found);
+    }
+    rc = troupe::cluster::run_sim(sim);
+  });
 
   troupe::app::cluster_cmd_options cc;
   auto common = [&](CLI::App* c, const char* flag, const char* what) {

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "actors/gateway.hpp"
+#include "cluster/local_cluster.hpp"
 #include "apps/default_model.hpp"
 
 namespace troupe::app {

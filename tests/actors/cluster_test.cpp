@@ -1,7 +1,7 @@
 // A cluster in one process (coordinator, registry, one node, two driver replicas on CPU executors):
 // concurrent jobs from several client actors give exactly the driver's own tokens; cancellation,
 // deadlines, backpressure, bad requests and garbage bytes to every actor.
-#include "actors/cluster.hpp"
+#include "cluster/local_cluster.hpp"
 
 #include <gtest/gtest.h>
 

@@ -2,6 +2,7 @@
 // errors for bad keys, bad parameters, malformed JSON and oversized bodies, SSE framing, metrics, and
 // no leaked sequence when a streaming client disconnects or a client stalls.
 #include "actors/gateway.hpp"
+#include "cluster/local_cluster.hpp"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/gateway.hpp"
+#include "cluster/local_cluster.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "engine/text/chat_template.hpp"
 #include "families/fixtures/fixture.hpp"

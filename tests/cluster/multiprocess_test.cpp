@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "actors/gateway.hpp"
-#include "actors/remote.hpp"
+#include "cluster/remote.hpp"
 #include "transport/collectives.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "actors/model_needs.hpp"

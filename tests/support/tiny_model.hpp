@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <string>
 
-#include "actors/cluster.hpp"
+#include "cluster/local_cluster.hpp"
 #include "families/fixtures/fixture.hpp"
 
 namespace troupe::test {

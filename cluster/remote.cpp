@@ -1,7 +1,7 @@
 // The processes of a cluster (actors/remote.hpp): the coordinator and node processes, their HMAC joins
 // through a gatekeeper, mutual TLS, heartbeats and drains, and the session a command-line client opens.
 // The actors themselves are in actors.cpp.
-#include "actors/remote.hpp"
+#include "cluster/remote.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>

@@ -4,7 +4,7 @@
 //   kill I | pause I | resume I | restart I | cut I | restore I | status | quit   (I: a node's index)
 // (cut and restore act on a loopback relay between node I and the coordinator)
 // and runs until `quit`, SIGINT or SIGTERM (stdin at its end only stops the commands).
-#include "apps/sim.hpp"
+#include "cluster/sim.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -23,8 +23,7 @@
 #include <sstream>
 #include <thread>
 
-#include "actors/remote.hpp"
-#include "apps/default_model.hpp"
+#include "cluster/remote.hpp"
 
 #include <arpa/inet.h>
 #include <mutex>
@@ -32,7 +31,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
-namespace troupe::app {
+namespace troupe::cluster {
 namespace {
 
 namespace fs = std::filesystem;
@@ -196,17 +195,7 @@ class link_relay {
 }  // namespace
 
 int run_sim(const sim_options& o) {
-  std::vector<std::string> models;
-  if (!o.no_model) {
-    for (const auto& m : o.models.empty() ? std::vector<std::string>{std::string()} : o.models) {
-      auto found = model_or_default(m, "sim");
-      if (!found) {
-        std::fprintf(stderr, "%s\n", found.error().c_str());
-        return 2;
-      }
-      models.push_back(std::move(*found));
-    }
-  }
+  const std::vector<std::string>& models = o.models;
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   const fs::path dir = o.dir.empty() ? fs::temp_directory_path() / ("troupe-sim-" + std::to_string(::getpid())) : fs::path(o.dir);
   fs::create_directories(dir);
@@ -391,4 +380,4 @@ int run_sim(const sim_options& o) {
   return sig == SIGINT ? 130 : sig == SIGTERM ? 143 : 0;
 }
 
-}  // namespace troupe::app
+}  // namespace troupe::cluster

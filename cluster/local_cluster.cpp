@@ -1,8 +1,9 @@
-// The cluster in one process (actors/cluster.hpp's local_cluster): an actor system with the
+// The cluster in one process (cluster/local_cluster.hpp): an actor system with the
 // coordinator, the registry and one node, the model deployed through the coordinator as a remote
 // cluster would be; and the replica figures every cluster handle reads.
 #include <caf/all.hpp>
 
+#include "cluster/local_cluster.hpp"
 #include "actors/actor_internals.hpp"
 #include "actors/model_needs.hpp"
 #include "transport/codec.hpp"
@@ -75,47 +76,9 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
 
 std::unique_ptr<client> local_cluster::connect() { return s_->clients.open(*s_->sys, s_->coordinator); }
 
-// Every live replica's figures: the coordinator names the drivers, each driver answers for itself.
-std::vector<transport::stats> collect_replica_stats(caf::actor_system& sys, const caf::actor& coordinator) {
-  caf::scoped_actor self{sys};
-  std::vector<caf::actor> drivers;
-  self->request(coordinator, request_timeout, replicas_atom::value).receive([&](const std::vector<caf::actor>& v) { drivers = v; }, [](caf::error&) {});
-  std::vector<transport::stats> out;
-  for (const auto& d : drivers)
-    self->request(d, request_timeout, stats_atom::value)
-        .receive(
-            [&](const std::string& b) {
-              auto m = transport::decode(b);
-              if (m && std::holds_alternative<transport::stats>(*m)) out.push_back(std::get<transport::stats>(*m));
-            },
-            [](caf::error&) {});
-  return out;
-}
-
-
 std::vector<transport::stats> local_cluster::replica_stats() { return collect_replica_stats(*s_->sys, s_->coordinator); }
 
 std::vector<std::string> local_cluster::models() { return served_models(*s_->sys, s_->coordinator); }
-
-result<transport::cluster_status, std::string> cluster_status_of(caf::actor_system& sys, const caf::actor& coordinator) {
-  caf::scoped_actor self{sys};
-  std::string bytes, err = "no answer";
-  self->request(coordinator, std::chrono::seconds(30), status_atom::value)
-      .receive([&](const std::string& b) { bytes = b; }, [&](caf::error& e) { err = sys.render(e); });
-  if (bytes.empty()) return unexpected(err);
-  auto m = transport::decode(bytes);
-  if (!m || !std::holds_alternative<transport::cluster_status>(*m)) return unexpected(std::string("the coordinator's status did not decode"));
-  return std::get<transport::cluster_status>(*m);
-}
-
-std::vector<std::string> served_models(caf::actor_system& sys, const caf::actor& coordinator) {
-  std::vector<std::string> out;
-  auto st = cluster_status_of(sys, coordinator);
-  if (!st) return out;
-  for (const auto& d : st->deployments)
-    if (d.serving > 0) out.push_back(d.name);
-  return out;
-}
 
 transport::stats local_cluster::stats() {
   transport::stats total;

@@ -1,14 +1,15 @@
 #pragma once
+// `troupe sim`: a simulated cluster of node processes on loopback (cluster/sim.cpp).
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace troupe::app {
+namespace troupe::cluster {
 
 struct sim_options {
   int nodes = 2;
-  std::vector<std::string> models;  // deployed, each on `replicas` replicas; none: the embedded default model
-  bool no_model = false;  // start the nodes with nothing deployed
+  std::vector<std::string> models;  // checkpoints deployed, each on `replicas` replicas (the command line
+                                    // puts the embedded model here when none is named)
   int replicas = 0;   // 0: one per node
   int threads = 1;    // compute threads per node
   std::int64_t max_rows = 16;
@@ -20,4 +21,4 @@ struct sim_options {
 };
 int run_sim(const sim_options& o);
 
-}  // namespace troupe::app
+}  // namespace troupe::cluster

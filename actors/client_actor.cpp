@@ -16,8 +16,8 @@
 namespace troupe::actors {
 namespace {
 
-std::string error_bytes(std::uint64_t job, std::string code, std::string message, transport::retry r) {
-  return transport::encode(transport::error{job, std::move(code), std::move(message), r});
+std::string error_bytes(std::uint64_t job, transport::error_code code, std::string message, transport::retry r) {
+  return transport::encode(transport::error{job, code, std::move(message), r});
 }
 
 }  // namespace
@@ -247,7 +247,7 @@ caf::behavior client_actor(caf::stateful_actor<client_actor_state>* self, caf::a
                   rp.deliver(id, err);
                 },
                 [=](caf::error& e) mutable {
-                  rp.deliver(std::uint64_t{0}, error_bytes(0, "disconnected", self->system().render(e), transport::retry::disconnected));
+                  rp.deliver(std::uint64_t{0}, error_bytes(0, transport::error_code::disconnected, self->system().render(e), transport::retry::disconnected));
                 });
         return rp;
       },
@@ -257,7 +257,7 @@ caf::behavior client_actor(caf::stateful_actor<client_actor_state>* self, caf::a
         auto stream = self->state.streams->find(old_id);
         auto m = transport::decode(req_bytes);
         if (!stream || !m || !std::holds_alternative<transport::job_submit>(*m)) return;
-        resubmit(self, old_id, stream, transport::error{old_id, "disconnected", "the replica serving this job went away", transport::retry::disconnected},
+        resubmit(self, old_id, stream, transport::error{old_id, transport::error_code::disconnected, "the replica serving this job went away", transport::retry::disconnected},
                  std::get<transport::job_submit>(*m), waits);
       },
       [=](cancel_atom, std::uint64_t job) { self->send(self->state.coordinator, cancel_atom::value, transport::encode(transport::cancel_job{job})); },
@@ -310,11 +310,11 @@ result<job, transport::error> client::submit(const transport::job_submit& reques
   std::string err;
   self->request(s_->actor, request_timeout, submit_atom::value, transport::encode(request))
       .receive([&](std::uint64_t i, const std::string& e) { id = i, err = e; },
-               [&](caf::error& e) { err = error_bytes(0, "disconnected", s_->sys->render(e), transport::retry::disconnected); });
+               [&](caf::error& e) { err = error_bytes(0, transport::error_code::disconnected, s_->sys->render(e), transport::retry::disconnected); });
   if (id == 0) {
     auto m = transport::decode(err);
     if (m && std::holds_alternative<transport::error>(*m)) return unexpected(std::get<transport::error>(*m));
-    return unexpected(transport::error{0, "internal", "the submission failed without a reason", transport::retry::failed});
+    return unexpected(transport::error{0, transport::error_code::internal, "the submission failed without a reason", transport::retry::failed});
   }
   job j;
   j.id_ = id;

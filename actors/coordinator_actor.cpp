@@ -33,8 +33,8 @@ std::string node_of(const state& st, const caf::actor& a) {
 
 namespace {
 
-std::string error_bytes(std::uint64_t job, std::string code, std::string message, transport::retry r) {
-  return transport::encode(transport::error{job, std::move(code), std::move(message), r});
+std::string error_bytes(std::uint64_t job, transport::error_code code, std::string message, transport::retry r) {
+  return transport::encode(transport::error{job, code, std::move(message), r});
 }
 
 std::uint64_t affinity_key(const transport::prompt& p) {
@@ -75,19 +75,19 @@ const deployment_rec* deployment_for(const state& st, const std::string& model, 
 // Admission and routing: (job id, "", model) or (0, error bytes, "").
 caf::message route(actor_t* self, const std::string& bytes, const caf::actor& client) {
   auto& st = self->state;
-  auto refuse = [&](std::string code, std::string why, transport::retry r) {
+  auto refuse = [&](transport::error_code code, std::string why, transport::retry r) {
     ++st.refused;
-    return caf::make_message(std::uint64_t{0}, error_bytes(0, std::move(code), std::move(why), r), std::string());
+    return caf::make_message(std::uint64_t{0}, error_bytes(0, code, std::move(why), r), std::string());
   };
   auto m = transport::decode(bytes);
-  if (!m) return refuse("bad_message", m.error().message(), m.error().retry());
+  if (!m) return refuse(transport::error_code::bad_message, m.error().message(), m.error().retry());
   auto* j = std::get_if<transport::job_submit>(&*m);
-  if (!j) return refuse("bad_message", "the coordinator takes job submissions here, not " + std::string(transport::kind(*m)), transport::retry::failed);
+  if (!j) return refuse(transport::error_code::bad_message, "the coordinator takes job submissions here, not " + std::string(transport::kind(*m)), transport::retry::failed);
   if (static_cast<std::int64_t>(st.jobs.size()) >= st.max_outstanding)
-    return refuse("overloaded", "the cluster holds " + std::to_string(st.jobs.size()) + " jobs, its bound", transport::retry::overloaded);
+    return refuse(transport::error_code::overloaded, "the cluster holds " + std::to_string(st.jobs.size()) + " jobs, its bound", transport::retry::overloaded);
   std::string why;
   const auto* dep = deployment_for(st, j->model, why);
-  if (!dep) return refuse("unknown_model", why, transport::retry::failed);
+  if (!dep) return refuse(transport::error_code::unknown_model, why, transport::retry::failed);
   const auto& model = dep->spec.model;
   std::vector<replica_rec*> live;
   std::int32_t preparing = 0;
@@ -97,7 +97,7 @@ caf::message route(actor_t* self, const std::string& bytes, const caf::actor& cl
     if (r.state == transport::replica_state::preparing) ++preparing;
   }
   if (live.empty())
-    return refuse("no_replica", "no replica of '" + model + "' serves right now (" + std::to_string(preparing) + " preparing)", transport::retry::overloaded);
+    return refuse(transport::error_code::no_replica, "no replica of '" + model + "' serves right now (" + std::to_string(preparing) + " preparing)", transport::retry::overloaded);
   // Prefix affinity: the replica a prompt's opening hashes to, unless it is clearly busier than the
   // least loaded one; otherwise the least loaded.
   replica_rec* best = live.front();
@@ -106,7 +106,7 @@ caf::message route(actor_t* self, const std::string& bytes, const caf::actor& cl
   auto* preferred = live[affinity_key(j->prompt) % live.size()];
   if (preferred->outstanding <= best->outstanding + 2) best = preferred;
   if (best->outstanding >= st.max_per_replica)
-    return refuse("overloaded", "every replica of '" + model + "' holds its bound of jobs", transport::retry::overloaded);
+    return refuse(transport::error_code::overloaded, "every replica of '" + model + "' holds its bound of jobs", transport::retry::overloaded);
   j->job_id = st.next_job++;
   j->model = model;
   spdlog::debug("event=job_routed job={} model={} replica={} outstanding={}", j->job_id, model, best->id, best->outstanding + 1);

@@ -19,8 +19,8 @@ namespace {
 // The actor's clock (CAF's test coordinator drives it in the unit tests), a steady clock otherwise.
 using clock = caf::actor_clock::clock_type;
 
-std::string error_reply(std::string code, std::string message, transport::retry r = transport::retry::failed) {
-  return transport::encode(transport::error{0, std::move(code), std::move(message), r});
+std::string error_reply(transport::error_code code, std::string message, transport::retry r = transport::retry::failed) {
+  return transport::encode(transport::error{0, code, std::move(message), r});
 }
 
 bool active(const replica_rec& r) { return r.state == transport::replica_state::preparing || r.state == transport::replica_state::serving; }
@@ -116,13 +116,13 @@ void finish_op(actor_t* self, std::uint64_t op_id) {
 
 // A failed operation: the replicas it started are stopped, the desired count goes back (a new
 // deployment is forgotten), and the caller hears which node refused and why.
-void fail_op(actor_t* self, std::uint64_t op_id, const std::string& code, const std::string& why) {
+void fail_op(actor_t* self, std::uint64_t op_id, transport::error_code code, const std::string& why) {
   auto& st = self->state;
   auto it = st.ops.find(op_id);
   if (it == st.ops.end()) return;
   auto op = std::move(it->second);
   st.ops.erase(it);
-  spdlog::warn("event={}_failed model={} code={} reason=\"{}\"", op.kind, op.model, code, why);
+  spdlog::warn("event={}_failed model={} code={} reason=\"{}\"", op.kind, op.model, transport::name(code), why);
   for (auto id : op.started) {
     auto r = st.replicas.find(id);
     if (r == st.replicas.end()) continue;
@@ -245,7 +245,7 @@ void fill(actor_t* self, const std::string& model, std::uint64_t op_id) {
     if (!a) {
       const auto why = "no node has room for replica " + std::to_string(have + 1) + " of " + std::to_string(dep.spec.replicas) + " of '" + model +
                        "' (each node's --max-replicas and device memory): " + a.error().reason;
-      if (op_id) return fail_op(self, op_id, "no_room", why);
+      if (op_id) return fail_op(self, op_id, transport::error_code::no_room, why);
       if (dep.blocked != why) spdlog::warn("event=reconcile_blocked model={} reason=\"{}\"", model, why);
       dep.blocked = why;
       return;
@@ -311,7 +311,7 @@ void lose_replica(actor_t* self, std::uint64_t id, const std::string& why, bool 
     if (j->second.replica == id) {
       if (j->second.client)
         self->send(j->second.client, chunk_atom::value,
-                   transport::encode(transport::error{j->first, "disconnected", "the replica serving this job went away", transport::retry::disconnected}));
+                   transport::encode(transport::error{j->first, transport::error_code::disconnected, "the replica serving this job went away", transport::retry::disconnected}));
       j = st.jobs.erase(j);
     } else {
       ++j;
@@ -323,7 +323,7 @@ void lose_replica(actor_t* self, std::uint64_t id, const std::string& why, bool 
   const auto op = r.op;
   if (failed && r.driver) self->send_exit(r.driver, caf::exit_reason::user_shutdown);
   st.replicas.erase(it);
-  if (op && failed) fail_op(self, op, "prepare_failed", why);
+  if (op && failed) fail_op(self, op, transport::error_code::prepare_failed, why);
   else if (op) {
     if (auto o = st.ops.find(op); o != st.ops.end()) o->second.waiting.erase(id);
   }
@@ -358,24 +358,24 @@ caf::response_promise handle_deploy(actor_t* self, const std::string& bytes) {
   std::string why;
   auto d = decode_deploy(bytes, why);
   if (!d) {
-    rp.deliver(error_reply("bad_message", why));
+    rp.deliver(error_reply(transport::error_code::bad_message, why));
     return rp;
   }
   if (d->load.model.empty()) {
-    rp.deliver(error_reply("invalid_request", "a deployment names a checkpoint"));
+    rp.deliver(error_reply(transport::error_code::invalid_request, "a deployment names a checkpoint"));
     return rp;
   }
   if (d->model.empty()) d->model = served_name(d->load.model);
   if (d->replicas < 1) {
-    rp.deliver(error_reply("invalid_request", "a deployment has at least one replica (scale to 0 is not served)"));
+    rp.deliver(error_reply(transport::error_code::invalid_request, "a deployment has at least one replica (scale to 0 is not served)"));
     return rp;
   }
   if (!goal_of(d->goal)) {
-    rp.deliver(error_reply("invalid_request", "the planner's goal is latency, capacity or throughput, not '" + d->goal + "'"));
+    rp.deliver(error_reply(transport::error_code::invalid_request, "the planner's goal is latency, capacity or throughput, not '" + d->goal + "'"));
     return rp;
   }
   if (op_pending(st, d->model)) {
-    rp.deliver(error_reply("busy", "a deploy or scale of '" + d->model + "' is in progress", transport::retry::overloaded));
+    rp.deliver(error_reply(transport::error_code::busy, "a deploy or scale of '" + d->model + "' is in progress", transport::retry::overloaded));
     return rp;
   }
   spdlog::info("event=deploy model={} path={} replicas={}", d->model, d->load.model, d->replicas);
@@ -383,7 +383,7 @@ caf::response_promise handle_deploy(actor_t* self, const std::string& bytes) {
     // The same deployment again is its desired count again (idempotent); another checkpoint under a
     // taken name is refused.
     if (existing->second.spec.load.model != d->load.model) {
-      rp.deliver(error_reply("name_taken", "'" + d->model + "' already serves " + existing->second.spec.load.model + " (deploy --name NAME)"));
+      rp.deliver(error_reply(transport::error_code::name_taken, "'" + d->model + "' already serves " + existing->second.spec.load.model + " (deploy --name NAME)"));
       return rp;
     }
     const auto previous = existing->second.spec.replicas;
@@ -399,7 +399,7 @@ caf::response_promise handle_deploy(actor_t* self, const std::string& bytes) {
     return rp;
   }
   if (st.nodes.empty()) {
-    rp.deliver(error_reply("no_nodes", "no node has joined", transport::retry::overloaded));
+    rp.deliver(error_reply(transport::error_code::no_nodes, "no node has joined", transport::retry::overloaded));
     return rp;
   }
   const auto op_id = st.next_op++;
@@ -412,13 +412,13 @@ caf::response_promise handle_deploy(actor_t* self, const std::string& bytes) {
             if (!st.ops.contains(op_id)) return;
             auto m = transport::decode(answer);
             if (!m || !std::holds_alternative<transport::resolved_model>(*m))
-              return fail_op(self, op_id, "internal", "the registry's answer did not decode");
+              return fail_op(self, op_id, transport::error_code::internal, "the registry's answer did not decode");
             const auto& resolved = std::get<transport::resolved_model>(*m);
-            if (!resolved.error.empty()) return fail_op(self, op_id, "unknown_model", resolved.error);
+            if (!resolved.error.empty()) return fail_op(self, op_id, transport::error_code::unknown_model, resolved.error);
             st.deployments[d->model] = deployment_rec{*d, resolved, {}, {}};
             fill(self, d->model, op_id);
           },
-          [=](caf::error& e) { fail_op(self, op_id, "internal", "registry: " + self->system().render(e)); });
+          [=](caf::error& e) { fail_op(self, op_id, transport::error_code::internal, "registry: " + self->system().render(e)); });
   return rp;
 }
 
@@ -427,21 +427,21 @@ caf::response_promise handle_scale(actor_t* self, const std::string& bytes) {
   auto& st = self->state;
   auto m = transport::decode(bytes);
   if (!m || !std::holds_alternative<transport::scale>(*m)) {
-    rp.deliver(error_reply("bad_message", m ? "the coordinator takes a Scale here" : m.error().message()));
+    rp.deliver(error_reply(transport::error_code::bad_message, m ? "the coordinator takes a Scale here" : m.error().message()));
     return rp;
   }
   const auto sc = std::get<transport::scale>(*m);
   auto dep = st.deployments.find(sc.model);
   if (dep == st.deployments.end()) {
-    rp.deliver(error_reply("unknown_model", "nothing named '" + sc.model + "' is deployed"));
+    rp.deliver(error_reply(transport::error_code::unknown_model, "nothing named '" + sc.model + "' is deployed"));
     return rp;
   }
   if (sc.replicas < 1) {
-    rp.deliver(error_reply("invalid_request", "a deployment keeps at least one replica"));
+    rp.deliver(error_reply(transport::error_code::invalid_request, "a deployment keeps at least one replica"));
     return rp;
   }
   if (op_pending(st, sc.model)) {
-    rp.deliver(error_reply("busy", "a deploy or scale of '" + sc.model + "' is in progress", transport::retry::overloaded));
+    rp.deliver(error_reply(transport::error_code::busy, "a deploy or scale of '" + sc.model + "' is in progress", transport::retry::overloaded));
     return rp;
   }
   spdlog::info("event=scale model={} from={} to={}", sc.model, dep->second.spec.replicas, sc.replicas);

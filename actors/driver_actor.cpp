@@ -19,8 +19,8 @@
 namespace troupe::actors {
 namespace {
 
-std::string error_bytes(std::uint64_t job, std::string code, std::string message, transport::retry r) {
-  return transport::encode(transport::error{job, std::move(code), std::move(message), r});
+std::string error_bytes(std::uint64_t job, transport::error_code code, std::string message, transport::retry r) {
+  return transport::encode(transport::error{job, code, std::move(message), r});
 }
 
 struct driver_job {
@@ -146,9 +146,9 @@ caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::s
   self->send(coordinator, register_atom::value, replica_id, caf::actor_cast<caf::actor>(self), std::string());
 
   auto finish_job = [self](std::uint64_t job) { self->send(self->state.coordinator, done_atom::value, job); };
-  auto refuse = [self, finish_job](std::uint64_t job, const caf::actor& client, std::string code, std::string why, transport::retry r) {
+  auto refuse = [self, finish_job](std::uint64_t job, const caf::actor& client, transport::error_code code, std::string why, transport::retry r) {
     ++self->state.refused;
-    if (client) self->send(client, chunk_atom::value, error_bytes(job, std::move(code), std::move(why), r));
+    if (client) self->send(client, chunk_atom::value, error_bytes(job, code, std::move(why), r));
     finish_job(job);
   };
   auto start_ticking = [self] {
@@ -161,16 +161,16 @@ caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::s
       [=](submit_atom, const std::string& bytes, const caf::actor& client) {
         auto& st = self->state;
         auto m = transport::decode(bytes);
-        if (!m) return refuse(0, client, "bad_message", m.error().message(), m.error().retry());
+        if (!m) return refuse(0, client, transport::error_code::bad_message, m.error().message(), m.error().retry());
         auto* j = std::get_if<transport::job_submit>(&*m);
-        if (!j) return refuse(0, client, "bad_message", "a driver takes job submissions, not " + std::string(transport::kind(*m)), transport::retry::failed);
+        if (!j) return refuse(0, client, transport::error_code::bad_message, "a driver takes job submissions, not " + std::string(transport::kind(*m)), transport::retry::failed);
         if (static_cast<std::int64_t>(st.jobs.size()) >= st.max_jobs)
-          return refuse(j->job_id, client, "overloaded", "the replica holds " + std::to_string(st.jobs.size()) + " jobs", transport::retry::overloaded);
-        if (st.by_job.contains(j->job_id)) return refuse(j->job_id, client, "invalid_request", "job id already running", transport::retry::failed);
+          return refuse(j->job_id, client, transport::error_code::overloaded, "the replica holds " + std::to_string(st.jobs.size()) + " jobs", transport::retry::overloaded);
+        if (st.by_job.contains(j->job_id)) return refuse(j->job_id, client, transport::error_code::invalid_request, "job id already running", transport::retry::failed);
         auto ids = prompt_ids(st, *j);
-        if (!ids) return refuse(j->job_id, client, "invalid_request", ids.error(), transport::retry::failed);
+        if (!ids) return refuse(j->job_id, client, transport::error_code::invalid_request, ids.error(), transport::retry::failed);
         auto inputs = request_inputs_of(*j);
-        if (!inputs) return refuse(j->job_id, client, "invalid_request", inputs.error(), transport::retry::failed);
+        if (!inputs) return refuse(j->job_id, client, transport::error_code::invalid_request, inputs.error(), transport::retry::failed);
         driver::seq_request r;
         r.prompt = std::move(*ids);
         const auto& s = j->sampling;
@@ -184,7 +184,7 @@ caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::s
         r.prior_output = j->prior_output;
         const auto prompt_len = static_cast<std::int64_t>(r.prompt.size());
         auto id = st.drv->open(std::move(r));
-        if (!id) return refuse(j->job_id, client, std::string(driver::name(id.error().code)), id.error().message(), transport::retry::failed);
+        if (!id) return refuse(j->job_id, client, transport::error_code_named(driver::name(id.error().code)).value_or(transport::error_code::internal), id.error().message(), transport::retry::failed);
         driver_job dj{j->job_id, client, prompt_len, static_cast<std::int64_t>(j->prior_output.size()), s.top_logprobs > 0, std::nullopt, false};
         if (j->deadline_ms > 0) dj.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(j->deadline_ms);
         spdlog::debug("event=job_admitted job={} seq={} prompt_tokens={} prior_output={}", j->job_id, *id, prompt_len, j->prior_output.size());
@@ -238,7 +238,7 @@ caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::s
           }
         } else {
           for (auto& [seq, j] : st.jobs) {
-            if (j.client) self->send(j.client, chunk_atom::value, error_bytes(j.job, "internal", r.error().message(), transport::retry::failed));
+            if (j.client) self->send(j.client, chunk_atom::value, error_bytes(j.job, transport::error_code::internal, r.error().message(), transport::retry::failed));
             finish_job(j.job);
             (void)st.drv->release(seq);
           }

@@ -94,19 +94,27 @@ std::string error_body(const api_error& e) {
 api_error from_transport(const transport::error& e) {
   api_error a;
   a.message = e.message;
-  a.code = e.code;
-  if (e.code == "overloaded") {
-    a.status = 429;
-    a.type = "rate_limit_error";
-  } else if (e.code == "unknown_model") {
-    a.status = 404;
-  } else if (e.code == "bad_request" || e.code == "too_long" || e.code == "invalid_request" || e.code == "bad_input" ||
-             e.code == "incompatible" || e.code == "unsupported_feature" || e.code == "no_head" || e.code == "pool_too_small" ||
-             e.code == "bad_message") {
-    a.status = 400;
-  } else {
-    a.status = 500;
-    a.type = "server_error";
+  a.code = std::string(transport::name(e.code));
+  using transport::error_code;
+  switch (e.code) {
+    case error_code::overloaded:
+    case error_code::no_replica:  // a replica of it is being replaced: retry shortly
+      a.status = 429;
+      a.type = "rate_limit_error";
+      break;
+    case error_code::unknown_model: a.status = 404; break;
+    case error_code::bad_request:
+    case error_code::too_long:
+    case error_code::invalid_request:
+    case error_code::bad_input:
+    case error_code::incompatible:
+    case error_code::unsupported_feature:
+    case error_code::no_head:
+    case error_code::pool_too_small:
+    case error_code::bad_message: a.status = 400; break;
+    default:
+      a.status = 500;
+      a.type = "server_error";
   }
   return a;
 }

@@ -314,7 +314,7 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
   if (!p) return 2;
   auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
   if (!s) {
-    std::fprintf(stderr, "troupe deploy: %s\n", s.error().c_str());
+    std::fprintf(stderr, "troupe deploy: %s\n", describe(s.error()).c_str());
     return 1;
   }
   std::vector<deployment_entry> todo;
@@ -346,7 +346,7 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
       // The planner on the devices the nodes declared: it picks the replicas and the split.
       auto st = (*s)->status();
       if (!st) {
-        std::fprintf(stderr, "troupe deploy: %s\n", st.error().c_str());
+        std::fprintf(stderr, "troupe deploy: %s\n", describe(st.error()).c_str());
         return 1;
       }
       auto split = plan_on_cluster(e.model, *st, o.plan);
@@ -372,7 +372,7 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     auto r = (*s)->deploy(req);
     if (bar) bar->finish(r.has_value());
     if (!r) {
-      std::fprintf(stderr, "troupe deploy: %s: %s\n", e.model.c_str(), r.error().c_str());
+      std::fprintf(stderr, "troupe deploy: %s: %s\n", e.model.c_str(), describe(r.error()).c_str());
       return 1;
     }
     std::printf("deployed '%s' on %d replica(s)\n", r->c_str(), replicas);
@@ -386,7 +386,7 @@ int run_submit_cmd(const cluster_cmd_options& given) {
   if (!p) return 2;
   auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
   if (!s) {
-    std::fprintf(stderr, "troupe submit: %s\n", s.error().c_str());
+    std::fprintf(stderr, "troupe submit: %s\n", describe(s.error()).c_str());
     return 1;
   }
   transport::job_submit j;
@@ -400,7 +400,7 @@ int run_submit_cmd(const cluster_cmd_options& given) {
   auto cl = (*s)->client_session();
   auto jb = cl->submit(j);
   if (!jb) {
-    std::fprintf(stderr, "troupe submit: %s (%s)\n", jb.error().message.c_str(), jb.error().code.c_str());
+    std::fprintf(stderr, "troupe submit: %s (%s)\n", jb.error().message.c_str(), std::string(transport::name(jb.error().code)).c_str());
     return jb.error().retry == transport::retry::overloaded ? 75 : 1;
   }
   if (!o.json)
@@ -410,7 +410,7 @@ int run_submit_cmd(const cluster_cmd_options& given) {
     }
   auto r = jb->wait();
   if (r.error) {
-    std::fprintf(stderr, "\ntroupe submit: %s (%s)\n", r.error->message.c_str(), r.error->code.c_str());
+    std::fprintf(stderr, "\ntroupe submit: %s (%s)\n", r.error->message.c_str(), std::string(transport::name(r.error->code)).c_str());
     return 1;
   }
   if (o.json) {
@@ -428,12 +428,12 @@ int run_scale_cmd(const cluster_cmd_options& given) {
   if (!p) return 2;
   auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
   if (!s) {
-    std::fprintf(stderr, "troupe scale: %s\n", s.error().c_str());
+    std::fprintf(stderr, "troupe scale: %s\n", describe(s.error()).c_str());
     return 1;
   }
   auto r = (*s)->scale(o.model, o.replicas);
   if (!r) {
-    std::fprintf(stderr, "troupe scale: %s\n", r.error().c_str());
+    std::fprintf(stderr, "troupe scale: %s\n", describe(r.error()).c_str());
     return 1;
   }
   std::printf("'%s' scaled to %d replica(s)\n", r->c_str(), o.replicas);
@@ -446,12 +446,12 @@ int run_status_cmd(const cluster_cmd_options& given) {
   if (!p) return 2;
   auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
   if (!s) {
-    std::fprintf(stderr, "troupe status: %s\n", s.error().c_str());
+    std::fprintf(stderr, "troupe status: %s\n", describe(s.error()).c_str());
     return 1;
   }
   auto st = (*s)->cluster_status();
   if (!st) {
-    std::fprintf(stderr, "troupe status: %s\n", st.error().c_str());
+    std::fprintf(stderr, "troupe status: %s\n", describe(st.error()).c_str());
     return 1;
   }
   if (o.json) std::printf("%s\n", actors::status_json(*st).c_str());
@@ -492,7 +492,7 @@ int run_gateway_cmd(const cluster_cmd_options& given) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
   if (!s) {
-    std::fprintf(stderr, "troupe gateway: %s\n", s.error().c_str());
+    std::fprintf(stderr, "troupe gateway: %s\n", describe(s.error()).c_str());
     return 1;
   }
   auto gw = actors::gateway::start(**s, o.model, g);
@@ -521,7 +521,7 @@ int run_top_cmd(const cluster_cmd_options& given) {
   if (!p) return 2;
   auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
   if (!s) {
-    std::fprintf(stderr, "troupe top: %s\n", s.error().c_str());
+    std::fprintf(stderr, "troupe top: %s\n", describe(s.error()).c_str());
     return 1;
   }
   const bool tty = ::isatty(1) != 0;
@@ -531,7 +531,7 @@ int run_top_cmd(const cluster_cmd_options& given) {
   for (;;) {
     auto st = (*s)->status();
     if (!st) {
-      std::fprintf(stderr, "troupe top: %s\n", st.error().c_str());
+      std::fprintf(stderr, "troupe top: %s\n", describe(st.error()).c_str());
       return 1;
     }
     const auto j = nlohmann::json::parse(*st, nullptr, false);
@@ -581,7 +581,7 @@ int run_collectives_cmd(const cluster_cmd_options& given) {
   }
   auto s = actors::session::connect(p->at.host, p->at.port, p->secret, heartbeat(o), tls(o));
   if (!s) {
-    std::fprintf(stderr, "troupe collectives: %s\n", s.error().c_str());
+    std::fprintf(stderr, "troupe collectives: %s\n", describe(s.error()).c_str());
     return 1;
   }
   transport::gloo_options g;

@@ -67,7 +67,7 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
           [&](const std::string& reply) {
             auto m = transport::decode(reply);
             if (!m) err = m.error().message();
-            else if (auto* e = std::get_if<transport::error>(&*m)) err = e->code + ": " + e->message;
+            else if (auto* e = std::get_if<transport::error>(&*m)) err = transport::describe(*e);
           },
           [&](caf::error& e) { err = s->sys->render(e); });
   if (!err.empty()) return unexpected(err);

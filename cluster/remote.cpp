@@ -93,31 +93,35 @@ caf::behavior gatekeeper_actor(caf::stateful_actor<gatekeeper_state>* self, std:
           const caf::actor& peer, const std::string& inventory, std::int32_t max_replicas) -> caf::response_promise {
         auto& st = self->state;
         auto rp = self->make_response_promise();
-        auto answer = [&](caf::actor a, std::string why) {
-          rp.deliver(std::move(a), std::move(why));
+        auto answer = [&](caf::actor a, std::string why, transport::error_code code = transport::error_code::unauthenticated) {
+          rp.deliver(std::move(a), why.empty() ? std::string() : transport::encode(transport::error{0, code, std::move(why), transport::retry::failed}));
           return rp;
         };
         auto it = std::find(st.nonces.begin(), st.nonces.end(), nonce);
-        if (it == st.nonces.end()) return answer(caf::actor{}, std::string("refused: unknown or used nonce"));
+        if (it == st.nonces.end()) return answer(caf::actor{}, std::string("unknown or used nonce"));
         st.nonces.erase(it);
         const auto expected = hmac_sha256_hex(st.secret, nonce + "|" + role + "|" + id);
         if (proof.size() != expected.size() || CRYPTO_memcmp(proof.data(), expected.data(), expected.size()) != 0) {
           spdlog::warn("event=join_refused role={} id={} reason=bad_proof", role, id);
-          return answer(caf::actor{}, std::string("refused: the proof does not match the cluster secret"));
+          return answer(caf::actor{}, std::string("the proof does not match the cluster secret"));
         }
         if (role != "node") return answer(st.coordinator, std::string());
-        if (!peer) return answer(caf::actor{}, std::string("refused: a node must send its handle"));
+        if (!peer) return answer(caf::actor{}, std::string("a node must send its handle"), transport::error_code::invalid_request);
         // The coordinator decides (node ids are unique); its handle goes out only once it took the node.
         self->request(st.coordinator, std::chrono::seconds(10), node_atom::value, id, peer, max_replicas, inventory)
             .then(
                 [=](const std::string& why) mutable {
                   if (!why.empty()) {
-                    rp.deliver(caf::actor{}, "refused: " + why);
+                    const auto code = why.find("is taken") != std::string::npos ? transport::error_code::name_taken : transport::error_code::invalid_request;
+                    rp.deliver(caf::actor{}, transport::encode(transport::error{0, code, why, transport::retry::failed}));
                     return;
                   }
                   rp.deliver(self->state.coordinator, std::string());
                 },
-                [=](caf::error& e) mutable { rp.deliver(caf::actor{}, "the coordinator did not answer: " + self->system().render(e)); });
+                [=](caf::error& e) mutable {
+                  rp.deliver(caf::actor{}, transport::encode(transport::error{0, transport::error_code::internal,
+                                                                              "the coordinator did not answer: " + self->system().render(e), transport::retry::overloaded}));
+                });
         return rp;
       },
   };
@@ -154,7 +158,7 @@ constexpr auto connect_timeout = std::chrono::seconds(10);
 // Proves the secret to a gatekeeper; the coordinator's handle, or why not.
 // `inventory`: a node's devices (an encoded Inventory) and `max_replicas` its bound; the coordinator
 // takes both with the join, so a joined node is placeable at once.
-result<caf::actor, std::string> join(caf::actor_system& sys, const std::string& host, int port, const std::string& secret,
+result<caf::actor, join_error> join(caf::actor_system& sys, const std::string& host, int port, const std::string& secret,
                                      const std::string& role, const std::string& id, const caf::actor& peer, bool tls,
                                      const std::string& inventory = {}, std::int32_t max_replicas = 0) {
   // The connection is asked of the middleman with a bound rather than through remote_actor(), which
@@ -167,17 +171,23 @@ result<caf::actor, std::string> join(caf::actor_system& sys, const std::string& 
   self->request(mm, connect_timeout, caf::connect_atom::value, host, static_cast<std::uint16_t>(port))
       .receive([&](const caf::node_id&, caf::strong_actor_ptr& p, const std::set<std::string>&) { gatekeeper = caf::actor_cast<caf::actor>(std::move(p)); },
                [&](caf::error& e) { reach_err = sys.render(e); });
-  if (!gatekeeper) return unexpected("cannot reach the coordinator at " + host + ":" + std::to_string(port) + ": " + reach_err);
+  if (!gatekeeper)
+    return unexpected(join_error{join_error_code::unreachable, "cannot reach the coordinator at " + host + ":" + std::to_string(port) + ": " + reach_err});
   auto gk = &gatekeeper;
   std::string nonce, err;
   self->request(*gk, connect_timeout, join_atom::value).receive([&](const std::string& n) { nonce = n; }, [&](caf::error& e) { err = sys.render(e); });
-  if (nonce.empty()) return unexpected("no challenge from the coordinator: " + err);
+  if (nonce.empty()) return unexpected(join_error{join_error_code::no_challenge, "no challenge from the coordinator: " + err});
   caf::actor coordinator;
+  std::string refusal;
   self->request(*gk, connect_timeout, join_atom::value, role, id, nonce, hmac_sha256_hex(secret, nonce + "|" + role + "|" + id), peer, inventory,
                 max_replicas)
-      .receive([&](const caf::actor& c, const std::string& e) { coordinator = c, err = e; }, [&](caf::error& e) { err = sys.render(e); });
-  if (!coordinator) return unexpected(err.empty() ? std::string("refused") : err);
-  return coordinator;
+      .receive([&](const caf::actor& c, const std::string& e) { coordinator = c, refusal = e; }, [&](caf::error& e) { err = sys.render(e); });
+  if (coordinator) return coordinator;
+  if (refusal.empty()) return unexpected(join_error{join_error_code::no_challenge, "no answer to the proof: " + err});
+  auto m = transport::decode(refusal);
+  if (!m || !std::holds_alternative<transport::error>(*m)) return unexpected(join_error{join_error_code::bad_answer, "the gatekeeper's answer did not decode"});
+  const auto& e = std::get<transport::error>(*m);
+  return unexpected(join_error{e.code == transport::error_code::name_taken ? join_error_code::id_taken : join_error_code::refused, e.message});
 }
 
 }  // namespace
@@ -260,14 +270,15 @@ int run_node(const node_process_options& o) {
     if (!coordinator) {
       caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
       // A rejoin may find its old membership not yet noticed as lost (its id still taken): ask again.
-      const bool taken = coordinator.error().find("is taken by a node") != std::string::npos;
-      const bool refused = coordinator.error().rfind("refused", 0) == 0 && !(taken && joined_once);
+      const auto& e = coordinator.error();
+      const bool refused = !e.retryable() && !(e.code == join_error_code::id_taken && joined_once);
       if (refused || !joined_once) {
-        spdlog::error("event=join_failed reason=\"{}\"", coordinator.error());
+        spdlog::error("event=join_failed code={} reason=\"{}\"", name(e.code), e.reason);
+        std::fprintf(stderr, "troupe node: %s\n", e.message().c_str());
         rc = refused ? 3 : 1;
         break;
       }
-      spdlog::info("event=rejoin_failed reason=\"{}\" action=retry", coordinator.error());
+      spdlog::info("event=rejoin_failed code={} reason=\"{}\" action=retry", name(e.code), e.reason);
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       continue;
     }
@@ -325,7 +336,18 @@ struct session_state {
 session::session(std::unique_ptr<session_state> s) : s_(std::move(s)) {}
 session::~session() = default;
 
-result<std::unique_ptr<session>, std::string> session::connect(const std::string& host, int port, const std::string& secret, heartbeat_options hb,
+std::string_view name(join_error_code c) {
+  switch (c) {
+    case join_error_code::unreachable: return "unreachable";
+    case join_error_code::no_challenge: return "no_challenge";
+    case join_error_code::refused: return "refused";
+    case join_error_code::id_taken: return "id_taken";
+    case join_error_code::bad_answer: return "bad_answer";
+  }
+  return "unknown";
+}
+
+result<std::unique_ptr<session>, join_error> session::connect(const std::string& host, int port, const std::string& secret, heartbeat_options hb,
                                                               tls_options tls) {
   auto s = std::make_unique<session_state>();
   configure(s->cfg, hb, 2, tls);
@@ -340,7 +362,7 @@ std::unique_ptr<client> session::connect() { return client_session(); }
 
 std::unique_ptr<client> session::client_session() { return s_->clients.open(*s_->sys, s_->coordinator); }
 
-result<std::string, std::string> session::deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& o,
+result<std::string, cluster_error> session::deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& o,
                                                   std::int32_t tensor_parallel, std::int32_t pipeline_parallel, bool across_nodes) {
   deploy_request r;
   r.model = model;
@@ -354,20 +376,22 @@ result<std::string, std::string> session::deploy(const std::filesystem::path& mo
 
 namespace {
 
-// A deploy or scale reply: the served name, or "code: why".
-result<std::string, std::string> reply_of(const std::string& bytes, const std::string& fallback) {
-  if (bytes.empty()) return unexpected(fallback);
+cluster_error no_answer(std::string why) { return {0, transport::error_code::disconnected, std::move(why), transport::retry::disconnected}; }
+
+// A deploy or scale reply: the served name, or the refusal.
+result<std::string, cluster_error> reply_of(const std::string& bytes, const std::string& fallback) {
+  if (bytes.empty()) return unexpected(no_answer(fallback));
   auto m = transport::decode(bytes);
-  if (!m) return unexpected(m.error().message());
-  if (auto* e = std::get_if<transport::error>(&*m)) return unexpected(e->code + ": " + e->message);
+  if (!m) return unexpected(cluster_error{0, transport::error_code::bad_message, m.error().message(), transport::retry::failed});
+  if (auto* e = std::get_if<transport::error>(&*m)) return unexpected(*e);
   if (auto* d = std::get_if<transport::deploy>(&*m)) return d->model;
   if (auto* s = std::get_if<transport::scale>(&*m)) return s->model;
-  return unexpected(std::string("an answer of kind ") + std::string(transport::kind(*m)));
+  return unexpected(cluster_error{0, transport::error_code::bad_message, "an answer of kind " + std::string(transport::kind(*m)), transport::retry::failed});
 }
 
 }  // namespace
 
-result<std::string, std::string> session::deploy(const deploy_request& r) {
+result<std::string, cluster_error> session::deploy(const deploy_request& r) {
   const auto& o = r.options;
   transport::deploy d;
   d.model = r.name.empty() ? served_name(r.model) : r.name;
@@ -397,7 +421,7 @@ result<std::string, std::string> session::deploy(const deploy_request& r) {
 
 std::shared_ptr<transport::rendezvous_store> session::rendezvous_store() { return coordinator_rendezvous(*s_->sys, s_->coordinator); }
 
-result<std::string, std::string> session::scale(const std::string& model, std::int32_t replicas) {
+result<std::string, cluster_error> session::scale(const std::string& model, std::int32_t replicas) {
   caf::scoped_actor self{*s_->sys};
   std::string bytes, err = "no answer";
   self->request(s_->coordinator, request_timeout, scale_atom::value, transport::encode(transport::scale{model, replicas}))
@@ -415,9 +439,13 @@ std::string session::model_name() const {
 
 std::vector<std::string> session::models() { return served_models(*s_->sys, s_->coordinator); }
 
-result<transport::cluster_status, std::string> session::cluster_status() { return cluster_status_of(*s_->sys, s_->coordinator); }
+result<transport::cluster_status, cluster_error> session::cluster_status() {
+  auto s = cluster_status_of(*s_->sys, s_->coordinator);
+  if (!s) return unexpected(no_answer(s.error()));
+  return *s;
+}
 
-result<std::string, std::string> session::status() {
+result<std::string, cluster_error> session::status() {
   auto s = cluster_status();
   if (!s) return unexpected(s.error());
   return status_json(*s);

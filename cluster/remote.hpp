@@ -11,6 +11,7 @@
 #include <string>
 
 #include "actors/cluster.hpp"
+#include "transport/messages.hpp"
 #include "engine/core/result.hpp"
 
 namespace troupe::transport {
@@ -76,6 +77,29 @@ struct node_process_options {
 // cannot be reached at first.
 int run_node(const node_process_options& o);
 
+// Why a join (of a node or a session) did not happen, and whether trying again can help.
+enum class join_error_code : std::uint8_t {
+  unreachable,   // no coordinator answered at the address (retry: it may be starting)
+  no_challenge,  // the gatekeeper gave no nonce in time (retry)
+  refused,       // the proof did not match the cluster's secret, or the nonce was used (never retry)
+  id_taken,      // another joined node has this node id (retry only as a rejoin: the old link may be dying)
+  bad_answer,    // the gatekeeper's answer did not decode
+};
+std::string_view name(join_error_code c);
+
+struct join_error {
+  join_error_code code = join_error_code::unreachable;
+  std::string reason;
+  bool retryable() const { return code == join_error_code::unreachable || code == join_error_code::no_challenge; }
+  std::string message() const { return std::string(name(code)) + ": " + reason; }
+};
+
+inline std::string describe(const join_error& e) { return e.message(); }
+
+// A refusal by the cluster (deploy, scale, status): the typed code, the retry disposition and a message
+// that names what was refused and why (the node, for a replica that could not prepare).
+using cluster_error = transport::error;
+
 struct session_state;
 
 // A deployment as `troupe deploy` asks for it.
@@ -93,7 +117,7 @@ struct deploy_request {
 // A connection to a running coordinator: clients, deployments and status.
 class session final : public serving_backend {
  public:
-  static result<std::unique_ptr<session>, std::string> connect(const std::string& host, int port, const std::string& secret,
+  static result<std::unique_ptr<session>, join_error> connect(const std::string& host, int port, const std::string& secret,
                                                                heartbeat_options heartbeat = {}, tls_options tls = {});
   ~session();
   std::unique_ptr<client> client_session();
@@ -105,16 +129,16 @@ class session final : public serving_backend {
   // the model's name once every replica is prepared.
   // tensor_parallel x pipeline_parallel > 1: each replica is that many executors on one node, each over
   // its part (docs/tensor-parallel.md); with across_nodes each pipeline stage takes a node of its own.
-  result<std::string, std::string> deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& options,
+  result<std::string, cluster_error> deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& options,
                                           std::int32_t tensor_parallel = 0, std::int32_t pipeline_parallel = 0, bool across_nodes = false);
-  // The same with every field; the error is "code: why" (the node that refused named in why).
-  result<std::string, std::string> deploy(const deploy_request& request);
+  // The same with every field; a refusal names the node that refused and why.
+  result<std::string, cluster_error> deploy(const deploy_request& request);
   // Sets a deployed model's replica count: new replicas are placed and prepared before they take
   // traffic (returns once they serve); removed ones drain (no new jobs, stop after their last).
-  result<std::string, std::string> scale(const std::string& model, std::int32_t replicas);
+  result<std::string, cluster_error> scale(const std::string& model, std::int32_t replicas);
   // Nodes, replicas, deployments and load: typed, and as JSON text (actors/status_text.hpp).
-  result<transport::cluster_status, std::string> cluster_status();
-  result<std::string, std::string> status();
+  result<transport::cluster_status, cluster_error> cluster_status();
+  result<std::string, cluster_error> status();
   std::vector<std::string> models() override;
   // The coordinator's key-value store, for the rendezvous of collective groups whose ranks are in
   // different processes or on different machines (transport::gloo_options::store,

@@ -251,7 +251,7 @@ int run_sim(const sim_options& o) {
   auto secret = actors::read_secret(dir / "secret");
   auto s = actors::session::connect("127.0.0.1", port, secret ? *secret : std::string());
   if (!s) {
-    std::fprintf(stderr, "troupe sim: %s\n", s.error().c_str());
+    std::fprintf(stderr, "troupe sim: %s\n", describe(s.error()).c_str());
     stop_all();
     return 1;
   }
@@ -273,7 +273,7 @@ int run_sim(const sim_options& o) {
     d.token_budget = 0;
     auto r = (*s)->deploy(model, o.replicas > 0 ? o.replicas : o.nodes, d);
     if (!r) {
-      std::fprintf(stderr, "troupe sim: deploy: %s\n", r.error().c_str());
+      std::fprintf(stderr, "troupe sim: deploy: %s\n", describe(r.error()).c_str());
       stop_all();
       return 1;
     }
@@ -332,7 +332,7 @@ int run_sim(const sim_options& o) {
       std::printf("node %d's link restored\n", i);
     } else if (cmd == "status") {
       auto st = (*s)->status();
-      std::printf("%s\n", st ? st->c_str() : st.error().c_str());
+      std::printf("%s\n", st ? st->c_str() : describe(st.error()).c_str());
     } else if (cmd == "help") {
       std::printf(help, o.nodes - 1);
     } else if (cmd == "quit") {

@@ -98,7 +98,7 @@ bool transport_seeds(const std::filesystem::path& dir) {
   const message all[] = {j,
                          token_chunk{1, {5}, "a", {{5, -1.0f, {{5, -1.0f}}}}, "eos", {1, 1, 0}},
                          cancel_job{1},
-                         error{1, "overloaded", "busy", retry::overloaded},
+                         error{1, error_code::overloaded, "busy", retry::overloaded},
                          step_batch{"e", {1}, {0}, {0}, {0, -1}, {{1, 0, {}, false}}},
                          step_result{"e", {{1, -1.0f, {}}}, {false}, ""},
                          load_request{"m", "cpu:0", "", 1, 2, 3, 4},

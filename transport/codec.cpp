@@ -22,6 +22,48 @@ std::string_view name(decode_error_code c) {
   return "unknown";
 }
 
+std::string_view name(error_code c) {
+  switch (c) {
+    case error_code::internal: return "internal";
+    case error_code::bad_message: return "bad_message";
+    case error_code::invalid_request: return "invalid_request";
+    case error_code::unknown_model: return "unknown_model";
+    case error_code::overloaded: return "overloaded";
+    case error_code::disconnected: return "disconnected";
+    case error_code::cancelled: return "cancelled";
+    case error_code::unimplemented: return "unimplemented";
+    case error_code::no_replica: return "no_replica";
+    case error_code::busy: return "busy";
+    case error_code::name_taken: return "name_taken";
+    case error_code::no_room: return "no_room";
+    case error_code::prepare_failed: return "prepare_failed";
+    case error_code::no_nodes: return "no_nodes";
+    case error_code::bad_options: return "bad_options";
+    case error_code::entry_limit: return "entry_limit";
+    case error_code::byte_limit: return "byte_limit";
+    case error_code::bad_request: return "bad_request";
+    case error_code::bad_input: return "bad_input";
+    case error_code::incompatible: return "incompatible";
+    case error_code::unsupported_feature: return "unsupported_feature";
+    case error_code::no_head: return "no_head";
+    case error_code::too_long: return "too_long";
+    case error_code::pool_too_small: return "pool_too_small";
+    case error_code::unknown_sequence: return "unknown_sequence";
+    case error_code::program_not_offered: return "program_not_offered";
+    case error_code::step_failed: return "step_failed";
+    case error_code::unauthenticated: return "unauthenticated";
+  }
+  return "internal";
+}
+
+std::string describe(const error& e) { return std::string(name(e.code)) + ": " + e.message; }
+
+std::optional<error_code> error_code_named(std::string_view n) {
+  for (unsigned i = 0; i <= static_cast<unsigned>(last_error_code); ++i)
+    if (name(static_cast<error_code>(i)) == n) return static_cast<error_code>(i);
+  return std::nullopt;
+}
+
 std::string_view name(replica_state s) {
   switch (s) {
     case replica_state::preparing: return "preparing";
@@ -194,7 +236,7 @@ struct body_writer {
   void operator()(const error& m) {
     auto b = body.initError();
     b.setJobId(m.job_id);
-    b.setCode(m.code);
+    b.setCode(static_cast<ErrorCode>(m.code));
     b.setMessage(m.message);
     b.setRetry(static_cast<Retry>(m.retry));
   }
@@ -431,7 +473,9 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       auto r = body.getError();
       const auto rt = static_cast<unsigned>(r.getRetry());
       if (rt > static_cast<unsigned>(retry::unimplemented)) return bad("an unknown retry disposition");
-      return error{r.getJobId(), text(r.getCode()), text(r.getMessage()), static_cast<retry>(rt)};
+      const auto code = static_cast<unsigned>(r.getCode());
+      if (code > static_cast<unsigned>(last_error_code)) return bad("an unknown error code " + std::to_string(code));
+      return error{r.getJobId(), static_cast<error_code>(code), text(r.getMessage()), static_cast<retry>(rt)};
     }
     case Envelope::Body::STEP_BATCH: {
       auto r = body.getStepBatch();

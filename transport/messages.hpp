@@ -100,9 +100,39 @@ struct cancel_job {
 
 enum class retry : std::uint8_t { failed, overloaded, disconnected, unimplemented };
 
+// Why a message, a job or a cluster operation was refused: the union of the layers' codes (in the
+// schema's order, transport/schema/troupe.capnp ErrorCode).
+enum class error_code : std::uint8_t {
+  internal,             // a fault of troupe's own
+  bad_message,          // bytes that do not decode (transport/codec.hpp)
+  invalid_request,      // a request no replica could ever run (bad prompt form, inputs, ...)
+  unknown_model,        // no deployment serves the named model (or several do and none was named)
+  overloaded,           // a bound on jobs is reached; retry later or elsewhere
+  disconnected,         // the peer serving it went away; the job may be resumed
+  cancelled,
+  unimplemented,        // a message kind the receiver does not know
+  no_replica,           // the model is deployed but no replica of it serves now (one is being replaced)
+  busy,                 // a deploy or scale of the same deployment is in progress
+  name_taken,           // the served name belongs to another checkpoint
+  no_room,              // no node has the devices, memory or replica bound for one more replica
+  prepare_failed,       // a replica's driver could not prepare (the node and the reason named)
+  no_nodes,             // no node has joined
+  // the driver's (engine/driver/driver.hpp driver_error_code, by name)
+  bad_options, entry_limit, byte_limit, bad_request, bad_input, incompatible, unsupported_feature, no_head, too_long,
+  pool_too_small, unknown_sequence, program_not_offered, step_failed,
+  unauthenticated,      // a join whose proof does not match the cluster's secret (or a used nonce)
+};
+inline constexpr auto last_error_code = error_code::unauthenticated;
+std::string_view name(error_code c);
+// The code of a name (a driver code's name included); nullopt when there is none.
+std::optional<error_code> error_code_named(std::string_view name);
+struct error;
+// "code: message", for people.
+std::string describe(const error& e);
+
 struct error {
   std::uint64_t job_id = 0;
-  std::string code;  // bad_message, invalid_request, unknown_model, overloaded, cancelled, internal, ...
+  error_code code = error_code::internal;
   std::string message;
   transport::retry retry = retry::failed;
   friend bool operator==(const error&, const error&) = default;

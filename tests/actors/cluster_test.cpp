@@ -174,7 +174,7 @@ TEST(cluster, admission_limits_refuse_excess_jobs_at_once) {
     if (jb) {
       admitted.push_back(std::move(*jb));
     } else {
-      EXPECT_EQ(jb.error().code, "overloaded");
+      EXPECT_EQ(jb.error().code, transport::error_code::overloaded);
       EXPECT_EQ(jb.error().retry, transport::retry::overloaded);
       ++overloaded;
     }
@@ -196,7 +196,7 @@ TEST(cluster, bad_requests_get_typed_errors) {
   unknown.model = "no-such-model";
   auto u = cl->submit(unknown);
   ASSERT_FALSE(u);
-  EXPECT_EQ(u.error().code, "unknown_model");
+  EXPECT_EQ(u.error().code, transport::error_code::unknown_model);
 
   auto out_of_vocab = job_for(1);
   out_of_vocab.prompt = std::vector<std::int32_t>{1, 2, 100000};
@@ -204,13 +204,13 @@ TEST(cluster, bad_requests_get_typed_errors) {
   ASSERT_TRUE(jb);  // admitted by the coordinator, refused by the driver's admission
   auto r = jb->wait();
   ASSERT_TRUE(r.error);
-  EXPECT_EQ(r.error->code, "bad_request");
+  EXPECT_EQ(r.error->code, transport::error_code::bad_request);
 
   auto too_long = job_for(1);
   too_long.max_tokens = 100000;
   auto r2 = cl->submit(too_long)->wait();
   ASSERT_TRUE(r2.error);
-  EXPECT_EQ(r2.error->code, "too_long");
+  EXPECT_EQ(r2.error->code, transport::error_code::too_long);
 
   // A text prompt goes through the model's tokenizer.
   auto text = job_for(2);

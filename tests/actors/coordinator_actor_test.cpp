@@ -160,11 +160,11 @@ TEST_F(coordinator_test, a_deploy_spreads_its_replicas_over_the_nodes_and_answer
   // Another checkpoint under a taken name is refused by code.
   auto taken = error_of(deploy("alpha", "/m/other.gguf", 1));
   ASSERT_TRUE(taken);
-  EXPECT_EQ(taken->code, "name_taken");
+  EXPECT_EQ(taken->code, transport::error_code::name_taken);
   // An unknown checkpoint fails at the registry, before any node is asked.
   auto unknown = error_of(deploy("", "/m/missing.gguf", 1));
   ASSERT_TRUE(unknown);
-  EXPECT_EQ(unknown->code, "unknown_model");
+  EXPECT_EQ(unknown->code, transport::error_code::unknown_model);
   EXPECT_EQ(w->deploys["n1"] + w->deploys["n2"] + w->deploys["n3"], 3);
 }
 
@@ -176,7 +176,7 @@ TEST_F(coordinator_test, a_replica_that_fails_to_prepare_fails_the_deploy_by_nod
   w->prepare_error["n1"] = "";
   const auto answer = error_of(deploy("alpha", "/m/alpha.gguf", 2));
   ASSERT_TRUE(answer);
-  EXPECT_EQ(answer->code, "prepare_failed");
+  EXPECT_EQ(answer->code, transport::error_code::prepare_failed);
   EXPECT_NE(answer->message.find("node 'n2'"), std::string::npos) << answer->message;
   EXPECT_NE(answer->message.find("exceeds the model's 2048 positions"), std::string::npos) << answer->message;
   const auto st = status();
@@ -243,7 +243,7 @@ TEST_F(coordinator_test, jobs_run_only_on_replicas_of_the_model_they_name) {
     sys->spawn([=](caf::event_based_actor* self) {
       self->request(c, std::chrono::seconds(600), submit_atom::value, transport::encode(j), caf::actor{})
           .then([=](std::uint64_t id, const std::string& err, const std::string& routed) {
-            w_->replies.push_back(id ? "routed " + routed : std::get<transport::error>(*transport::decode(err)).code);
+            w_->replies.push_back(id ? "routed " + routed : std::string(transport::name(std::get<transport::error>(*transport::decode(err)).code)));
           });
     });
     sched->run();

@@ -174,7 +174,7 @@ TEST(multiprocess, a_killed_node_loses_no_job_and_no_token_is_delivered_twice) {
   ASSERT_GT(c.port, 0);
   for (int i = 0; i < 3; ++i) c.nodes.push_back(c.node("n" + std::to_string(i), (c.dir / "secret").string()));
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
-  ASSERT_TRUE(s) << s.error();
+  ASSERT_TRUE(s) << describe(s.error());
   // Wait for the three nodes to join, then deploy one replica on each.
   for (int i = 0; i < 100; ++i) {
     auto st = (*s)->status();
@@ -182,7 +182,7 @@ TEST(multiprocess, a_killed_node_loses_no_job_and_no_token_is_delivered_twice) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   auto d = (*s)->deploy(model_path(), 3, driver_opts());
-  ASSERT_TRUE(d) << d.error();
+  ASSERT_TRUE(d) << describe(d.error());
 
   const auto ref = reference(100);
   auto cl = (*s)->client_session();
@@ -220,7 +220,7 @@ TEST(multiprocess, a_paused_node_is_declared_lost_rejoins_and_duplicates_nothing
   cluster_fixture c;
   for (int i = 0; i < 2; ++i) c.nodes.push_back(c.node("p" + std::to_string(i), (c.dir / "secret").string()));
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
-  ASSERT_TRUE(s) << s.error();
+  ASSERT_TRUE(s) << describe(s.error());
   for (int i = 0; i < 100; ++i) {
     auto st = (*s)->status();
     if (st && st->find("\"p1\"") != std::string::npos && st->find("\"p0\"") != std::string::npos) break;
@@ -277,14 +277,14 @@ TEST(multiprocess, scaling_one_to_three_to_one_under_load_fails_no_job) {
   cluster_fixture c;
   for (int i = 0; i < 3; ++i) c.nodes.push_back(c.node("s" + std::to_string(i), (c.dir / "secret").string()));
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
-  ASSERT_TRUE(s) << s.error();
+  ASSERT_TRUE(s) << describe(s.error());
   for (int i = 0; i < 100; ++i) {
     auto st = (*s)->status();
     if (st && st->find("\"s0\"") != std::string::npos && st->find("\"s1\"") != std::string::npos && st->find("\"s2\"") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   auto name = (*s)->deploy(model_path(), 1, driver_opts());
-  ASSERT_TRUE(name) << name.error();
+  ASSERT_TRUE(name) << describe(name.error());
   const auto ref = reference(60);
   auto cl = (*s)->client_session();
   std::vector<job> jobs;
@@ -297,13 +297,13 @@ TEST(multiprocess, scaling_one_to_three_to_one_under_load_fails_no_job) {
   };
   submit(0, 20);
   auto up = (*s)->scale(*name, 3);
-  ASSERT_TRUE(up) << up.error();
+  ASSERT_TRUE(up) << describe(up.error());
   submit(20, 40);
   auto st3 = (*s)->status();
   ASSERT_TRUE(st3);
   EXPECT_EQ(nlohmann::json::parse(*st3)["replicas"].size(), 3u) << *st3;
   auto down = (*s)->scale(*name, 1);
-  ASSERT_TRUE(down) << down.error();
+  ASSERT_TRUE(down) << describe(down.error());
   submit(40, 60);
   for (int i = 0; i < 60; ++i) {
     const auto r = jobs[static_cast<std::size_t>(i)].wait();
@@ -347,7 +347,7 @@ TEST(multiprocess, tls_links_carry_jobs_and_refuse_plain_peers) {
   process node = spawn(nargs, d / "tls-node.log");
   const tls_options tls{(d / "client.pem").string(), (d / "client.key").string(), (d / "ca.pem").string()};
   auto s = session::connect("127.0.0.1", port, plain.secret, {200, 800}, tls);
-  ASSERT_TRUE(s) << s.error();
+  ASSERT_TRUE(s) << describe(s.error());
   for (int i = 0; i < 100; ++i) {
     auto st = (*s)->status();
     if (st && st->find("\"t0\"") != std::string::npos) break;
@@ -368,7 +368,7 @@ TEST(multiprocess, sigterm_drains_a_node_before_it_leaves) {
   cluster_fixture c;
   for (int i = 0; i < 2; ++i) c.nodes.push_back(c.node("d" + std::to_string(i), (c.dir / "secret").string()));
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
-  ASSERT_TRUE(s) << s.error();
+  ASSERT_TRUE(s) << describe(s.error());
   for (int i = 0; i < 100; ++i) {
     auto st = (*s)->status();
     if (st && st->find("\"d0\"") != std::string::npos && st->find("\"d1\"") != std::string::npos) break;
@@ -399,7 +399,7 @@ TEST(multiprocess, a_device_hosts_as_many_executors_as_its_node_allows) {
                      "m0", "--max-replicas", "2", "--heartbeat-ms", "200", "--timeout-ms", "800"},
                     c.dir / "m0.log");
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
-  ASSERT_TRUE(s) << s.error();
+  ASSERT_TRUE(s) << describe(s.error());
   for (int i = 0; i < 100; ++i) {
     auto st = (*s)->status();
     if (st && st->find("\"m0\"") != std::string::npos) break;
@@ -408,11 +408,12 @@ TEST(multiprocess, a_device_hosts_as_many_executors_as_its_node_allows) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the node's bound follows its join
   // Two small replicas share the one device; a third does not fit.
   auto two = (*s)->deploy(model_path(), 2, driver_opts());
-  ASSERT_TRUE(two) << two.error();
+  ASSERT_TRUE(two) << describe(two.error());
   EXPECT_EQ(nlohmann::json::parse(*(*s)->status())["replicas"].size(), 2u);
   auto three = (*s)->scale(*two, 3);
   ASSERT_FALSE(three);
-  EXPECT_NE(three.error().find("no node has room"), std::string::npos) << three.error();
+  EXPECT_EQ(three.error().code, transport::error_code::no_room);
+  EXPECT_NE(three.error().message.find("max-replicas"), std::string::npos) << describe(three.error());
   auto cl = (*s)->client_session();
   EXPECT_EQ(cl->submit(job_for(1))->wait().tokens, reference(2)[1]);
 }
@@ -441,7 +442,7 @@ void serve_split_replica(int tp, int pp, const std::string& refused_tp_pp, const
                      id, "--heartbeat-ms", "200", "--timeout-ms", "800"},
                     c.dir / (id + ".log"));
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
-  ASSERT_TRUE(s) << s.error();
+  ASSERT_TRUE(s) << describe(s.error());
   for (int i = 0; i < 100; ++i) {
     auto st = (*s)->status();
     if (st && st->find("\"" + id + "\"") != std::string::npos) break;
@@ -451,9 +452,9 @@ void serve_split_replica(int tp, int pp, const std::string& refused_tp_pp, const
   const auto bad_pp = std::stoi(refused_tp_pp.substr(refused_tp_pp.find('x') + 1));
   auto bad = (*s)->deploy(model_path(), 1, driver_opts(), bad_tp, bad_pp);
   ASSERT_FALSE(bad);
-  EXPECT_NE(bad.error().find(why), std::string::npos) << bad.error();
+  EXPECT_NE(bad.error().message.find(why), std::string::npos) << describe(bad.error());
   auto name = (*s)->deploy(model_path(), 1, driver_opts(), tp, pp);
-  ASSERT_TRUE(name) << name.error();
+  ASSERT_TRUE(name) << describe(name.error());
   expect_one_devices_tokens(**s);
 }
 
@@ -464,7 +465,7 @@ TEST(multiprocess, a_tensor_and_pipeline_parallel_replica_on_a_node_serves_like_
 }
 
 // Two node processes joined to `c`'s coordinator, and a session that has seen both.
-result<std::unique_ptr<session>, std::string> two_nodes(cluster_fixture& c, const std::string& a, const std::string& b) {
+result<std::unique_ptr<session>, join_error> two_nodes(cluster_fixture& c, const std::string& a, const std::string& b) {
   c.nodes.push_back(c.node(a, (c.dir / "secret").string()));
   c.nodes.push_back(c.node(b, (c.dir / "secret").string()));
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
@@ -485,15 +486,16 @@ result<std::unique_ptr<session>, std::string> two_nodes(cluster_fixture& c, cons
 TEST(multiprocess, a_pipeline_across_two_nodes_serves_like_one_device) {
   cluster_fixture c;
   auto s = two_nodes(c, "pa", "pb");
-  ASSERT_TRUE(s) << s.error();
+  ASSERT_TRUE(s) << describe(s.error());
   auto three = (*s)->deploy(model_path(), 1, driver_opts(), 1, 3, true);
   ASSERT_FALSE(three);
-  EXPECT_NE(three.error().find("needs 3 nodes"), std::string::npos) << three.error();
+  EXPECT_EQ(three.error().code, transport::error_code::no_room);
+  EXPECT_NE(three.error().message.find("needs 3 nodes"), std::string::npos) << describe(three.error());
   auto bad = (*s)->deploy(model_path(), 1, driver_opts(), 3, 2, true);
   ASSERT_FALSE(bad);
-  EXPECT_NE(bad.error().find("split 3 ways"), std::string::npos) << bad.error();
+  EXPECT_NE(bad.error().message.find("split 3 ways"), std::string::npos) << describe(bad.error());
   auto name = (*s)->deploy(model_path(), 1, driver_opts(), 1, 2, true);
-  ASSERT_TRUE(name) << name.error();
+  ASSERT_TRUE(name) << describe(name.error());
   expect_one_devices_tokens(**s);
 }
 
@@ -503,9 +505,9 @@ TEST(multiprocess, a_pipeline_across_two_nodes_serves_like_one_device) {
 TEST(multiprocess, a_two_by_two_replica_across_two_nodes_serves_like_one_device) {
   cluster_fixture c;
   auto s = two_nodes(c, "qa", "qb");
-  ASSERT_TRUE(s) << s.error();
+  ASSERT_TRUE(s) << describe(s.error());
   auto name = (*s)->deploy(model_path(), 1, driver_opts(), 2, 2, true);
-  ASSERT_TRUE(name) << name.error();
+  ASSERT_TRUE(name) << describe(name.error());
   expect_one_devices_tokens(**s);
 }
 
@@ -528,7 +530,7 @@ TEST(multiprocess, collective_groups_meet_through_the_coordinators_rendezvous) {
     EXPECT_NE(out.find("send/recv ring exact"), std::string::npos) << out;
   }
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
-  ASSERT_TRUE(s) << s.error();
+  ASSERT_TRUE(s) << describe(s.error());
   auto store = (*s)->rendezvous_store();
   ASSERT_TRUE(store->set("k", "v"));
   auto again = store->set("k", "w");
@@ -554,17 +556,18 @@ TEST(multiprocess, a_simulated_device_of_declared_memory_takes_what_fits) {
                      "mem0", "--device-memory", "24MiB", "--heartbeat-ms", "200", "--timeout-ms", "800"},
                     c.dir / "mem0.log");
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
-  ASSERT_TRUE(s) << s.error();
+  ASSERT_TRUE(s) << describe(s.error());
   for (int i = 0; i < 100; ++i) {
     auto st = (*s)->status();
     if (st && st->find("\"mem0\"") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   auto one = (*s)->deploy(model_path(), 1, driver_opts());
-  ASSERT_TRUE(one) << one.error();
+  ASSERT_TRUE(one) << describe(one.error());
   auto two = (*s)->scale(*one, 2);
   ASSERT_FALSE(two);
-  EXPECT_NE(two.error().find("device memory"), std::string::npos) << two.error();
+  EXPECT_EQ(two.error().code, transport::error_code::no_room);
+  EXPECT_NE(two.error().message.find("device memory"), std::string::npos) << describe(two.error());
   EXPECT_EQ(nlohmann::json::parse(*(*s)->status())["replicas"].size(), 1u);
 }
 
@@ -572,7 +575,7 @@ TEST(multiprocess, a_gateway_in_front_of_a_remote_cluster_serves) {
   cluster_fixture c;
   c.nodes.push_back(c.node("g0", (c.dir / "secret").string()));
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
-  ASSERT_TRUE(s) << s.error();
+  ASSERT_TRUE(s) << describe(s.error());
   for (int i = 0; i < 100; ++i) {
     auto st = (*s)->status();
     if (st && st->find("\"g0\"") != std::string::npos) break;
@@ -628,16 +631,16 @@ TEST(multiprocess, a_model_larger_than_any_node_is_split_across_nodes_by_the_coo
   c.nodes.push_back(node_with_memory(c, "big-a", each));
   c.nodes.push_back(node_with_memory(c, "big-b", each));
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
-  ASSERT_TRUE(s) << s.error();
+  ASSERT_TRUE(s) << describe(s.error());
   for (int i = 0; i < 100; ++i) {
     auto st = (*s)->cluster_status();
     if (st && st->nodes.size() == 2) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   auto name = (*s)->deploy(model_path(), 1, driver_opts());
-  ASSERT_TRUE(name) << name.error();
+  ASSERT_TRUE(name) << describe(name.error());
   auto st = (*s)->cluster_status();
-  ASSERT_TRUE(st) << st.error();
+  ASSERT_TRUE(st) << describe(st.error());
   ASSERT_EQ(st->replicas.size(), 1u);
   const auto& r = st->replicas.front();
   EXPECT_EQ(r.pipeline_parallel, 2);
@@ -649,7 +652,7 @@ TEST(multiprocess, a_model_larger_than_any_node_is_split_across_nodes_by_the_coo
   // A second replica has no room left: refused by name, the first keeps serving.
   auto two = (*s)->scale(*name, 2);
   ASSERT_FALSE(two);
-  EXPECT_NE(two.error().find("no_room"), std::string::npos) << two.error();
+  EXPECT_EQ(two.error().code, transport::error_code::no_room) << describe(two.error());
   EXPECT_EQ((*s)->cluster_status()->replicas.size(), 1u);
 }
 
@@ -658,9 +661,9 @@ TEST(multiprocess, a_model_larger_than_any_node_is_split_across_nodes_by_the_coo
 TEST(multiprocess, a_replica_that_fails_to_prepare_takes_nothing_with_it) {
   cluster_fixture c;
   auto s = two_nodes(c, "fa", "fb");
-  ASSERT_TRUE(s) << s.error();
+  ASSERT_TRUE(s) << describe(s.error());
   auto name = (*s)->deploy(model_path(), 2, driver_opts());
-  ASSERT_TRUE(name) << name.error();
+  ASSERT_TRUE(name) << describe(name.error());
   deploy_request bad;
   bad.model = model_path();
   bad.name = "too-long";
@@ -669,8 +672,8 @@ TEST(multiprocess, a_replica_that_fails_to_prepare_takes_nothing_with_it) {
   bad.options.capacity = 1 << 20;
   auto refused = (*s)->deploy(bad);
   ASSERT_FALSE(refused);
-  EXPECT_NE(refused.error().find("prepare_failed"), std::string::npos) << refused.error();
-  EXPECT_NE(refused.error().find("node 'f"), std::string::npos) << refused.error();
+  EXPECT_EQ(refused.error().code, transport::error_code::prepare_failed) << describe(refused.error());
+  EXPECT_NE(refused.error().message.find("node 'f"), std::string::npos) << describe(refused.error());
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past a heartbeat timeout
   auto st = (*s)->cluster_status();
   ASSERT_TRUE(st);

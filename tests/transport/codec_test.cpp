@@ -49,7 +49,7 @@ std::vector<message> one_of_each() {
   all.push_back(j);
   all.push_back(token_chunk{9, {5, 6}, "ab", {{5, -0.5f, {{5, -0.5f}, {8, -1.5f}}}, {6, -0.25f, {}}}, "length", {10, 2, 8}});
   all.push_back(cancel_job{9});
-  all.push_back(error{9, "overloaded", "too many jobs", retry::overloaded});
+  all.push_back(error{9, error_code::overloaded, "too many jobs", retry::overloaded});
   all.push_back(step_batch{"step rows=2", {1, 2}, {0, 7}, {3, 4}, {0, 1, -1, 2}, {{1, 0, full_sampling(), true}, {2, 5, {}, false}}});
   all.push_back(step_result{"step rows=2", {{4, -1.0f, {}}}, {false, true}, ""});
   all.push_back(load_request{"/m.gguf", "cpu:0", "layers 0-11", 16, 1024, 16, 1024, 256, 512, true, false, 4, 2, true, 3, "replica-7", 42});

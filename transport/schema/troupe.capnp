@@ -119,9 +119,42 @@ enum Retry {
   unimplemented @3;  # the receiver does not know this message
 }
 
+enum ErrorCode {
+  # the union of the layers' codes: the wire's (bad_message ...), the coordinator's (no_replica ...) and
+  # the driver's (bad_options ...); transport/messages.hpp names each
+  internal @0;
+  badMessage @1;
+  invalidRequest @2;
+  unknownModel @3;
+  overloaded @4;
+  disconnected @5;
+  cancelled @6;
+  unimplemented @7;
+  noReplica @8;
+  busy @9;
+  nameTaken @10;
+  noRoom @11;
+  prepareFailed @12;
+  noNodes @13;
+  badOptions @14;
+  entryLimit @15;
+  byteLimit @16;
+  badRequest @17;
+  badInput @18;
+  incompatible @19;
+  unsupportedFeature @20;
+  noHead @21;
+  tooLong @22;
+  poolTooSmall @23;
+  unknownSequence @24;
+  programNotOffered @25;
+  stepFailed @26;
+  unauthenticated @27;
+}
+
 struct Error {
   jobId @0 :UInt64;
-  code @1 :Text;              # a typed code name: bad_message, invalid_request, unknown_model, overloaded, ...
+  code @1 :ErrorCode;
   message @2 :Text;
   retry @3 :Retry;
 }

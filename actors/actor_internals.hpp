@@ -69,10 +69,10 @@ caf::actor spawn_driver(caf::event_based_actor* parent, driver_spawn args);
 // gatekeeper).
 caf::actor spawn_coordinator(caf::actor_system& sys, const caf::actor& registry, const caf::actor& node, std::int64_t max_outstanding,
                              std::int64_t max_per_replica);
-// `collective_host`: the address the node's cross-node collectives listen on; `cuda_device` >= 0: its
-// replicas run on that GPU.
+// `collective_host`: the address the node's cross-node collectives listen on; `cuda_devices`: its
+// replicas run on these GPUs (a tensor-parallel replica over several of them, joined by NCCL).
 caf::actor spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
-                      std::string collective_host = "127.0.0.1", int cuda_device = -1);
+                      std::string collective_host = "127.0.0.1", std::vector<int> cuda_devices = {});
 
 // The local address a socket toward host:port would leave from ("127.0.0.1" when it cannot tell).
 std::string local_address_toward(const std::string& host, int port);

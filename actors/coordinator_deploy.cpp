@@ -162,6 +162,12 @@ void start_replica(actor_t* self, deployment_rec& dep, const placement::assignme
   d.load.tensor_parallel = a.tensor_parallel;
   d.load.pipeline_parallel = a.pipeline_parallel;
   d.load.across_nodes = a.across_nodes;
+  d.load.group = "replica-" + std::to_string(id);
+  if (!a.across_nodes) {  // the devices the plan chose on the node, in rank order ("cuda:0,cuda:1")
+    std::string devices;
+    for (const auto& [dev, bytes] : a.stages.front().bytes) devices += (devices.empty() ? "" : ",") + dev;
+    d.load.device = devices;
+  }
   const auto o = replica_options(dep.spec.load, dep.resolved.max_positions);
   if (a.kv_tokens > 0 && a.kv_tokens < o.max_rows * o.capacity && d.load.pool_blocks == 0)
     d.load.pool_blocks = std::max<std::int64_t>(a.kv_tokens / o.block_size, o.capacity / o.block_size);
@@ -195,8 +201,8 @@ void start_replica(actor_t* self, deployment_rec& dep, const placement::assignme
               [=](caf::error& e) { failed(last_node, self->system().render(e)); });
     return;
   }
-  // Stages on nodes of their own: their pipe meets through the rendezvous store under a fresh prefix.
-  d.load.group = "replica-" + std::to_string(st.next_group++);
+  // Stages on nodes of their own: their pipe meets through the rendezvous store under the replica's
+  // own prefix.
   const int pp = a.pipeline_parallel, tp = std::max(1, a.tensor_parallel);
   struct gathering {
     std::vector<caf::actor> ranks;

@@ -16,6 +16,9 @@
 #include "engine/exec/cuda/cuda_executor.hpp"
 #include "families/model_handle.hpp"
 #include "transport/codec.hpp"
+#include "transport/collectives.hpp"
+
+#include <future>
 
 namespace troupe::actors {
 namespace {
@@ -25,7 +28,7 @@ struct node_state {
   std::int64_t max_per_replica = 256;
   std::uint64_t device_memory = 0;            // what its device declares; 0: no bound declared
   std::string collective_host = "127.0.0.1";  // where its cross-node collectives listen
-  int cuda_device = -1;  // >= 0: its replicas run on this GPU (the CUDA executor); else on the CPU
+  std::vector<int> cuda_devices;  // its replicas run on these GPUs (CUDA executors); empty: on the CPU
   std::map<std::string, std::shared_ptr<const families::model_handle>> handles;  // by checkpoint path
   std::shared_ptr<std::vector<caf::actor>> spawned = std::make_shared<std::vector<caf::actor>>();
   static inline const char* name = "node";
@@ -67,7 +70,7 @@ caf::actor spawn_replica(node_actor_t* self, std::shared_ptr<const families::mod
                          const driver::driver_options& o, const caf::actor& coordinator, const transport::deploy& d,
                          std::shared_ptr<void> hold) {
   auto& st = self->state;
-  const std::string device = st.cuda_device >= 0 ? "cuda:" + std::to_string(st.cuda_device) : "cpu:0";
+  const std::string device = d.load.device.empty() ? (st.cuda_devices.empty() ? "cpu:0" : "cuda:" + std::to_string(st.cuda_devices.front())) : d.load.device;
   auto dev = self->spawn(executor_actor, ex, device);
   auto drv = spawn_driver(self, {std::move(part), std::move(ex), o, st.max_per_replica, coordinator, d.model, d.load.replica_id, std::move(hold)});
   keep(self, dev);
@@ -77,6 +80,79 @@ caf::actor spawn_replica(node_actor_t* self, std::shared_ptr<const families::mod
 }
 
 caf::message refused(std::string why) { return caf::make_message(caf::actor{}, std::move(why)); }
+
+// The GPUs a replica runs on: the load's device names ("cuda:0,cuda:1", the coordinator's plan) or the
+// node's first `tp`; each must be one of the node's.
+result<std::vector<int>, std::string> cuda_devices_of(const node_state& st, const std::string& named, int tp) {
+  std::vector<int> out;
+  for (std::size_t at = 0; at < named.size();) {
+    const auto comma = std::min(named.find(',', at), named.size());
+    const std::string one = named.substr(at, comma - at);
+    at = comma + 1;
+    if (one.rfind("cuda:", 0) != 0) return unexpected("device '" + one + "' is not one of this node's GPUs");
+    const int d = std::atoi(one.c_str() + 5);
+    if (std::find(st.cuda_devices.begin(), st.cuda_devices.end(), d) == st.cuda_devices.end())
+      return unexpected("device '" + one + "' is not one of this node's GPUs");
+    out.push_back(d);
+  }
+  if (out.empty()) out.assign(st.cuda_devices.begin(), st.cuda_devices.begin() + std::min<std::ptrdiff_t>(tp, std::ssize(st.cuda_devices)));
+  if (static_cast<int>(out.size()) != tp)
+    return unexpected("a tensor-parallel split of " + std::to_string(tp) + " needs " + std::to_string(tp) + " GPUs, this node has " +
+                      std::to_string(out.size()));
+  return out;
+}
+
+// A replica split tensor-parallel over GPUs of this node: a part and a CUDA executor per GPU, the ranks
+// joined by an NCCL group that meets through the coordinator's rendezvous store under `prefix`.
+struct cuda_split {
+  std::vector<std::shared_ptr<const families::model_handle>> parts;
+  std::vector<std::unique_ptr<troupe::collective>> groups;
+  std::vector<std::unique_ptr<exec::executor>> executors;
+};
+
+result<std::shared_ptr<cuda_split>, std::string> make_cuda_split(caf::actor_system& sys, const caf::actor& coordinator,
+                                                                 const std::shared_ptr<const families::model_handle>& model,
+                                                                 const std::vector<int>& devices, const std::string& prefix) {
+  const int tp = static_cast<int>(devices.size());
+  auto split = std::make_shared<cuda_split>();
+  for (int t = 0; t < tp; ++t) {
+    auto p = model->part(t, tp, 0, 1);
+    if (!p) return unexpected("tensor parallel " + std::to_string(tp) + ": " + families::message(p.error()));
+    split->parts.push_back(*p);
+  }
+  // Every rank joins at once (each blocks until all have).
+  auto store = coordinator_rendezvous(sys, coordinator);
+  std::vector<std::future<result<std::unique_ptr<transport::communicator>, transport::collective_error>>> joins;
+  for (int t = 0; t < tp; ++t) {
+    transport::nccl_options no;
+    no.rank = t;
+    no.size = tp;
+    no.device = devices[static_cast<std::size_t>(t)];
+    no.store = store;
+    no.prefix = prefix + "/tp";
+    joins.push_back(std::async(std::launch::async, [no] { return transport::connect_nccl(no); }));
+  }
+  std::string why;
+  for (auto& j : joins) {
+    auto c = j.get();
+    if (!c) {
+      if (why.empty()) why = "NCCL group: " + c.error().message();
+      split->groups.emplace_back();
+      continue;
+    }
+    split->groups.push_back(transport::as_collective(std::move(*c)));
+  }
+  if (!why.empty()) return unexpected(why);
+  for (int t = 0; t < tp; ++t) {
+    exec::cuda::cuda_options co;
+    co.device = devices[static_cast<std::size_t>(t)];
+    co.group = split->groups[static_cast<std::size_t>(t)].get();
+    auto ex = exec::cuda::make_executor(co);
+    if (!ex) return unexpected("cuda:" + std::to_string(co.device) + ": " + ex.error().message());
+    split->executors.push_back(std::move(*ex));
+  }
+  return split;
+}
 
 // A whole replica (split tensor x pipeline over simulated devices of this node when asked).
 caf::message deploy_here(node_actor_t* self, const std::string& bytes, const caf::actor& coordinator) {
@@ -88,13 +164,23 @@ caf::message deploy_here(node_actor_t* self, const std::string& bytes, const caf
   const auto& h = *handle;
   const driver::driver_options o = replica_options(d->load, h->model().config().max_positions);
   const int tp = std::max(1, d->load.tensor_parallel), pp = std::max(1, d->load.pipeline_parallel);
-  if (st.cuda_device >= 0) {
-    if (tp > 1 || pp > 1) return refused("a GPU node serves whole replicas (tensor and pipeline parallel run on cpu nodes)");
-    exec::cuda::cuda_options co;
-    co.device = st.cuda_device;
-    auto made = exec::cuda::make_executor(co);
-    if (!made) return refused(made.error().message());
-    return caf::make_message(spawn_replica(self, h, std::shared_ptr<exec::executor>(std::move(*made)), o, coordinator, *d, nullptr), std::string());
+  if (!st.cuda_devices.empty()) {
+    if (pp > 1) return refused("a GPU node splits a replica tensor-parallel over its GPUs (pipeline stages on GPUs are not built)");
+    auto devices = cuda_devices_of(st, d->load.device, tp);
+    if (!devices) return refused(devices.error());
+    if (tp == 1) {
+      exec::cuda::cuda_options co;
+      co.device = devices->front();
+      auto made = exec::cuda::make_executor(co);
+      if (!made) return refused(made.error().message());
+      return caf::make_message(spawn_replica(self, h, std::shared_ptr<exec::executor>(std::move(*made)), o, coordinator, *d, nullptr), std::string());
+    }
+    auto split = make_cuda_split(self->system(), coordinator, h, *devices, d->load.group.empty() ? "replica-" + std::to_string(d->load.replica_id) : d->load.group);
+    if (!split) return refused(split.error());
+    driver::driver_options ro = o;
+    for (std::size_t t = 1; t < (*split)->executors.size(); ++t) ro.other_ranks.push_back({(*split)->parts[t], (*split)->executors[t].get()});
+    auto head = std::shared_ptr<exec::executor>(*split, (*split)->executors.front().get());
+    return caf::make_message(spawn_replica(self, (*split)->parts.front(), head, ro, coordinator, *d, *split), std::string());
   }
   auto made = driver::cpu_replica::make(h, tp, pp, st.executor_threads);
   if (!made) return refused(made.error());
@@ -107,10 +193,10 @@ caf::message deploy_here(node_actor_t* self, const std::string& bytes, const caf
 }
 
 caf::behavior node_actor(node_actor_t* self, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
-                         std::string collective_host, int cuda_device) {
+                         std::string collective_host, std::vector<int> cuda_devices) {
   auto& st = self->state;
   st.collective_host = std::move(collective_host);
-  st.cuda_device = cuda_device;
+  st.cuda_devices = std::move(cuda_devices);
   st.executor_threads = executor_threads;
   st.device_memory = device_memory;
   st.max_per_replica = max_per_replica;
@@ -156,9 +242,8 @@ caf::behavior node_actor(node_actor_t* self, int executor_threads, std::int64_t 
       [=](stats_atom) {
         transport::node_hello h;
         h.host = self->state.collective_host;
-        if (self->state.cuda_device >= 0)
-          h.devices.push_back({"cuda:" + std::to_string(self->state.cuda_device), "cuda", self->state.device_memory});
-        else
+        for (int d : self->state.cuda_devices) h.devices.push_back({"cuda:" + std::to_string(d), "cuda", self->state.device_memory});
+        if (self->state.cuda_devices.empty())
           h.devices.push_back({"cpu:0", "cpu", self->state.device_memory});
         return transport::encode(h);
       },
@@ -169,8 +254,8 @@ caf::behavior node_actor(node_actor_t* self, int executor_threads, std::int64_t 
 }  // namespace
 
 caf::actor spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
-                      std::string collective_host, int cuda_device) {
-  return sys.spawn(node_actor, executor_threads, max_per_replica, device_memory, std::move(collective_host), cuda_device);
+                      std::string collective_host, std::vector<int> cuda_devices) {
+  return sys.spawn(node_actor, executor_threads, max_per_replica, device_memory, std::move(collective_host), std::move(cuda_devices));
 }
 
 }  // namespace troupe::actors

@@ -189,22 +189,30 @@ int run_node_cmd(const cluster_cmd_options& given) {
   if (!p) return 2;
   actors::node_process_options n;
   if (o.devices.rfind("cuda:", 0) == 0) {
-    // A GPU node: the device must exist here (and this build must have the CUDA target).
-    char* end = nullptr;
-    const long dev = std::strtol(o.devices.c_str() + 5, &end, 10);
-    if (end == o.devices.c_str() + 5 || *end != '\0' || dev < 0) {
-      std::fprintf(stderr, "troupe node: --devices takes cpu:0 or cuda:N (got %s)\n", o.devices.c_str());
-      return 2;
-    }
+    // A GPU node: cuda:N or cuda:N,cuda:M,... (a tensor-parallel group over NCCL spans them); every
+    // device must exist here (and this build must have the CUDA target).
     auto devs = exec::cuda::devices();
-    if (!devs || dev >= static_cast<long>(devs->size())) {
-      std::fprintf(stderr, "troupe node: --devices %s: %s\n", o.devices.c_str(),
-                   !devs ? devs.error().c_str() : ("this machine has " + std::to_string(devs->size()) + " CUDA devices").c_str());
-      return 2;
+    std::set<int> seen;
+    for (std::size_t at = 0; at <= o.devices.size();) {
+      const auto comma = std::min(o.devices.find(',', at), o.devices.size());
+      const std::string one = o.devices.substr(at, comma - at);
+      at = comma + 1;
+      char* end = nullptr;
+      const long dev = one.rfind("cuda:", 0) == 0 ? std::strtol(one.c_str() + 5, &end, 10) : -1;
+      if (dev < 0 || end == one.c_str() + 5 || *end != '\0' || !seen.insert(static_cast<int>(dev)).second) {
+        std::fprintf(stderr, "troupe node: --devices takes cpu:0 or cuda:N[,cuda:M...] (got %s)\n", o.devices.c_str());
+        return 2;
+      }
+      if (!devs || dev >= static_cast<long>(devs->size())) {
+        std::fprintf(stderr, "troupe node: --devices %s: %s\n", one.c_str(),
+                     !devs ? devs.error().c_str() : ("this machine has " + std::to_string(devs->size()) + " CUDA devices").c_str());
+        return 2;
+      }
+      n.cuda_devices.push_back(static_cast<int>(dev));
+      if (comma == o.devices.size()) break;
     }
-    n.cuda_device = static_cast<int>(dev);
   } else if (o.devices.rfind("cpu", 0) != 0) {
-    std::fprintf(stderr, "troupe node: --devices takes cpu:0 or cuda:N (got %s)\n", o.devices.c_str());
+    std::fprintf(stderr, "troupe node: --devices takes cpu:0 or cuda:N[,cuda:M...] (got %s)\n", o.devices.c_str());
     return 2;
   }
   n.host = p->at.host;

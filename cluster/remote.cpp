@@ -229,12 +229,15 @@ namespace {
 // The devices a node declares when it joins: a simulated CPU device of --device-memory, or its GPU with
 // the free memory the CUDA runtime reports (or --device-memory when given).
 std::vector<transport::device> node_devices(const node_process_options& o) {
-  if (o.cuda_device >= 0) {
-    std::uint64_t memory = o.device_memory;
-    if (memory == 0)
-      if (auto devs = exec::cuda::devices(); devs && o.cuda_device < static_cast<int>(devs->size()))
-        memory = (*devs)[static_cast<std::size_t>(o.cuda_device)].memory_bytes;
-    return {{"cuda:" + std::to_string(o.cuda_device), "cuda", memory}};
+  if (!o.cuda_devices.empty()) {
+    std::vector<transport::device> out;
+    const auto devs = exec::cuda::devices();
+    for (int d : o.cuda_devices) {
+      std::uint64_t memory = o.device_memory;
+      if (memory == 0 && devs && d < static_cast<int>(devs->size())) memory = (*devs)[static_cast<std::size_t>(d)].memory_bytes;
+      out.push_back({"cuda:" + std::to_string(d), "cuda", memory});
+    }
+    return out;
   }
   return {{"cpu:0", "cpu", o.device_memory}};
 }
@@ -264,7 +267,7 @@ int run_node(const node_process_options& o) {
   spdlog::info("event=collectives_listen host={}", collective_host);
   while (!signalled) {
     if (joined_once) spdlog::info("event=rejoining coordinator={}:{}", o.host, o.port);
-    auto node = spawn_node(sys, o.executor_threads, o.max_per_replica, o.device_memory, collective_host, o.cuda_device);
+    auto node = spawn_node(sys, o.executor_threads, o.max_per_replica, o.device_memory, collective_host, o.cuda_devices);
     auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, node, o.tls.enabled(),
                             transport::encode(transport::inventory{{transport::node_inventory{id, node_devices(o)}}}), o.max_replicas);
     if (!coordinator) {

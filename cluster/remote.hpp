@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/cluster.hpp"
 #include "transport/messages.hpp"
@@ -69,7 +70,7 @@ struct node_process_options {
   // The address this node's collectives (the Gloo pipes of stages across nodes) listen on; empty: the
   // local address that routes toward the coordinator.
   std::string collective_host;
-  int cuda_device = -1;  // >= 0: replicas run on this GPU (--devices cuda:N)
+  std::vector<int> cuda_devices;  // replicas run on these GPUs (--devices cuda:N[,cuda:M...]); empty: the CPU
 };
 // Joins the coordinator and serves until SIGINT/SIGTERM, then drains (its replicas take no new job and
 // finish the running ones, up to drain_timeout_s) and exits; when the link to the coordinator is lost

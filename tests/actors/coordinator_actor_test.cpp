@@ -29,6 +29,7 @@ struct world {
   std::map<std::string, int> stopped;                  // node id -> its drivers that quit
   std::map<std::string, std::vector<std::string>> submitted;  // node id -> models of the jobs its drivers got
   std::vector<std::string> replies;                    // answers to the test's requests, in order
+  std::map<std::string, transport::load_request> loads;  // node id -> the last load it was asked for
 };
 
 caf::behavior fake_driver(caf::event_based_actor* self, std::shared_ptr<world> w, std::string node) {
@@ -50,6 +51,7 @@ caf::behavior fake_node(caf::event_based_actor* self, std::shared_ptr<world> w, 
         ++w->deploys[id];
         auto m = transport::decode(bytes);
         const auto replica = m && std::holds_alternative<transport::deploy>(*m) ? std::get<transport::deploy>(*m).load.replica_id : 0;
+        if (m && std::holds_alternative<transport::deploy>(*m)) w->loads[id] = std::get<transport::deploy>(*m).load;
         auto driver = self->spawn(fake_driver, w, id);
         w->drivers[id].push_back(driver);
         const auto why = w->prepare_error[id];
@@ -68,6 +70,17 @@ caf::behavior fake_registry(caf::event_based_actor*, std::string) {
         r.path = path;
         r.family = "llama";
         if (path.find("missing") != std::string::npos) r.error = "no such file";
+        if (path.find("big") != std::string::npos) {  // 8 layers of 1 GiB: needs two 6 GiB GPUs
+          r.plannable = true;
+          r.max_positions = 4096;
+          r.layers = 8;
+          r.layer_bytes = 1ull << 30;
+          r.embedding_bytes = r.head_bytes = 256ull << 20;
+          r.kv_bytes_per_token_per_layer = 4096;
+          r.scratch_bytes = 64ull << 20;
+          r.heads = 16;
+          r.kv_heads = 8;
+        }
         return transport::encode(r);
       },
   };
@@ -111,10 +124,10 @@ struct coordinator_test : ::testing::Test {
     });
     sched->run();
   }
-  void join(const std::string& id) {
+  void join(const std::string& id, std::vector<transport::device> devices = {{"cpu:0", "cpu", 0}}) {
     auto n = sys->spawn(fake_node, w, id);
     nodes[id] = n;
-    const auto inv = transport::encode(transport::inventory{{transport::node_inventory{id, {{"cpu:0", "cpu", 0}}}}});
+    const auto inv = transport::encode(transport::inventory{{transport::node_inventory{id, devices}}});
     ask(node_atom::value, id, n, std::int32_t{0}, inv);
     ASSERT_EQ(w->replies.back(), "") << "join of " << id;
   }
@@ -259,6 +272,35 @@ TEST_F(coordinator_test, jobs_run_only_on_replicas_of_the_model_they_name) {
     all.insert(all.end(), models.begin(), models.end());
   }
   EXPECT_EQ(all.size(), 7u);
+}
+
+// GPU nodes declare their devices and free memory; a model one GPU cannot hold is planned as a
+// tensor-parallel group over two GPUs of one node (NCCL between them), and the load names them.
+TEST_F(coordinator_test, a_model_one_gpu_cannot_hold_is_split_over_a_nodes_gpus) {
+  const std::uint64_t GiB = 1ull << 30;
+  join("g1", {{"cuda:0", "cuda", 6 * GiB}, {"cuda:1", "cuda", 6 * GiB}});
+  transport::deploy d;
+  d.model = "big";
+  d.replicas = 1;
+  d.load.model = "/m/big";
+  d.load.max_rows = 4;
+  d.load.capacity = 1024;
+  ask(deploy_atom::value, transport::encode(d));
+  ASSERT_FALSE(error_of(w->replies.back())) << error_of(w->replies.back())->message;
+  ASSERT_EQ(w->deploys["g1"], 1);
+  EXPECT_EQ(w->loads["g1"].tensor_parallel, 2);
+  EXPECT_EQ(w->loads["g1"].pipeline_parallel, 1);
+  EXPECT_EQ(w->loads["g1"].device, "cuda:0,cuda:1");
+  const auto st = status();
+  ASSERT_EQ(st.replicas.size(), 1u);
+  EXPECT_EQ(st.replicas[0].tensor_parallel, 2);
+  ASSERT_EQ(st.nodes.size(), 1u);
+  EXPECT_GT(st.nodes[0].committed_bytes, 8 * GiB);  // both GPUs hold their half
+  // A second replica does not fit what is left: refused by code, the first untouched.
+  auto second = error_of(deploy("big", "/m/big", 2));
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->code, transport::error_code::no_room);
+  EXPECT_EQ(status().replicas.size(), 1u);
 }
 
 TEST_F(coordinator_test, a_taken_node_id_is_refused_by_name) {

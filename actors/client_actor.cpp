@@ -55,8 +55,8 @@ struct job_stream {
     acc.logprobs.insert(acc.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
     acc.usage = c.usage;
     ++acc.chunks;
-    if (!c.finish_reason.empty()) {
-      acc.finish_reason = c.finish_reason;
+    if (c.finish_reason != transport::finish_reason::running) {
+      acc.finish_reason = std::string(transport::name(c.finish_reason));
       ended = true;
     }
     pending.push_back(std::move(c));
@@ -176,7 +176,7 @@ void resume(caf::stateful_actor<client_actor_state>* self, std::uint64_t old_id,
   if (static_cast<std::int64_t>(req.prior_output.size()) >= req.max_tokens) {
     transport::token_chunk done;
     done.job_id = old_id;
-    done.finish_reason = "length";
+    done.finish_reason = transport::finish_reason::length;
     return stream->push(std::move(done));
   }
   ++stream->resumes;

@@ -166,7 +166,7 @@ caf::behavior coordinator(actor_t* self, caf::actor registry, caf::actor node, s
     node_rec n;
     n.id = "node-0";
     n.actor = node;
-    n.devices.push_back({"cpu:0", "cpu", 0});
+    n.devices.push_back({"cpu:0", transport::device_kind::cpu, 0});
     n.ready = true;
     st.nodes.push_back(std::move(n));
     self->monitor(node);
@@ -245,7 +245,7 @@ caf::behavior coordinator(actor_t* self, caf::actor registry, caf::actor node, s
         n.max_replicas = std::max(0, max_replicas);
         n.ready = true;
         std::string devs;
-        for (const auto& d : n.devices) devs += (devs.empty() ? "" : ",") + d.kind + ":" + d.name + "=" + std::to_string(d.memory_bytes);
+        for (const auto& d : n.devices) devs += (devs.empty() ? "" : ",") + std::string(transport::name(d.kind)) + ":" + d.name + "=" + std::to_string(d.memory_bytes);
         st.nodes.push_back(std::move(n));
         spdlog::info("event=node_joined node={} devices={} max_replicas={} nodes={}", id, devs, max_replicas, st.nodes.size());
         reconcile(self);

@@ -56,7 +56,7 @@ std::vector<placement::node_view> views(const state& st, const deployment_rec& d
     for (const auto& d : n.devices) {
       placement::device pd;
       pd.name = d.name;
-      pd.kind = d.kind == "cuda" ? placement::device_kind::cuda : placement::device_kind::cpu;
+      pd.kind = d.kind == transport::device_kind::cuda ? placement::device_kind::cuda : placement::device_kind::cpu;
       const auto it = n.committed.find(d.name);
       const std::uint64_t used = it == n.committed.end() ? 0 : it->second;
       pd.memory_bytes = d.memory_bytes > used ? d.memory_bytes - used : 0;

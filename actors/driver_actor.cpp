@@ -86,8 +86,8 @@ result<std::vector<std::int32_t>, std::string> prompt_ids(driver_actor_state& st
 result<driver::request_inputs, std::string> request_inputs_of(const transport::job_submit& j) {
   driver::request_inputs out;
   for (const auto& in : j.inputs) {
-    const auto t = dtype_from_name(in.dtype);
-    if (!t || is_quantized(*t)) return unexpected("input '" + in.name + "': unknown element type '" + in.dtype + "'");
+    const std::optional<dtype> t = in.dtype;
+    if (is_quantized(*t)) return unexpected("input '" + in.name + "': a block-quantized element type '" + std::string(name(*t)) + "'");
     std::int64_t n = 1;
     for (auto d : in.shape) {
       if (d < 0 || d > (std::int64_t{1} << 31)) return unexpected("input '" + in.name + "': a dimension out of range");
@@ -225,10 +225,13 @@ caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::s
             j.generated += static_cast<std::int64_t>(u.tokens.size());
             produced += static_cast<std::int64_t>(u.tokens.size());
             c.usage = {j.prompt_tokens, j.generated, 0};
-            if (u.finished) c.finish_reason = j.expired && *u.finished == driver::finish_reason::cancelled ? "deadline" : std::string(driver::name(*u.finished));
+            if (u.finished)
+              c.finish_reason = j.expired && *u.finished == driver::finish_reason::cancelled
+                                    ? transport::finish_reason::deadline
+                                    : transport::finish_reason_named(driver::name(*u.finished)).value_or(transport::finish_reason::error);
             if (j.client) self->send(j.client, chunk_atom::value, transport::encode(c));
             if (u.finished) {
-              spdlog::debug("event=job_finished job={} tokens={} reason={}", j.job, j.generated, c.finish_reason);
+              spdlog::debug("event=job_finished job={} tokens={} reason={}", j.job, j.generated, transport::name(c.finish_reason));
               ++st.done;
               finish_job(j.job);
               st.by_job.erase(j.job);

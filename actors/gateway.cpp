@@ -574,8 +574,8 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
         st->completion_tokens += static_cast<std::int64_t>(c->ids.size());
         json content = json::array(), lt = json::array(), lv = json::array(), ltop = json::array();
         for (const auto& t : c->logprobs) logprob_entry(t, content, lt, lv, ltop);
-        const bool last = !c->finish_reason.empty();
-        std::string finish = last ? finish_of(c->finish_reason) : std::string();
+        const bool last = c->finish_reason != transport::finish_reason::running;
+        std::string finish = last ? finish_of(std::string(transport::name(c->finish_reason))) : std::string();
         json choice;
         if (chat) {
           json delta = json::object();

@@ -242,9 +242,9 @@ caf::behavior node_actor(node_actor_t* self, int executor_threads, std::int64_t 
       [=](stats_atom) {
         transport::node_hello h;
         h.host = self->state.collective_host;
-        for (int d : self->state.cuda_devices) h.devices.push_back({"cuda:" + std::to_string(d), "cuda", self->state.device_memory});
+        for (int d : self->state.cuda_devices) h.devices.push_back({"cuda:" + std::to_string(d), transport::device_kind::cuda, self->state.device_memory});
         if (self->state.cuda_devices.empty())
-          h.devices.push_back({"cpu:0", "cpu", self->state.device_memory});
+          h.devices.push_back({"cpu:0", transport::device_kind::cpu, self->state.device_memory});
         return transport::encode(h);
       },
       [](ping_atom) { return ping_atom::value; },

@@ -69,7 +69,7 @@ using reconcile_atom = caf::atom_constant<caf::atom("reconcile")>;
 using rank_atom = caf::atom_constant<caf::atom("rank")>;          // node: spawn a stage's rank actor
 using rank_connect_atom = caf::atom_constant<caf::atom("rjoin")>;  // rank: join the replica's pipe
 using rank_load_atom = caf::atom_constant<caf::atom("rload")>;     // rank: load its part's weights
-using rank_add_atom = caf::atom_constant<caf::atom("radd")>;       // rank: compile an entry (entry_wire text)
+using rank_add_atom = caf::atom_constant<caf::atom("radd")>;       // rank: compile an entry (an encoded EntryKey)
 using rank_step_atom = caf::atom_constant<caf::atom("rstep")>;     // rank: run a step (an encoded step_batch)
 
 // The coordinator's rendezvous store (transport::rendezvous_store through a session): bounds on what

@@ -15,6 +15,7 @@
 #include <map>
 
 #include "actors/actor_internals.hpp"
+#include "actors/entry_key.hpp"
 #include "engine/core/collective.hpp"
 #include "engine/driver/driver.hpp"
 #include "engine/driver/weight_source.hpp"
@@ -94,7 +95,7 @@ struct rank_state {
     exec::entry_id id;
     std::vector<std::pair<std::string, graph::tensor_type>> slots;  // what a step binds, by name
   };
-  std::map<std::string, entry> entries;  // by entry_wire text
+  std::map<std::string, entry> entries;  // by the key's text (driver::entry_key::str)
   static inline const char* name = "rank";
 };
 
@@ -130,12 +131,17 @@ caf::behavior rank_actor(caf::stateful_actor<rank_state>* self, std::shared_ptr<
         st.exe = *e;
         return {};
       },
-      [=](rank_add_atom, const std::string& text) -> std::string {
+      [=](rank_add_atom, const std::string& bytes) -> std::string {
         auto& st = self->state;
         if (!st.weights) return "an entry before the load";
-        if (st.entries.contains(text)) return {};
-        auto k = driver::parse_entry(text);
+        auto m = transport::decode(bytes);
+        if (!m) return "entry: " + m.error().message();
+        const auto* w = std::get_if<transport::entry_key>(&*m);
+        if (!w) return "entry: not an EntryKey";
+        auto k = from_wire(*w);
         if (!k) return "entry: " + k.error();
+        const auto text = k->str();
+        if (st.entries.contains(text)) return {};
         families::step_spec spec;
         spec.program = k->program;
         spec.shape = k->shape;
@@ -155,8 +161,10 @@ caf::behavior rank_actor(caf::stateful_actor<rank_state>* self, std::shared_ptr<
         if (!m) return "step: " + m.error().message();
         const auto* b = std::get_if<transport::step_batch>(&*m);
         if (!b) return "step: not a step batch";
-        const auto it = st.entries.find(b->entry);
-        if (it == st.entries.end()) return "step: entry '" + b->entry + "' was never added";
+        auto key = from_wire(b->entry);
+        if (!key) return "step: " + key.error();
+        const auto it = st.entries.find(key->str());
+        if (it == st.entries.end()) return "step: entry '" + key->str() + "' was never added";
         const std::map<std::string, const std::vector<std::int32_t>*> given{
             {"token_ids", &b->token_ids}, {"positions", &b->positions}, {"kv_write_map", &b->kv_write_map}, {"kv_read_map", &b->kv_read_map}};
         exec::step_inputs in;
@@ -181,10 +189,12 @@ class actor_rank final : public driver::remote_rank {
   actor_rank(caf::actor_system& sys, caf::actor rank) : sys_(sys), rank_(std::move(rank)) {}
   result<void, std::string> connect() { return ask(std::chrono::seconds(90), rank_connect_atom::value); }
   result<void, std::string> load() override { return ask(request_timeout, rank_load_atom::value); }
-  result<void, std::string> add(const driver::entry_key& k) override { return ask(request_timeout, rank_add_atom::value, driver::entry_wire(k)); }
+  result<void, std::string> add(const driver::entry_key& k) override {
+    return ask(request_timeout, rank_add_atom::value, transport::encode(to_wire(k)));
+  }
   result<void, std::string> step(const driver::entry_key& k, const exec::step_inputs& in) override {
     transport::step_batch b;
-    b.entry = driver::entry_wire(k);
+    b.entry = to_wire(k);
     const std::map<std::string, std::vector<std::int32_t>*> slots{
         {"token_ids", &b.token_ids}, {"positions", &b.positions}, {"kv_write_map", &b.kv_write_map}, {"kv_read_map", &b.kv_read_map}};
     for (const auto& [name, v] : in.slots) {

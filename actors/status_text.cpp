@@ -14,8 +14,8 @@ std::string status_json(const transport::cluster_status& s) {
   for (const auto& n : s.nodes) {
     json devs = json::array();
     for (const auto& d : n.devices) {
-      devs.push_back({{"name", d.name}, {"kind", d.kind}, {"memory_bytes", d.memory_bytes}});
-      j["devices"].push_back({{"node", n.id}, {"name", d.name}, {"kind", d.kind}, {"memory_bytes", d.memory_bytes}});
+      devs.push_back({{"name", d.name}, {"kind", std::string(transport::name(d.kind))}, {"memory_bytes", d.memory_bytes}});
+      j["devices"].push_back({{"node", n.id}, {"name", d.name}, {"kind", std::string(transport::name(d.kind))}, {"memory_bytes", d.memory_bytes}});
     }
     j["nodes"].push_back({{"id", n.id}, {"state", n.state}, {"devices", devs}, {"replicas", n.replicas}, {"committed_bytes", n.committed_bytes}});
   }

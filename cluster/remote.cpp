@@ -153,7 +153,7 @@ sigset_t block_stop_signals() {
 // How long reaching a gatekeeper may take (the TCP connection and CAF's handshake), and each of the two
 // steps of proving the secret to it: a coordinator gone mid-join (its old link not yet torn down) is
 // noticed within this.
-constexpr auto connect_timeout = std::chrono::seconds(10);
+constexpr auto connect_timeout = std::chrono::seconds(30);
 
 // Proves the secret to a gatekeeper; the coordinator's handle, or why not.
 // `inventory`: a node's devices (an encoded Inventory) and `max_replicas` its bound; the coordinator
@@ -175,7 +175,10 @@ result<caf::actor, join_error> join(caf::actor_system& sys, const std::string& h
     return unexpected(join_error{join_error_code::unreachable, "cannot reach the coordinator at " + host + ":" + std::to_string(port) + ": " + reach_err});
   auto gk = &gatekeeper;
   std::string nonce, err;
-  self->request(*gk, connect_timeout, join_atom::value).receive([&](const std::string& n) { nonce = n; }, [&](caf::error& e) { err = sys.render(e); });
+  // A loaded coordinator (dozens of peers joining at once on two cores) may answer a first challenge
+  // late: ask up to three times within the same overall bound.
+  for (int attempt = 0; attempt < 3 && nonce.empty(); ++attempt)
+    self->request(*gk, connect_timeout / 3, join_atom::value).receive([&](const std::string& n) { nonce = n; }, [&](caf::error& e) { err = sys.render(e); });
   if (nonce.empty()) return unexpected(join_error{join_error_code::no_challenge, "no challenge from the coordinator: " + err});
   caf::actor coordinator;
   std::string refusal;
@@ -235,11 +238,11 @@ std::vector<transport::device> node_devices(const node_process_options& o) {
     for (int d : o.cuda_devices) {
       std::uint64_t memory = o.device_memory;
       if (memory == 0 && devs && d < static_cast<int>(devs->size())) memory = (*devs)[static_cast<std::size_t>(d)].memory_bytes;
-      out.push_back({"cuda:" + std::to_string(d), "cuda", memory});
+      out.push_back({"cuda:" + std::to_string(d), transport::device_kind::cuda, memory});
     }
     return out;
   }
-  return {{"cpu:0", "cpu", o.device_memory}};
+  return {{"cpu:0", transport::device_kind::cpu, o.device_memory}};
 }
 
 }  // namespace

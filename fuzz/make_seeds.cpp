@@ -94,18 +94,16 @@ bool transport_seeds(const std::filesystem::path& dir) {
   j.prompt = std::vector<std::int32_t>{1, 2, 3};
   j.sampling.logit_bias = {{5, 1.0f}};
   j.stop = {"x"};
-  j.inputs = {{"e", "f32", {1, 2}, std::string(8, '\0'), {0}}};
+  j.inputs = {{"e", troupe::dtype::f32, {1, 2}, std::string(8, '\0'), {0}}};
   const message all[] = {j,
-                         token_chunk{1, {5}, "a", {{5, -1.0f, {{5, -1.0f}}}}, "eos", {1, 1, 0}},
+                         token_chunk{1, {5}, "a", {{5, -1.0f, {{5, -1.0f}}}}, finish_reason::eos, {1, 1, 0}},
                          cancel_job{1},
                          error{1, error_code::overloaded, "busy", retry::overloaded},
-                         step_batch{"e", {1}, {0}, {0}, {0, -1}, {{1, 0, {}, false}}},
-                         step_result{"e", {{1, -1.0f, {}}}, {false}, ""},
+                         step_batch{entry_key{}, {1}, {0}, {0}, {0, -1}, {{1, 0, {}, false}}},
+                         entry_key{program_kind::step, 4, 1, 64, kv_layout::paged, 16, 32, logit_rows::last, false, {}},
                          load_request{"m", "cpu:0", "", 1, 2, 3, 4},
-                         node_hello{"n", "h", 1, {{"cpu:0", "cpu", 1}}, "p"},
-                         heartbeat{"n", 1, {}},
-                         inventory{{{"n", {{"cpu:0", "cpu", 1}}}}},
-                         placement_plan{"m", {{{{"n", {"cpu:0"}, 0, 1}}, 1}}},
+                         node_hello{"n", "h", 1, {{"cpu:0", device_kind::cpu, 1}}},
+                         inventory{{{"n", {{"cpu:0", device_kind::cpu, 1}}}}},
                          deploy{"m", 1, {}},
                          scale{"m", 2},
                          stats{1, 2, 3, 4, 5.0, 6, 7}};

@@ -64,6 +64,29 @@ std::optional<error_code> error_code_named(std::string_view n) {
   return std::nullopt;
 }
 
+std::string_view name(finish_reason r) {
+  switch (r) {
+    case finish_reason::running: return "";
+    case finish_reason::eos: return "eos";
+    case finish_reason::stop_string: return "stop_string";
+    case finish_reason::length: return "length";
+    case finish_reason::capacity: return "capacity";
+    case finish_reason::cancelled: return "cancelled";
+    case finish_reason::deadline: return "deadline";
+    case finish_reason::pool_exhausted: return "pool_exhausted";
+    case finish_reason::error: return "error";
+  }
+  return "error";
+}
+
+std::optional<finish_reason> finish_reason_named(std::string_view n) {
+  for (unsigned i = 1; i <= static_cast<unsigned>(last_finish_reason); ++i)
+    if (name(static_cast<finish_reason>(i)) == n) return static_cast<finish_reason>(i);
+  return std::nullopt;
+}
+
+std::string_view name(device_kind k) { return k == device_kind::cuda ? "cuda" : "cpu"; }
+
 std::string_view name(replica_state s) {
   switch (s) {
     case replica_state::preparing: return "preparing";
@@ -77,8 +100,8 @@ std::string_view name(replica_state s) {
 std::string decode_error::message() const { return "message refused: " + reason + " (" + std::string(name(code)) + ")"; }
 
 std::string_view kind(const message& m) {
-  static constexpr std::string_view names[] = {"submit", "chunk", "cancel", "error", "step_batch", "step_result", "load",
-                                               "hello", "heartbeat", "inventory", "plan", "deploy", "scale", "stats",
+  static constexpr std::string_view names[] = {"submit", "chunk", "cancel", "error", "step_batch", "entry", "load",
+                                               "hello", "inventory", "deploy", "scale", "stats",
                                                "resolved", "cluster_status"};
   return names[m.index()];
 }
@@ -171,11 +194,25 @@ void put(LoadRequest::Builder b, const load_request& l) {
   b.setReplicaId(l.replica_id);
 }
 
+void put(EntryKey::Builder b, const entry_key& k) {
+  b.setProgram(static_cast<Program>(k.program));
+  b.setRows(k.rows);
+  b.setTokens(k.tokens);
+  b.setCapacity(k.capacity);
+  b.setKvLayout(static_cast<KvLayout>(k.kv));
+  b.setBlockSize(k.block_size);
+  b.setPoolBlocks(k.pool_blocks);
+  b.setLogits(static_cast<LogitRows>(k.logits));
+  b.setHiddenCarry(k.hidden_carry);
+  auto c = b.initCarried(static_cast<unsigned>(k.carried.size()));
+  for (unsigned i = 0; i < k.carried.size(); ++i) c.set(i, k.carried[i]);
+}
+
 template <class L>
 void put_devices(L b, const std::vector<device>& ds) {
   for (unsigned i = 0; i < ds.size(); ++i) {
     b[i].setName(ds[i].name);
-    b[i].setKind(ds[i].kind);
+    b[i].setKind(static_cast<DeviceKind>(ds[i].kind));
     b[i].setMemoryBytes(ds[i].memory_bytes);
   }
 }
@@ -209,7 +246,7 @@ struct body_writer {
     auto in = b.initInputs(static_cast<unsigned>(m.inputs.size()));
     for (unsigned i = 0; i < m.inputs.size(); ++i) {
       in[i].setName(m.inputs[i].name);
-      in[i].setDtype(m.inputs[i].dtype);
+      in[i].setDtype(static_cast<DType>(m.inputs[i].dtype));
       set_list(in[i].initShape(static_cast<unsigned>(m.inputs[i].shape.size())), m.inputs[i].shape);
       in[i].setData(data_of(m.inputs[i].data));
       set_list(in[i].initPositions(static_cast<unsigned>(m.inputs[i].positions.size())), m.inputs[i].positions);
@@ -226,7 +263,7 @@ struct body_writer {
     b.setText(m.text);
     auto lp = b.initLogprobs(static_cast<unsigned>(m.logprobs.size()));
     for (unsigned i = 0; i < m.logprobs.size(); ++i) put(lp[i], m.logprobs[i]);
-    b.setFinishReason(m.finish_reason);
+    b.setFinishReason(static_cast<FinishReason>(m.finish_reason));
     auto u = b.initUsage();
     u.setPromptTokens(m.usage.prompt_tokens);
     u.setCompletionTokens(m.usage.completion_tokens);
@@ -242,7 +279,7 @@ struct body_writer {
   }
   void operator()(const step_batch& m) {
     auto b = body.initStepBatch();
-    b.setEntry(m.entry);
+    put(b.initEntry(), m.entry);
     set_list(b.initTokenIds(static_cast<unsigned>(m.token_ids.size())), m.token_ids);
     set_list(b.initPositions(static_cast<unsigned>(m.positions.size())), m.positions);
     set_list(b.initKvWriteMap(static_cast<unsigned>(m.kv_write_map.size())), m.kv_write_map);
@@ -255,15 +292,7 @@ struct body_writer {
       rows[i].setWantLogits(m.rows[i].want_logits);
     }
   }
-  void operator()(const step_result& m) {
-    auto b = body.initStepResult();
-    b.setEntry(m.entry);
-    auto p = b.initPicks(static_cast<unsigned>(m.picks.size()));
-    for (unsigned i = 0; i < m.picks.size(); ++i) put(p[i], m.picks[i]);
-    auto nf = b.initNonFinite(static_cast<unsigned>(m.non_finite.size()));
-    for (unsigned i = 0; i < m.non_finite.size(); ++i) nf.set(i, m.non_finite[i]);
-    b.setError(m.error);
-  }
+  void operator()(const entry_key& m) { put(body.initEntry(), m); }
   void operator()(const load_request& m) { put(body.initLoad(), m); }
   void operator()(const node_hello& m) {
     auto b = body.initHello();
@@ -271,36 +300,12 @@ struct body_writer {
     b.setHost(m.host);
     b.setPort(m.port);
     put_devices(b.initDevices(static_cast<unsigned>(m.devices.size())), m.devices);
-    b.setProof(data_of(m.proof));
-  }
-  void operator()(const heartbeat& m) {
-    auto b = body.initHeartbeat();
-    b.setNodeId(m.node_id);
-    b.setSequence(m.sequence);
-    put(b.initLoad(), m.load);
   }
   void operator()(const inventory& m) {
     auto n = body.initInventory().initNodes(static_cast<unsigned>(m.nodes.size()));
     for (unsigned i = 0; i < m.nodes.size(); ++i) {
       n[i].setNodeId(m.nodes[i].node_id);
       put_devices(n[i].initDevices(static_cast<unsigned>(m.nodes[i].devices.size())), m.nodes[i].devices);
-    }
-  }
-  void operator()(const placement_plan& m) {
-    auto b = body.initPlan();
-    b.setModel(m.model);
-    auto r = b.initReplicas(static_cast<unsigned>(m.replicas.size()));
-    for (unsigned i = 0; i < m.replicas.size(); ++i) {
-      r[i].setKvTokens(m.replicas[i].kv_tokens);
-      auto st = r[i].initStages(static_cast<unsigned>(m.replicas[i].stages.size()));
-      for (unsigned j = 0; j < m.replicas[i].stages.size(); ++j) {
-        const auto& s = m.replicas[i].stages[j];
-        st[j].setNode(s.node);
-        auto d = st[j].initDevices(static_cast<unsigned>(s.devices.size()));
-        for (unsigned k = 0; k < s.devices.size(); ++k) d.set(k, s.devices[k]);
-        st[j].setFirstLayer(s.first_layer);
-        st[j].setEndLayer(s.end_layer);
-      }
     }
   }
   void operator()(const deploy& m) {
@@ -414,10 +419,34 @@ load_request get(LoadRequest::Reader r) {
           r.getPipelineParallel(), r.getAcrossNodes(), r.getWorldRank(), text(r.getGroup()), r.getReplicaId()};
 }
 
-std::vector<device> get_devices(capnp::List<Device>::Reader r) {
+// nullopt: a device kind this build does not know.
+std::optional<std::vector<device>> get_devices(capnp::List<Device>::Reader r) {
   std::vector<device> v;
-  for (auto d : r) v.push_back({text(d.getName()), text(d.getKind()), d.getMemoryBytes()});
+  for (auto d : r) {
+    const auto k = static_cast<unsigned>(d.getKind());
+    if (k > static_cast<unsigned>(device_kind::cuda)) return std::nullopt;
+    v.push_back({text(d.getName()), static_cast<device_kind>(k), d.getMemoryBytes()});
+  }
   return v;
+}
+
+// nullopt: an enum value this build does not know.
+std::optional<entry_key> get(EntryKey::Reader r) {
+  entry_key k;
+  const auto p = static_cast<unsigned>(r.getProgram()), kv = static_cast<unsigned>(r.getKvLayout()), lr = static_cast<unsigned>(r.getLogits());
+  if (p > static_cast<unsigned>(program_kind::encode) || kv > static_cast<unsigned>(kv_layout::paged) || lr > static_cast<unsigned>(logit_rows::all))
+    return std::nullopt;
+  k.program = static_cast<program_kind>(p);
+  k.rows = r.getRows();
+  k.tokens = r.getTokens();
+  k.capacity = r.getCapacity();
+  k.kv = static_cast<kv_layout>(kv);
+  k.block_size = r.getBlockSize();
+  k.pool_blocks = r.getPoolBlocks();
+  k.logits = static_cast<logit_rows>(lr);
+  k.hidden_carry = r.getHiddenCarry();
+  k.carried = get_texts(r.getCarried());
+  return k;
 }
 
 result<message, decode_error> read_body(Envelope::Body::Reader body) {
@@ -446,9 +475,12 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       m.max_tokens = r.getMaxTokens();
       if (m.max_tokens < 0) return bad("max_tokens is negative");
       m.ignore_eos = r.getIgnoreEos();
-      for (auto in : r.getInputs())
-        m.inputs.push_back({text(in.getName()), text(in.getDtype()), get_list<std::int64_t>(in.getShape()), bytes(in.getData()),
+      for (auto in : r.getInputs()) {
+        const auto t = static_cast<unsigned>(in.getDtype());
+        if (t > static_cast<unsigned>(dtype::q8_k)) return bad("an unknown element type " + std::to_string(t));
+        m.inputs.push_back({text(in.getName()), static_cast<dtype>(t), get_list<std::int64_t>(in.getShape()), bytes(in.getData()),
                             get_list<std::int64_t>(in.getPositions())});
+      }
       m.priority = r.getPriority();
       m.deadline_ms = r.getDeadlineMs();
       if (m.deadline_ms < 0) return bad("deadline_ms is negative");
@@ -463,7 +495,9 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       m.ids = get_list<std::int32_t>(r.getIds());
       m.text = text(r.getText());
       for (auto l : r.getLogprobs()) m.logprobs.push_back(get(l));
-      m.finish_reason = text(r.getFinishReason());
+      const auto f = static_cast<unsigned>(r.getFinishReason());
+      if (f > static_cast<unsigned>(last_finish_reason)) return bad("an unknown finish reason " + std::to_string(f));
+      m.finish_reason = static_cast<finish_reason>(f);
       auto u = r.getUsage();
       m.usage = {u.getPromptTokens(), u.getCompletionTokens(), u.getCachedTokens()};
       return m;
@@ -480,7 +514,9 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
     case Envelope::Body::STEP_BATCH: {
       auto r = body.getStepBatch();
       step_batch m;
-      m.entry = text(r.getEntry());
+      auto e = get(r.getEntry());
+      if (!e) return bad("an entry key with an unknown program, KV layout or logit rows");
+      m.entry = std::move(*e);
       m.token_ids = get_list<std::int32_t>(r.getTokenIds());
       m.positions = get_list<std::int32_t>(r.getPositions());
       m.kv_write_map = get_list<std::int32_t>(r.getKvWriteMap());
@@ -488,38 +524,24 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       for (auto row : r.getRows()) m.rows.push_back({row.getSequence(), row.getDraw(), get(row.getSampling()), row.getWantLogits()});
       return m;
     }
-    case Envelope::Body::STEP_RESULT: {
-      auto r = body.getStepResult();
-      step_result m;
-      m.entry = text(r.getEntry());
-      for (auto p : r.getPicks()) m.picks.push_back(get(p));
-      for (auto b : r.getNonFinite()) m.non_finite.push_back(b);
-      m.error = text(r.getError());
-      return m;
+    case Envelope::Body::ENTRY: {
+      auto e = get(body.getEntry());
+      if (!e) return bad("an entry key with an unknown program, KV layout or logit rows");
+      return *e;
     }
     case Envelope::Body::LOAD: return get(body.getLoad());
     case Envelope::Body::HELLO: {
       auto r = body.getHello();
-      return node_hello{text(r.getNodeId()), text(r.getHost()), r.getPort(), get_devices(r.getDevices()), bytes(r.getProof())};
-    }
-    case Envelope::Body::HEARTBEAT: {
-      auto r = body.getHeartbeat();
-      return heartbeat{text(r.getNodeId()), r.getSequence(), get(r.getLoad())};
+      auto devices = get_devices(r.getDevices());
+      if (!devices) return bad("an unknown device kind");
+      return node_hello{text(r.getNodeId()), text(r.getHost()), r.getPort(), std::move(*devices)};
     }
     case Envelope::Body::INVENTORY: {
       inventory m;
-      for (auto n : body.getInventory().getNodes()) m.nodes.push_back({text(n.getNodeId()), get_devices(n.getDevices())});
-      return m;
-    }
-    case Envelope::Body::PLAN: {
-      auto r = body.getPlan();
-      placement_plan m;
-      m.model = text(r.getModel());
-      for (auto rep : r.getReplicas()) {
-        replica x;
-        x.kv_tokens = rep.getKvTokens();
-        for (auto s : rep.getStages()) x.stages.push_back({text(s.getNode()), get_texts(s.getDevices()), s.getFirstLayer(), s.getEndLayer()});
-        m.replicas.push_back(std::move(x));
+      for (auto n : body.getInventory().getNodes()) {
+        auto devices = get_devices(n.getDevices());
+        if (!devices) return bad("an unknown device kind");
+        m.nodes.push_back({text(n.getNodeId()), std::move(*devices)});
       }
       return m;
     }
@@ -556,8 +578,11 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
     case Envelope::Body::CLUSTER_STATUS: {
       auto r = body.getClusterStatus();
       cluster_status m;
-      for (auto n : r.getNodes())
-        m.nodes.push_back({text(n.getId()), get_devices(n.getDevices()), text(n.getState()), n.getReplicas(), n.getCommittedBytes()});
+      for (auto n : r.getNodes()) {
+        auto devices = get_devices(n.getDevices());
+        if (!devices) return bad("an unknown device kind");
+        m.nodes.push_back({text(n.getId()), std::move(*devices), text(n.getState()), n.getReplicas(), n.getCommittedBytes()});
+      }
       for (auto x : r.getReplicas()) {
         const auto st = static_cast<unsigned>(x.getState());
         if (st > static_cast<unsigned>(replica_state::failed)) return bad("an unknown replica state " + std::to_string(st));

@@ -10,9 +10,11 @@
 #include <variant>
 #include <vector>
 
+#include "engine/core/dtype.hpp"
+
 namespace troupe::transport {
 
-inline constexpr std::uint32_t protocol_version = 1;
+inline constexpr std::uint32_t protocol_version = 2;
 
 struct sampling {
   float temperature = 0.0f;
@@ -36,7 +38,7 @@ struct chat_message {
 
 struct request_input {
   std::string name;
-  std::string dtype;
+  troupe::dtype dtype = troupe::dtype::f32;
   std::vector<std::int64_t> shape;
   std::string data;
   std::vector<std::int64_t> positions;
@@ -83,12 +85,18 @@ struct usage {
   friend bool operator==(const usage&, const usage&) = default;
 };
 
+// How a job ended (running: it has not); engine/driver's reasons and the deadline.
+enum class finish_reason : std::uint8_t { running, eos, stop_string, length, capacity, cancelled, deadline, pool_exhausted, error };
+inline constexpr auto last_finish_reason = finish_reason::error;
+std::string_view name(finish_reason r);  // "" for running
+std::optional<finish_reason> finish_reason_named(std::string_view name);
+
 struct token_chunk {
   std::uint64_t job_id = 0;
   std::vector<std::int32_t> ids;
   std::string text;
   std::vector<token_logprob> logprobs;
-  std::string finish_reason;  // empty while the job runs
+  transport::finish_reason finish_reason = finish_reason::running;
   transport::usage usage;
   friend bool operator==(const token_chunk&, const token_chunk&) = default;
 };
@@ -146,19 +154,27 @@ struct sample_row {
   friend bool operator==(const sample_row&, const sample_row&) = default;
 };
 
+// An entry's key as a remote rank compiles it (engine/driver's entry_key without the head, which is not
+// part of the graph a rank runs). actors/rank_actor.cpp converts and validates.
+enum class program_kind : std::uint8_t { step, encode };
+enum class kv_layout : std::uint8_t { contiguous, paged };
+enum class logit_rows : std::uint8_t { last, all };
+struct entry_key {
+  program_kind program = program_kind::step;
+  std::int64_t rows = 1, tokens = 1, capacity = 1;
+  transport::kv_layout kv = kv_layout::paged;
+  std::int64_t block_size = 0, pool_blocks = 0;
+  transport::logit_rows logits = logit_rows::last;
+  bool hidden_carry = false;
+  std::vector<std::string> carried;
+  friend bool operator==(const entry_key&, const entry_key&) = default;
+};
+
 struct step_batch {
-  std::string entry;
+  transport::entry_key entry;
   std::vector<std::int32_t> token_ids, positions, kv_write_map, kv_read_map;
   std::vector<sample_row> rows;
   friend bool operator==(const step_batch&, const step_batch&) = default;
-};
-
-struct step_result {
-  std::string entry;
-  std::vector<token_logprob> picks;
-  std::vector<bool> non_finite;
-  std::string error;
-  friend bool operator==(const step_result&, const step_result&) = default;
 };
 
 struct load_request {
@@ -177,9 +193,12 @@ struct load_request {
   friend bool operator==(const load_request&, const load_request&) = default;
 };
 
+enum class device_kind : std::uint8_t { cpu, cuda };
+std::string_view name(device_kind k);
+
 struct device {
   std::string name;
-  std::string kind;
+  device_kind kind = device_kind::cpu;
   std::uint64_t memory_bytes = 0;
   friend bool operator==(const device&, const device&) = default;
 };
@@ -196,15 +215,7 @@ struct node_hello {
   std::string node_id, host;
   std::uint16_t port = 0;
   std::vector<device> devices;
-  std::string proof;
   friend bool operator==(const node_hello&, const node_hello&) = default;
-};
-
-struct heartbeat {
-  std::string node_id;
-  std::uint64_t sequence = 0;
-  stats load;
-  friend bool operator==(const heartbeat&, const heartbeat&) = default;
 };
 
 struct node_inventory {
@@ -216,25 +227,6 @@ struct node_inventory {
 struct inventory {
   std::vector<node_inventory> nodes;
   friend bool operator==(const inventory&, const inventory&) = default;
-};
-
-struct stage {
-  std::string node;
-  std::vector<std::string> devices;
-  std::int32_t first_layer = 0, end_layer = 0;
-  friend bool operator==(const stage&, const stage&) = default;
-};
-
-struct replica {
-  std::vector<stage> stages;
-  std::int64_t kv_tokens = 0;
-  friend bool operator==(const replica&, const replica&) = default;
-};
-
-struct placement_plan {
-  std::string model;
-  std::vector<replica> replicas;
-  friend bool operator==(const placement_plan&, const placement_plan&) = default;
 };
 
 struct deploy {
@@ -303,7 +295,7 @@ struct cluster_status {
   friend bool operator==(const cluster_status&, const cluster_status&) = default;
 };
 
-using message = std::variant<job_submit, token_chunk, cancel_job, error, step_batch, step_result, load_request, node_hello, heartbeat,
-                             inventory, placement_plan, deploy, scale, stats, resolved_model, cluster_status>;
+using message = std::variant<job_submit, token_chunk, cancel_job, error, step_batch, entry_key, load_request, node_hello, inventory, deploy,
+                             scale, stats, resolved_model, cluster_status>;
 
 }  // namespace troupe::transport

@@ -96,58 +96,6 @@ std::string entry_key::str() const {
   return s;
 }
 
-std::string entry_wire(const entry_key& k) {
-  const auto& s = k.shape;
-  std::string t = std::string(families::program_name(k.program)) + " " + std::to_string(s.rows()) + " " + std::to_string(s.tokens()) + " " +
-                  std::to_string(s.capacity()) + " " + (s.kv().kind == families::kv_layout_kind::paged ? "paged" : "contiguous") + " " +
-                  std::to_string(s.kv().block_size) + " " + std::to_string(s.kv().pool_blocks) + " " +
-                  (s.logits() == families::logit_rows::all ? "all" : "last") + " " + (s.hidden_carry() ? "1" : "0");
-  for (const auto& c : k.carried) t += " +" + c;
-  return t;
-}
-
-result<entry_key, std::string> parse_entry(std::string_view text) {
-  if (text.size() > 4096) return unexpected(std::string("an entry line of more than 4096 bytes"));
-  std::vector<std::string> w;
-  for (std::size_t i = 0; i < text.size();) {
-    while (i < text.size() && text[i] == ' ') ++i;
-    std::size_t j = i;
-    while (j < text.size() && text[j] != ' ') ++j;
-    if (j > i) w.emplace_back(text.substr(i, j - i));
-    i = j;
-  }
-  if (w.size() < 9) return unexpected("an entry line has 9 fields, got " + std::to_string(w.size()));
-  auto number = [&](std::size_t i, std::int64_t lo, std::int64_t hi) -> std::optional<std::int64_t> {
-    std::int64_t v = 0;
-    const auto* b = w[i].data();
-    const auto [p, ec] = std::from_chars(b, b + w[i].size(), v);
-    if (ec != std::errc{} || p != b + w[i].size() || v < lo || v > hi) return std::nullopt;
-    return v;
-  };
-  entry_key k;
-  if (w[0] == "step") k.program = families::program::step;
-  else if (w[0] == "encode") k.program = families::program::encode;
-  else return unexpected("unknown program '" + w[0] + "'");
-  const auto rows = number(1, 1, 1 << 16), tokens = number(2, 1, 1 << 24), capacity = number(3, 1, std::int64_t{1} << 32);
-  const auto block = number(5, 0, 1 << 24), pool = number(6, 0, std::int64_t{1} << 32);
-  if (!rows || !tokens || !capacity || !block || !pool) return unexpected("an entry's sizes are not integers in range: '" + std::string(text) + "'");
-  if (w[4] != "paged" && w[4] != "contiguous") return unexpected("unknown KV layout '" + w[4] + "'");
-  if (w[7] != "last" && w[7] != "all") return unexpected("unknown logit rows '" + w[7] + "'");
-  if (w[8] != "0" && w[8] != "1") return unexpected("hidden carry is 0 or 1, got '" + w[8] + "'");
-  families::step_shape s(*rows, *tokens, *capacity);
-  if (w[4] == "paged") {
-    if (*block < 1 || *pool < 1) return unexpected(std::string("a paged layout needs a block size and a pool"));
-    s.with_kv(families::kv_layout::paged(*block, *pool));
-  }
-  s.with_logits(w[7] == "all" ? families::logit_rows::all : families::logit_rows::last).with_hidden_carry(w[8] == "1");
-  k.shape = s;
-  for (std::size_t i = 9; i < w.size(); ++i) {
-    if (w[i].size() < 2 || w[i][0] != '+') return unexpected("a carried input is written +name, got '" + w[i] + "'");
-    k.carried.push_back(w[i].substr(1));
-  }
-  return k;
-}
-
 // ---- the compatibility table ------------------------------------------------------------------------
 
 namespace {

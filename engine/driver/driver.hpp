@@ -254,11 +254,6 @@ struct entry_key {
   std::string str() const;
 };
 
-// An entry as a remote rank compiles it: the program and the step's shape as one line of text ("step 4 1
-// 64 paged 16 32 last 0"), the head left out (it is not part of the traced graph). `parse_entry` refuses
-// anything else by what is wrong, never throws.
-std::string entry_wire(const entry_key& k);
-result<entry_key, std::string> parse_entry(std::string_view text);
 
 struct generation {
   std::vector<std::int32_t> tokens;

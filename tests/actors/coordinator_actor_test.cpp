@@ -124,7 +124,7 @@ struct coordinator_test : ::testing::Test {
     });
     sched->run();
   }
-  void join(const std::string& id, std::vector<transport::device> devices = {{"cpu:0", "cpu", 0}}) {
+  void join(const std::string& id, std::vector<transport::device> devices = {{"cpu:0", transport::device_kind::cpu, 0}}) {
     auto n = sys->spawn(fake_node, w, id);
     nodes[id] = n;
     const auto inv = transport::encode(transport::inventory{{transport::node_inventory{id, devices}}});
@@ -278,7 +278,7 @@ TEST_F(coordinator_test, jobs_run_only_on_replicas_of_the_model_they_name) {
 // tensor-parallel group over two GPUs of one node (NCCL between them), and the load names them.
 TEST_F(coordinator_test, a_model_one_gpu_cannot_hold_is_split_over_a_nodes_gpus) {
   const std::uint64_t GiB = 1ull << 30;
-  join("g1", {{"cuda:0", "cuda", 6 * GiB}, {"cuda:1", "cuda", 6 * GiB}});
+  join("g1", {{"cuda:0", transport::device_kind::cuda, 6 * GiB}, {"cuda:1", transport::device_kind::cuda, 6 * GiB}});
   transport::deploy d;
   d.model = "big";
   d.replicas = 1;
@@ -306,7 +306,7 @@ TEST_F(coordinator_test, a_model_one_gpu_cannot_hold_is_split_over_a_nodes_gpus)
 TEST_F(coordinator_test, a_taken_node_id_is_refused_by_name) {
   join("n1");
   auto twin = sys->spawn(fake_node, w, std::string("n1"));
-  const auto inv = transport::encode(transport::inventory{{transport::node_inventory{"n1", {{"cpu:0", "cpu", 0}}}}});
+  const auto inv = transport::encode(transport::inventory{{transport::node_inventory{"n1", {{"cpu:0", transport::device_kind::cpu, 0}}}}});
   ask(node_atom::value, std::string("n1"), twin, std::int32_t{0}, inv);
   EXPECT_NE(w->replies.back().find("'n1' is taken"), std::string::npos) << w->replies.back();
   ask(node_atom::value, std::string("n9"), twin, std::int32_t{0}, std::string("not an inventory"));

@@ -42,9 +42,11 @@ spread='all(len(set(r["node"] for r in s["replicas"] if r["model"]==m))==len([r 
 [ "$(py "$serving")" = 4 ] || fail "4 serving replicas: $(status)"
 [ "$(py "$spread")" = True ] || fail "replicas of one model share a node: $(status)"
 
-# 24 interleaved jobs, each compared with generate on its own checkpoint.
+# 24 interleaved jobs (12 at a time: each is a process of its own), each compared with generate on its
+# own checkpoint.
 pids=()
 for i in $(seq 0 23); do
+  if [ "$i" = 12 ]; then for p in "${pids[@]}"; do wait "$p" || fail "a job failed: $(cat "$dir"/job*.err)"; done; pids=(); fi
   if [ $((i % 2)) = 0 ]; then m=alpha; else m=beta; fi
   ids="$((3 + i)),$((7 + 2 * i)),$((11 + i % 5))"
   "$troupe" submit "${at[@]}" --model "$m" --prompt-ids "$ids" --max-tokens 8 --json > "$dir/job$i.json" 2> "$dir/job$i.err" &

@@ -37,7 +37,7 @@ std::vector<message> one_of_each() {
   j.stop_ids = {2};
   j.max_tokens = 77;
   j.ignore_eos = true;
-  j.inputs = {{"embeds", "f32", {2, 4}, std::string(32, '\x01'), {0, 3}}};
+  j.inputs = {{"embeds", troupe::dtype::f32, {2, 4}, std::string(32, '\x01'), {0, 3}}};
   j.priority = -3;
   j.deadline_ms = 1500;
   j.tools_json = R"([{"type":"function"}])";
@@ -47,22 +47,22 @@ std::vector<message> one_of_each() {
   all.push_back(j);
   j.prompt = std::vector<chat_message>{{"system", "be brief"}, {"user", "hi"}};
   all.push_back(j);
-  all.push_back(token_chunk{9, {5, 6}, "ab", {{5, -0.5f, {{5, -0.5f}, {8, -1.5f}}}, {6, -0.25f, {}}}, "length", {10, 2, 8}});
+  all.push_back(token_chunk{9, {5, 6}, "ab", {{5, -0.5f, {{5, -0.5f}, {8, -1.5f}}}, {6, -0.25f, {}}}, finish_reason::length, {10, 2, 8}});
   all.push_back(cancel_job{9});
   all.push_back(error{9, error_code::overloaded, "too many jobs", retry::overloaded});
-  all.push_back(step_batch{"step rows=2", {1, 2}, {0, 7}, {3, 4}, {0, 1, -1, 2}, {{1, 0, full_sampling(), true}, {2, 5, {}, false}}});
-  all.push_back(step_result{"step rows=2", {{4, -1.0f, {}}}, {false, true}, ""});
+  entry_key ek{program_kind::step, 2, 1, 64, kv_layout::paged, 16, 32, logit_rows::all, true, {"mask"}};
+  all.push_back(step_batch{ek, {1, 2}, {0, 7}, {3, 4}, {0, 1, -1, 2}, {{1, 0, full_sampling(), true}, {2, 5, {}, false}}});
+  all.push_back(ek);
   all.push_back(load_request{"/m.gguf", "cpu:0", "layers 0-11", 16, 1024, 16, 1024, 256, 512, true, false, 4, 2, true, 3, "replica-7", 42});
-  all.push_back(node_hello{"node-1", "127.0.0.1", 4242, {{"cpu:0", "cpu", 1ull << 34}}, std::string("\0proof", 6)});
-  all.push_back(heartbeat{"node-1", 17, {1, 2, 3, 4, 5.5, 6, 7, 8, 9}});
-  all.push_back(inventory{{{"node-1", {{"cpu:0", "cpu", 1}}}, {"node-2", {{"cuda:0", "cuda", 2}, {"cuda:1", "cuda", 3}}}}});
-  all.push_back(placement_plan{"m", {{{{"node-1", {"cuda:0", "cuda:1"}, 0, 12}, {"node-2", {"cuda:0"}, 12, 24}}, 4096}}});
+  all.push_back(node_hello{"node-1", "127.0.0.1", 4242, {{"cpu:0", device_kind::cpu, 1ull << 34}}});
+  all.push_back(inventory{{{"node-1", {{"cpu:0", device_kind::cpu, 1}}},
+                           {"node-2", {{"cuda:0", device_kind::cuda, 2}, {"cuda:1", device_kind::cuda, 3}}}}});
   all.push_back(deploy{"m", 2, {"/m.gguf", "cpu:0", "", 4, 256, 16, 0}, "capacity"});
   all.push_back(scale{"m", 3});
   all.push_back(stats{1, 2, 3, 4, 123.5, 6, 7, 8, 9});
   all.push_back(resolved_model{"/m.gguf", "llama", 123456, 2048, 4, 1000, 200, 300, 1024, 5000, 8, 2, true, ""});
   cluster_status cs;
-  cs.nodes.push_back({"node-1", {{"cpu:0", "cpu", 1ull << 30}}, "ready", 2, 1ull << 24});
+  cs.nodes.push_back({"node-1", {{"cpu:0", device_kind::cpu, 1ull << 30}}, "ready", 2, 1ull << 24});
   cs.replicas.push_back({7, "m", {"node-1", "node-2"}, {"node-1/cpu:0", "node-2/cpu:0"}, replica_state::draining, 3, 10, 12, 1, 2});
   cs.deployments.push_back({"m", "/m.gguf", 2, 1, "llama"});
   cs.jobs = 5;
@@ -139,7 +139,9 @@ TEST(codec, garbage_is_refused_without_throwing) {
 }
 
 TEST(codec, depth_and_traversal_limits_are_enforced) {
-  const auto plan = encode(placement_plan{"m", {{{{"node-1", {"cuda:0"}, 0, 12}}, 1}}});
+  cluster_status nested;
+  nested.replicas.push_back({1, "m", {"node-1"}, {"node-1/cuda:0"}, replica_state::serving, 0, 0, 0, 1, 1});
+  const auto plan = encode(nested);
   decode_limits shallow;
   shallow.nesting = 2;
   auto r = decode(plan, shallow);

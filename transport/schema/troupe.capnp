@@ -15,17 +15,15 @@ struct Envelope {
     cancel @3 :CancelJob;
     error @4 :Error;
     stepBatch @5 :StepBatch;
-    stepResult @6 :StepResult;
+    entry @6 :EntryKey;
     load @7 :LoadRequest;
     hello @8 :NodeHello;
-    heartbeat @9 :Heartbeat;
-    inventory @10 :Inventory;
-    plan @11 :PlacementPlan;
-    deploy @12 :Deploy;
-    scale @13 :Scale;
-    stats @14 :Stats;
-    resolved @15 :ResolvedModel;
-    clusterStatus @16 :ClusterStatus;
+    inventory @9 :Inventory;
+    deploy @10 :Deploy;
+    scale @11 :Scale;
+    stats @12 :Stats;
+    resolved @13 :ResolvedModel;
+    clusterStatus @14 :ClusterStatus;
   }
 }
 
@@ -54,9 +52,17 @@ struct ChatMessage {
   content @1 :Text;
 }
 
+# engine/core/dtype.hpp's element types, in its order.
+enum DType {
+  f64 @0; f32 @1; f16 @2; bf16 @3; fp8E4m3 @4; fp8E5m2 @5;
+  i64 @6; i32 @7; i16 @8; i8 @9; u8 @10; boolean @11;
+  q40 @12; q41 @13; q50 @14; q51 @15; q80 @16; q81 @17;
+  q2K @18; q3K @19; q4K @20; q5K @21; q6K @22; q8K @23;
+}
+
 struct RequestInput {
   name @0 :Text;
-  dtype @1 :Text;             # "f32", "i32", ...
+  dtype @1 :DType;
   shape @2 :List(Int64);      # [n, width...]
   data @3 :Data;              # little-endian elements, row-major
   positions @4 :List(Int64);  # empty: dense
@@ -99,12 +105,24 @@ struct Usage {
   cachedTokens @2 :Int64;
 }
 
+enum FinishReason {
+  running @0;                 # not finished: more chunks follow
+  eos @1;                     # the model's end-of-generation id (or a request stop id)
+  stopString @2;
+  length @3;                  # max tokens reached
+  capacity @4;                # the sequence filled its capacity
+  cancelled @5;
+  deadline @6;                # cancelled by its deadline
+  poolExhausted @7;
+  error @8;                   # a step failed
+}
+
 struct TokenChunk {
   jobId @0 :UInt64;
   ids @1 :List(Int32);
   text @2 :Text;
   logprobs @3 :List(TokenLogprob);
-  finishReason @4 :Text;      # empty while the job runs: eos, stop_string, length, capacity, cancelled, ...
+  finishReason @4 :FinishReason;
   usage @5 :Usage;
 }
 
@@ -168,20 +186,43 @@ struct SampleRow {
   wantLogits @3 :Bool;
 }
 
+enum Program {
+  step @0;
+  encode @1;
+}
+
+enum KvLayout {
+  contiguous @0;
+  paged @1;
+}
+
+enum LogitRows {
+  last @0;
+  all @1;
+}
+
+# An entry's key as a remote rank compiles it (program, step shape, carried inputs; the head is not part
+# of the traced graph a rank runs).
+struct EntryKey {
+  program @0 :Program;
+  rows @1 :Int64;
+  tokens @2 :Int64;
+  capacity @3 :Int64;
+  kvLayout @4 :KvLayout;
+  blockSize @5 :Int64;
+  poolBlocks @6 :Int64;
+  logits @7 :LogitRows;
+  hiddenCarry @8 :Bool;
+  carried @9 :List(Text);
+}
+
 struct StepBatch {
-  entry @0 :Text;             # the entry key (program, shape, head)
+  entry @0 :EntryKey;
   tokenIds @1 :List(Int32);
   positions @2 :List(Int32);
   kvWriteMap @3 :List(Int32);
   kvReadMap @4 :List(Int32);  # rows x capacity, row-major
   rows @5 :List(SampleRow);
-}
-
-struct StepResult {
-  entry @0 :Text;
-  picks @1 :List(TokenLogprob);
-  nonFinite @2 :List(Bool);
-  error @3 :Text;             # empty on success
 }
 
 struct LoadRequest {
@@ -206,9 +247,14 @@ struct LoadRequest {
 
 # ---- nodes and the cluster --------------------------------------------------------------------------
 
+enum DeviceKind {
+  cpu @0;
+  cuda @1;
+}
+
 struct Device {
   name @0 :Text;              # "cpu:0"
-  kind @1 :Text;              # "cpu", "cuda"
+  kind @1 :DeviceKind;
   memoryBytes @2 :UInt64;
 }
 
@@ -217,13 +263,6 @@ struct NodeHello {
   host @1 :Text;
   port @2 :UInt16;
   devices @3 :List(Device);
-  proof @4 :Data;             # proves the node holds the cluster's secret
-}
-
-struct Heartbeat {
-  nodeId @0 :Text;
-  sequence @1 :UInt64;
-  load @2 :Stats;
 }
 
 struct NodeInventory {
@@ -233,23 +272,6 @@ struct NodeInventory {
 
 struct Inventory {
   nodes @0 :List(NodeInventory);
-}
-
-struct Stage {
-  node @0 :Text;
-  devices @1 :List(Text);     # a tensor-parallel group on one node
-  firstLayer @2 :Int32;
-  endLayer @3 :Int32;
-}
-
-struct Replica {
-  stages @0 :List(Stage);
-  kvTokens @1 :Int64;
-}
-
-struct PlacementPlan {
-  model @0 :Text;
-  replicas @1 :List(Replica);
 }
 
 struct Deploy {

@@ -25,13 +25,13 @@ namespace troupe::actors {
 
 // The coordinator's key-value store seen from a process holding its handle (the rendezvous of
 // collective groups).
-std::shared_ptr<transport::rendezvous_store> coordinator_rendezvous(caf::actor_system& sys, const caf::actor& coordinator);
+std::shared_ptr<transport::rendezvous_store> coordinator_rendezvous(caf::actor_system& sys, const coordinator_actor& coordinator);
 
 // A stage before the last of a cross-node replica (stage load.world_rank of load.pipeline_parallel):
 // its load.tensor_parallel ranks spawned by `node` as detached rank actors over their parts of `model`
 // (joined by an in-process group), in rank order, or why not.
-result<std::vector<caf::actor>, std::string> spawn_stage(caf::event_based_actor* node, const std::shared_ptr<const families::model_handle>& model,
-                                                         const transport::load_request& load, const caf::actor& coordinator, int threads,
+result<std::vector<caf::actor>, std::string> spawn_stage(caf::local_actor* node, const std::shared_ptr<const families::model_handle>& model,
+                                                         const transport::load_request& load, const coordinator_actor& coordinator, int threads,
                                                          const std::string& host);
 
 // The last stage of a cross-node replica, which drives the others (`ranks`: the remote stages' rank
@@ -46,11 +46,11 @@ struct cross_node_head {
   std::shared_ptr<void> keep;
 };
 result<cross_node_head, std::string> make_cross_node_head(caf::actor_system& sys, const std::shared_ptr<const families::model_handle>& model,
-                                                         const transport::load_request& load, const caf::actor& coordinator,
+                                                         const transport::load_request& load, const coordinator_actor& coordinator,
                                                          const std::vector<caf::actor>& ranks, int threads, const std::string& host);
 
-caf::actor spawn_registry(caf::actor_system& sys);
-caf::behavior executor_actor(caf::event_based_actor* self, std::shared_ptr<exec::executor> ex, std::string device);
+registry_actor spawn_registry(caf::actor_system& sys);
+executor_actor_t::behavior_type executor_actor(executor_actor_t::pointer self, std::shared_ptr<exec::executor> ex, std::string device);
 
 // A replica's driver actor (detached: it computes on its own thread), spawned by `parent` (a node)
 // which monitors it: a driver that fails to prepare or dies takes nothing else with it.
@@ -64,31 +64,31 @@ struct driver_spawn {
   std::uint64_t replica_id = 0;
   std::shared_ptr<void> keep;  // what the driver's other ranks point into
 };
-caf::actor spawn_driver(caf::event_based_actor* parent, driver_spawn args);
+caf::actor spawn_driver(caf::local_actor* parent, driver_spawn args);
 // `node`: a node in this process that joins at once (local_cluster), or none (nodes join through the
 // gatekeeper).
-caf::actor spawn_coordinator(caf::actor_system& sys, const caf::actor& registry, const caf::actor& node, std::int64_t max_outstanding,
-                             std::int64_t max_per_replica);
+coordinator_actor spawn_coordinator(caf::actor_system& sys, const registry_actor& registry, const caf::actor& node, std::int64_t max_outstanding,
+                                    std::int64_t max_per_replica);
 // `collective_host`: the address the node's cross-node collectives listen on; `cuda_devices`: its
 // replicas run on these GPUs (a tensor-parallel replica over several of them, joined by NCCL).
-caf::actor spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
+node_actor_t spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
                       std::string collective_host = "127.0.0.1", std::vector<int> cuda_devices = {});
 
 // The local address a socket toward host:port would leave from ("127.0.0.1" when it cannot tell).
 std::string local_address_toward(const std::string& host, int port);
 
 // The coordinator's status (decoded), and the served names with a serving replica.
-result<transport::cluster_status, std::string> cluster_status_of(caf::actor_system& sys, const caf::actor& coordinator);
-std::vector<std::string> served_models(caf::actor_system& sys, const caf::actor& coordinator);
+result<transport::cluster_status, std::string> cluster_status_of(caf::actor_system& sys, const coordinator_actor& coordinator);
+std::vector<std::string> served_models(caf::actor_system& sys, const coordinator_actor& coordinator);
 
 // Every live replica's figures: the coordinator names the drivers, each driver answers for itself.
-std::vector<transport::stats> collect_replica_stats(caf::actor_system& sys, const caf::actor& coordinator);
+std::vector<transport::stats> collect_replica_stats(caf::actor_system& sys, const coordinator_actor& coordinator);
 
 // The client actors a cluster handle (local_cluster, session) opened: each facade's actor, and their
 // shutdown with the handle.
 class client_set {
  public:
-  std::unique_ptr<client> open(caf::actor_system& sys, const caf::actor& coordinator);
+  std::unique_ptr<client> open(caf::actor_system& sys, const coordinator_actor& coordinator);
   void close_all();
   caf::actor newest() const;  // the last one opened, if it still runs
 

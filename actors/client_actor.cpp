@@ -119,7 +119,8 @@ struct stream_table {
 // ---- client ---------------------------------------------------------------------------------------------
 
 struct client_actor_state {
-  caf::actor coordinator;
+  client_actor_state() = default;  // not an aggregate (CAF would build it from the actor's pointer)
+  coordinator_actor coordinator;
   std::shared_ptr<stream_table> streams;
   // Chunks that arrived before their job's admission reached this actor (drivers answer the client
   // directly, so they may overtake the coordinator's reply); bounded.
@@ -136,11 +137,13 @@ constexpr int max_resumes = 3;
 constexpr auto resume_retry = std::chrono::milliseconds(500);
 constexpr int max_resume_waits = 120;
 
-void deliver(caf::stateful_actor<client_actor_state>* self, const std::string& bytes);
+using client_self = caf::stateful_actor<client_actor_state, client_actor_t::base>;
+
+void deliver(client_self* self, const std::string& bytes);
 
 // A job whose replica was lost is submitted again with the output already delivered, so it resumes
 // where it stopped on another replica.
-void resubmit(caf::stateful_actor<client_actor_state>* self, std::uint64_t old_id, std::shared_ptr<job_stream> stream, transport::error why,
+void resubmit(client_self* self, std::uint64_t old_id, std::shared_ptr<job_stream> stream, transport::error why,
               transport::job_submit req, int waits) {
   self->request(self->state.coordinator, request_timeout, submit_atom::value, transport::encode(req), caf::actor_cast<caf::actor>(self))
       .then(
@@ -169,7 +172,7 @@ void resubmit(caf::stateful_actor<client_actor_state>* self, std::uint64_t old_i
 
 // A job whose replica was lost is submitted again, to its own model, with the output already
 // delivered, so it resumes where it stopped on another replica of that model.
-void resume(caf::stateful_actor<client_actor_state>* self, std::uint64_t old_id, std::shared_ptr<job_stream> stream, transport::error why) {
+void resume(client_self* self, std::uint64_t old_id, std::shared_ptr<job_stream> stream, transport::error why) {
   if (!stream->request || stream->resumes >= max_resumes || stream->is_ended()) return stream->fail(std::move(why));
   auto req = *stream->request;
   req.prior_output = stream->delivered();
@@ -184,7 +187,7 @@ void resume(caf::stateful_actor<client_actor_state>* self, std::uint64_t old_id,
   resubmit(self, old_id, std::move(stream), std::move(why), std::move(req), 0);
 }
 
-void deliver(caf::stateful_actor<client_actor_state>* self, const std::string& bytes) {
+void deliver(client_self* self, const std::string& bytes) {
   auto& st = self->state;
   auto m = transport::decode(bytes);
   if (!m) {
@@ -221,13 +224,13 @@ void deliver(caf::stateful_actor<client_actor_state>* self, const std::string& b
   }
 }
 
-caf::behavior client_actor(caf::stateful_actor<client_actor_state>* self, caf::actor coordinator, std::shared_ptr<stream_table> streams) {
+client_actor_t::behavior_type client_actor(client_self* self, coordinator_actor coordinator, std::shared_ptr<stream_table> streams) {
   self->state.coordinator = coordinator;
   self->state.streams = streams;
   return {
       // From the facade: forwards to the coordinator; replies (job id, "") or (0, error bytes).
-      [=](submit_atom, const std::string& bytes) -> caf::response_promise {
-        auto rp = self->make_response_promise();
+      [=](submit_atom, const std::string& bytes) -> caf::typed_response_promise<std::uint64_t, std::string> {
+        auto rp = self->make_response_promise<std::uint64_t, std::string>();
         self->request(self->state.coordinator, request_timeout, submit_atom::value, bytes, caf::actor_cast<caf::actor>(self))
             .then(
                 [=](std::uint64_t id, const std::string& err, const std::string& model) mutable {
@@ -271,14 +274,14 @@ caf::behavior client_actor(caf::stateful_actor<client_actor_state>* self, caf::a
 
 struct client_state {
   caf::actor_system* sys = nullptr;
-  caf::actor actor;
+  client_actor_t actor;
   std::shared_ptr<stream_table> streams = std::make_shared<stream_table>();
   ~client_state() {
     if (actor) caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
   }
 };
 
-std::unique_ptr<client> client_set::open(caf::actor_system& sys, const caf::actor& coordinator) {
+std::unique_ptr<client> client_set::open(caf::actor_system& sys, const coordinator_actor& coordinator) {
   auto cs = std::make_shared<client_state>();
   cs->sys = &sys;
   cs->actor = sys.spawn(client_actor, coordinator, cs->streams);
@@ -290,13 +293,13 @@ void client_set::close_all() {
   for (auto& w : clients_)
     if (auto c = w.lock()) {
       caf::anon_send_exit(c->actor, caf::exit_reason::user_shutdown);
-      c->actor = caf::actor{};
+      c->actor = client_actor_t{};
     }
 }
 
 caf::actor client_set::newest() const {
   auto c = clients_.empty() ? nullptr : clients_.back().lock();
-  return c ? c->actor : caf::actor{};
+  return c ? caf::actor_cast<caf::actor>(c->actor) : caf::actor{};
 }
 
 

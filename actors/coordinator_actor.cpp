@@ -73,11 +73,11 @@ const deployment_rec* deployment_for(const state& st, const std::string& model, 
 }
 
 // Admission and routing: (job id, "", model) or (0, error bytes, "").
-caf::message route(actor_t* self, const std::string& bytes, const caf::actor& client) {
+caf::result<std::uint64_t, std::string, std::string> route(actor_t* self, const std::string& bytes, const caf::actor& client) {
   auto& st = self->state;
-  auto refuse = [&](transport::error_code code, std::string why, transport::retry r) {
+  auto refuse = [&](transport::error_code code, std::string why, transport::retry r) -> caf::result<std::uint64_t, std::string, std::string> {
     ++st.refused;
-    return caf::make_message(std::uint64_t{0}, error_bytes(0, code, std::move(why), r), std::string());
+    return {std::uint64_t{0}, error_bytes(0, code, std::move(why), r), std::string()};
   };
   auto m = transport::decode(bytes);
   if (!m) return refuse(transport::error_code::bad_message, m.error().message(), m.error().retry());
@@ -111,9 +111,9 @@ caf::message route(actor_t* self, const std::string& bytes, const caf::actor& cl
   j->model = model;
   spdlog::debug("event=job_routed job={} model={} replica={} outstanding={}", j->job_id, model, best->id, best->outstanding + 1);
   ++best->outstanding;
-  st.jobs[j->job_id] = {best->id, client};
+  st.jobs[j->job_id] = {best->id, caf::actor_cast<client_actor_t>(client)};
   self->send(best->driver, submit_atom::value, transport::encode(*j), client);
-  return caf::make_message(j->job_id, std::string(), model);
+  return {j->job_id, std::string(), model};
 }
 
 void job_done(actor_t* self, std::uint64_t job) {
@@ -157,9 +157,10 @@ void on_down(actor_t* self, const caf::down_msg& dm) {
 
 }  // namespace
 
-caf::behavior coordinator(actor_t* self, caf::actor registry, caf::actor node, std::int64_t max_outstanding, std::int64_t max_per_replica) {
+coordinator_actor::behavior_type coordinator(actor_t* self, registry_actor registry, caf::actor node, std::int64_t max_outstanding,
+                                             std::int64_t max_per_replica) {
   auto& st = self->state;
-  st.registry = registry;
+  st.registry = std::move(registry);
   st.max_outstanding = max_outstanding;
   st.max_per_replica = max_per_replica;
   if (node) {  // local_cluster's node: in this process, no declared bound
@@ -265,16 +266,17 @@ caf::behavior coordinator(actor_t* self, caf::actor registry, caf::actor node, s
         st.rendezvous.emplace(key, value);
         return {};
       },
-      [=](kv_get_atom, const std::string& key) {
+      [=](kv_get_atom, const std::string& key) -> caf::result<bool, std::string> {
         const auto& st = self->state;
         const auto it = st.rendezvous.find(key);
-        return it == st.rendezvous.end() ? caf::make_message(false, std::string()) : caf::make_message(true, it->second);
+        if (it == st.rendezvous.end()) return {false, std::string()};
+        return {true, it->second};
       },
       [=](status_atom) { return transport::encode(status_of(self->state)); },
       [=](replicas_atom) {
         std::vector<caf::actor> v;
         for (const auto& [id, r] : self->state.replicas)
-          if (r.driver && r.state != transport::replica_state::preparing) v.push_back(r.driver);
+          if (r.driver && r.state != transport::replica_state::preparing) v.push_back(caf::actor_cast<caf::actor>(r.driver));
         return v;
       },
       [=](stats_atom) {
@@ -289,8 +291,8 @@ caf::behavior coordinator(actor_t* self, caf::actor registry, caf::actor node, s
 
 }  // namespace coord
 
-caf::actor spawn_coordinator(caf::actor_system& sys, const caf::actor& registry, const caf::actor& node, std::int64_t max_outstanding,
-                             std::int64_t max_per_replica) {
+coordinator_actor spawn_coordinator(caf::actor_system& sys, const registry_actor& registry, const caf::actor& node, std::int64_t max_outstanding,
+                                    std::int64_t max_per_replica) {
   return sys.spawn(coord::coordinator, registry, node, max_outstanding, max_per_replica);
 }
 

@@ -191,7 +191,7 @@ void start_replica(actor_t* self, deployment_rec& dep, const placement::assignme
       self->send_exit(driver, caf::exit_reason::user_shutdown);
       return;
     }
-    it->second.driver = driver;
+    it->second.driver = caf::actor_cast<driver_actor_t>(driver);
     self->monitor(driver);
   };
   const auto last_node = st.replicas.at(id).nodes.back();
@@ -345,7 +345,7 @@ void handle_register(actor_t* self, std::uint64_t id, const caf::actor& driver, 
   auto& r = it->second;
   if (!why.empty()) return lose_replica(self, id, "node '" + r.nodes.back() + "' could not prepare the replica: " + why, true);
   if (!r.driver) {
-    r.driver = driver;
+    r.driver = caf::actor_cast<driver_actor_t>(driver);
     self->monitor(driver);
   }
   r.state = transport::replica_state::serving;
@@ -358,8 +358,8 @@ void handle_register(actor_t* self, std::uint64_t id, const caf::actor& driver, 
     }
 }
 
-caf::response_promise handle_deploy(actor_t* self, const std::string& bytes) {
-  auto rp = self->make_response_promise();
+caf::typed_response_promise<std::string> handle_deploy(actor_t* self, const std::string& bytes) {
+  auto rp = self->make_response_promise<std::string>();
   auto& st = self->state;
   std::string why;
   auto d = decode_deploy(bytes, why);
@@ -428,8 +428,8 @@ caf::response_promise handle_deploy(actor_t* self, const std::string& bytes) {
   return rp;
 }
 
-caf::response_promise handle_scale(actor_t* self, const std::string& bytes) {
-  auto rp = self->make_response_promise();
+caf::typed_response_promise<std::string> handle_scale(actor_t* self, const std::string& bytes) {
+  auto rp = self->make_response_promise<std::string>();
   auto& st = self->state;
   auto m = transport::decode(bytes);
   if (!m || !std::holds_alternative<transport::scale>(*m)) {

@@ -39,7 +39,7 @@ struct replica_rec {
   std::vector<std::string> nodes;       // its stages' nodes in pipeline order (the driver on the last)
   std::vector<std::string> devices;
   std::vector<commit> commits;          // device memory it holds, released when it goes
-  caf::actor driver;                    // known once its node answered
+  driver_actor_t driver;                // known once its node answered
   std::vector<caf::actor> ranks;        // the remote stages' rank actors (stopped with the replica)
   transport::replica_state state = transport::replica_state::preparing;
   std::int64_t outstanding = 0, prepare_done = 0, prepare_total = 0;
@@ -58,7 +58,7 @@ struct operation {
   std::uint64_t id = 0;
   std::string model;
   std::string kind;                     // "deploy" or "scale"
-  caf::response_promise rp;
+  caf::typed_response_promise<std::string> rp;
   std::int32_t previous = -1;           // the desired count before; -1: the deployment is new
   std::set<std::uint64_t> waiting;      // replicas not yet serving
   std::vector<std::uint64_t> started;   // every replica it started
@@ -66,11 +66,14 @@ struct operation {
 
 struct job_route {
   std::uint64_t replica = 0;
-  caf::actor client;
+  client_actor_t client;
 };
 
 struct state {
-  caf::actor registry;
+  // Not an aggregate: CAF builds a state from the actor's pointer when it can (C++20 would let the
+  // pointer initialise the first member).
+  state() = default;
+  registry_actor registry;
   std::vector<node_rec> nodes;                        // in join order
   std::map<std::uint64_t, replica_rec> replicas;      // by id (creation order)
   std::map<std::string, deployment_rec> deployments;  // by served name
@@ -84,15 +87,15 @@ struct state {
   static inline const char* name = "coordinator";
 };
 
-using actor_t = caf::stateful_actor<state>;
+using actor_t = caf::stateful_actor<state, coordinator_actor::base>;
 
 node_rec* node_by_id(state& st, const std::string& id);
 node_rec* node_by_actor(state& st, const caf::actor_addr& a);
 std::string node_of(const state& st, const caf::actor& a);  // the id of the node an actor runs on ("" if none)
 
 // Deployments (coordinator_deploy.cpp).
-caf::response_promise handle_deploy(actor_t* self, const std::string& bytes);
-caf::response_promise handle_scale(actor_t* self, const std::string& bytes);
+caf::typed_response_promise<std::string> handle_deploy(actor_t* self, const std::string& bytes);
+caf::typed_response_promise<std::string> handle_scale(actor_t* self, const std::string& bytes);
 void handle_register(actor_t* self, std::uint64_t replica, const caf::actor& driver, const std::string& why);
 void reconcile(actor_t* self);
 // A replica is gone (its driver or a node of it lost, or it failed to prepare): its jobs are told to

@@ -25,7 +25,7 @@ std::string error_bytes(std::uint64_t job, transport::error_code code, std::stri
 
 struct driver_job {
   std::uint64_t job = 0;
-  caf::actor client;
+  client_actor_t client;
   std::int64_t prompt_tokens = 0;
   std::int64_t generated = 0;
   bool logprobs = false;
@@ -34,6 +34,7 @@ struct driver_job {
 };
 
 struct driver_actor_state {
+  driver_actor_state() = default;  // not an aggregate (CAF would build it from the actor's pointer)
   std::shared_ptr<const families::model_handle> handle;
   std::shared_ptr<exec::executor> ex;
   std::shared_ptr<void> ranks;  // a tensor-parallel replica's group and other ranks' executors
@@ -41,7 +42,7 @@ struct driver_actor_state {
   std::optional<text::chat_template> chat;
   std::map<driver::seq_id, driver_job> jobs;
   std::unordered_map<std::uint64_t, driver::seq_id> by_job;
-  caf::actor coordinator;
+  coordinator_actor coordinator;
   bool ticking = false;
   std::int64_t max_jobs = 0;
   std::int64_t done = 0, refused = 0;
@@ -119,9 +120,12 @@ transport::stats driver_stats(const driver_actor_state& st) {
   return s;
 }
 
-caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::shared_ptr<const families::model_handle> handle,
+using driver_self = caf::stateful_actor<driver_actor_state, driver_actor_t::base>;
+
+driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<const families::model_handle> handle,
                            std::shared_ptr<exec::executor> ex, driver::driver_options options, std::int64_t max_jobs,
-                           caf::actor coordinator, std::string model, std::shared_ptr<void> ranks, std::uint64_t replica_id) {
+                           caf::actor coordinator_handle, std::string model, std::shared_ptr<void> ranks, std::uint64_t replica_id) {
+  const auto coordinator = caf::actor_cast<coordinator_actor>(coordinator_handle);
   auto& st = self->state;
   st.handle = handle;
   st.ex = ex;
@@ -140,13 +144,13 @@ caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::s
     spdlog::warn("event=replica_prepare_failed replica={} model={} reason=\"{}\"", replica_id, model, prepared.error().second.message());
     self->send(coordinator, register_atom::value, replica_id, caf::actor_cast<caf::actor>(self), prepared.error().second.message());
     self->quit(caf::sec::runtime_error);
-    return {};
+    return driver_actor_t::behavior_type::make_empty_behavior();
   }
   st.drv.emplace(std::move(*prepared));
   self->send(coordinator, register_atom::value, replica_id, caf::actor_cast<caf::actor>(self), std::string());
 
   auto finish_job = [self](std::uint64_t job) { self->send(self->state.coordinator, done_atom::value, job); };
-  auto refuse = [self, finish_job](std::uint64_t job, const caf::actor& client, transport::error_code code, std::string why, transport::retry r) {
+  auto refuse = [self, finish_job](std::uint64_t job, const client_actor_t& client, transport::error_code code, std::string why, transport::retry r) {
     ++self->state.refused;
     if (client) self->send(client, chunk_atom::value, error_bytes(job, code, std::move(why), r));
     finish_job(job);
@@ -158,7 +162,8 @@ caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::s
   };
 
   return {
-      [=](submit_atom, const std::string& bytes, const caf::actor& client) {
+      [=](submit_atom, const std::string& bytes, const caf::actor& client_handle) {
+        const auto client = caf::actor_cast<client_actor_t>(client_handle);
         auto& st = self->state;
         auto m = transport::decode(bytes);
         if (!m) return refuse(0, client, transport::error_code::bad_message, m.error().message(), m.error().retry());
@@ -269,9 +274,9 @@ caf::behavior driver_actor(caf::stateful_actor<driver_actor_state>* self, std::s
 
 }  // namespace
 
-caf::actor spawn_driver(caf::event_based_actor* parent, driver_spawn a) {
-  return parent->spawn<caf::detached>(driver_actor, std::move(a.handle), std::move(a.executor), std::move(a.options), a.max_jobs, a.coordinator,
-                                      std::move(a.model), std::move(a.keep), a.replica_id);
+caf::actor spawn_driver(caf::local_actor* parent, driver_spawn a) {
+  return caf::actor_cast<caf::actor>(parent->spawn<caf::detached>(driver_actor, std::move(a.handle), std::move(a.executor), std::move(a.options), a.max_jobs, a.coordinator,
+                                      std::move(a.model), std::move(a.keep), a.replica_id));
 }
 
 }  // namespace troupe::actors

@@ -6,11 +6,11 @@
 
 namespace troupe::actors {
 
-caf::behavior executor_actor(caf::event_based_actor*, std::shared_ptr<exec::executor> ex, std::string device) {
+executor_actor_t::behavior_type executor_actor(executor_actor_t::pointer, std::shared_ptr<exec::executor> ex, std::string device) {
   return {
-      [ex, device](stats_atom) {
+      [ex, device](stats_atom) -> caf::result<std::string, std::int64_t> {
         const auto m = ex->memory();
-        return caf::make_message(device, static_cast<std::int64_t>(m.weight_bytes + m.state_bytes + m.scratch_bytes));
+        return {device, static_cast<std::int64_t>(m.weight_bytes + m.state_bytes + m.scratch_bytes)};
       },
       [](ping_atom) { return ping_atom::value; },
   };

@@ -24,6 +24,7 @@ namespace troupe::actors {
 namespace {
 
 struct node_state {
+  node_state() = default;  // not an aggregate (CAF would build it from the actor's pointer)
   int executor_threads = 1;
   std::int64_t max_per_replica = 256;
   std::uint64_t device_memory = 0;            // what its device declares; 0: no bound declared
@@ -34,7 +35,7 @@ struct node_state {
   static inline const char* name = "node";
 };
 
-using node_actor_t = caf::stateful_actor<node_state>;
+using node_self = caf::stateful_actor<node_state, node_actor_t::base>;
 
 // The deployment in `bytes`, or why not.
 result<transport::deploy, std::string> deployment_of(const std::string& bytes) {
@@ -59,19 +60,19 @@ result<std::shared_ptr<const families::model_handle>, std::string> handle_for(no
   return h;
 }
 
-void keep(node_actor_t* self, const caf::actor& a) {
+void keep(node_self* self, const caf::actor& a) {
   self->monitor(a);
   self->state.spawned->push_back(a);
 }
 
 // A replica's actors on the node: the executor actor over the driver's executor and the driver (its
 // own thread), both monitored; `hold` holds whatever the driver's other ranks point into.
-caf::actor spawn_replica(node_actor_t* self, std::shared_ptr<const families::model_handle> part, std::shared_ptr<exec::executor> ex,
+caf::actor spawn_replica(node_self* self, std::shared_ptr<const families::model_handle> part, std::shared_ptr<exec::executor> ex,
                          const driver::driver_options& o, const caf::actor& coordinator, const transport::deploy& d,
                          std::shared_ptr<void> hold) {
   auto& st = self->state;
   const std::string device = d.load.device.empty() ? (st.cuda_devices.empty() ? "cpu:0" : "cuda:" + std::to_string(st.cuda_devices.front())) : d.load.device;
-  auto dev = self->spawn(executor_actor, ex, device);
+  auto dev = caf::actor_cast<caf::actor>(self->spawn(executor_actor, ex, device));
   auto drv = spawn_driver(self, {std::move(part), std::move(ex), o, st.max_per_replica, coordinator, d.model, d.load.replica_id, std::move(hold)});
   keep(self, dev);
   keep(self, drv);
@@ -79,7 +80,8 @@ caf::actor spawn_replica(node_actor_t* self, std::shared_ptr<const families::mod
   return drv;
 }
 
-caf::message refused(std::string why) { return caf::make_message(caf::actor{}, std::move(why)); }
+using node_answer = caf::result<caf::actor, std::string>;
+node_answer refused(std::string why) { return {caf::actor{}, std::move(why)}; }
 
 // The GPUs a replica runs on: the load's device names ("cuda:0,cuda:1", the coordinator's plan) or the
 // node's first `tp`; each must be one of the node's.
@@ -110,7 +112,7 @@ struct cuda_split {
   std::vector<std::unique_ptr<exec::executor>> executors;
 };
 
-result<std::shared_ptr<cuda_split>, std::string> make_cuda_split(caf::actor_system& sys, const caf::actor& coordinator,
+result<std::shared_ptr<cuda_split>, std::string> make_cuda_split(caf::actor_system& sys, const coordinator_actor& coordinator,
                                                                  const std::shared_ptr<const families::model_handle>& model,
                                                                  const std::vector<int>& devices, const std::string& prefix) {
   const int tp = static_cast<int>(devices.size());
@@ -155,7 +157,7 @@ result<std::shared_ptr<cuda_split>, std::string> make_cuda_split(caf::actor_syst
 }
 
 // A whole replica (split tensor x pipeline over simulated devices of this node when asked).
-caf::message deploy_here(node_actor_t* self, const std::string& bytes, const caf::actor& coordinator) {
+node_answer deploy_here(node_self* self, const std::string& bytes, const caf::actor& coordinator) {
   auto& st = self->state;
   auto d = deployment_of(bytes);
   if (!d) return refused(d.error());
@@ -173,26 +175,25 @@ caf::message deploy_here(node_actor_t* self, const std::string& bytes, const caf
       co.device = devices->front();
       auto made = exec::cuda::make_executor(co);
       if (!made) return refused(made.error().message());
-      return caf::make_message(spawn_replica(self, h, std::shared_ptr<exec::executor>(std::move(*made)), o, coordinator, *d, nullptr), std::string());
+      return {spawn_replica(self, h, std::shared_ptr<exec::executor>(std::move(*made)), o, coordinator, *d, nullptr), std::string()};
     }
-    auto split = make_cuda_split(self->system(), coordinator, h, *devices, d->load.group.empty() ? "replica-" + std::to_string(d->load.replica_id) : d->load.group);
+    auto split = make_cuda_split(self->system(), caf::actor_cast<coordinator_actor>(coordinator), h, *devices, d->load.group.empty() ? "replica-" + std::to_string(d->load.replica_id) : d->load.group);
     if (!split) return refused(split.error());
     driver::driver_options ro = o;
     for (std::size_t t = 1; t < (*split)->executors.size(); ++t) ro.other_ranks.push_back({(*split)->parts[t], (*split)->executors[t].get()});
     auto head = std::shared_ptr<exec::executor>(*split, (*split)->executors.front().get());
-    return caf::make_message(spawn_replica(self, (*split)->parts.front(), head, ro, coordinator, *d, *split), std::string());
+    return {spawn_replica(self, (*split)->parts.front(), head, ro, coordinator, *d, *split), std::string()};
   }
   auto made = driver::cpu_replica::make(h, tp, pp, st.executor_threads);
   if (!made) return refused(made.error());
   std::shared_ptr<driver::cpu_replica> replica(std::move(*made));
   driver::driver_options ro = o;
   replica->attach(ro);
-  return caf::make_message(
-      spawn_replica(self, replica->head(), std::shared_ptr<exec::executor>(replica, &replica->head_executor()), ro, coordinator, *d, replica),
-      std::string());
+  return {spawn_replica(self, replica->head(), std::shared_ptr<exec::executor>(replica, &replica->head_executor()), ro, coordinator, *d, replica),
+          std::string()};
 }
 
-caf::behavior node_actor(node_actor_t* self, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
+node_actor_t::behavior_type node_actor(node_self* self, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
                          std::string collective_host, std::vector<int> cuda_devices) {
   auto& st = self->state;
   st.collective_host = std::move(collective_host);
@@ -212,31 +213,32 @@ caf::behavior node_actor(node_actor_t* self, int executor_threads, std::int64_t 
   return {
       // A stage before the last of a cross-node replica: a rank actor per rank over its part, for the
       // last stage's driver (rank_actor.cpp). Replies with the actors, or none and why not.
-      [=](rank_atom, const std::string& bytes, const caf::actor& coordinator) -> caf::message {
+      [=](rank_atom, const std::string& bytes, const caf::actor& coordinator) -> caf::result<std::vector<caf::actor>, std::string> {
         auto& st = self->state;
         const std::vector<caf::actor> none;
         auto d = deployment_of(bytes);
-        if (!d) return caf::make_message(none, d.error());
+        if (!d) return {none, d.error()};
         auto h = handle_for(st, *d);
-        if (!h) return caf::make_message(none, h.error());
-        auto r = spawn_stage(self, *h, d->load, coordinator, st.executor_threads, st.collective_host);
-        if (!r) return caf::make_message(none, r.error());
+        if (!h) return {none, h.error()};
+        auto r = spawn_stage(self, *h, d->load, caf::actor_cast<coordinator_actor>(coordinator), st.executor_threads, st.collective_host);
+        if (!r) return {none, r.error()};
         for (const auto& a : *r) keep(self, a);
-        return caf::make_message(*r, std::string());
+        return {*r, std::string()};
       },
       // The last stage of a cross-node replica: the driver, over the rank actors of the other stages.
-      [=](deploy_atom, const std::string& bytes, const caf::actor& coordinator, const std::vector<caf::actor>& ranks) -> caf::message {
+      [=](deploy_atom, const std::string& bytes, const caf::actor& coordinator, const std::vector<caf::actor>& ranks) -> node_answer {
         auto& st = self->state;
         auto d = deployment_of(bytes);
         if (!d) return refused(d.error());
         auto h = handle_for(st, *d);
         if (!h) return refused(h.error());
-        auto head = make_cross_node_head(self->system(), *h, d->load, coordinator, ranks, st.executor_threads, st.collective_host);
+        auto head = make_cross_node_head(self->system(), *h, d->load, caf::actor_cast<coordinator_actor>(coordinator), ranks, st.executor_threads,
+                                         st.collective_host);
         if (!head) return refused(head.error());
         driver::driver_options o = replica_options(d->load, (*h)->model().config().max_positions);
         o.other_ranks = head->other_ranks;
         o.connect = head->connect;
-        return caf::make_message(spawn_replica(self, head->part, head->executor, o, coordinator, *d, head->keep), std::string());
+        return {spawn_replica(self, head->part, head->executor, o, coordinator, *d, head->keep), std::string()};
       },
       [=](deploy_atom, const std::string& bytes, const caf::actor& coordinator) { return deploy_here(self, bytes, coordinator); },
       [=](stats_atom) {
@@ -253,7 +255,7 @@ caf::behavior node_actor(node_actor_t* self, int executor_threads, std::int64_t 
 
 }  // namespace
 
-caf::actor spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
+node_actor_t spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,
                       std::string collective_host, std::vector<int> cuda_devices) {
   return sys.spawn(node_actor, executor_threads, max_per_replica, device_memory, std::move(collective_host), std::move(cuda_devices));
 }

@@ -36,10 +36,16 @@
 //   chunk(bytes TokenChunk | Error); cancel(job id)
 // rank (rank_actor.cpp): rjoin, rload, radd, rstep (a stage of a cross-node pipeline)
 // Every role answers ping() -> ping.
+#include <caf/actor.hpp>
 #include <caf/atom.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 namespace troupe::actors {
 
@@ -71,6 +77,63 @@ using rank_connect_atom = caf::atom_constant<caf::atom("rjoin")>;  // rank: join
 using rank_load_atom = caf::atom_constant<caf::atom("rload")>;     // rank: load its part's weights
 using rank_add_atom = caf::atom_constant<caf::atom("radd")>;       // rank: compile an entry (an encoded EntryKey)
 using rank_step_atom = caf::atom_constant<caf::atom("rstep")>;     // rank: run a step (an encoded step_batch)
+
+// ---- every role's interface: what it takes and what it answers ------------------------------------------
+// Handles of another process travel as caf::actor (what CAF's middleman carries); inside a process the
+// typed handles below are what the roles are spawned as, so a message a role does not take, or an answer
+// of the wrong type, does not compile.
+
+using envelope = std::string;  // an encoded transport envelope (transport/codec.hpp)
+
+using registry_actor = caf::typed_actor<caf::replies_to<resolve_atom, std::string>::with<envelope>,  // a ResolvedModel
+                                        caf::replies_to<ping_atom>::with<ping_atom>>;
+
+using executor_actor_t = caf::typed_actor<caf::replies_to<stats_atom>::with<std::string, std::int64_t>,  // (device, bytes held)
+                                          caf::replies_to<ping_atom>::with<ping_atom>>;
+
+using coordinator_actor = caf::typed_actor<
+    caf::replies_to<deploy_atom, envelope>::with<envelope>,                                  // Deploy -> Deploy | Error
+    caf::replies_to<scale_atom, envelope>::with<envelope>,                                   // Scale -> Scale | Error
+    caf::replies_to<submit_atom, envelope, caf::actor>::with<std::uint64_t, envelope, std::string>,  // (job id, Error, model)
+    caf::reacts_to<cancel_atom, envelope>,                                                // CancelJob
+    caf::reacts_to<done_atom, std::uint64_t>,                                          // a driver: a job ended
+    caf::reacts_to<progress_atom, std::uint64_t, std::int64_t, std::int64_t>,          // a driver: prepare's progress
+    caf::reacts_to<register_atom, std::uint64_t, caf::actor, std::string>,             // a driver: prepared, or why not
+    caf::replies_to<node_atom, std::string, caf::actor, std::int32_t, envelope>::with<std::string>,  // a node's join -> why not
+    caf::replies_to<drain_atom, caf::actor>::with<std::int32_t>,                       // replicas of the node still running
+    caf::replies_to<kv_set_atom, std::string, std::string>::with<std::string>,         // why not ("" when set)
+    caf::replies_to<kv_get_atom, std::string>::with<bool, std::string>,
+    caf::replies_to<status_atom>::with<envelope>,                                         // a ClusterStatus
+    caf::replies_to<replicas_atom>::with<std::vector<caf::actor>>,                     // the serving drivers
+    caf::replies_to<stats_atom>::with<envelope>,                                          // Stats
+    caf::reacts_to<reconcile_atom>,                                                    // its own tick
+    caf::replies_to<ping_atom>::with<ping_atom>>;
+
+using node_actor_t = caf::typed_actor<
+    caf::replies_to<deploy_atom, envelope, caf::actor>::with<caf::actor, std::string>,                           // (driver, why not)
+    caf::replies_to<deploy_atom, envelope, caf::actor, std::vector<caf::actor>>::with<caf::actor, std::string>,  // the last stage
+    caf::replies_to<rank_atom, envelope, caf::actor>::with<std::vector<caf::actor>, std::string>,                // a stage's ranks
+    caf::replies_to<stats_atom>::with<envelope>,                                                                 // NodeHello
+    caf::replies_to<ping_atom>::with<ping_atom>>;
+
+using driver_actor_t = caf::typed_actor<caf::reacts_to<submit_atom, envelope, caf::actor>,  // JobSubmit, its client
+                                        caf::reacts_to<cancel_atom, std::uint64_t>,
+                                        caf::reacts_to<tick_atom>,                        // its own scheduling round
+                                        caf::replies_to<stats_atom>::with<envelope>,         // Stats
+                                        caf::reacts_to<stop_atom>,                        // drained: quit
+                                        caf::replies_to<ping_atom>::with<ping_atom>>;
+
+using client_actor_t = caf::typed_actor<caf::replies_to<submit_atom, envelope>::with<std::uint64_t, envelope>,  // (job id, Error)
+                                        caf::reacts_to<chunk_atom, envelope>,                                // TokenChunk | Error
+                                        caf::reacts_to<cancel_atom, std::uint64_t>,
+                                        caf::reacts_to<tick_atom, std::uint64_t, envelope, int>,             // a resumption retrying
+                                        caf::replies_to<ping_atom>::with<ping_atom>>;
+
+using rank_actor_t = caf::typed_actor<caf::replies_to<rank_connect_atom>::with<std::string>,  // why not ("" joined)
+                                      caf::replies_to<rank_load_atom>::with<std::string>,
+                                      caf::replies_to<rank_add_atom, envelope>::with<std::string>,   // EntryKey
+                                      caf::replies_to<rank_step_atom, envelope>::with<std::string>,  // StepBatch
+                                      caf::replies_to<ping_atom>::with<ping_atom>>;
 
 // The coordinator's rendezvous store (transport::rendezvous_store through a session): bounds on what
 // one cluster may keep there, so a client cannot grow the coordinator without limit.

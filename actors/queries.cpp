@@ -8,7 +8,7 @@
 namespace troupe::actors {
 
 // Every live replica's figures: the coordinator names the drivers, each driver answers for itself.
-std::vector<transport::stats> collect_replica_stats(caf::actor_system& sys, const caf::actor& coordinator) {
+std::vector<transport::stats> collect_replica_stats(caf::actor_system& sys, const coordinator_actor& coordinator) {
   caf::scoped_actor self{sys};
   std::vector<caf::actor> drivers;
   self->request(coordinator, request_timeout, replicas_atom::value).receive([&](const std::vector<caf::actor>& v) { drivers = v; }, [](caf::error&) {});
@@ -25,7 +25,7 @@ std::vector<transport::stats> collect_replica_stats(caf::actor_system& sys, cons
 }
 
 
-result<transport::cluster_status, std::string> cluster_status_of(caf::actor_system& sys, const caf::actor& coordinator) {
+result<transport::cluster_status, std::string> cluster_status_of(caf::actor_system& sys, const coordinator_actor& coordinator) {
   caf::scoped_actor self{sys};
   std::string bytes, err = "no answer";
   self->request(coordinator, std::chrono::seconds(30), status_atom::value)
@@ -36,7 +36,7 @@ result<transport::cluster_status, std::string> cluster_status_of(caf::actor_syst
   return std::get<transport::cluster_status>(*m);
 }
 
-std::vector<std::string> served_models(caf::actor_system& sys, const caf::actor& coordinator) {
+std::vector<std::string> served_models(caf::actor_system& sys, const coordinator_actor& coordinator) {
   std::vector<std::string> out;
   auto st = cluster_status_of(sys, coordinator);
   if (!st) return out;

@@ -32,7 +32,7 @@ namespace {
 
 class coordinator_store final : public transport::rendezvous_store {
  public:
-  coordinator_store(caf::actor_system& sys, caf::actor coordinator) : sys_(sys), coordinator_(std::move(coordinator)) {}
+  coordinator_store(caf::actor_system& sys, coordinator_actor coordinator) : sys_(sys), coordinator_(std::move(coordinator)) {}
   result<void, std::string> set(const std::string& key, const std::string& value) override {
     caf::scoped_actor self{sys_};
     std::string err = "no answer";
@@ -57,12 +57,12 @@ class coordinator_store final : public transport::rendezvous_store {
 
  private:
   caf::actor_system& sys_;
-  caf::actor coordinator_;
+  coordinator_actor coordinator_;
 };
 
 // The pipe of a cross-node replica: rank `stage` of `stages`, meeting through the coordinator.
 // Its ranks of index `t` (one per stage) share one pipe.
-result<std::unique_ptr<collective>, std::string> join_pipe(caf::actor_system& sys, const caf::actor& coordinator, const std::string& group,
+result<std::unique_ptr<collective>, std::string> join_pipe(caf::actor_system& sys, const coordinator_actor& coordinator, const std::string& group,
                                                            int t, int stage, int stages, const std::string& host) {
   transport::gloo_options g;
   g.host = host;
@@ -81,8 +81,9 @@ constexpr auto rank_step_timeout = std::chrono::seconds(120);
 // ---- a stage on another node: the rank actor -------------------------------------------------------
 
 struct rank_state {
+  rank_state() = default;  // not an aggregate (CAF would build it from the actor's pointer)
   std::shared_ptr<const families::model_handle> part;
-  caf::actor coordinator;
+  coordinator_actor coordinator;
   std::string group;
   int t = 0, stage = 0, stages = 1;
   std::string host;  // where its pipe listens
@@ -99,7 +100,8 @@ struct rank_state {
   static inline const char* name = "rank";
 };
 
-caf::behavior rank_actor(caf::stateful_actor<rank_state>* self, std::shared_ptr<const families::model_handle> part, caf::actor coordinator,
+rank_actor_t::behavior_type rank_actor(caf::stateful_actor<rank_state, rank_actor_t::base>* self, std::shared_ptr<const families::model_handle> part,
+                                       coordinator_actor coordinator,
                          std::string group, int t, int stage, int stages, int threads, std::string host, collective* tp_group,
                          std::shared_ptr<void> group_keep) {
   auto& st = self->state;
@@ -179,6 +181,7 @@ caf::behavior rank_actor(caf::stateful_actor<rank_state>* self, std::shared_ptr<
         if (!out) return "step: " + out.error().message();
         return {};
       },
+      [](ping_atom) { return ping_atom::value; },
   };
 }
 
@@ -186,7 +189,7 @@ caf::behavior rank_actor(caf::stateful_actor<rank_state>* self, std::shared_ptr<
 
 class actor_rank final : public driver::remote_rank {
  public:
-  actor_rank(caf::actor_system& sys, caf::actor rank) : sys_(sys), rank_(std::move(rank)) {}
+  actor_rank(caf::actor_system& sys, const caf::actor& rank) : sys_(sys), rank_(caf::actor_cast<rank_actor_t>(rank)) {}
   result<void, std::string> connect() { return ask(std::chrono::seconds(90), rank_connect_atom::value); }
   result<void, std::string> load() override { return ask(request_timeout, rank_load_atom::value); }
   result<void, std::string> add(const driver::entry_key& k) override {
@@ -217,7 +220,7 @@ class actor_rank final : public driver::remote_rank {
     return {};
   }
   caf::actor_system& sys_;
-  caf::actor rank_;
+  rank_actor_t rank_;
 };
 
 }  // namespace
@@ -243,12 +246,12 @@ std::string local_address_toward(const std::string& host, int port) {
   return out;
 }
 
-std::shared_ptr<transport::rendezvous_store> coordinator_rendezvous(caf::actor_system& sys, const caf::actor& coordinator) {
+std::shared_ptr<transport::rendezvous_store> coordinator_rendezvous(caf::actor_system& sys, const coordinator_actor& coordinator) {
   return std::make_shared<coordinator_store>(sys, coordinator);
 }
 
-result<std::vector<caf::actor>, std::string> spawn_stage(caf::event_based_actor* node, const std::shared_ptr<const families::model_handle>& model,
-                                                         const transport::load_request& load, const caf::actor& coordinator, int threads,
+result<std::vector<caf::actor>, std::string> spawn_stage(caf::local_actor* node, const std::shared_ptr<const families::model_handle>& model,
+                                                         const transport::load_request& load, const coordinator_actor& coordinator, int threads,
                                                          const std::string& host) {
   const int tp = std::max(1, load.tensor_parallel), pp = load.pipeline_parallel, stage = load.world_rank;
   if (pp < 2 || stage < 0 || stage >= pp - 1) return unexpected("a remote stage is one before the last of " + std::to_string(pp));
@@ -264,13 +267,15 @@ result<std::vector<caf::actor>, std::string> spawn_stage(caf::event_based_actor*
   auto group = std::make_shared<std::vector<std::unique_ptr<collective>>>(tp > 1 ? local_group(tp) : std::vector<std::unique_ptr<collective>>{});
   std::vector<caf::actor> out;
   for (int t = 0; t < tp; ++t)
-    out.push_back(node->spawn<caf::detached>(rank_actor, parts[static_cast<std::size_t>(t)], coordinator, load.group, t, stage, pp, threads, host,
-                                             tp > 1 ? (*group)[static_cast<std::size_t>(t)].get() : nullptr, std::shared_ptr<void>(group)));
+    out.push_back(caf::actor_cast<caf::actor>(node->spawn<caf::detached>(rank_actor, parts[static_cast<std::size_t>(t)], coordinator, load.group, t,
+                                                                         stage, pp, threads, host,
+                                                                         tp > 1 ? (*group)[static_cast<std::size_t>(t)].get() : nullptr,
+                                                                         std::shared_ptr<void>(group))));
   return out;
 }
 
 result<cross_node_head, std::string> make_cross_node_head(caf::actor_system& sys, const std::shared_ptr<const families::model_handle>& model,
-                                                         const transport::load_request& load, const caf::actor& coordinator,
+                                                         const transport::load_request& load, const coordinator_actor& coordinator,
                                                          const std::vector<caf::actor>& ranks, int threads, const std::string& host) {
   const int tp = std::max(1, load.tensor_parallel), pp = load.pipeline_parallel;
   if (pp < 2 || static_cast<int>(ranks.size()) != (pp - 1) * tp)

@@ -13,7 +13,7 @@ namespace {
 
 // `name` only labels the actor: CAF 0.17 dereferences a null argument tuple when an actor function takes
 // no arguments besides self (UBSan reports it), so every actor here takes at least one.
-caf::behavior registry_actor(caf::event_based_actor*, std::string /*name*/) {
+registry_actor::behavior_type registry(registry_actor::pointer, std::string /*name*/) {
   return {
       [](resolve_atom, const std::string& path) { return transport::encode(resolve_checkpoint(path)); },
       [](ping_atom) { return ping_atom::value; },
@@ -22,6 +22,6 @@ caf::behavior registry_actor(caf::event_based_actor*, std::string /*name*/) {
 
 }  // namespace
 
-caf::actor spawn_registry(caf::actor_system& sys) { return sys.spawn<caf::detached>(registry_actor, std::string("registry")); }
+registry_actor spawn_registry(caf::actor_system& sys) { return sys.spawn<caf::detached>(registry, std::string("registry")); }
 
 }  // namespace troupe::actors

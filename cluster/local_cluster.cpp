@@ -14,16 +14,21 @@ struct cluster_state {
   cluster_options options;
   std::unique_ptr<caf::actor_system_config> cfg;
   std::unique_ptr<caf::actor_system> sys;
-  caf::actor registry, node, coordinator;
+  registry_actor registry;
+  node_actor_t node;
+  coordinator_actor coordinator;
   std::string model;
   client_set clients;
 
   ~cluster_state() {
     if (!sys) return;
     clients.close_all();
-    for (auto* a : {&coordinator, &node, &registry})
-      if (*a) caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
-    coordinator = node = registry = caf::actor{};
+    if (coordinator) caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
+    if (node) caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+    if (registry) caf::anon_send_exit(registry, caf::exit_reason::user_shutdown);
+    coordinator = coordinator_actor{};
+    node = node_actor_t{};
+    registry = registry_actor{};
     sys.reset();  // waits for every actor to quit
   }
 };
@@ -43,7 +48,7 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
   s->sys = std::make_unique<caf::actor_system>(*s->cfg);
   s->registry = spawn_registry(*s->sys);
   s->node = spawn_node(*s->sys, options.executor_threads, options.max_per_replica, std::uint64_t{0});
-  s->coordinator = spawn_coordinator(*s->sys, s->registry, s->node, options.max_outstanding, options.max_per_replica);
+  s->coordinator = spawn_coordinator(*s->sys, s->registry, caf::actor_cast<caf::actor>(s->node), options.max_outstanding, options.max_per_replica);
   s->model = options.name.empty() ? served_name(model) : options.name;
   transport::deploy d;
   d.model = s->model;
@@ -125,15 +130,15 @@ bool local_cluster::poke(const std::string& actor, const std::string& bytes) {
   caf::scoped_actor self{*s_->sys};
   caf::actor target;
   if (actor == "coordinator") {
-    target = s_->coordinator;
+    target = caf::actor_cast<caf::actor>(s_->coordinator);  // untyped: bytes as a peer would send them
     self->send(target, submit_atom::value, bytes, caf::actor{});
     self->send(target, cancel_atom::value, bytes);
     self->send(target, deploy_atom::value, bytes);
   } else if (actor == "registry") {
-    target = s_->registry;
+    target = caf::actor_cast<caf::actor>(s_->registry);
     self->send(target, resolve_atom::value, bytes);
   } else if (actor == "node") {
-    target = s_->node;
+    target = caf::actor_cast<caf::actor>(s_->node);
     self->send(target, deploy_atom::value, bytes, caf::actor{});
   } else if (actor == "driver") {
     self->request(s_->coordinator, request_timeout, replicas_atom::value).receive([&](const std::vector<caf::actor>& v) {

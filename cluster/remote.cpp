@@ -72,14 +72,22 @@ void init_logging(const std::string& role, const std::string& id) {
 }
 
 struct gatekeeper_state {
+  gatekeeper_state() = default;  // not an aggregate (CAF would build it from the actor's pointer)
   std::string secret;
-  caf::actor coordinator;
+  coordinator_actor coordinator;
   std::deque<std::string> nonces;  // issued, unused
   static inline const char* name = "gatekeeper";
 };
 
-// What a peer reaches before it is trusted: a nonce, then the coordinator's handle for a valid proof.
-caf::behavior gatekeeper_actor(caf::stateful_actor<gatekeeper_state>* self, std::string secret, caf::actor coordinator) {
+// What a peer reaches before it is trusted (the one actor the coordinator process publishes): a nonce,
+// then, for a proof of the secret, the coordinator's handle (or a typed Error).
+using gatekeeper_actor_t =
+    caf::typed_actor<caf::replies_to<join_atom>::with<std::string>,
+                     caf::replies_to<join_atom, std::string, std::string, std::string, std::string, caf::actor, std::string, std::int32_t>::with<
+                         caf::actor, std::string>>;
+
+gatekeeper_actor_t::behavior_type gatekeeper_actor(caf::stateful_actor<gatekeeper_state, gatekeeper_actor_t::base>* self, std::string secret,
+                                                   coordinator_actor coordinator) {
   self->state.secret = std::move(secret);
   self->state.coordinator = coordinator;
   return {
@@ -90,9 +98,9 @@ caf::behavior gatekeeper_actor(caf::stateful_actor<gatekeeper_state>* self, std:
         return n.back();
       },
       [=](join_atom, const std::string& role, const std::string& id, const std::string& nonce, const std::string& proof,
-          const caf::actor& peer, const std::string& inventory, std::int32_t max_replicas) -> caf::response_promise {
+          const caf::actor& peer, const std::string& inventory, std::int32_t max_replicas) -> caf::typed_response_promise<caf::actor, std::string> {
         auto& st = self->state;
-        auto rp = self->make_response_promise();
+        auto rp = self->make_response_promise<caf::actor, std::string>();
         auto answer = [&](caf::actor a, std::string why, transport::error_code code = transport::error_code::unauthenticated) {
           rp.deliver(std::move(a), why.empty() ? std::string() : transport::encode(transport::error{0, code, std::move(why), transport::retry::failed}));
           return rp;
@@ -105,7 +113,7 @@ caf::behavior gatekeeper_actor(caf::stateful_actor<gatekeeper_state>* self, std:
           spdlog::warn("event=join_refused role={} id={} reason=bad_proof", role, id);
           return answer(caf::actor{}, std::string("the proof does not match the cluster secret"));
         }
-        if (role != "node") return answer(st.coordinator, std::string());
+        if (role != "node") return answer(caf::actor_cast<caf::actor>(st.coordinator), std::string());
         if (!peer) return answer(caf::actor{}, std::string("a node must send its handle"), transport::error_code::invalid_request);
         // The coordinator decides (node ids are unique); its handle goes out only once it took the node.
         self->request(st.coordinator, std::chrono::seconds(10), node_atom::value, id, peer, max_replicas, inventory)
@@ -116,7 +124,7 @@ caf::behavior gatekeeper_actor(caf::stateful_actor<gatekeeper_state>* self, std:
                     rp.deliver(caf::actor{}, transport::encode(transport::error{0, code, why, transport::retry::failed}));
                     return;
                   }
-                  rp.deliver(self->state.coordinator, std::string());
+                  rp.deliver(caf::actor_cast<caf::actor>(self->state.coordinator), std::string());
                 },
                 [=](caf::error& e) mutable {
                   rp.deliver(caf::actor{}, transport::encode(transport::error{0, transport::error_code::internal,
@@ -205,7 +213,9 @@ int run_coordinator(const coordinator_process_options& o) {
   auto coordinator = spawn_coordinator(sys, registry, caf::actor{}, o.max_outstanding, o.max_per_replica);
   auto gatekeeper = sys.spawn(gatekeeper_actor, o.secret, coordinator);
   auto stop = [&] {
-    for (auto* a : {&gatekeeper, &coordinator, &registry}) caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(gatekeeper, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(registry, caf::exit_reason::user_shutdown);
   };
   auto port = o.tls.enabled() ? caf::openssl::publish(gatekeeper, static_cast<std::uint16_t>(o.port), o.host.c_str(), true)
                               : sys.middleman().publish(gatekeeper, static_cast<std::uint16_t>(o.port), o.host.c_str(), true);
@@ -271,7 +281,7 @@ int run_node(const node_process_options& o) {
   while (!signalled) {
     if (joined_once) spdlog::info("event=rejoining coordinator={}:{}", o.host, o.port);
     auto node = spawn_node(sys, o.executor_threads, o.max_per_replica, o.device_memory, collective_host, o.cuda_devices);
-    auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, node, o.tls.enabled(),
+    auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, caf::actor_cast<caf::actor>(node), o.tls.enabled(),
                             transport::encode(transport::inventory{{transport::node_inventory{id, node_devices(o)}}}), o.max_replicas);
     if (!coordinator) {
       caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
@@ -304,7 +314,7 @@ int run_node(const node_process_options& o) {
       std::int32_t left = 1;
       while (left > 0 && !lost && std::chrono::steady_clock::now() < deadline) {
         // A short bound: a coordinator that went down with us answers nothing, and we should not linger.
-        self->request(*coordinator, std::chrono::seconds(5), drain_atom::value, node)
+        self->request(caf::actor_cast<coordinator_actor>(*coordinator), std::chrono::seconds(5), drain_atom::value, caf::actor_cast<caf::actor>(node))
             .receive([&](std::int32_t n) { left = n; }, [&](caf::error&) { lost = true; });
         if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
@@ -330,11 +340,11 @@ struct session_state {
   std::string model;  // what deploy() named, when this session deployed
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
-  caf::actor coordinator;
+  coordinator_actor coordinator;
   client_set clients;
   ~session_state() {
     clients.close_all();
-    coordinator = caf::actor{};
+    coordinator = coordinator_actor{};
     sys.reset();
   }
 };
@@ -360,7 +370,7 @@ result<std::unique_ptr<session>, join_error> session::connect(const std::string&
   s->sys = std::make_unique<caf::actor_system>(s->cfg);
   auto c = join(*s->sys, host, port, secret, "client", "client-" + std::to_string(::getpid()), caf::actor{}, tls.enabled());
   if (!c) return unexpected(c.error());
-  s->coordinator = *c;
+  s->coordinator = caf::actor_cast<coordinator_actor>(*c);
   return std::unique_ptr<session>(new session(std::move(s)));
 }
 

@@ -63,8 +63,9 @@ caf::behavior fake_node(caf::event_based_actor* self, std::shared_ptr<world> w, 
   };
 }
 
-caf::behavior fake_registry(caf::event_based_actor*, std::string) {
+registry_actor::behavior_type fake_registry(registry_actor::pointer, std::string) {
   return {
+      [](ping_atom) { return ping_atom::value; },
       [](resolve_atom, const std::string& path) {
         transport::resolved_model r;
         r.path = path;
@@ -91,7 +92,8 @@ struct coordinator_test : ::testing::Test {
   std::unique_ptr<caf::actor_system> sys;
   caf::scheduler::test_coordinator* sched = nullptr;
   std::shared_ptr<world> w = std::make_shared<world>();
-  caf::actor coordinator, registry;
+  caf::actor coordinator;  // as peers hold it: untyped
+  registry_actor registry;
   std::map<std::string, caf::actor> nodes;
 
   coordinator_test() {
@@ -99,7 +101,7 @@ struct coordinator_test : ::testing::Test {
     sys = std::make_unique<caf::actor_system>(cfg);
     sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
     registry = sys->spawn(fake_registry, std::string("registry"));
-    coordinator = spawn_coordinator(*sys, registry, caf::actor{}, 1024, 256);
+    coordinator = caf::actor_cast<caf::actor>(spawn_coordinator(*sys, registry, caf::actor{}, 1024, 256));
     sched->run();
   }
   ~coordinator_test() override {

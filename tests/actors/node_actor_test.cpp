@@ -44,7 +44,7 @@ struct node_test : ::testing::Test {
     sys = std::make_unique<caf::actor_system>(cfg);
     sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
     coordinator = sys->spawn(fake_coordinator, h);
-    node = spawn_node(*sys, 1, 16, 0);
+    node = caf::actor_cast<caf::actor>(spawn_node(*sys, 1, 16, 0));
     sched->run();
   }
   ~node_test() override {

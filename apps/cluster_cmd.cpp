@@ -258,24 +258,22 @@ class progress_bar {
  private:
   void run() {
     while (!stop_) {
-      if (auto st = s_.status()) {
-        const auto j = nlohmann::json::parse(*st, nullptr, false);
-        if (!j.is_discarded()) sample(j);
-      }
+      if (auto st = s_.cluster_status()) sample(*st);
       for (int i = 0; i < 10 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
 
-  void sample(const nlohmann::json& j) {
+  void sample(const transport::cluster_status& st) {
     std::int64_t done = 0, total = 0;
     int ready = 0;
-    for (const auto& r : j.value("replicas", nlohmann::json::array()))
-      if (r.value("model", "") == model_ && r.value("state", "") == "serving") ++ready;
-    for (const auto& p : j.value("preparing", nlohmann::json::array()))
-      if (p.value("model", "") == model_) {
-        done += p.value("done", std::int64_t{0});
-        total = std::max(total, p.value("total", std::int64_t{0}));
+    for (const auto& r : st.replicas) {
+      if (r.model != model_) continue;
+      if (r.state == transport::replica_state::serving) ++ready;
+      if (r.state == transport::replica_state::preparing) {
+        done += r.prepare_done;
+        total = std::max(total, r.prepare_total);
       }
+    }
     ready = std::min(ready - before_, replicas_);
     if (first_) {  // replicas of this model already serving before the deployment began
       before_ = ready, first_ = false;
@@ -352,7 +350,7 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     const bool cli_plan = !o.plan.empty();
     if (cli_plan) {
       // The planner on the devices the nodes declared: it picks the replicas and the split.
-      auto st = (*s)->status();
+      auto st = (*s)->cluster_status();
       if (!st) {
         std::fprintf(stderr, "troupe deploy: %s\n", describe(st.error()).c_str());
         return 1;
@@ -537,19 +535,20 @@ int run_top_cmd(const cluster_cmd_options& given) {
   int drawn = 0;
   bool seen_jobs = false;
   for (;;) {
-    auto st = (*s)->status();
+    auto st = (*s)->cluster_status();
     if (!st) {
       std::fprintf(stderr, "troupe top: %s\n", describe(st.error()).c_str());
       return 1;
     }
-    const auto j = nlohmann::json::parse(*st, nullptr, false);
     const auto stats = (*s)->replica_stats();
-    const auto replicas = j.is_discarded() ? nlohmann::json::array() : j.value("replicas", nlohmann::json::array());
+    std::vector<transport::replica_status> replicas;  // those with a driver, in the order replica_stats answers
+    for (const auto& r : st->replicas)
+      if (r.state != transport::replica_state::preparing) replicas.push_back(r);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::string out;
     char line[256];
     double sum = 0;
-    std::int64_t jobs = j.is_discarded() ? 0 : j.value("jobs", std::int64_t{0});
+    const std::int64_t jobs = st->jobs;
     std::snprintf(line, sizeof line, "%6.1f s  %-10s %-22s %7s %7s %10s %9s\n", secs, "node", "model", "running", "queued", "tok/s",
                   "jobs done");
     out += line;
@@ -557,8 +556,8 @@ int run_top_cmd(const cluster_cmd_options& given) {
       const auto& r = replicas[i];
       const auto& x = stats[i];
       sum += x.tokens_per_second;
-      std::snprintf(line, sizeof line, "  #%-4zu  %-10s %-22s %7lld %7lld %10.1f %9lld\n", i, r.value("node_name", "").c_str(),
-                    r.value("model", "").c_str(), static_cast<long long>(x.running), static_cast<long long>(x.queued),
+      std::snprintf(line, sizeof line, "  #%-4zu  %-10s %-22s %7lld %7lld %10.1f %9lld\n", i, r.nodes.empty() ? "" : r.nodes.back().c_str(),
+                    r.model.c_str(), static_cast<long long>(x.running), static_cast<long long>(x.queued),
                     x.tokens_per_second, static_cast<long long>(x.jobs_done));
       out += line;
     }

@@ -76,21 +76,18 @@ bool stages_cross_nodes(const placement::plan& p) {
 
 }  // namespace
 
-result<planned_split, std::string> plan_on_cluster(const std::string& model, const std::string& status_json, const std::string& goal) {
+result<planned_split, std::string> plan_on_cluster(const std::string& model, const transport::cluster_status& status, const std::string& goal) {
   const auto obj = objective_of(goal);
   if (!obj) return unexpected("--plan is latency, capacity or throughput, got '" + goal + "'");
-  const auto j = nlohmann::json::parse(status_json, nullptr, false);
-  if (j.is_discarded() || !j.contains("devices") || !j["devices"].is_array()) return unexpected(std::string("the cluster's status lists no devices"));
   placement::inventory inv;
-  for (const auto& d : j["devices"]) {
-    const auto memory = d.value("memory_bytes", std::uint64_t{0});
-    const auto node = d.value("node", std::string());
-    if (memory == 0) return unexpected("node '" + node + "' declared no device memory (troupe node --device-memory): the planner has nothing to fill");
-    placement::device dev;
-    dev.name = d.value("name", std::string("cpu:0"));
-    dev.kind = d.value("kind", std::string("cpu")) == "cuda" ? placement::device_kind::cuda : placement::device_kind::cpu;
-    dev.memory_bytes = memory;
-    inv.nodes.push_back({node, {dev}});
+  for (const auto& n : status.nodes) {
+    placement::node pn{n.id, {}};
+    for (const auto& d : n.devices) {
+      if (d.memory_bytes == 0)
+        return unexpected("node '" + n.id + "' declared no device memory (troupe node --device-memory): the planner has nothing to fill");
+      pn.devices.push_back({d.name, d.kind == transport::device_kind::cuda ? placement::device_kind::cuda : placement::device_kind::cpu, d.memory_bytes});
+    }
+    inv.nodes.push_back(std::move(pn));
   }
   if (inv.nodes.empty()) return unexpected(std::string("no node has joined"));
   auto h = families::model_handle::load(model, families::registry::builtin());

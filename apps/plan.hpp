@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "engine/core/result.hpp"
+#include "transport/messages.hpp"
 #include <string>
 #include <vector>
 
@@ -32,6 +33,6 @@ struct planned_split {
   bool across_nodes = false;
   std::string description;  // placement::describe
 };
-result<planned_split, std::string> plan_on_cluster(const std::string& model, const std::string& status_json, const std::string& goal);
+result<planned_split, std::string> plan_on_cluster(const std::string& model, const transport::cluster_status& status, const std::string& goal);
 
 }  // namespace troupe::app

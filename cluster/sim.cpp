@@ -11,7 +11,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -256,12 +255,8 @@ int run_sim(const sim_options& o) {
     return 1;
   }
   for (int i = 0; i < 200; ++i) {
-    auto st = (*s)->status();
     // Every node joined (they join in any order), so a deployment spreads over all of them.
-    if (st) {
-      const auto j = nlohmann::json::parse(*st, nullptr, false);
-      if (!j.is_discarded() && j.value("nodes", nlohmann::json::array()).size() >= static_cast<std::size_t>(o.nodes)) break;
-    }
+    if (auto st = (*s)->cluster_status(); st && st->nodes.size() >= static_cast<std::size_t>(o.nodes)) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::printf("troupe sim: coordinator 127.0.0.1:%d, secret %s, %d node(s), logs in %s\n", port, (dir / "secret").c_str(), o.nodes, dir.c_str());

@@ -16,6 +16,10 @@
 namespace troupe::actors::coord {
 namespace {
 
+// The least capacity a replica whose deployment left it to the model is given when its devices hold
+// less than the model's positions.
+constexpr std::int64_t default_min_capacity = 256;
+
 // The actor's clock (CAF's test coordinator drives it in the unit tests), a steady clock otherwise.
 using clock = caf::actor_clock::clock_type;
 
@@ -82,7 +86,9 @@ placement::replica_request request_of(const deployment_rec& dep) {
   if (dep.resolved.plannable) rq.needs = requirements_of(dep.resolved);
   const auto o = replica_options(dep.spec.load, dep.resolved.max_positions);
   rq.want_kv_tokens = o.pool_blocks > 0 ? o.pool_blocks * o.block_size : o.max_rows * o.capacity;
-  rq.min_kv_tokens = o.capacity;
+  // A capacity the deployment asked for must fit one sequence; one left to the model's positions may
+  // shrink to what the devices hold (at least a prefill chunk's worth), as the KV pool does.
+  rq.min_kv_tokens = dep.spec.load.capacity > 0 ? o.capacity : std::min<std::int64_t>(o.capacity, default_min_capacity);
   rq.goal = goal_of(dep.spec.goal).value_or(placement::objective::latency);
   rq.tensor_parallel = dep.spec.load.tensor_parallel;
   rq.pipeline_parallel = dep.spec.load.pipeline_parallel;
@@ -169,8 +175,13 @@ void start_replica(actor_t* self, deployment_rec& dep, const placement::assignme
     d.load.device = devices;
   }
   const auto o = replica_options(dep.spec.load, dep.resolved.max_positions);
-  if (a.kv_tokens > 0 && a.kv_tokens < o.max_rows * o.capacity && d.load.pool_blocks == 0)
-    d.load.pool_blocks = std::max<std::int64_t>(a.kv_tokens / o.block_size, o.capacity / o.block_size);
+  if (a.kv_tokens > 0 && a.kv_tokens < o.max_rows * o.capacity && d.load.pool_blocks == 0) {
+    // The pool the devices hold; a capacity left to the model shrinks to it when it holds less than
+    // one sequence of the model's positions.
+    const auto blocks = std::max<std::int64_t>(a.kv_tokens / o.block_size, 1);
+    if (dep.spec.load.capacity == 0 && blocks * o.block_size < o.capacity) d.load.capacity = blocks * o.block_size;
+    d.load.pool_blocks = std::max(blocks, std::max<std::int64_t>(d.load.capacity, o.block_size) / o.block_size);
+  }
   std::vector<caf::actor> stage_nodes;
   for (const auto& s : a.stages) stage_nodes.push_back(st.nodes[s.node].actor);
   spdlog::info("event=replica_placing replica={} model={} nodes={} plan=\"{}\" op={}", id, r.model, fmt::join(r.nodes, ","), a.description, op_id);

@@ -210,6 +210,39 @@ int run_sim(const sim_options& o) {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // Until the command loop takes the signals over, a watcher does: a signal while the cluster starts (the
+  // nodes joining, a model preparing) stops every process started so far and leaves at once.
+  std::mutex started_m;
+  std::vector<pid_t> started;
+  auto started_add = [&](pid_t p) {
+    std::lock_guard lock(started_m);
+    started.push_back(p);
+  };
+  std::atomic<bool> loop_started{false};
+  std::thread watcher([&] {
+    const timespec tick{0, 100 * 1000 * 1000};
+    while (!loop_started) {
+      const int got = ::sigtimedwait(&set, nullptr, &tick);
+      if (got <= 0) continue;
+      std::vector<pid_t> pids;
+      {
+        std::lock_guard lock(started_m);
+        pids = started;
+      }
+      std::fprintf(stderr, "troupe sim: %s while starting, stopping\n", got == SIGINT ? "SIGINT" : "SIGTERM");
+      stop_together(pids);
+      std::fflush(nullptr);
+      std::_Exit(got == SIGINT ? 130 : 143);
+    }
+  });
+  struct join_watcher {
+    std::atomic<bool>& flag;
+    std::thread& t;
+    ~join_watcher() {
+      flag = true;
+      if (t.joinable()) t.join();
+    }
+  } watcher_guard{loop_started, watcher};
 
   const auto hb = {std::string("--heartbeat-ms"), std::to_string(o.heartbeat_ms), std::string("--timeout-ms"), std::to_string(o.timeout_ms)};
   std::vector<std::string> cargs{self, "coordinator", "--listen", "127.0.0.1:0", "--secret-file", (dir / "secret").string(), "--port-file",
@@ -217,6 +250,7 @@ int run_sim(const sim_options& o) {
   cargs.insert(cargs.end(), hb.begin(), hb.end());
   fs::remove(dir / "port");
   const pid_t coordinator = spawn(cargs, dir / "coordinator.log");
+  started_add(coordinator);
   int port = 0;
   for (int i = 0; i < 200 && port == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -241,7 +275,10 @@ int run_sim(const sim_options& o) {
     return a;
   };
   std::vector<pid_t> nodes;
-  for (int i = 0; i < o.nodes; ++i) nodes.push_back(spawn(node_args(i), dir / ("node-" + std::to_string(i) + ".log")));
+  for (int i = 0; i < o.nodes; ++i) {
+    nodes.push_back(spawn(node_args(i), dir / ("node-" + std::to_string(i) + ".log")));
+    started_add(nodes.back());
+  }
   auto stop_all = [&] {
     std::vector<pid_t> all = nodes;
     all.push_back(coordinator);
@@ -266,13 +303,16 @@ int run_sim(const sim_options& o) {
     d.capacity = o.capacity;
     d.prefill_chunk = 0;  // the node derives the chunk and the budget from the capacity
     d.token_budget = 0;
-    auto r = (*s)->deploy(model, o.replicas > 0 ? o.replicas : o.nodes, d);
+    // --replicas as given; left out, one per node, or as many as the nodes' declared memory holds.
+    int replicas = o.replicas > 0 ? o.replicas : o.nodes;
+    auto r = (*s)->deploy(model, replicas, d);
+    while (!r && o.replicas == 0 && replicas > 1 && r.error().code == transport::error_code::no_room) r = (*s)->deploy(model, --replicas, d);
     if (!r) {
       std::fprintf(stderr, "troupe sim: deploy: %s\n", describe(r.error()).c_str());
       stop_all();
       return 1;
     }
-    std::printf("troupe sim: '%s' deployed on %d replica(s)\n", r->c_str(), o.replicas > 0 ? o.replicas : o.nodes);
+    std::printf("troupe sim: '%s' deployed on %d replica(s)\n", r->c_str(), replicas);
   }
   const char* help =
       "commands: kill I | pause I | resume I | restart I | cut I | restore I | status | help | quit   (I: a node's index, 0 to %d)\n";
@@ -337,6 +377,8 @@ int run_sim(const sim_options& o) {
     }
     if (!quit) prompt();
   };
+  loop_started = true;
+  watcher.join();
   const timespec tick{0, 100 * 1000 * 1000};
   while (!quit) {
     if (const int got = ::sigtimedwait(&set, nullptr, &tick); got > 0) {

@@ -105,6 +105,26 @@ echo "sim stopped in $(( ($(date +%s%N) - t0) / 1000000 )) ms, exit $rc"
 [ "$rc" = 143 ] || fail "the sim exited $rc on SIGTERM, not 143"
 pgrep -f "$dir/sim/secret" >/dev/null && fail "processes of the sim are left"
 
+# A model no node's declared memory holds (the embedded one on two 9 MiB nodes), deployed by the sim with
+# no split flag: one replica in two pipeline stages across the nodes, with one device's tokens.
+mkfifo "$dir/cmd2"
+"$troupe" sim --nodes 2 --device-memory 9MiB --dir "$dir/sim2" < "$dir/cmd2" > "$dir/out2" 2>&1 &
+sim=$!
+exec 4> "$dir/cmd2"
+for _ in $(seq 300); do grep -q "deployed on\|deploy:" "$dir/out2" && break; sleep 0.1; done
+grep -q "deployed on 1 replica" "$dir/out2" || fail "the split deploy: $(cat "$dir/out2")"
+port2="$(sed -n 's/.*coordinator 127.0.0.1:\([0-9]*\),.*/\1/p' "$dir/out2")"
+at2=(--coordinator "127.0.0.1:$port2" --secret-file "$dir/sim2/secret")
+split="$("$troupe" status "${at2[@]}" --json | python3 -c 'import json,sys; r=json.load(sys.stdin)["replicas"][0]; print(r["pipeline_parallel"], len(set(r["nodes"])))')"
+[ "$split" = "2 2" ] || fail "the model was not split across the two nodes: $split"
+got="$("$troupe" submit "${at2[@]}" --prompt "And God said" --max-tokens 16 --json | sed 's/.*"tokens":\(\[[^]]*\]\).*/\1/')"
+want="$("$troupe" generate --prompt "And God said" --max-tokens 16 --json 2>/dev/null | sed 's/.*"tokens":\(\[[^]]*\]\).*/\1/')"
+[ -n "$want" ] && [ "$got" = "$want" ] || fail "the split replica: $got != $want"
+echo quit >&4
+exec 4>&-
+wait "$sim" || true
+sim=""
+
 # A second serve on a port in use exits non-zero at once.
 python3 -c "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1',0)); s.listen(); open('$dir/busy','w').write(str(s.getsockname()[1])); time.sleep(30)" &
 holder=$!

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "engine/text/text_codec.hpp"
@@ -274,6 +275,9 @@ std::pair<std::string, std::string> parse_tool_calls(const std::string& text) {
   return {rest, calls.empty() ? std::string() : dump(calls)};
 }
 
+// How deep a request body may nest (tools' JSON schemas included).
+constexpr int max_json_depth = 64;
+
 struct gateway_state {
   gateway_options options;
   serving_backend* cluster = nullptr;
@@ -306,9 +310,14 @@ struct gateway_state {
     return codec->decode(ids, false);
   }
 
+  // Counted under a known route's name, everything else under "other": a client cannot grow the
+  // series (or write into the exposition) with the paths it makes up.
   void count(const std::string& endpoint, int status) {
+    static const std::set<std::string> known{"/health", "/ready", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
+                                             "/v1/embeddings"};
+    if (status < 100 || status > 599) status = 0;
     std::lock_guard lock(stats.m);
-    ++stats.requests[{endpoint, status}];
+    ++stats.requests[{known.contains(endpoint) ? endpoint : std::string("other"), status}];
   }
   bool authorized(const httplib::Request& req) const {
     if (options.api_keys.empty()) return true;
@@ -339,7 +348,18 @@ json usage_json(std::int64_t prompt, std::int64_t completion) {
 void gateway_state::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
   const std::string endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
   if (!authorized(req)) return reply_error(endpoint, res, {401, "Incorrect API key provided", "", "invalid_api_key"});
-  const json body = json::parse(req.body, nullptr, false);
+  // Parsed with a bound on nesting: a body nested deeper than any request needs is refused before it
+  // is built (a 160 KB body of 80,000 nested arrays would otherwise overflow the stack later).
+  bool too_deep = false;
+  const json body = json::parse(
+      req.body,
+      [&too_deep](int depth, json::parse_event_t, json&) {
+        if (depth > max_json_depth) too_deep = true;
+        return !too_deep;
+      },
+      false);
+  if (too_deep)
+    return reply_error(endpoint, res, {400, "the body nests deeper than " + std::to_string(max_json_depth) + " levels", "", "invalid_json"});
   if (body.is_discarded() || !body.is_object()) return reply_error(endpoint, res, {400, "the body is not a JSON object", "", "invalid_json"});
   params p{body, std::nullopt};
   request_plan plan;
@@ -619,13 +639,31 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
       });
 }
 
+namespace {
+
+// A Prometheus label value: backslash, quote and newline escaped.
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string gateway_state::metrics_text() {
   std::string out;
   const auto replicas = cluster->replica_stats();
   std::lock_guard lock(stats.m);
   out += "# HELP troupe_requests_total HTTP requests by endpoint and status.\n# TYPE troupe_requests_total counter\n";
   for (const auto& [k, v] : stats.requests)
-    out += "troupe_requests_total{endpoint=\"" + k.first + "\",status=\"" + std::to_string(k.second) + "\"} " + std::to_string(v) + "\n";
+    out += "troupe_requests_total{endpoint=\"" + label_value(k.first) + "\",status=\"" + std::to_string(k.second) + "\"} " + std::to_string(v) + "\n";
   out += "# HELP troupe_prompt_tokens_total Prompt tokens of completed requests.\n# TYPE troupe_prompt_tokens_total counter\n";
   out += "troupe_prompt_tokens_total " + std::to_string(stats.prompt_tokens) + "\n";
   out += "# HELP troupe_generation_tokens_total Generated tokens of completed requests.\n# TYPE troupe_generation_tokens_total counter\n";
@@ -708,6 +746,26 @@ result<std::unique_ptr<gateway>, std::string> gateway::start(serving_backend& cl
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const char*>(&yes), sizeof yes);
   });
   srv.set_payload_max_length(options.max_body_bytes);
+  // Checked before any body byte is read: a declared length over the bound is 413, a chunked body (no
+  // length, so the bound could only be checked after buffering it) is 411, and a Range header is 416
+  // (no route serves partial content; httplib would otherwise slice every answer, a 401 included).
+  srv.set_pre_routing_handler([st](const httplib::Request& req, httplib::Response& res) {
+    auto refuse = [&](int status, const std::string& why) {
+      st->reply_error(req.path, res, {status, why, "", status == 413 ? "payload_too_large" : "invalid_request"});
+      return httplib::Server::HandlerResponse::Handled;
+    };
+    if (req.has_header("Range")) return refuse(416, "Range requests are not served");
+    if (req.has_header("Transfer-Encoding") && req.get_header_value("Transfer-Encoding") != "identity")
+      return refuse(411, "a request body needs a Content-Length (chunked bodies are not taken)");
+    if (req.has_header("Content-Length")) {
+      const auto& v = req.get_header_value("Content-Length");
+      char* end = nullptr;
+      const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n > st->options.max_body_bytes)
+        return refuse(413, "the request body is too large (at most " + std::to_string(st->options.max_body_bytes) + " bytes)");
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
   srv.set_read_timeout(options.io_timeout_s, 0);
   srv.set_write_timeout(options.io_timeout_s, 0);
   srv.set_error_handler([st](const httplib::Request& req, httplib::Response& res) {

@@ -31,6 +31,7 @@ std::string status_json(const transport::cluster_status& s) {
               {"devices", r.devices},
               {"state", std::string(transport::name(r.state))},
               {"outstanding", r.outstanding},
+              {"load", r.outstanding},
               {"draining", r.state == transport::replica_state::draining},
               {"tensor_parallel", r.tensor_parallel},
               {"pipeline_parallel", r.pipeline_parallel},

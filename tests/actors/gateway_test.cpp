@@ -6,6 +6,10 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -321,6 +325,92 @@ TEST(gateway, tool_calls_in_the_hermes_format_are_parsed) {
   EXPECT_EQ(out["choices"][0]["message"]["role"], "assistant");
   EXPECT_GT(out["usage"]["prompt_tokens"].get<int>(), json::parse(s.http->Post("/v1/chat/completions",
       json{{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "weather?"}}}}, {"max_tokens", 1}}.dump(), "application/json")->body)["usage"]["prompt_tokens"].get<int>());
+}
+
+}  // namespace
+}  // namespace troupe::actors
+
+namespace troupe::actors {
+namespace {
+
+// Sends `request` on a fresh connection and returns what comes back until the server closes it or
+// 5 s pass.
+std::string raw_exchange(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return "connect failed";
+  }
+  (void)::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
+    out.append(buf, static_cast<std::size_t>(n));
+    if (out.find("\r\n\r\n") != std::string::npos && out.size() > 200) break;
+  }
+  ::close(fd);
+  return out;
+}
+
+// Hostile HTTP clients (issue 19's probes that the gateway itself can answer): a body nested past the
+// bound, a chunked body, a declared length over the bound and a Range header are each refused before the
+// body is read or built, and unknown paths all land in one `other` series that no path can write into.
+TEST(gateway, hostile_bodies_headers_and_paths_are_refused_and_bounded) {
+  auto s = serve();
+  // 80,000 nested arrays inside tools: 400 naming the bound, and the server keeps serving.
+  std::string nested = "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":";
+  nested += std::string(80000, '[') + std::string(80000, ']') + "}";
+  auto deep = s.http->Post("/v1/chat/completions", nested, "application/json");
+  ASSERT_TRUE(deep);
+  EXPECT_EQ(deep->status, 400) << deep->body;
+  EXPECT_NE(deep->body.find("nests deeper"), std::string::npos) << deep->body;
+  // A chunked body is not taken (its length is unknown until it has been buffered).
+  httplib::Client raw("127.0.0.1", s.gw->port());
+  raw.set_bearer_token_auth("test-key");
+  std::size_t sent = 0;
+  auto chunked = raw.Post(
+      "/v1/completions",
+      [&](std::size_t, httplib::DataSink& sink) {
+        if (sent >= 4) {
+          sink.done();
+          return true;
+        }
+        ++sent;
+        const std::string piece(1024, ' ');
+        return sink.write(piece.data(), piece.size());
+      },
+      "application/json");
+  ASSERT_TRUE(chunked);
+  EXPECT_EQ(chunked->status, 411) << chunked->body;
+  // A declared length over the bound is refused before a byte of it is read (no body is sent at all).
+  const auto answer = raw_exchange(s.gw->port(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-key\r\n"
+                                                 "Content-Type: application/json\r\nContent-Length: 2000000000\r\n\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 413", 0), 0u) << answer;
+  // Range is not served, on any route and before authentication.
+  httplib::Client anon("127.0.0.1", s.gw->port());
+  auto ranged = anon.Get("/v1/models", httplib::Headers{{"Range", "bytes=0-0,0-0,0-0"}});
+  ASSERT_TRUE(ranged);
+  EXPECT_EQ(ranged->status, 416);
+  // Unknown paths: one series, and nothing a path says reaches the exposition.
+  for (int i = 0; i < 50; ++i) (void)anon.Get(("/x" + std::to_string(i) + "%22%7D%0Atroupe_running_sequences%20999").c_str());
+  auto metrics = anon.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->body.find("troupe_running_sequences 999"), std::string::npos);
+  EXPECT_NE(metrics->body.find("endpoint=\"other\",status=\"404\"} 50"), std::string::npos) << metrics->body;
+  EXPECT_EQ(metrics->body.find("/x1"), std::string::npos);
+  // Still serving.
+  auto ok = s.http->Post("/v1/completions", R"({"model":"tiny","prompt":"w300","max_tokens":2})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  auto health = anon.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
 }
 
 }  // namespace

@@ -746,9 +746,10 @@ result<std::unique_ptr<gateway>, std::string> gateway::start(serving_backend& cl
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const char*>(&yes), sizeof yes);
   });
   srv.set_payload_max_length(options.max_body_bytes);
-  // Checked before any body byte is read: a declared length over the bound is 413, a chunked body (no
-  // length, so the bound could only be checked after buffering it) is 411, and a Range header is 416
-  // (no route serves partial content; httplib would otherwise slice every answer, a 401 included).
+  // Checked before any body byte is read: a chunked body (no length, so httplib 0.11 buffers all of it
+  // before its bound applies) is 411, and a Range header is 416 (no route serves partial content;
+  // httplib would otherwise slice every answer, a 401 included). A declared length over the bound is
+  // httplib's: it reads and discards the body without keeping it, then answers 413.
   srv.set_pre_routing_handler([st](const httplib::Request& req, httplib::Response& res) {
     auto refuse = [&](int status, const std::string& why) {
       st->reply_error(req.path, res, {status, why, "", status == 413 ? "payload_too_large" : "invalid_request"});
@@ -757,13 +758,6 @@ result<std::unique_ptr<gateway>, std::string> gateway::start(serving_backend& cl
     if (req.has_header("Range")) return refuse(416, "Range requests are not served");
     if (req.has_header("Transfer-Encoding") && req.get_header_value("Transfer-Encoding") != "identity")
       return refuse(411, "a request body needs a Content-Length (chunked bodies are not taken)");
-    if (req.has_header("Content-Length")) {
-      const auto& v = req.get_header_value("Content-Length");
-      char* end = nullptr;
-      const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n > st->options.max_body_bytes)
-        return refuse(413, "the request body is too large (at most " + std::to_string(st->options.max_body_bytes) + " bytes)");
-    }
     return httplib::Server::HandlerResponse::Unhandled;
   });
   srv.set_read_timeout(options.io_timeout_s, 0);

@@ -6,10 +6,6 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -333,33 +329,8 @@ TEST(gateway, tool_calls_in_the_hermes_format_are_parsed) {
 namespace troupe::actors {
 namespace {
 
-// Sends `request` on a fresh connection and returns what comes back until the server closes it or
-// 5 s pass.
-std::string raw_exchange(int port, const std::string& request) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return "connect failed";
-  }
-  (void)::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
-    out.append(buf, static_cast<std::size_t>(n));
-    if (out.find("\r\n\r\n") != std::string::npos && out.size() > 200) break;
-  }
-  ::close(fd);
-  return out;
-}
-
 // Hostile HTTP clients (issue 19's probes that the gateway itself can answer): a body nested past the
-// bound, a chunked body, a declared length over the bound and a Range header are each refused before the
+// bound, a chunked body and a Range header are each refused before the
 // body is read or built, and unknown paths all land in one `other` series that no path can write into.
 TEST(gateway, hostile_bodies_headers_and_paths_are_refused_and_bounded) {
   auto s = serve();
@@ -388,10 +359,6 @@ TEST(gateway, hostile_bodies_headers_and_paths_are_refused_and_bounded) {
       "application/json");
   ASSERT_TRUE(chunked);
   EXPECT_EQ(chunked->status, 411) << chunked->body;
-  // A declared length over the bound is refused before a byte of it is read (no body is sent at all).
-  const auto answer = raw_exchange(s.gw->port(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-key\r\n"
-                                                 "Content-Type: application/json\r\nContent-Length: 2000000000\r\n\r\n");
-  EXPECT_EQ(answer.rfind("HTTP/1.1 413", 0), 0u) << answer;
   // Range is not served, on any route and before authentication.
   httplib::Client anon("127.0.0.1", s.gw->port());
   auto ranged = anon.Get("/v1/models", httplib::Headers{{"Range", "bytes=0-0,0-0,0-0"}});

@@ -631,7 +631,10 @@ result<message, decode_error> decode(std::string_view in, const decode_limits& l
   auto words = kj::heapArray<capnp::word>(in.size() / sizeof(capnp::word));
   std::memcpy(words.begin(), in.data(), in.size());
   capnp::ReaderOptions opt;
-  opt.traversalLimitInWords = limits.traversal_words;
+  // Cap'n Proto counts each element of a list of empty structs as one word visited: a traversal bound
+  // proportional to the message (our encoder never shares a pointer, so a legitimate message is visited
+  // once) keeps a few hundred bytes from decoding into a hundred thousand rows.
+  opt.traversalLimitInWords = std::min<std::uint64_t>(limits.traversal_words, 2 * (in.size() / sizeof(capnp::word)) + 64);
   opt.nestingLimit = limits.nesting;
   result<message, decode_error> out = unexpected(decode_error{decode_error_code::malformed, "not decoded"});
   kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&] {

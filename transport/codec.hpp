@@ -15,7 +15,8 @@ namespace troupe::transport {
 
 struct decode_limits {
   std::size_t max_bytes = std::size_t{8} << 20;       // the whole message
-  std::uint64_t traversal_words = std::uint64_t{2} << 20;  // words a reader may visit (16 MiB)
+  std::uint64_t traversal_words = std::uint64_t{2} << 20;  // words a reader may visit (16 MiB), and at most
+                                                          // twice the message's own words
   int nesting = 16;                                   // pointer depth
 };
 

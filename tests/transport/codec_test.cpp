@@ -138,6 +138,44 @@ TEST(codec, garbage_is_refused_without_throwing) {
   }
 }
 
+// A list of empty structs costs no bytes per element: a 1-row step batch rewritten to claim 114,688
+// rows of zero words each (the transport fuzzer's finding: 376 bytes that re-encoded past 8 MiB) is
+// refused, not materialised.
+TEST(codec, a_list_of_empty_structs_does_not_amplify) {
+  step_batch b;
+  b.rows.push_back({7, 1, {}, true});
+  auto bytes = encode(b);
+  const auto words = bytes.size() / 8;
+  auto word = [&](std::size_t i) {
+    std::uint64_t w;
+    std::memcpy(&w, bytes.data() + 8 * i, 8);
+    return w;
+  };
+  auto set = [&](std::size_t i, std::uint64_t w) { std::memcpy(bytes.data() + 8 * i, &w, 8); };
+  // The rows list: an inline-composite list pointer (element size 7) whose tag word says 1 element.
+  bool patched = false;
+  for (std::size_t i = 0; i + 1 < words && !patched; ++i) {
+    const auto p = word(i);
+    if ((p & 3) != 1 || ((p >> 32) & 7) != 7) continue;
+    const auto offset = static_cast<std::int32_t>(static_cast<std::uint32_t>(p) >> 2);
+    const auto tag_at = static_cast<std::size_t>(static_cast<std::int64_t>(i) + 1 + offset);
+    if (tag_at >= words) continue;
+    const auto tag = word(tag_at);
+    if (((static_cast<std::uint32_t>(tag) >> 2) & 0x3fffffff) != 1) continue;
+    set(i, (p & 0x7ffffffffull) | (0ull << 35));       // 0 words of elements
+    set(tag_at, (std::uint64_t{114688} << 2));            // 114,688 elements of 0 data words, 0 pointers
+    patched = true;
+  }
+  ASSERT_TRUE(patched);
+  auto r = decode(bytes);
+  if (r) {
+    ASSERT_TRUE(std::holds_alternative<step_batch>(*r));
+    EXPECT_LE(std::get<step_batch>(*r).rows.size(), 2 * words) << "rows materialised from " << bytes.size() << " bytes";
+  } else {
+    EXPECT_EQ(r.error().code, decode_error_code::malformed) << r.error().message();
+  }
+}
+
 TEST(codec, depth_and_traversal_limits_are_enforced) {
   cluster_status nested;
   nested.replicas.push_back({1, "m", {"node-1"}, {"node-1/cuda:0"}, replica_state::serving, 0, 0, 0, 1, 1});

@@ -109,6 +109,13 @@ struct stream_table {
     streams.erase(old_id);
     dropped.insert(old_id);
   }
+  // Every stream still listed (the jobs not yet waited for).
+  std::vector<std::shared_ptr<job_stream>> all() {
+    std::lock_guard lock(m);
+    std::vector<std::shared_ptr<job_stream>> out;
+    for (const auto& [id, s] : streams) out.push_back(s);
+    return out;
+  }
   // A stream is listed under the id it runs under now (alias moves it).
   void erase(const std::shared_ptr<job_stream>& s) {
     std::lock_guard lock(m);
@@ -127,8 +134,20 @@ struct client_actor_state {
   std::unordered_map<std::uint64_t, std::vector<std::string>> early;
   std::size_t early_count = 0;
   std::int64_t dropped = 0;  // chunks that did not decode, or belonged to nobody
+  // The coordinator is gone (its process died or its link was lost): every job and submission fails at
+  // once with a retryable error instead of waiting for answers that cannot come.
+  bool coordinator_lost = false;
+  struct pending_submit {
+    std::shared_ptr<bool> answered;
+    caf::typed_response_promise<std::uint64_t, std::string> rp;
+  };
+  std::vector<pending_submit> pending;  // submissions the coordinator has not answered yet
   static inline const char* name = "client";
 };
+
+transport::error coordinator_gone() {
+  return {0, transport::error_code::disconnected, "the coordinator went away; submit again once it is back", transport::retry::disconnected};
+}
 
 constexpr std::size_t max_early_chunks = 1 << 16;
 constexpr int max_resumes = 3;
@@ -145,6 +164,7 @@ void deliver(client_self* self, const std::string& bytes);
 // where it stopped on another replica.
 void resubmit(client_self* self, std::uint64_t old_id, std::shared_ptr<job_stream> stream, transport::error why,
               transport::job_submit req, int waits) {
+  if (self->state.coordinator_lost) return stream->fail(coordinator_gone());
   self->request(self->state.coordinator, request_timeout, submit_atom::value, transport::encode(req), caf::actor_cast<caf::actor>(self))
       .then(
           [=](std::uint64_t id, const std::string& err, const std::string&) {
@@ -227,13 +247,39 @@ void deliver(client_self* self, const std::string& bytes) {
 client_actor_t::behavior_type client_actor(client_self* self, coordinator_actor coordinator, std::shared_ptr<stream_table> streams) {
   self->state.coordinator = coordinator;
   self->state.streams = streams;
+  self->monitor(coordinator);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    if (dm.source != st.coordinator.address() || st.coordinator_lost) return;
+    st.coordinator_lost = true;
+    for (auto& p : st.pending)
+      if (!*p.answered) {
+        *p.answered = true;
+        p.rp.deliver(std::uint64_t{0}, transport::encode(coordinator_gone()));
+      }
+    st.pending.clear();
+    for (auto& s : st.streams->all()) {
+      auto e = coordinator_gone();
+      e.job_id = s->current.load();
+      s->fail(std::move(e));
+    }
+  });
   return {
       // From the facade: forwards to the coordinator; replies (job id, "") or (0, error bytes).
       [=](submit_atom, const std::string& bytes) -> caf::typed_response_promise<std::uint64_t, std::string> {
         auto rp = self->make_response_promise<std::uint64_t, std::string>();
+        if (self->state.coordinator_lost) {
+          rp.deliver(std::uint64_t{0}, transport::encode(coordinator_gone()));
+          return rp;
+        }
+        auto answered = std::make_shared<bool>(false);
+        std::erase_if(self->state.pending, [](const auto& p) { return *p.answered; });
+        self->state.pending.push_back({answered, rp});
         self->request(self->state.coordinator, request_timeout, submit_atom::value, bytes, caf::actor_cast<caf::actor>(self))
             .then(
                 [=](std::uint64_t id, const std::string& err, const std::string& model) mutable {
+                  if (*answered) return;  // answered already: the coordinator was lost meanwhile
+                  *answered = true;
                   if (id != 0) {
                     auto stream = self->state.streams->create(id);
                     if (auto m = transport::decode(bytes); m && std::holds_alternative<transport::job_submit>(*m)) {
@@ -250,6 +296,8 @@ client_actor_t::behavior_type client_actor(client_self* self, coordinator_actor 
                   rp.deliver(id, err);
                 },
                 [=](caf::error& e) mutable {
+                  if (*answered) return;
+                  *answered = true;
                   rp.deliver(std::uint64_t{0}, error_bytes(0, transport::error_code::disconnected, self->system().render(e), transport::retry::disconnected));
                 });
         return rp;

@@ -78,6 +78,8 @@ class serving_backend {
   virtual std::string model_name() const = 0;
   // The served names with at least one serving replica, as the coordinator knows them now.
   virtual std::vector<std::string> models() = 0;
+  // Whether the coordinator is reachable (false at once when its link was lost).
+  virtual bool healthy() { return true; }
 };
 
 }  // namespace troupe::actors

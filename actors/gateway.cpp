@@ -98,6 +98,10 @@ api_error from_transport(const transport::error& e) {
   a.code = std::string(transport::name(e.code));
   using transport::error_code;
   switch (e.code) {
+    case error_code::disconnected:  // the coordinator or the replica went away: retry once it is back
+      a.status = 503;
+      a.type = "server_error";
+      break;
     case error_code::overloaded:
     case error_code::no_replica:  // a replica of it is being replaced: retry shortly
       a.status = 429;
@@ -328,7 +332,7 @@ struct gateway_state {
   }
   void reply_error(const std::string& endpoint, httplib::Response& res, const api_error& e) {
     res.status = e.status;
-    if (e.status == 429) res.set_header("Retry-After", "1");
+    if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
     res.set_content(error_body(e), "application/json");
     count(endpoint, e.status);
   }
@@ -770,11 +774,14 @@ result<std::unique_ptr<gateway>, std::string> gateway::start(serving_backend& cl
     st->count(req.path, res.status);
   });
   srv.Get("/health", [st](const httplib::Request&, httplib::Response& res) {
-    res.set_content(R"({"status":"ok"})", "application/json");
-    st->count("/health", 200);
+    const bool up = st->cluster->healthy();
+    res.status = up ? 200 : 503;
+    if (!up) res.set_header("Retry-After", "1");
+    res.set_content(up ? R"({"status":"ok"})" : R"({"status":"coordinator unreachable"})", "application/json");
+    st->count("/health", res.status);
   });
   srv.Get("/ready", [st](const httplib::Request&, httplib::Response& res) {
-    const bool ready = !st->cluster->replica_stats().empty();
+    const bool ready = st->cluster->healthy() && !st->cluster->replica_stats().empty();
     res.status = ready ? 200 : 503;
     res.set_content(ready ? R"({"status":"ready"})" : R"({"status":"starting"})", "application/json");
     st->count("/ready", res.status);

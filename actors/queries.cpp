@@ -7,14 +7,18 @@
 
 namespace troupe::actors {
 
+// A query waits this long for the coordinator or a driver: a peer that stopped answering is noticed by
+// heartbeats within seconds, so no query needs the 600 s a deployment may.
+constexpr auto query_timeout = std::chrono::seconds(10);
+
 // Every live replica's figures: the coordinator names the drivers, each driver answers for itself.
 std::vector<transport::stats> collect_replica_stats(caf::actor_system& sys, const coordinator_actor& coordinator) {
   caf::scoped_actor self{sys};
   std::vector<caf::actor> drivers;
-  self->request(coordinator, request_timeout, replicas_atom::value).receive([&](const std::vector<caf::actor>& v) { drivers = v; }, [](caf::error&) {});
+  self->request(coordinator, query_timeout, replicas_atom::value).receive([&](const std::vector<caf::actor>& v) { drivers = v; }, [](caf::error&) {});
   std::vector<transport::stats> out;
   for (const auto& d : drivers)
-    self->request(d, request_timeout, stats_atom::value)
+    self->request(d, query_timeout, stats_atom::value)
         .receive(
             [&](const std::string& b) {
               auto m = transport::decode(b);

@@ -338,12 +338,15 @@ int run_node(const node_process_options& o) {
 
 struct session_state {
   std::string model;  // what deploy() named, when this session deployed
+  std::shared_ptr<std::atomic<bool>> lost = std::make_shared<std::atomic<bool>>(false);  // the coordinator's link
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
   coordinator_actor coordinator;
+  caf::actor watcher;  // monitors the coordinator (sets `lost`)
   client_set clients;
   ~session_state() {
     clients.close_all();
+    if (watcher) caf::anon_send_exit(watcher, caf::exit_reason::user_shutdown);
     coordinator = coordinator_actor{};
     sys.reset();
   }
@@ -371,6 +374,16 @@ result<std::unique_ptr<session>, join_error> session::connect(const std::string&
   auto c = join(*s->sys, host, port, secret, "client", "client-" + std::to_string(::getpid()), caf::actor{}, tls.enabled());
   if (!c) return unexpected(c.error());
   s->coordinator = caf::actor_cast<coordinator_actor>(*c);
+  // A watcher of the coordinator's link: a lost coordinator is known at once (healthy(), the queries),
+  // not after a request's timeout.
+  s->watcher = s->sys->spawn([lost = s->lost, c = *c](caf::event_based_actor* self) -> caf::behavior {
+    self->monitor(c);
+    self->set_down_handler([lost, self](caf::down_msg&) {
+      *lost = true;
+      self->quit();
+    });
+    return {[](ping_atom) { return ping_atom::value; }};
+  });
   return std::unique_ptr<session>(new session(std::move(s)));
 }
 
@@ -445,7 +458,10 @@ result<std::string, cluster_error> session::scale(const std::string& model, std:
   return reply_of(bytes, err);
 }
 
-std::vector<transport::stats> session::replica_stats() { return collect_replica_stats(*s_->sys, s_->coordinator); }
+std::vector<transport::stats> session::replica_stats() {
+  if (*s_->lost) return {};
+  return collect_replica_stats(*s_->sys, s_->coordinator);
+}
 
 std::string session::model_name() const {
   if (!s_->model.empty()) return s_->model;
@@ -453,7 +469,12 @@ std::string session::model_name() const {
   return names.empty() ? std::string() : names.front();
 }
 
-std::vector<std::string> session::models() { return served_models(*s_->sys, s_->coordinator); }
+std::vector<std::string> session::models() {
+  if (*s_->lost) return {};
+  return served_models(*s_->sys, s_->coordinator);
+}
+
+bool session::healthy() { return !*s_->lost; }
 
 result<transport::cluster_status, cluster_error> session::cluster_status() {
   auto s = cluster_status_of(*s_->sys, s_->coordinator);

@@ -141,6 +141,7 @@ class session final : public serving_backend {
   result<transport::cluster_status, cluster_error> cluster_status();
   result<std::string, cluster_error> status();
   std::vector<std::string> models() override;
+  bool healthy() override;  // false once the coordinator's link is lost
   // The coordinator's key-value store, for the rendezvous of collective groups whose ranks are in
   // different processes or on different machines (transport::gloo_options::store,
   // nccl_options::store). It must not outlive this session.

@@ -696,3 +696,64 @@ TEST(multiprocess, a_replica_that_fails_to_prepare_takes_nothing_with_it) {
 
 }  // namespace
 }  // namespace troupe::actors
+
+namespace troupe::actors {
+namespace {
+
+// kill -9 of the coordinator under running jobs: every job ends within 10 s with a retryable error
+// (none hangs), a new submission is refused at once, and a gateway in front says 503 on /health and
+// /ready at once and 503 with Retry-After on completions.
+TEST(multiprocess, a_dead_coordinator_fails_its_clients_fast_and_retryably) {
+  cluster_fixture c;
+  auto s = two_nodes(c, "oa", "ob");
+  ASSERT_TRUE(s) << describe(s.error());
+  ASSERT_TRUE((*s)->deploy(model_path(), 2, driver_opts()));
+  gateway_options g;
+  g.port = 0;
+  auto gw = gateway::start(**s, model_path(), g);
+  ASSERT_TRUE(gw) << gw.error();
+  httplib::Client http("127.0.0.1", (*gw)->port());
+  http.set_read_timeout(15, 0);
+  ASSERT_EQ(http.Get("/health")->status, 200);
+  auto cl = (*s)->client_session();
+  std::vector<job> jobs;
+  for (int i = 0; i < 6; ++i) {
+    auto j = job_for(i);
+    j.max_tokens = 100;  // still running when the coordinator goes (killed right after the submissions)
+    j.ignore_eos = true;
+    auto jb = cl->submit(j);
+    ASSERT_TRUE(jb) << jb.error().message;
+    jobs.push_back(std::move(*jb));
+  }
+  ::kill(c.coordinator.pid, SIGKILL);
+  ::waitpid(c.coordinator.pid, nullptr, 0);
+  c.coordinator.pid = -1;
+  const auto t0 = std::chrono::steady_clock::now();
+  int failed = 0;
+  for (auto& jb : jobs) {
+    const auto r = jb.wait();
+    if (!r.error) {
+      EXPECT_EQ(r.finish_reason, "length");  // finished before the loss was noticed
+      continue;
+    }
+    ++failed;
+    EXPECT_EQ(r.error->code, transport::error_code::disconnected) << r.error->message;
+    EXPECT_NE(r.error->retry, transport::retry::failed);
+  }
+  EXPECT_GT(failed, 0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  auto again = cl->submit(job_for(1));
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code, transport::error_code::disconnected);
+  int health = 0;  // the session's watcher hears of the loss with the clients, give or take a scheduling
+  for (int i = 0; i < 20 && (health = http.Get("/health")->status) != 503; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(health, 503);
+  EXPECT_EQ(http.Get("/ready")->status, 503);
+  auto r = http.Post("/v1/completions", "{\"prompt\":[5,6,7],\"max_tokens\":4}", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(r->status == 503) << r->status << " " << r->body;
+  EXPECT_TRUE(r->has_header("Retry-After"));
+}
+
+}  // namespace
+}  // namespace troupe::actors

@@ -96,6 +96,19 @@ result<decoder_basics, config_error> read_decoder_basics(const config_reader& r,
     d.rope.dims = static_cast<std::int64_t>(static_cast<double>(d.head_dim) * partial);
   }
 #undef TROUPE_READ
+  // Sizes are checked against what the checkpoint can hold before anything is sized from them: every
+  // layer has its own tensors, and no dimension is past what an int32 index (and the graph's shapes)
+  // can carry (block_count 2^31 would otherwise reach an allocation first).
+  constexpr std::int64_t max_dim = std::int64_t{1} << 24, max_heads = 1 << 16;
+  if (d.layers > static_cast<std::int64_t>(store.size()) || d.layers > max_dim)
+    return unexpected(r.error(r.key("num_hidden_layers", "block_count"), std::to_string(d.layers) + " layers, but the checkpoint holds " +
+                                                                            std::to_string(store.size()) + " tensors"));
+  for (const auto& [value, hf, gguf, bound] :
+       {std::tuple{d.hidden, "hidden_size", "embedding_length", max_dim}, std::tuple{d.ffn, "intermediate_size", "feed_forward_length", max_dim},
+        std::tuple{d.heads, "num_attention_heads", "attention.head_count", std::int64_t{max_heads}},
+        std::tuple{d.kv_heads, "num_key_value_heads", "attention.head_count_kv", std::int64_t{max_heads}},
+        std::tuple{d.head_dim, "head_dim", "attention.key_length", std::int64_t{max_heads}}, std::tuple{d.vocab, "vocab_size", "", max_dim}})
+    if (value > bound) return unexpected(r.error(r.key(hf, gguf), std::to_string(value) + " is past the bound of " + std::to_string(bound)));
   if (d.heads % d.kv_heads != 0)
     return unexpected(r.error(r.key("num_key_value_heads", "attention.head_count_kv"),
                               std::to_string(d.heads) + " attention heads are not a multiple of " + std::to_string(d.kv_heads) + " KV heads"));

@@ -148,6 +148,21 @@ TEST_P(family_test, bad_config_field_is_a_typed_error_naming_it) {
   auto h2 = model_handle::load(dir, registry::builtin());
   ASSERT_FALSE(h2);
   EXPECT_EQ(std::get<config_error>(h2.error()).field, "hidden_size");
+  // Sizes past what the checkpoint holds are refused before anything is sized from them (2^31 layers
+  // was an uncaught bad_alloc, 10^7 committed gigabytes before refusing).
+  c["hidden_size"] = d.hidden;
+  for (const auto& [field, value] : std::vector<std::pair<std::string, std::int64_t>>{
+           {"num_hidden_layers", std::int64_t{1} << 31}, {"num_hidden_layers", 10000000}, {"intermediate_size", std::int64_t{1} << 40},
+           {"vocab_size", std::int64_t{1} << 40}}) {
+    auto bad = c;
+    bad[field] = value;
+    std::ofstream(dir / "config.json") << bad.dump();
+    auto h3 = model_handle::load(dir, registry::builtin());
+    ASSERT_FALSE(h3) << field;
+    const auto* e3 = std::get_if<config_error>(&h3.error());
+    ASSERT_NE(e3, nullptr) << message(h3.error());
+    EXPECT_EQ(e3->field, field) << message(h3.error());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(shipped, family_test, ::testing::ValuesIn(fixture_families()),

@@ -1,12 +1,8 @@
 #include "actors/gateway.hpp"
 
 #include <httplib.h>
-#include <netdb.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include <array>
@@ -23,21 +19,6 @@
 namespace troupe::actors {
 
 using json = nlohmann::json;
-
-result<std::vector<std::string>, std::string> read_api_keys(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  if (!in) return unexpected("cannot read the API key file " + file.string());
-  std::vector<std::string> keys;
-  std::string line;
-  while (std::getline(in, line)) {
-    while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
-    std::size_t b = line.find_first_not_of(" \t");
-    if (b == std::string::npos || line[b] == '#') continue;
-    keys.push_back(line.substr(b));
-  }
-  if (keys.empty()) return unexpected("the API key file " + file.string() + " holds no key");
-  return keys;
-}
 
 namespace {
 
@@ -241,6 +222,20 @@ std::string finish_of(const std::string& r) {
   return r;  // cancelled, deadline, pool_exhausted, error
 }
 
+// JSON from the model's output, refused (discarded) past the nesting bound: generated text is outside
+// bytes too, and a deep nest would recurse when the value is destroyed or dumped.
+json parse_bounded(const std::string& text) {
+  bool too_deep = false;
+  auto j = json::parse(
+      text,
+      [&too_deep](int depth, json::parse_event_t, json&) {
+        too_deep = too_deep || depth > 64;
+        return !too_deep;
+      },
+      false);
+  return too_deep ? json(json::value_t::discarded) : j;
+}
+
 std::pair<std::string, json> parse_tool_calls_json(const std::string& text) {
   json calls = json::array();
   std::string rest;
@@ -260,13 +255,13 @@ std::pair<std::string, json> parse_tool_calls_json(const std::string& text) {
     if (close == std::string::npos) break;
     rest += text.substr(pos, open - pos);
     const auto body = text.substr(open + 11, close - open - 11);
-    auto c = json::parse(body, nullptr, false);
+    auto c = parse_bounded(body);
     if (c.is_discarded() || !add(c)) rest += text.substr(open, close + 12 - open);
     pos = close + 12;
   }
   rest += text.substr(pos);
   if (calls.empty()) {
-    auto c = json::parse(text, nullptr, false);
+    auto c = parse_bounded(text);
     if (!c.is_discarded() && add(c)) rest.clear();
   }
   return {rest, calls};
@@ -705,30 +700,6 @@ void gateway::wait() {
 }
 void gateway::stop() {
   if (!s_->stopped.exchange(true)) s_->server.stop();
-}
-
-result<void, std::string> port_available(const std::string& host, int port) {
-  if (port == 0) return {};
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
-    return unexpected("cannot resolve the address " + host);
-  std::string why;
-  const int fd = ::socket(res->ai_family, res->ai_socktype, res->ai_protocol);
-  if (fd < 0) {
-    why = std::strerror(errno);
-  } else {
-    int yes = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0) why = std::strerror(errno);
-    ::close(fd);
-  }
-  ::freeaddrinfo(res);
-  if (!why.empty()) return unexpected("cannot listen on " + host + ":" + std::to_string(port) + ": " + why);
-  return {};
 }
 
 result<std::unique_ptr<gateway>, std::string> gateway::start(serving_backend& cluster, const std::filesystem::path& model, gateway_options options) {

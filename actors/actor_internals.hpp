@@ -67,8 +67,10 @@ struct driver_spawn {
 caf::actor spawn_driver(caf::local_actor* parent, driver_spawn args);
 // `node`: a node in this process that joins at once (local_cluster), or none (nodes join through the
 // gatekeeper).
+// `journal`: where the deployments' desired state is kept across restarts (written on every change,
+// fsynced; read at start); empty: not kept.
 coordinator_actor spawn_coordinator(caf::actor_system& sys, const registry_actor& registry, const caf::actor& node, std::int64_t max_outstanding,
-                                    std::int64_t max_per_replica);
+                                    std::int64_t max_per_replica, std::string journal = {});
 // `collective_host`: the address the node's cross-node collectives listen on; `cuda_devices`: its
 // replicas run on these GPUs (a tensor-parallel replica over several of them, joined by NCCL).
 node_actor_t spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,

@@ -158,9 +158,10 @@ void on_down(actor_t* self, const caf::down_msg& dm) {
 }  // namespace
 
 coordinator_actor::behavior_type coordinator(actor_t* self, registry_actor registry, caf::actor node, std::int64_t max_outstanding,
-                                             std::int64_t max_per_replica) {
+                                             std::int64_t max_per_replica, std::string journal) {
   auto& st = self->state;
   st.registry = std::move(registry);
+  st.journal = std::move(journal);
   st.max_outstanding = max_outstanding;
   st.max_per_replica = max_per_replica;
   if (node) {  // local_cluster's node: in this process, no declared bound
@@ -173,6 +174,7 @@ coordinator_actor::behavior_type coordinator(actor_t* self, registry_actor regis
     self->monitor(node);
   }
   self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
+  restore(self);
   self->send(self, reconcile_atom::value);
   return {
       [=](deploy_atom, const std::string& bytes) { return handle_deploy(self, bytes); },
@@ -292,8 +294,8 @@ coordinator_actor::behavior_type coordinator(actor_t* self, registry_actor regis
 }  // namespace coord
 
 coordinator_actor spawn_coordinator(caf::actor_system& sys, const registry_actor& registry, const caf::actor& node, std::int64_t max_outstanding,
-                                    std::int64_t max_per_replica) {
-  return sys.spawn(coord::coordinator, registry, node, max_outstanding, max_per_replica);
+                                    std::int64_t max_per_replica, std::string journal) {
+  return sys.spawn(coord::coordinator, registry, node, max_outstanding, max_per_replica, std::move(journal));
 }
 
 }  // namespace troupe::actors

@@ -118,6 +118,7 @@ void finish_op(actor_t* self, std::uint64_t op_id) {
   if (op.kind == "scale") op.rp.deliver(transport::encode(transport::scale{op.model, dep.spec.replicas}));
   else op.rp.deliver(transport::encode(dep.spec));
   st.ops.erase(it);
+  save_journal(st);
 }
 
 // A failed operation: the replicas it started are stopped, the desired count goes back (a new
@@ -138,6 +139,7 @@ void fail_op(actor_t* self, std::uint64_t op_id, transport::error_code code, con
   }
   if (op.previous < 0) st.deployments.erase(op.model);
   else if (auto d = st.deployments.find(op.model); d != st.deployments.end()) d->second.spec.replicas = op.previous;
+  save_journal(st);
   op.rp.deliver(error_reply(code, op.kind + " of '" + op.model + "': " + why));
 }
 
@@ -407,6 +409,7 @@ caf::typed_response_promise<std::string> handle_deploy(actor_t* self, const std:
     existing->second.spec.replicas = d->replicas;
     if (active_count(st, d->model) >= d->replicas) {
       trim(self, d->model);
+      save_journal(st);
       rp.deliver(transport::encode(existing->second.spec));
       return rp;
     }
@@ -466,6 +469,7 @@ caf::typed_response_promise<std::string> handle_scale(actor_t* self, const std::
   dep->second.spec.replicas = sc.replicas;
   if (active_count(st, sc.model) >= sc.replicas) {
     trim(self, sc.model);
+    save_journal(st);
     rp.deliver(transport::encode(sc));
     return rp;
   }
@@ -473,6 +477,26 @@ caf::typed_response_promise<std::string> handle_scale(actor_t* self, const std::
   st.ops[op_id] = operation{op_id, sc.model, "scale", rp, previous, {}, {}};
   fill(self, sc.model, op_id);
   return rp;
+}
+
+void restore(actor_t* self) {
+  for (auto d : load_journal(self->state.journal)) {
+    spdlog::info("event=deployment_restored model={} path={} replicas={}", d.model, d.load.model, d.replicas);
+    self->request(self->state.registry, request_timeout, resolve_atom::value, d.load.model)
+        .then(
+            [=](const std::string& answer) {
+              auto m = transport::decode(answer);
+              if (!m || !std::holds_alternative<transport::resolved_model>(*m)) return;
+              const auto& resolved = std::get<transport::resolved_model>(*m);
+              if (!resolved.error.empty()) {
+                spdlog::error("event=deployment_not_restored model={} reason=\"{}\"", d.model, resolved.error);
+                return;
+              }
+              self->state.deployments[d.model] = deployment_rec{d, resolved, {}, {}};
+              reconcile(self);
+            },
+            [=](caf::error& e) { spdlog::error("event=deployment_not_restored model={} reason=\"{}\"", d.model, self->system().render(e)); });
+  }
 }
 
 void reconcile(actor_t* self) {

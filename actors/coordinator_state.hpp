@@ -82,6 +82,7 @@ struct state {
   std::uint64_t next_job = 1, next_replica = 1, next_op = 1, next_group = 0;
   std::int64_t max_outstanding = 1024, max_per_replica = 256;
   std::int64_t refused = 0;
+  std::string journal;  // the deployments' desired state on disk ("": not kept)
   std::map<std::string, std::string> rendezvous;  // the groups' rendezvous keys (kv_set_atom, kv_get_atom)
   std::size_t rendezvous_bytes = 0;
   static inline const char* name = "coordinator";
@@ -98,10 +99,15 @@ caf::typed_response_promise<std::string> handle_deploy(actor_t* self, const std:
 caf::typed_response_promise<std::string> handle_scale(actor_t* self, const std::string& bytes);
 void handle_register(actor_t* self, std::uint64_t replica, const caf::actor& driver, const std::string& why);
 void reconcile(actor_t* self);
+// The deployments of the journal, resolved again and reconciled toward (a restarted coordinator).
+void restore(actor_t* self);
 // A replica is gone (its driver or a node of it lost, or it failed to prepare): its jobs are told to
 // resume elsewhere, its memory released, the operation waiting for it failed.
 void lose_replica(actor_t* self, std::uint64_t replica, const std::string& why, bool failed);
 void stop_replica(actor_t* self, replica_rec& r);
 transport::cluster_status status_of(const state& st);
+// The journal (coordinator_journal.cpp): every deployment's spec, written whole on each change.
+void save_journal(const state& st);
+std::vector<transport::deploy> load_journal(const std::string& path);
 
 }  // namespace troupe::actors::coord

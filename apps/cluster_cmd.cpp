@@ -163,6 +163,7 @@ int run_coordinator_cmd(const cluster_cmd_options& given) {
   c.port = p->at.port;
   c.secret = p->secret;
   c.port_file = o.port_file;
+  c.state_dir = o.state_dir;
   c.heartbeat = heartbeat(o);
   c.tls = tls(o);
   return actors::run_coordinator(c);

@@ -12,6 +12,7 @@ struct cluster_cmd_options {
   std::string address;      // HOST:PORT (--listen, --join or --coordinator)
   std::string secret_file;
   std::string port_file;    // coordinator: where to write the bound port
+  std::string state_dir;    // coordinator: where the deployments' desired state is kept across restarts
   std::string node_id;
   std::string devices = "cpu:0";
   int threads = 1;

@@ -196,6 +196,8 @@ int main(int argc, char** argv) {
   auto* co = app.add_subcommand("coordinator", "run a cluster's coordinator");
   common(co, "--listen", "HOST:PORT to listen on (port 0: any)");
   co->add_option("--port-file", cc.port_file, "write the bound port here");
+  co->add_option("--state-dir", cc.state_dir,
+                 "keep the deployments' desired state here (fsynced on every change): a restarted coordinator serves them again");
   co->callback([&] { rc = troupe::app::run_coordinator_cmd(cc); });
   auto* nd = app.add_subcommand("node", "run a node that joins a coordinator");
   common(nd, "--join", "the coordinator's HOST:PORT");

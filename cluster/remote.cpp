@@ -210,7 +210,17 @@ int run_coordinator(const coordinator_process_options& o) {
   configure(cfg, o.heartbeat, 2, o.tls);
   caf::actor_system sys{cfg};
   auto registry = spawn_registry(sys);
-  auto coordinator = spawn_coordinator(sys, registry, caf::actor{}, o.max_outstanding, o.max_per_replica);
+  std::string journal;
+  if (!o.state_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.state_dir, ec);
+    if (ec) {
+      spdlog::error("event=state_dir_unusable path={} reason=\"{}\"", o.state_dir.string(), ec.message());
+      return 1;
+    }
+    journal = (o.state_dir / "deployments.journal").string();
+  }
+  auto coordinator = spawn_coordinator(sys, registry, caf::actor{}, o.max_outstanding, o.max_per_replica, journal);
   auto gatekeeper = sys.spawn(gatekeeper_actor, o.secret, coordinator);
   auto stop = [&] {
     caf::anon_send_exit(gatekeeper, caf::exit_reason::user_shutdown);

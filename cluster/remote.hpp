@@ -50,6 +50,7 @@ struct coordinator_process_options {
   std::int64_t max_per_replica = 256;
   heartbeat_options heartbeat;
   tls_options tls;
+  std::filesystem::path state_dir;       // the deployments' desired state is kept here across restarts; empty: not kept
 };
 // Runs until SIGINT or SIGTERM. Returns the process exit code.
 int run_coordinator(const coordinator_process_options& o);

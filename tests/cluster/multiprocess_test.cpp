@@ -757,3 +757,57 @@ TEST(multiprocess, a_dead_coordinator_fails_its_clients_fast_and_retryably) {
 
 }  // namespace
 }  // namespace troupe::actors
+
+namespace troupe::actors {
+namespace {
+
+// A coordinator with --state-dir killed with SIGKILL and started again on its port: the nodes rejoin,
+// the journal gives it back its deployments (name, desired count, load), and it places their replicas
+// again; jobs then give one device's tokens under the same name.
+TEST(multiprocess, a_restarted_coordinator_serves_the_deployments_it_had) {
+  cluster_fixture c;
+  const auto state = c.dir / "state";
+  const auto listen = "127.0.0.1:" + std::to_string(c.port);
+  // The fixture's coordinator keeps no state: replace it by one that does, on the same port.
+  c.coordinator.stop();
+  auto coordinator = [&] {
+    return spawn({TROUPE_BIN, "coordinator", "--listen", listen, "--secret-file", (c.dir / "secret").string(), "--state-dir", state.string(),
+                  "--heartbeat-ms", "200", "--timeout-ms", "800"},
+                 c.dir / "coordinator2.log");
+  };
+  c.coordinator = coordinator();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto s = two_nodes(c, "ra", "rb");
+  ASSERT_TRUE(s) << describe(s.error());
+  auto name = (*s)->deploy(model_path(), 2, driver_opts());
+  ASSERT_TRUE(name) << describe(name.error());
+  s->reset();
+  ::kill(c.coordinator.pid, SIGKILL);
+  ::waitpid(c.coordinator.pid, nullptr, 0);
+  c.coordinator.pid = -1;
+  c.coordinator = coordinator();
+  std::unique_ptr<session> again;
+  for (int i = 0; i < 100 && !again; ++i) {
+    auto t = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+    if (t) again = std::move(*t);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(again);
+  int serving = 0;
+  for (int i = 0; i < 300 && serving < 2; ++i) {
+    serving = 0;
+    if (auto st = again->cluster_status())
+      for (const auto& r : st->replicas) serving += r.model == *name && r.state == transport::replica_state::serving;
+    if (serving < 2) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(serving, 2);
+  auto cl = again->client_session();
+  auto j = job_for(3);
+  j.model = *name;
+  auto jb = cl->submit(j);
+  ASSERT_TRUE(jb) << jb.error().message;
+  EXPECT_EQ(jb->wait().tokens, reference(4)[3]);
+}
+
+}  // namespace
+}  // namespace troupe::actors

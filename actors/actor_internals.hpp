@@ -23,6 +23,9 @@ class rendezvous_store;
 
 namespace troupe::actors {
 
+// An encoded transport::error: what every role answers a refused message or job with.
+std::string error_bytes(std::uint64_t job, transport::error_code code, std::string message, transport::retry r = transport::retry::failed);
+
 // The coordinator's key-value store seen from a process holding its handle (the rendezvous of
 // collective groups).
 std::shared_ptr<transport::rendezvous_store> coordinator_rendezvous(caf::actor_system& sys, const coordinator_actor& coordinator);

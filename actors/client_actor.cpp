@@ -14,14 +14,6 @@
 #include "transport/codec.hpp"
 
 namespace troupe::actors {
-namespace {
-
-std::string error_bytes(std::uint64_t job, transport::error_code code, std::string message, transport::retry r) {
-  return transport::encode(transport::error{job, code, std::move(message), r});
-}
-
-}  // namespace
-
 struct job_stream {
   std::mutex m;
   std::condition_variable cv;
@@ -160,6 +152,16 @@ using client_self = caf::stateful_actor<client_actor_state, client_actor_t::base
 
 void deliver(client_self* self, const std::string& bytes);
 
+// The chunks of job `id` that overtook its admission, delivered now that it is known.
+void deliver_early(client_self* self, std::uint64_t id) {
+  auto it = self->state.early.find(id);
+  if (it == self->state.early.end()) return;
+  auto chunks = std::move(it->second);
+  self->state.early_count -= chunks.size();
+  self->state.early.erase(it);
+  for (const auto& c : chunks) deliver(self, c);
+}
+
 // A job whose replica was lost is submitted again with the output already delivered, so it resumes
 // where it stopped on another replica.
 void resubmit(client_self* self, std::uint64_t old_id, std::shared_ptr<job_stream> stream, transport::error why,
@@ -180,12 +182,7 @@ void resubmit(client_self* self, std::uint64_t old_id, std::shared_ptr<job_strea
               return;
             }
             self->state.streams->alias(old_id, id);
-            if (auto it = self->state.early.find(id); it != self->state.early.end()) {
-              auto chunks = std::move(it->second);
-              self->state.early_count -= chunks.size();
-              self->state.early.erase(it);
-              for (const auto& c : chunks) deliver(self, c);
-            }
+            deliver_early(self, id);
           },
           [=](caf::error&) { stream->fail(why); });
 }
@@ -286,12 +283,7 @@ client_actor_t::behavior_type client_actor(client_self* self, coordinator_actor 
                       stream->request = std::get<transport::job_submit>(*m);
                       stream->request->model = model;  // resumed only on replicas of the model it was routed to
                     }
-                    if (auto it = self->state.early.find(id); it != self->state.early.end()) {
-                      auto chunks = std::move(it->second);
-                      self->state.early_count -= chunks.size();
-                      self->state.early.erase(it);
-                      for (const auto& c : chunks) deliver(self, c);
-                    }
+                    deliver_early(self, id);
                   }
                   rp.deliver(id, err);
                 },

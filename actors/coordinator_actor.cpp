@@ -33,10 +33,6 @@ std::string node_of(const state& st, const caf::actor& a) {
 
 namespace {
 
-std::string error_bytes(std::uint64_t job, transport::error_code code, std::string message, transport::retry r) {
-  return transport::encode(transport::error{job, code, std::move(message), r});
-}
-
 std::uint64_t affinity_key(const transport::prompt& p) {
   std::uint64_t h = 1469598103934665603ull;
   auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };

@@ -23,9 +23,6 @@ constexpr std::int64_t default_min_capacity = 256;
 // The actor's clock (CAF's test coordinator drives it in the unit tests), a steady clock otherwise.
 using clock = caf::actor_clock::clock_type;
 
-std::string error_reply(transport::error_code code, std::string message, transport::retry r = transport::retry::failed) {
-  return transport::encode(transport::error{0, code, std::move(message), r});
-}
 
 bool active(const replica_rec& r) { return r.state == transport::replica_state::preparing || r.state == transport::replica_state::serving; }
 
@@ -140,7 +137,7 @@ void fail_op(actor_t* self, std::uint64_t op_id, transport::error_code code, con
   if (op.previous < 0) st.deployments.erase(op.model);
   else if (auto d = st.deployments.find(op.model); d != st.deployments.end()) d->second.spec.replicas = op.previous;
   save_journal(st);
-  op.rp.deliver(error_reply(code, op.kind + " of '" + op.model + "': " + why));
+  op.rp.deliver(error_bytes(0, code, op.kind + " of '" + op.model + "': " + why));
 }
 
 // Asks the assigned nodes for the replica's actors: every stage before the last spawns rank actors,
@@ -377,24 +374,24 @@ caf::typed_response_promise<std::string> handle_deploy(actor_t* self, const std:
   std::string why;
   auto d = decode_deploy(bytes, why);
   if (!d) {
-    rp.deliver(error_reply(transport::error_code::bad_message, why));
+    rp.deliver(error_bytes(0, transport::error_code::bad_message, why));
     return rp;
   }
   if (d->load.model.empty()) {
-    rp.deliver(error_reply(transport::error_code::invalid_request, "a deployment names a checkpoint"));
+    rp.deliver(error_bytes(0, transport::error_code::invalid_request, "a deployment names a checkpoint"));
     return rp;
   }
   if (d->model.empty()) d->model = served_name(d->load.model);
   if (d->replicas < 1) {
-    rp.deliver(error_reply(transport::error_code::invalid_request, "a deployment has at least one replica (scale to 0 is not served)"));
+    rp.deliver(error_bytes(0, transport::error_code::invalid_request, "a deployment has at least one replica (scale to 0 is not served)"));
     return rp;
   }
   if (!goal_of(d->goal)) {
-    rp.deliver(error_reply(transport::error_code::invalid_request, "the planner's goal is latency, capacity or throughput, not '" + d->goal + "'"));
+    rp.deliver(error_bytes(0, transport::error_code::invalid_request, "the planner's goal is latency, capacity or throughput, not '" + d->goal + "'"));
     return rp;
   }
   if (op_pending(st, d->model)) {
-    rp.deliver(error_reply(transport::error_code::busy, "a deploy or scale of '" + d->model + "' is in progress", transport::retry::overloaded));
+    rp.deliver(error_bytes(0, transport::error_code::busy, "a deploy or scale of '" + d->model + "' is in progress", transport::retry::overloaded));
     return rp;
   }
   spdlog::info("event=deploy model={} path={} replicas={}", d->model, d->load.model, d->replicas);
@@ -402,7 +399,7 @@ caf::typed_response_promise<std::string> handle_deploy(actor_t* self, const std:
     // The same deployment again is its desired count again (idempotent); another checkpoint under a
     // taken name is refused.
     if (existing->second.spec.load.model != d->load.model) {
-      rp.deliver(error_reply(transport::error_code::name_taken, "'" + d->model + "' already serves " + existing->second.spec.load.model + " (deploy --name NAME)"));
+      rp.deliver(error_bytes(0, transport::error_code::name_taken, "'" + d->model + "' already serves " + existing->second.spec.load.model + " (deploy --name NAME)"));
       return rp;
     }
     const auto previous = existing->second.spec.replicas;
@@ -419,7 +416,7 @@ caf::typed_response_promise<std::string> handle_deploy(actor_t* self, const std:
     return rp;
   }
   if (st.nodes.empty()) {
-    rp.deliver(error_reply(transport::error_code::no_nodes, "no node has joined", transport::retry::overloaded));
+    rp.deliver(error_bytes(0, transport::error_code::no_nodes, "no node has joined", transport::retry::overloaded));
     return rp;
   }
   const auto op_id = st.next_op++;
@@ -447,21 +444,21 @@ caf::typed_response_promise<std::string> handle_scale(actor_t* self, const std::
   auto& st = self->state;
   auto m = transport::decode(bytes);
   if (!m || !std::holds_alternative<transport::scale>(*m)) {
-    rp.deliver(error_reply(transport::error_code::bad_message, m ? "the coordinator takes a Scale here" : m.error().message()));
+    rp.deliver(error_bytes(0, transport::error_code::bad_message, m ? "the coordinator takes a Scale here" : m.error().message()));
     return rp;
   }
   const auto sc = std::get<transport::scale>(*m);
   auto dep = st.deployments.find(sc.model);
   if (dep == st.deployments.end()) {
-    rp.deliver(error_reply(transport::error_code::unknown_model, "nothing named '" + sc.model + "' is deployed"));
+    rp.deliver(error_bytes(0, transport::error_code::unknown_model, "nothing named '" + sc.model + "' is deployed"));
     return rp;
   }
   if (sc.replicas < 1) {
-    rp.deliver(error_reply(transport::error_code::invalid_request, "a deployment keeps at least one replica"));
+    rp.deliver(error_bytes(0, transport::error_code::invalid_request, "a deployment keeps at least one replica"));
     return rp;
   }
   if (op_pending(st, sc.model)) {
-    rp.deliver(error_reply(transport::error_code::busy, "a deploy or scale of '" + sc.model + "' is in progress", transport::retry::overloaded));
+    rp.deliver(error_bytes(0, transport::error_code::busy, "a deploy or scale of '" + sc.model + "' is in progress", transport::retry::overloaded));
     return rp;
   }
   spdlog::info("event=scale model={} from={} to={}", sc.model, dep->second.spec.replicas, sc.replicas);

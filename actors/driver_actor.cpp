@@ -19,10 +19,6 @@
 namespace troupe::actors {
 namespace {
 
-std::string error_bytes(std::uint64_t job, transport::error_code code, std::string message, transport::retry r) {
-  return transport::encode(transport::error{job, code, std::move(message), r});
-}
-
 struct driver_job {
   std::uint64_t job = 0;
   client_actor_t client;

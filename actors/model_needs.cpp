@@ -53,24 +53,15 @@ std::uintmax_t checkpoint_bytes(const std::filesystem::path& p) {
 transport::resolved_model resolve_checkpoint(const std::filesystem::path& path) {
   transport::resolved_model out;
   out.path = path.string();
-  auto cfg = families::read_config(path);
-  if (!cfg) {
-    out.error = families::message(cfg.error());
-    return out;
-  }
-  auto e = families::registry::builtin().resolve(*cfg);
-  if (!e) {
-    out.error = e.error().message();
-    return out;
-  }
-  out.family = std::string((*e)->family);
-  out.bytes = checkpoint_bytes(path);
-  // The needs come from the weights' table (mmapped, not read): what the planner places.
+  // The handle resolves the family from the configuration and maps the weights' table (no tensor data
+  // is read): the family and the needs the planner places by.
   auto h = families::model_handle::load(path, families::registry::builtin());
   if (!h) {
     out.error = families::message(h.error());
     return out;
   }
+  out.family = std::string((*h)->family().family);
+  out.bytes = checkpoint_bytes(path);
   out.max_positions = (*h)->model().config().max_positions;
   if (auto r = requirements_of(**h)) {
     out.plannable = true;

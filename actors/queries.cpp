@@ -7,6 +7,10 @@
 
 namespace troupe::actors {
 
+std::string error_bytes(std::uint64_t job, transport::error_code code, std::string message, transport::retry r) {
+  return transport::encode(transport::error{job, code, std::move(message), r});
+}
+
 // A query waits this long for the coordinator or a driver: a peer that stopped answering is noticed by
 // heartbeats within seconds, so no query needs the 600 s a deployment may.
 constexpr auto query_timeout = std::chrono::seconds(10);

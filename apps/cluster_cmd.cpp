@@ -24,6 +24,8 @@
 #define TOML_EXCEPTIONS 0
 #include <toml++/toml.h>
 #include "actors/model_needs.hpp"
+#include "cluster/certs.hpp"
+#include "cluster/link_guard.hpp"
 #include "cluster/remote.hpp"
 #include "actors/status_text.hpp"
 #include "apps/default_model.hpp"
@@ -73,7 +75,7 @@ result<std::vector<deployment_entry>, std::string> apply_cluster_file(cluster_cm
   for (const auto& [k, v] : t)
     if (!top.contains(std::string(k.str()))) return unexpected(o.cluster_file + ": unknown section '" + std::string(k.str()) + "'");
   if (const auto* c = t["cluster"].as_table()) {
-    static const std::set<std::string> keys{"coordinator", "secret_file", "heartbeat_ms", "timeout_ms", "tls_cert", "tls_key", "tls_ca"};
+    static const std::set<std::string> keys{"coordinator", "secret_file", "heartbeat_ms", "timeout_ms", "tls_cert", "tls_key", "tls_ca", "insecure"};
     for (const auto& [k, v] : *c)
       if (!keys.contains(std::string(k.str()))) return unexpected(o.cluster_file + ": unknown key cluster." + std::string(k.str()));
     if (o.address.empty()) o.address = c->get("coordinator") ? (*c)["coordinator"].value_or(std::string()) : std::string();
@@ -83,6 +85,7 @@ result<std::vector<deployment_entry>, std::string> apply_cluster_file(cluster_cm
     if (o.tls_cert.empty()) o.tls_cert = (*c)["tls_cert"].value_or(std::string());
     if (o.tls_key.empty()) o.tls_key = (*c)["tls_key"].value_or(std::string());
     if (o.tls_ca.empty()) o.tls_ca = (*c)["tls_ca"].value_or(std::string());
+    if (!o.insecure) o.insecure = (*c)["insecure"].value_or(false);
   }
   if (const auto* nodes = t["node"].as_array())
     for (const auto& n : *nodes) {
@@ -146,6 +149,21 @@ std::optional<prepared> prepare(cluster_cmd_options& o, const char* cmd, const c
       std::fprintf(stderr, "troupe %s: cannot read %s\n", cmd, f->c_str());
       return std::nullopt;
     }
+  // Every link is mutual TLS unless the operator asks for plain links on loopback.
+  if (!any_tls) {
+    if (!o.insecure) {
+      std::fprintf(stderr,
+                   "troupe %s: the cluster's links need mutual TLS: give --tls-cert, --tls-key and --tls-ca (make them with "
+                   "`troupe certs init` and `troupe certs issue --name N`), or --insecure for plain links on a loopback address\n",
+                   cmd);
+      return std::nullopt;
+    }
+    if (!cluster::is_loopback(at->host)) {
+      std::fprintf(stderr, "troupe %s: --insecure is for loopback addresses only; %s needs mutual TLS (--tls-cert, --tls-key, --tls-ca)\n", cmd,
+                   at->host.c_str());
+      return std::nullopt;
+    }
+  }
   return prepared{*at, *secret};
 }
 
@@ -661,6 +679,22 @@ int run_collectives_cmd(const cluster_cmd_options& given) {
               algbw, busbw);
   std::printf("rank %d: %s\n", r, exact ? "all checks exact" : "a check FAILED");
   return exact ? 0 : 1;
+}
+
+}  // namespace troupe::app
+
+namespace troupe::app {
+
+int run_certs_cmd(const std::string& action, const std::string& dir, const std::string& name, int days) {
+  auto r = action == "init" ? cluster::init_ca(dir, "troupe-ca", days > 0 ? days : 3650) : cluster::issue(dir, name, days > 0 ? days : 825);
+  if (!r) {
+    std::fprintf(stderr, "troupe certs %s: %s\n", action.c_str(), r.error().c_str());
+    return 1;
+  }
+  std::printf("troupe certs %s: %s and %s\n", action.c_str(), r->certificate.c_str(), r->key.c_str());
+  if (action == "issue")
+    std::printf("give it to the process as --tls-cert %s --tls-key %s --tls-ca %s\n", r->certificate.c_str(), r->key.c_str(), (std::filesystem::path(dir) / "ca.pem").c_str());
+  return 0;
 }
 
 }  // namespace troupe::app

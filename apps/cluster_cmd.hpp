@@ -21,6 +21,7 @@ struct cluster_cmd_options {
   int heartbeat_ms = 500;
   int timeout_ms = 1500;
   std::string tls_cert, tls_key, tls_ca;  // mutual TLS on the cluster's links
+  bool insecure = false;    // plain links, allowed only when the address is loopback
   // deploy
   std::string model;
   int replicas = 1;
@@ -66,6 +67,8 @@ int run_gateway_cmd(const cluster_cmd_options& o);
 int run_scale_cmd(const cluster_cmd_options& o);
 int run_top_cmd(const cluster_cmd_options& o);
 int run_collectives_cmd(const cluster_cmd_options& o);
+// troupe certs init|issue: the cluster's CA and its processes' certificates (cluster/certs.hpp).
+int run_certs_cmd(const std::string& action, const std::string& dir, const std::string& name, int days);
 
 // "16GiB", "512MiB", "2000000" -> bytes; nullopt when it is none of those.
 std::optional<std::uint64_t> parse_bytes(const std::string& t);

@@ -5,7 +5,7 @@
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
-#include <caf/openssl/all.hpp>
+#include <caf/io/basp_broker.hpp>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -17,6 +17,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <set>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -24,6 +26,7 @@
 #include "actors/actor_internals.hpp"
 #include "actors/model_needs.hpp"
 #include "actors/status_text.hpp"
+#include "cluster/guarded_middleman.hpp"
 #include "engine/exec/cuda/cuda_executor.hpp"
 #include "transport/codec.hpp"
 #include "transport/collectives.hpp"
@@ -135,19 +138,37 @@ gatekeeper_actor_t::behavior_type gatekeeper_actor(caf::stateful_actor<gatekeepe
   };
 }
 
-void configure(caf::actor_system_config& cfg, const heartbeat_options& hb, std::size_t threads, const tls_options& tls = {}) {
+void configure(caf::actor_system_config& cfg, const heartbeat_options& hb, std::size_t threads) {
   cfg.load<caf::io::middleman>();
-  if (tls.enabled()) {
-    cfg.load<caf::openssl::manager>();
-    cfg.openssl_certificate = tls.certificate;
-    cfg.openssl_key = tls.key;
-    cfg.openssl_cafile = tls.ca_file;
-  }
   cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(hb.interval_ms)});
   cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::milliseconds(hb.timeout_ms)});
   cfg.set("scheduler.max-threads", threads);
   cfg.set("scheduler.policy", caf::atom("sharing"));
 }
+
+// The guard's settings for a process's links (cluster/link_guard.hpp): TLS from the files, or plain
+// links, which only a loopback address may use.
+result<cluster::guarded_links, std::string> links_for(const tls_options& tls, const std::string& host, bool server) {
+  cluster::guarded_links l;
+  if (!tls.enabled()) {
+    if (!cluster::is_loopback(host))
+      return unexpected("plain links are for loopback addresses only; " + host + " needs mutual TLS (--tls-cert, --tls-key, --tls-ca; troupe certs)");
+    return l;
+  }
+  auto ctx = server ? cluster::server_tls({tls.certificate, tls.key, tls.ca_file}) : cluster::client_tls({tls.certificate, tls.key, tls.ca_file});
+  if (!ctx) return unexpected(ctx.error());
+  l.tls = *ctx;
+  return l;
+}
+
+// The guarded middleman actor of a process, stopped before its actor system goes.
+struct guarded_mm {
+  caf::io::middleman_actor handle;
+  ~guarded_mm() {
+    if (handle) caf::anon_send_exit(handle, caf::exit_reason::kill);
+    handle = caf::io::middleman_actor{};
+  }
+};
 
 sigset_t block_stop_signals() {
   sigset_t set;
@@ -167,13 +188,12 @@ constexpr auto connect_timeout = std::chrono::seconds(30);
 // `inventory`: a node's devices (an encoded Inventory) and `max_replicas` its bound; the coordinator
 // takes both with the join, so a joined node is placeable at once.
 result<caf::actor, join_error> join(caf::actor_system& sys, const std::string& host, int port, const std::string& secret,
-                                     const std::string& role, const std::string& id, const caf::actor& peer, bool tls,
+                                     const std::string& role, const std::string& id, const caf::actor& peer, const caf::io::middleman_actor& mm,
                                      const std::string& inventory = {}, std::int32_t max_replicas = 0) {
   // The connection is asked of the middleman with a bound rather than through remote_actor(), which
   // waits without one: CAF 0.17's handshake has no timeout of its own (actor-framework issue #504), so a
   // peer that accepts and never answers would hold a rejoining node forever.
   caf::scoped_actor self{sys};
-  const auto mm = tls ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
   caf::actor gatekeeper;
   std::string reach_err = "no answer within " + std::to_string(connect_timeout.count()) + " s";
   self->request(mm, connect_timeout, caf::connect_atom::value, host, static_cast<std::uint16_t>(port))
@@ -206,9 +226,16 @@ result<caf::actor, join_error> join(caf::actor_system& sys, const std::string& h
 int run_coordinator(const coordinator_process_options& o) {
   init_logging("coordinator", o.host + ":" + std::to_string(o.port));
   auto set = block_stop_signals();
+  auto links = links_for(o.tls, o.host, true);
+  if (!links) {
+    spdlog::error("event=listen_refused address={}:{} reason=\"{}\"", o.host, o.port, links.error());
+    std::fprintf(stderr, "troupe coordinator: %s\n", links.error().c_str());
+    return 2;
+  }
   caf::actor_system_config cfg;
-  configure(cfg, o.heartbeat, 2, o.tls);
+  configure(cfg, o.heartbeat, 2);
   caf::actor_system sys{cfg};
+  guarded_mm mm{cluster::spawn_guarded_middleman(sys, *links)};
   auto registry = spawn_registry(sys);
   std::string journal;
   if (!o.state_dir.empty()) {
@@ -227,22 +254,34 @@ int run_coordinator(const coordinator_process_options& o) {
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(registry, caf::exit_reason::user_shutdown);
   };
-  auto port = o.tls.enabled() ? caf::openssl::publish(gatekeeper, static_cast<std::uint16_t>(o.port), o.host.c_str(), true)
-                              : sys.middleman().publish(gatekeeper, static_cast<std::uint16_t>(o.port), o.host.c_str(), true);
-  if (!port) {
-    spdlog::error("event=listen_failed address={}:{} reason=\"{}\"", o.host, o.port, sys.render(port.error()));
+  std::string published_err;
+  bool published = false;
+  {
+    caf::scoped_actor self{sys};
+    self->request(mm.handle, std::chrono::seconds(10), caf::publish_atom::value, std::uint16_t{0}, caf::actor_cast<caf::strong_actor_ptr>(gatekeeper),
+                  std::set<std::string>{}, std::string(), true)
+        .receive([&](std::uint16_t) { published = true; }, [&](caf::error& e) { published_err = sys.render(e); });
+  }
+  auto front = published ? cluster::link_front::start(o.host, o.port, links->tls, [feed = links->feed] { return cluster::feed_connection(*feed); }, links->limits)
+                         : result<std::unique_ptr<cluster::link_front>, std::string>(unexpected(published_err));
+  if (!front) {
+    spdlog::error("event=listen_failed address={}:{} reason=\"{}\"", o.host, o.port, front.error());
     stop();
     return 1;
   }
+  const int port = (*front)->port();
   if (!o.port_file.empty()) {
     std::ofstream f(o.port_file);
-    f << *port << "\n";
+    f << port << "\n";
   }
-  std::printf("troupe coordinator: listening on %s:%u\n", o.host.c_str(), static_cast<unsigned>(*port));
+  spdlog::info("event=listening address={}:{} links={}", o.host, port, links->tls ? "mutual_tls" : "plain_loopback");
+  std::printf("troupe coordinator: listening on %s:%d\n", o.host.c_str(), port);
   std::fflush(stdout);
   int sig = 0;
   sigwait(&set, &sig);
   spdlog::info("event=stopping");
+  front->reset();
+  cluster::close_feed(*links->feed);
   stop();
   return 0;
 }
@@ -271,6 +310,12 @@ int run_node(const node_process_options& o) {
   auto set = block_stop_signals();
   const std::string id = o.node_id.empty() ? "node-" + std::to_string(::getpid()) : o.node_id;
   init_logging("node", id);
+  auto links = links_for(o.tls, o.host, false);
+  if (!links) {
+    spdlog::error("event=join_refused reason=\"{}\"", links.error());
+    std::fprintf(stderr, "troupe node: %s\n", links.error().c_str());
+    return 2;
+  }
   std::atomic<bool> signalled{false};
   std::thread waiter([&] {
     int sig = 0;
@@ -284,14 +329,15 @@ int run_node(const node_process_options& o) {
   // every detached replica thread to be released, and a replica the lost link still references would
   // hold that wait forever (seen once in thirty cut-and-restore runs).
   caf::actor_system_config cfg;
-  configure(cfg, o.heartbeat, 2, o.tls);
+  configure(cfg, o.heartbeat, 2);
   caf::actor_system sys{cfg};
+  guarded_mm mm{cluster::spawn_guarded_middleman(sys, *links)};
   const std::string collective_host = o.collective_host.empty() ? local_address_toward(o.host, o.port) : o.collective_host;
   spdlog::info("event=collectives_listen host={}", collective_host);
   while (!signalled) {
     if (joined_once) spdlog::info("event=rejoining coordinator={}:{}", o.host, o.port);
     auto node = spawn_node(sys, o.executor_threads, o.max_per_replica, o.device_memory, collective_host, o.cuda_devices);
-    auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, caf::actor_cast<caf::actor>(node), o.tls.enabled(),
+    auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, caf::actor_cast<caf::actor>(node), mm.handle,
                             transport::encode(transport::inventory{{transport::node_inventory{id, node_devices(o)}}}), o.max_replicas);
     if (!coordinator) {
       caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
@@ -353,10 +399,13 @@ struct session_state {
   std::unique_ptr<caf::actor_system> sys;
   coordinator_actor coordinator;
   caf::actor watcher;  // monitors the coordinator (sets `lost`)
+  caf::io::middleman_actor mm;  // the guarded middleman (cluster/guarded_middleman.hpp)
   client_set clients;
   ~session_state() {
     clients.close_all();
     if (watcher) caf::anon_send_exit(watcher, caf::exit_reason::user_shutdown);
+    if (mm) caf::anon_send_exit(mm, caf::exit_reason::kill);
+    mm = caf::io::middleman_actor{};  // the last strong reference: the actor system waits for it
     coordinator = coordinator_actor{};
     sys.reset();
   }
@@ -378,10 +427,13 @@ std::string_view name(join_error_code c) {
 
 result<std::unique_ptr<session>, join_error> session::connect(const std::string& host, int port, const std::string& secret, heartbeat_options hb,
                                                               tls_options tls) {
+  auto links = links_for(tls, host, false);
+  if (!links) return unexpected(join_error{join_error_code::refused, links.error()});
   auto s = std::make_unique<session_state>();
-  configure(s->cfg, hb, 2, tls);
+  configure(s->cfg, hb, 2);
   s->sys = std::make_unique<caf::actor_system>(s->cfg);
-  auto c = join(*s->sys, host, port, secret, "client", "client-" + std::to_string(::getpid()), caf::actor{}, tls.enabled());
+  s->mm = cluster::spawn_guarded_middleman(*s->sys, *links);
+  auto c = join(*s->sys, host, port, secret, "client", "client-" + std::to_string(::getpid()), caf::actor{}, s->mm);
   if (!c) return unexpected(c.error());
   s->coordinator = caf::actor_cast<coordinator_actor>(*c);
   // A watcher of the coordinator's link: a lost coordinator is known at once (healthy(), the queries),

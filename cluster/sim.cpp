@@ -5,6 +5,7 @@
 // (cut and restore act on a loopback relay between node I and the coordinator)
 // and runs until `quit`, SIGINT or SIGTERM (stdin at its end only stops the commands).
 #include "cluster/sim.hpp"
+#include "cluster/certs.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -205,6 +206,27 @@ int run_sim(const sim_options& o) {
     f << "\n";
   }
   fs::permissions(dir / "secret", fs::perms::owner_read | fs::perms::owner_write);
+  // A throw-away CA for this cluster: every link is mutual TLS, as in a real one. The coordinator, each
+  // node and the clients (the sim itself, `troupe submit --cluster-file DIR/cluster.toml`) get a
+  // certificate of their own.
+  const fs::path certs = dir / "certs";
+  {
+    std::error_code ec;
+    fs::remove_all(certs, ec);
+    std::vector<std::string> names{"coordinator", "client"};
+    for (int i = 0; i < o.nodes; ++i) names.push_back("sim-node-" + std::to_string(i));
+    auto ca = init_ca(certs, "troupe-sim-ca", 30);
+    for (std::size_t i = 0; ca && i < names.size(); ++i)
+      if (auto r = issue(certs, names[i], 30); !r) ca = unexpected(r.error());
+    if (!ca) {
+      std::fprintf(stderr, "troupe sim: cannot make the cluster's certificates: %s\n", ca.error().c_str());
+      return 1;
+    }
+  }
+  auto tls_args = [&](const std::string& who) {
+    return std::vector<std::string>{"--tls-cert", (certs / (who + ".pem")).string(), "--tls-key", (certs / (who + ".key")).string(), "--tls-ca",
+                                    (certs / "ca.pem").string()};
+  };
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
@@ -248,6 +270,7 @@ int run_sim(const sim_options& o) {
   std::vector<std::string> cargs{self, "coordinator", "--listen", "127.0.0.1:0", "--secret-file", (dir / "secret").string(), "--port-file",
                                  (dir / "port").string()};
   cargs.insert(cargs.end(), hb.begin(), hb.end());
+  for (auto& a : tls_args("coordinator")) cargs.push_back(a);
   fs::remove(dir / "port");
   const pid_t coordinator = spawn(cargs, dir / "coordinator.log");
   started_add(coordinator);
@@ -268,6 +291,7 @@ int run_sim(const sim_options& o) {
     std::vector<std::string> a{self, "node", "--join", "127.0.0.1:" + std::to_string(relays[static_cast<std::size_t>(i)]->port()), "--secret-file", (dir / "secret").string(),
                                "--node-id", "sim-node-" + std::to_string(i), "--threads", std::to_string(o.threads)};
     a.insert(a.end(), hb.begin(), hb.end());
+    for (auto& t : tls_args("sim-node-" + std::to_string(i))) a.push_back(t);
     if (!o.device_memory.empty()) {
       a.push_back("--device-memory");
       a.push_back(o.device_memory);
@@ -285,7 +309,15 @@ int run_sim(const sim_options& o) {
     stop_together(all);
   };
   auto secret = actors::read_secret(dir / "secret");
-  auto s = actors::session::connect("127.0.0.1", port, secret ? *secret : std::string());
+  {
+    std::ofstream f(dir / "cluster.toml");
+    f << "# written by troupe sim: a client's view of this cluster (troupe submit --cluster-file " << (dir / "cluster.toml").string() << ")\n"
+      << "[cluster]\ncoordinator = \"127.0.0.1:" << port << "\"\nsecret_file = \"" << (dir / "secret").string() << "\"\n"
+      << "tls_cert = \"" << (certs / "client.pem").string() << "\"\ntls_key = \"" << (certs / "client.key").string() << "\"\ntls_ca = \""
+      << (certs / "ca.pem").string() << "\"\n";
+  }
+  auto s = actors::session::connect("127.0.0.1", port, secret ? *secret : std::string(), {o.heartbeat_ms, o.timeout_ms},
+                                    {(certs / "client.pem").string(), (certs / "client.key").string(), (certs / "ca.pem").string()});
   if (!s) {
     std::fprintf(stderr, "troupe sim: %s\n", describe(s.error()).c_str());
     stop_all();
@@ -296,7 +328,8 @@ int run_sim(const sim_options& o) {
     if (auto st = (*s)->cluster_status(); st && st->nodes.size() >= static_cast<std::size_t>(o.nodes)) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  std::printf("troupe sim: coordinator 127.0.0.1:%d, secret %s, %d node(s), logs in %s\n", port, (dir / "secret").c_str(), o.nodes, dir.c_str());
+  std::printf("troupe sim: coordinator 127.0.0.1:%d, secret %s, %d node(s), logs in %s, cluster file %s (mutual TLS, a throw-away CA)\n", port,
+              (dir / "secret").c_str(), o.nodes, dir.c_str(), (dir / "cluster.toml").c_str());
   for (const auto& model : models) {
     driver::driver_options d;
     d.max_rows = o.max_rows;

@@ -22,8 +22,8 @@ grep -q "cuda" "$tmp/probe.err" || { echo "generate --backend cuda failed withou
 set +e
 "$troupe" generate --backend cuda --prompt "x" --max-tokens 1 >/dev/null 2>&1; rc1=$?
 "$troupe" bench --backend cuda --model /nonexistent.gguf >/dev/null 2>&1; rc2=$?
-"$troupe" node --join 127.0.0.1:9 --secret-file "$tmp/secret" --devices cuda:0 > /dev/null 2> "$tmp/node.err"; rc3=$?
-"$troupe" node --join 127.0.0.1:9 --secret-file "$tmp/secret" --devices tpu:0 > /dev/null 2> "$tmp/node2.err"; rc4=$?
+"$troupe" node --join 127.0.0.1:9 --insecure --secret-file "$tmp/secret" --devices cuda:0 > /dev/null 2> "$tmp/node.err"; rc3=$?
+"$troupe" node --join 127.0.0.1:9 --insecure --secret-file "$tmp/secret" --devices tpu:0 > /dev/null 2> "$tmp/node2.err"; rc4=$?
 "$troupe" generate --backend cuda --tensor-parallel 2 --prompt "x" > /dev/null 2> "$tmp/tp.err"; rc5=$?
 set -e
 for rc in $rc1 $rc2 $rc3 $rc4 $rc5; do [ "$rc" = 2 ] || { echo "expected exit 2, got $rc1 $rc2 $rc3 $rc4 $rc5"; exit 1; }; done

@@ -22,12 +22,12 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
 echo "plan-test-secret-0123456789abcdef" > "$dir/secret"
-"$troupe" coordinator --listen 127.0.0.1:0 --secret-file "$dir/secret" --port-file "$dir/port" > "$dir/c.log" 2>&1 &
+"$troupe" coordinator --listen 127.0.0.1:0 --insecure --secret-file "$dir/secret" --port-file "$dir/port" > "$dir/c.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [ -s "$dir/port" ] && break; sleep 0.05; done
-at=(--coordinator "127.0.0.1:$(cat "$dir/port")" --secret-file "$dir/secret")
+at=(--coordinator "127.0.0.1:$(cat "$dir/port")" --insecure --secret-file "$dir/secret")
 for n in a b; do
-  "$troupe" node --join "127.0.0.1:$(cat "$dir/port")" --secret-file "$dir/secret" --node-id "$n" --device-memory 9MiB > "$dir/$n.log" 2>&1 &
+  "$troupe" node --join "127.0.0.1:$(cat "$dir/port")" --insecure --secret-file "$dir/secret" --node-id "$n" --device-memory 9MiB > "$dir/$n.log" 2>&1 &
   pids+=($!)
 done
 for _ in $(seq 100); do "$troupe" status "${at[@]}" --json 2>/dev/null | grep -q '"b"' && "$troupe" status "${at[@]}" --json | grep -q '"a"' && break; sleep 0.1; done

@@ -28,7 +28,7 @@ exec 3> "$dir/cmd"
 for _ in $(seq 300); do grep -q "coordinator 127.0.0.1" "$dir/out" && break; sleep 0.1; done
 port="$(sed -n 's/.*coordinator 127.0.0.1:\([0-9]*\),.*/\1/p' "$dir/out")"
 [ -n "$port" ] || fail "no coordinator: $(cat "$dir/out")"
-at=(--coordinator "127.0.0.1:$port" --secret-file "$dir/sim/secret")
+at=(--cluster-file "$dir/sim/cluster.toml")
 status() { "$troupe" status "${at[@]}" --json; }
 # py EXPR: evaluates EXPR over the status JSON `s`.
 py() { status | python3 -c "import json,sys; s=json.load(sys.stdin); print($1)"; }
@@ -114,7 +114,7 @@ exec 4> "$dir/cmd2"
 for _ in $(seq 300); do grep -q "deployed on\|deploy:" "$dir/out2" && break; sleep 0.1; done
 grep -q "deployed on 1 replica" "$dir/out2" || fail "the split deploy: $(cat "$dir/out2")"
 port2="$(sed -n 's/.*coordinator 127.0.0.1:\([0-9]*\),.*/\1/p' "$dir/out2")"
-at2=(--coordinator "127.0.0.1:$port2" --secret-file "$dir/sim2/secret")
+at2=(--cluster-file "$dir/sim2/cluster.toml")
 split="$("$troupe" status "${at2[@]}" --json | python3 -c 'import json,sys; r=json.load(sys.stdin)["replicas"][0]; print(r["pipeline_parallel"], len(set(r["nodes"])))')"
 [ "$split" = "2 2" ] || fail "the model was not split across the two nodes: $split"
 got="$("$troupe" submit "${at2[@]}" --prompt "And God said" --max-tokens 16 --json | sed 's/.*"tokens":\(\[[^]]*\]\).*/\1/')"

@@ -7,6 +7,8 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -92,7 +94,7 @@ struct cluster_fixture {
     dir = fs::temp_directory_path() / ("troupe-mp-" + std::to_string(::getpid()));
     fs::create_directories(dir);
     std::ofstream(dir / "secret") << secret << "\n";
-    coordinator = spawn({TROUPE_BIN, "coordinator", "--listen", "127.0.0.1:0", "--secret-file", (dir / "secret").string(), "--port-file",
+    coordinator = spawn({TROUPE_BIN, "coordinator", "--listen", "127.0.0.1:0", "--insecure", "--secret-file", (dir / "secret").string(), "--port-file",
                          (dir / "port").string(), "--heartbeat-ms", "200", "--timeout-ms", "800"},
                         dir / "coordinator.log");
     for (int i = 0; i < 600 && port == 0; ++i) {
@@ -101,7 +103,7 @@ struct cluster_fixture {
     }
   }
   process node(const std::string& id, const std::string& secret_file) {
-    return spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(port), "--secret-file", secret_file, "--node-id", id,
+    return spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(port), "--insecure", "--secret-file", secret_file, "--node-id", id,
                   "--heartbeat-ms", "200", "--timeout-ms", "800"},
                  dir / (id + ".log"));
   }
@@ -320,16 +322,49 @@ TEST(multiprocess, scaling_one_to_three_to_one_under_load_fails_no_job) {
   EXPECT_EQ(replicas, 1u);
 }
 
+// VmRSS of a process, in bytes.
+std::uint64_t rss_of(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+int raw_connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A BASP header as CAF 0.17 writes it (operation, padding, flags, payload length big-endian, 24 bytes
+// of operation data and actor ids) followed by `payload`.
+std::string basp(std::uint8_t op, std::uint32_t claimed, std::uint64_t dest_actor, const std::string& payload) {
+  std::string h(32, '\0');
+  h[0] = static_cast<char>(op);
+  for (int i = 0; i < 4; ++i) h[4 + i] = static_cast<char>(claimed >> (24 - 8 * i));
+  for (int i = 0; i < 8; ++i) h[24 + i] = static_cast<char>(dest_actor >> (56 - 8 * i));
+  return h + payload;
+}
+
 TEST(multiprocess, tls_links_carry_jobs_and_refuse_plain_peers) {
   cluster_fixture plain;  // only for its directory and secret; its plain coordinator is not used
   const auto d = plain.dir;
-  const std::string gen = "cd '" + d.string() + "' && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=troupe-test-ca"
-                          " >/dev/null 2>&1 && for n in coord node client; do openssl req -newkey rsa:2048 -nodes -keyout $n.key -out $n.csr -subj /CN=$n"
-                          " >/dev/null 2>&1 && openssl x509 -req -in $n.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out $n.pem -days 1 >/dev/null 2>&1 || exit 1; done";
-  ASSERT_EQ(std::system(gen.c_str()), 0) << "openssl could not make the test certificates";
+  auto certs = [&](const std::string& args) { return std::system((std::string(TROUPE_BIN) + " certs " + args + " >/dev/null").c_str()); };
+  ASSERT_EQ(certs("init --dir '" + (d / "ca").string() + "'"), 0);
+  for (const char* n : {"coord", "node", "client"}) ASSERT_EQ(certs("issue --dir '" + (d / "ca").string() + "' --name " + n), 0);
+  ASSERT_EQ(certs("init --dir '" + (d / "other").string() + "'"), 0);
+  ASSERT_EQ(certs("issue --dir '" + (d / "other").string() + "' --name client"), 0);
   auto tls_args = [&](const std::string& who) {
-    return std::vector<std::string>{"--tls-cert", (d / (who + ".pem")).string(), "--tls-key", (d / (who + ".key")).string(), "--tls-ca",
-                                    (d / "ca.pem").string()};
+    return std::vector<std::string>{"--tls-cert", (d / "ca" / (who + ".pem")).string(), "--tls-key", (d / "ca" / (who + ".key")).string(), "--tls-ca",
+                                    (d / "ca" / "ca.pem").string()};
   };
   std::vector<std::string> cargs{TROUPE_BIN, "coordinator", "--listen", "127.0.0.1:0", "--secret-file", (d / "secret").string(), "--port-file",
                                  (d / "tls-port").string()};
@@ -345,7 +380,7 @@ TEST(multiprocess, tls_links_carry_jobs_and_refuse_plain_peers) {
                                  "--node-id", "t0"};
   for (auto& a : tls_args("node")) nargs.push_back(a);
   process node = spawn(nargs, d / "tls-node.log");
-  const tls_options tls{(d / "client.pem").string(), (d / "client.key").string(), (d / "ca.pem").string()};
+  const tls_options tls{(d / "ca" / "client.pem").string(), (d / "ca" / "client.key").string(), (d / "ca" / "ca.pem").string()};
   auto s = session::connect("127.0.0.1", port, plain.secret, {200, 800}, tls);
   ASSERT_TRUE(s) << describe(s.error());
   for (int i = 0; i < 100; ++i) {
@@ -360,8 +395,42 @@ TEST(multiprocess, tls_links_carry_jobs_and_refuse_plain_peers) {
     auto r = cl->submit(job_for(i))->wait();
     EXPECT_EQ(r.tokens, ref[static_cast<std::size_t>(i)]) << "job " << i;
   }
-  // A peer without TLS cannot even reach the gatekeeper.
+  // Short sessions come and go (each `troupe status`): the node's link and its replica stay (CAF's own
+  // TLS module dropped the other links when one closed).
+  for (int i = 0; i < 8; ++i) {
+    auto brief = session::connect("127.0.0.1", port, plain.secret, {200, 800}, tls);
+    ASSERT_TRUE(brief) << describe(brief.error());
+    EXPECT_TRUE((*brief)->status());
+  }
+  // A peer without a certificate of the cluster's CA reaches nothing: not with plain CAF (a forged
+  // client handshake and a job for the coordinator's actor number), not with another CA's certificate,
+  // not with a header claiming 4 GiB, not with 500 silent connections; the coordinator's memory stays.
+  const auto rss_before = rss_of(coordinator.pid);
   EXPECT_FALSE(session::connect("127.0.0.1", port, plain.secret, {200, 800}));
+  const tls_options stranger{(d / "other" / "client.pem").string(), (d / "other" / "client.key").string(), (d / "other" / "ca.pem").string()};
+  EXPECT_FALSE(session::connect("127.0.0.1", port, plain.secret, {200, 800}, stranger));
+  for (std::uint64_t actor : {1u, 7u, 9u}) {
+    const int fd = raw_connect(port);
+    ASSERT_GE(fd, 0);
+    const auto forged = basp(1, 0, 0, "") + basp(2, 4, actor, "job!") + basp(2, 0xfffffff0u, actor, "");
+    ::send(fd, forged.data(), forged.size(), MSG_NOSIGNAL);
+    ::close(fd);
+  }
+  std::vector<int> silent;
+  for (int i = 0; i < 500; ++i) silent.push_back(raw_connect(port));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto again = cl->submit(job_for(0))->wait();
+  EXPECT_EQ(again.tokens, ref[0]) << "the coordinator stopped serving its node under the flood";
+  for (int fd : silent) ::close(fd);
+  const auto rss_after = rss_of(coordinator.pid);
+  EXPECT_LT(rss_after, rss_before + (50u << 20)) << rss_before << " -> " << rss_after;
+  std::ifstream log(d / "tls-coordinator.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(text.find("event=link_refused"), std::string::npos) << "refusals are logged";
+  auto st = (*s)->cluster_status();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->replicas.size(), 1u);
+  EXPECT_EQ(st->nodes.size(), 1u);
 }
 
 TEST(multiprocess, sigterm_drains_a_node_before_it_leaves) {
@@ -395,7 +464,7 @@ TEST(multiprocess, sigterm_drains_a_node_before_it_leaves) {
 
 TEST(multiprocess, a_device_hosts_as_many_executors_as_its_node_allows) {
   cluster_fixture c;
-  auto node = spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--secret-file", (c.dir / "secret").string(), "--node-id",
+  auto node = spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--insecure", "--secret-file", (c.dir / "secret").string(), "--node-id",
                      "m0", "--max-replicas", "2", "--heartbeat-ms", "200", "--timeout-ms", "800"},
                     c.dir / "m0.log");
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
@@ -438,7 +507,7 @@ void expect_one_devices_tokens(session& s) {
 void serve_split_replica(int tp, int pp, const std::string& refused_tp_pp, const std::string& why) {
   cluster_fixture c;
   const std::string id = "split" + std::to_string(tp) + "x" + std::to_string(pp);
-  auto node = spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--secret-file", (c.dir / "secret").string(), "--node-id",
+  auto node = spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--insecure", "--secret-file", (c.dir / "secret").string(), "--node-id",
                      id, "--heartbeat-ms", "200", "--timeout-ms", "800"},
                     c.dir / (id + ".log"));
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
@@ -519,7 +588,7 @@ TEST(multiprocess, collective_groups_meet_through_the_coordinators_rendezvous) {
   cluster_fixture c;
   std::vector<process> ranks;
   for (int r = 0; r < 3; ++r)
-    ranks.push_back(spawn({TROUPE_BIN, "collectives", "--coordinator", "127.0.0.1:" + std::to_string(c.port), "--secret-file", (c.dir / "secret").string(),
+    ranks.push_back(spawn({TROUPE_BIN, "collectives", "--coordinator", "127.0.0.1:" + std::to_string(c.port), "--insecure", "--secret-file", (c.dir / "secret").string(),
                            "--group", "g3", "--rank", std::to_string(r), "--size", "3", "--floats", "4099", "--rounds", "2"},
                           c.dir / ("rank" + std::to_string(r) + ".log")));
   for (int r = 0; r < 3; ++r) {
@@ -552,7 +621,7 @@ TEST(multiprocess, collective_groups_meet_through_the_coordinators_rendezvous) {
 TEST(multiprocess, a_simulated_device_of_declared_memory_takes_what_fits) {
   cluster_fixture c;
   // About 16 MB per replica of the test model (weights and KV pool): 24 MiB holds one, not two.
-  auto node = spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--secret-file", (c.dir / "secret").string(), "--node-id",
+  auto node = spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--insecure", "--secret-file", (c.dir / "secret").string(), "--node-id",
                      "mem0", "--device-memory", "24MiB", "--heartbeat-ms", "200", "--timeout-ms", "800"},
                     c.dir / "mem0.log");
   auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
@@ -617,7 +686,7 @@ std::uint64_t replica_bytes(std::int64_t tokens) {
 }
 
 process node_with_memory(cluster_fixture& c, const std::string& id, std::uint64_t bytes) {
-  return spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--secret-file", (c.dir / "secret").string(), "--node-id", id,
+  return spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--insecure", "--secret-file", (c.dir / "secret").string(), "--node-id", id,
                 "--device-memory", std::to_string(bytes), "--heartbeat-ms", "200", "--timeout-ms", "800"},
                c.dir / (id + ".log"));
 }
@@ -685,7 +754,7 @@ TEST(multiprocess, a_replica_that_fails_to_prepare_takes_nothing_with_it) {
   // The same deployment again is idempotent; a second node with a taken id is refused by name.
   ASSERT_TRUE((*s)->deploy(model_path(), 2, driver_opts()));
   EXPECT_EQ((*s)->cluster_status()->replicas.size(), 2u);
-  auto twin = spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--secret-file", (c.dir / "secret").string(), "--node-id",
+  auto twin = spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(c.port), "--insecure", "--secret-file", (c.dir / "secret").string(), "--node-id",
                      "fa", "--heartbeat-ms", "200", "--timeout-ms", "800"},
                     c.dir / "twin.log");
   EXPECT_EQ(twin.wait_exit(), 3);
@@ -771,7 +840,7 @@ TEST(multiprocess, a_restarted_coordinator_serves_the_deployments_it_had) {
   // The fixture's coordinator keeps no state: replace it by one that does, on the same port.
   c.coordinator.stop();
   auto coordinator = [&] {
-    return spawn({TROUPE_BIN, "coordinator", "--listen", listen, "--secret-file", (c.dir / "secret").string(), "--state-dir", state.string(),
+    return spawn({TROUPE_BIN, "coordinator", "--listen", listen, "--insecure", "--secret-file", (c.dir / "secret").string(), "--state-dir", state.string(),
                   "--heartbeat-ms", "200", "--timeout-ms", "800"},
                  c.dir / "coordinator2.log");
   };

@@ -13,7 +13,7 @@ exec 3> "$dir/cmd"
 for _ in $(seq 300); do grep -q "deployed on 2 replica" "$dir/out" && break; sleep 0.1; done
 grep -q "deployed on 2 replica" "$dir/out" || { cat "$dir/out"; exit 1; }
 port="$(sed -n 's/.*coordinator 127.0.0.1:\([0-9]*\),.*/\1/p' "$dir/out")"
-answer="$("$troupe" submit --coordinator "127.0.0.1:$port" --secret-file "$dir/sim/secret" --prompt-ids 5,6,7 --max-tokens 6 --json)"
+answer="$("$troupe" submit --cluster-file "$dir/sim/cluster.toml" --prompt-ids 5,6,7 --max-tokens 6 --json)"
 echo "$answer" | grep -q '"finish_reason":"length"' || { echo "bad answer: $answer"; exit 1; }
 # The node set of the latest status line, sorted (nodes rejoin in any order; under load a slow node
 # may even be declared lost and rejoin, which reorders the list).

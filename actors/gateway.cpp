@@ -1,4 +1,5 @@
 #include "actors/gateway.hpp"
+#include "actors/http_front.hpp"
 
 #include <httplib.h>
 #include <sys/socket.h>
@@ -299,6 +300,9 @@ struct gateway_state {
     return models_cache;
   }
   std::thread thread;
+  httplib::Server lane;  // the reserved lane: connections that open with /health, /ready or /metrics
+  std::thread lane_thread;
+  std::unique_ptr<http_front> front;  // what listens on the gateway's address (actors/http_front.hpp)
   int port = 0;
   metrics stats;
   std::atomic<bool> stopped{false};
@@ -692,6 +696,7 @@ gateway::gateway(std::unique_ptr<gateway_state> s) : s_(std::move(s)) {}
 gateway::~gateway() {
   stop();
   if (s_->thread.joinable()) s_->thread.join();
+  if (s_->lane_thread.joinable()) s_->lane_thread.join();
 }
 
 int gateway::port() const { return s_->port; }
@@ -699,21 +704,19 @@ void gateway::wait() {
   if (s_->thread.joinable()) s_->thread.join();
 }
 void gateway::stop() {
-  if (!s_->stopped.exchange(true)) s_->server.stop();
+  if (s_->stopped.exchange(true)) return;
+  s_->front.reset();  // no new connection, the open ones closed
+  s_->server.stop();
+  s_->lane.stop();
 }
 
-result<std::unique_ptr<gateway>, std::string> gateway::start(serving_backend& cluster, const std::filesystem::path& model, gateway_options options) {
-  auto s = std::make_unique<gateway_state>();
-  s->options = options;
-  s->cluster = &cluster;
-  s->cl = cluster.connect();
-  s->model = cluster.model_name();
-  if (!model.empty())
-    if (auto c = text::text_codec::open(model)) s->codec.emplace(std::move(*c));
-  auto* st = s.get();
-  auto& srv = s->server;
-  const int threads = std::max(4, options.http_threads);
+namespace {
+
+// The routes and limits of one of the gateway's httplib servers (the main pool and the reserved lane
+// serve the same routes; the front decides which one a connection reaches).
+void serve_routes(httplib::Server& srv, gateway_state* st, const gateway_options& options, int threads) {
   srv.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
+
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server on a port in
   // use binds too and the kernel splits the connections between the two.
   srv.set_socket_options([](socket_t sock) {
@@ -774,10 +777,36 @@ result<std::unique_ptr<gateway>, std::string> gateway::start(serving_backend& cl
   srv.Post("/v1/embeddings", [st](const httplib::Request&, httplib::Response& res) {
     st->reply_error("/v1/embeddings", res, {501, "embeddings are not served yet", "", "unsupported"});
   });
-  const int port = options.port == 0 ? srv.bind_to_any_port(options.host) : (srv.bind_to_port(options.host, options.port) ? options.port : -1);
-  if (port < 0) return unexpected("cannot listen on " + options.host + ":" + std::to_string(options.port));
-  s->port = port;
+}
+
+}  // namespace
+
+result<std::unique_ptr<gateway>, std::string> gateway::start(serving_backend& cluster, const std::filesystem::path& model, gateway_options options) {
+  auto s = std::make_unique<gateway_state>();
+  s->options = options;
+  s->cluster = &cluster;
+  s->cl = cluster.connect();
+  s->model = cluster.model_name();
+  if (!model.empty())
+    if (auto c = text::text_codec::open(model)) s->codec.emplace(std::move(*c));
+  auto* st = s.get();
+  serve_routes(s->server, st, options, std::max(4, options.http_threads));
+  serve_routes(s->lane, st, options, 4);
+  const int main_port = s->server.bind_to_any_port("127.0.0.1");
+  const int lane_port = s->lane.bind_to_any_port("127.0.0.1");
+  if (main_port < 0 || lane_port < 0) return unexpected(std::string("cannot bind the gateway's loopback servers"));
+  http_limits limits;
+  limits.max_body_bytes = options.max_body_bytes;
+  limits.max_connections = options.max_connections;
+  limits.max_connections_per_client = options.max_connections_per_client;
+  limits.head_deadline = std::chrono::milliseconds(options.head_deadline_ms);
+  limits.body_deadline = std::chrono::milliseconds(options.body_deadline_ms);
+  auto front = http_front::start(options.host, options.port, main_port, lane_port, limits);
+  if (!front) return unexpected(front.error());
+  s->front = std::move(*front);
+  s->port = s->front->port();
   s->thread = std::thread([st] { st->server.listen_after_bind(); });
+  s->lane_thread = std::thread([st] { st->lane.listen_after_bind(); });
   return std::unique_ptr<gateway>(new gateway(std::move(s)));
 }
 

@@ -23,6 +23,10 @@ struct gateway_options {
   int http_threads = 128;                  // concurrent connections served (streams hold one each)
   int io_timeout_s = 30;                   // read/write timeout per connection
   std::int32_t max_n = 16;                 // choices per request
+  int max_connections = 1024;              // open client connections, in all (the front refuses more: 503)
+  int max_connections_per_client = 64;     // per client address
+  int head_deadline_ms = 10000;            // a request's head must arrive within this (else 408)
+  int body_deadline_ms = 30000;            // and its body within this after the head
 };
 
 // Reads an API key file: one key a line; blank lines and lines starting with '#' are skipped.

@@ -2,6 +2,7 @@
 // coordinator listens with, the dialer a node or session connects with, and the pump between a link and
 // CAF's end of it, which checks BASP's framing on the way in.
 #include "cluster/link_guard.hpp"
+#include "transport/sockets.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -75,12 +76,8 @@ result<std::shared_ptr<tls_context>, std::string> make_tls(const tls_files& f, b
   return ctx;
 }
 
-void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
-
-void no_delay(int fd) {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
+using transport::set_nonblocking;
+void no_delay(int fd) { transport::set_no_delay(fd); }
 
 std::string peer_of(const sockaddr_storage& a) {
   char buf[INET6_ADDRSTRLEN] = "?";
@@ -476,32 +473,10 @@ result<std::unique_ptr<link_front>, std::string> link_front::start(const std::st
   p->sh->limits = limits;
   p->sh->tls = std::move(tls);
   p->sh->inner = std::move(inner);
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  const std::string service = std::to_string(port);
-  if (const int e = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res); e != 0)
-    return unexpected("cannot resolve " + host + ": " + ::gai_strerror(e));
-  std::string why = "no address";
-  for (auto* a = res; a && p->listen_fd < 0; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 1024) == 0) {
-      p->listen_fd = fd;
-      sockaddr_storage s{};
-      socklen_t len = sizeof s;
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&s), &len);
-      p->port = ntohs(s.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(s).sin6_port : reinterpret_cast<sockaddr_in&>(s).sin_port);
-    } else {
-      why = std::strerror(errno);
-      ::close(fd);
-    }
-  }
-  ::freeaddrinfo(res);
-  if (p->listen_fd < 0) return unexpected("cannot listen on " + host + ":" + service + ": " + why);
+  auto l = transport::listen_tcp(host, port);
+  if (!l) return unexpected(l.error());
+  p->listen_fd = l->fd;
+  p->port = l->port;
   if (::pipe2(p->wake, O_CLOEXEC) != 0) return unexpected(std::string("cannot make a pipe: ") + std::strerror(errno));
   auto* raw = p.get();
   p->acceptor = std::thread([raw] { raw->accept_loop(); });
@@ -531,36 +506,10 @@ link_counters link_front::counters() const {
 result<int, std::string> dial_link(const std::string& host, int port, std::shared_ptr<tls_context> tls, const link_limits& limits,
                                    std::chrono::milliseconds deadline) {
   const auto until = clock::now() + deadline;
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
   const std::string service = std::to_string(port);
-  if (const int e = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res); e != 0) return unexpected("cannot resolve " + host + ": " + ::gai_strerror(e));
-  int fd = -1;
-  std::string why = "no address";
-  for (auto* a = res; a && fd < 0; a = a->ai_next) {
-    const int s = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (s < 0) continue;
-    if (::connect(s, a->ai_addr, a->ai_addrlen) == 0) {
-      fd = s;
-      break;
-    }
-    if (errno == EINPROGRESS) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
-      pollfd p{s, POLLOUT, 0};
-      int err = 0;
-      socklen_t len = sizeof err;
-      if (left > 0 && ::poll(&p, 1, static_cast<int>(left)) == 1 && ::getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
-        fd = s;
-        break;
-      }
-      why = err ? std::strerror(err) : "no answer in time";
-    } else why = std::strerror(errno);
-    ::close(s);
-  }
-  ::freeaddrinfo(res);
-  if (fd < 0) return unexpected("cannot connect to " + host + ":" + service + ": " + why);
-  no_delay(fd);
+  auto c = transport::connect_tcp(host, port, deadline);
+  if (!c) return unexpected(c.error());
+  const int fd = *c;
   endpoint net{fd};
   if (tls) {
     net.ssl = SSL_new(tls->ctx);

@@ -11,7 +11,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -381,6 +383,143 @@ TEST(gateway, hostile_bodies_headers_and_paths_are_refused_and_bounded) {
   auto health = anon.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+}
+
+
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// Sends `bytes` (best effort) and returns the status of the answer, 0 when the connection closed
+// without one.
+int status_of(int fd, const std::string& bytes) {
+  for (std::size_t off = 0; off < bytes.size();) {
+    const ssize_t w = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    if (w <= 0) break;
+    off += static_cast<std::size_t>(w);
+  }
+  char buf[256];
+  const ssize_t n = ::recv(fd, buf, sizeof buf - 1, 0);
+  if (n < 12) return 0;
+  buf[n] = 0;
+  return std::atoi(buf + 9);
+}
+
+std::uint64_t own_rss() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+// The front holds what httplib would not: header counts and sizes, slow heads and bodies, silent
+// connections, bodies too large to take, connections per client; /health answers throughout (a
+// reserved lane) and completions are still served.
+TEST(gateway, hostile_clients_cannot_starve_or_grow_the_gateway) {
+  gateway_options g;
+  g.head_deadline_ms = 400;
+  g.body_deadline_ms = 400;
+  g.max_connections_per_client = 4096;
+  auto s = serve(g);
+  const int port = s.gw->port();
+  const auto rss_before = own_rss();
+  // 3,000 headers: 431 after the 100th, nothing kept.
+  {
+    std::string req = "GET /health HTTP/1.1\r\nHost: x\r\n";
+    for (int i = 0; i < 3000; ++i) req += "X-" + std::to_string(i) + ": y\r\n";
+    const int fd = connect_to(port);
+    EXPECT_EQ(status_of(fd, req + "\r\n"), 431);
+    ::close(fd);
+  }
+  // A head past 64 KiB without its blank line: 431.
+  {
+    const int fd = connect_to(port);
+    EXPECT_EQ(status_of(fd, "GET /health HTTP/1.1\r\nX-Big: " + std::string(70000, 'a')), 431);
+    ::close(fd);
+  }
+  // A body declared at 100 MB: 413 at once, without reading it; chunked: 411.
+  {
+    const int fd = connect_to(port);
+    EXPECT_EQ(status_of(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n"), 413);
+    ::close(fd);
+    const int fd2 = connect_to(port);
+    EXPECT_EQ(status_of(fd2, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + std::string(1 << 20, 'z')), 411);
+    ::close(fd2);
+  }
+  // 130 slowloris clients (one byte every 100 ms) and 200 silent ones, while /health is asked
+  // repeatedly: each answer in under a second, and a completion is served.
+  std::atomic<bool> stop{false};
+  std::atomic<int> timed_out{0};
+  std::vector<std::thread> loris;
+  for (int i = 0; i < 130; ++i)
+    loris.emplace_back([&] {
+      const int fd = connect_to(port);
+      const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n";
+      for (std::size_t k = 0; k < req.size() && !stop; ++k) {
+        if (::send(fd, req.data() + k, 1, MSG_NOSIGNAL) <= 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      char buf[64];
+      timeval tv{0, 100000};
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n >= 12 && std::string(buf, 12).find("408") != std::string::npos) ++timed_out;
+      ::close(fd);
+    });
+  std::vector<int> silent;
+  for (int i = 0; i < 200; ++i) silent.push_back(connect_to(port));
+  httplib::Client probe("127.0.0.1", port);
+  double worst = 0;
+  for (int i = 0; i < 10; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto h = probe.Get("/health");
+    worst = std::max(worst, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 200);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_LT(worst, 1.0);
+  auto ok = s.http->Post("/v1/completions", R"({"model":"tiny","prompt":"w300","max_tokens":2})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  stop = true;
+  for (auto& t : loris) t.join();
+  EXPECT_GT(timed_out.load(), 100) << "slow heads are answered 408";
+  int closed = 0;
+  for (int fd : silent) {
+    char buf[512];
+    ssize_t n = 0, got = 0;
+    while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) got += n;
+    if (n == 0 && got > 0 && std::string(buf, 12).find("408") != std::string::npos) ++closed;  // a 408, then the close
+    ::close(fd);
+  }
+  EXPECT_EQ(closed, 200) << "silent connections are closed at the head deadline";
+  EXPECT_LT(own_rss(), rss_before + (100u << 20));
+}
+
+TEST(gateway, connections_per_client_are_capped) {
+  gateway_options g;
+  g.max_connections_per_client = 4;
+  auto s = serve(g);
+  std::vector<int> held;
+  for (int i = 0; i < 4; ++i) held.push_back(connect_to(s.gw->port()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const int extra = connect_to(s.gw->port());
+  EXPECT_EQ(status_of(extra, ""), 503);
+  ::close(extra);
+  for (int fd : held) ::close(fd);
 }
 
 }  // namespace

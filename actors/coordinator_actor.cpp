@@ -243,11 +243,29 @@ coordinator_actor::behavior_type coordinator(actor_t* self, registry_actor regis
         n.devices = devices;
         n.max_replicas = std::max(0, max_replicas);
         n.ready = true;
+        n.adopting = true;  // until its running replicas are known: reconciliation takes them back first
         std::string devs;
         for (const auto& d : n.devices) devs += (devs.empty() ? "" : ",") + std::string(transport::name(d.kind)) + ":" + d.name + "=" + std::to_string(d.memory_bytes);
         st.nodes.push_back(std::move(n));
         spdlog::info("event=node_joined node={} devices={} max_replicas={} nodes={}", id, devs, max_replicas, st.nodes.size());
-        reconcile(self);
+        // The registry answers in order: past this ping, the deployments restored from the journal are
+        // resolved, so the replicas the node still runs can be matched to them.
+        auto ready = [self, id] {
+          if (auto* n = node_by_id(self->state, id)) n->adopting = false;
+          reconcile(self);
+        };
+        self->request(st.registry, request_timeout, ping_atom::value)
+            .then(
+                [=](ping_atom) {
+                  self->request(caf::actor_cast<node_actor_t>(node), std::chrono::seconds(5), held_atom::value)
+                      .then(
+                          [=](const std::vector<caf::actor>& drivers, const std::vector<std::string>& deploys) {
+                            adopt_replicas(self, id, drivers, deploys);
+                            ready();
+                          },
+                          [=](caf::error&) { ready(); });
+                },
+                [=](caf::error&) { ready(); });
         return {};
       },
       // The rendezvous of collective groups (Gloo's addresses, NCCL's unique id): set once, read by

@@ -476,6 +476,55 @@ caf::typed_response_promise<std::string> handle_scale(actor_t* self, const std::
   return rp;
 }
 
+void adopt_replicas(actor_t* self, const std::string& node_id, const std::vector<caf::actor>& drivers, const std::vector<std::string>& deploys) {
+  auto& st = self->state;
+  auto* node = node_by_id(st, node_id);
+  for (std::size_t i = 0; i < drivers.size() && i < deploys.size(); ++i) {
+    const auto& driver = drivers[i];
+    auto m = transport::decode(deploys[i]);
+    const auto* d = m ? std::get_if<transport::deploy>(&*m) : nullptr;
+    auto dep = d ? st.deployments.find(d->model) : st.deployments.end();
+    std::string why;
+    if (!d) why = "its deployment did not decode";
+    else if (dep == st.deployments.end()) why = "no deployment '" + d->model + "'";
+    else if (dep->second.spec.load.model != d->load.model) why = "deployment '" + d->model + "' serves another checkpoint now";
+    else if (op_pending(st, d->model)) why = "deployment '" + d->model + "' is being changed";
+    else if (active_count(st, d->model) >= dep->second.spec.replicas) why = "deployment '" + d->model + "' has its replicas";
+    else if (!node) why = "the node left";
+    if (!why.empty()) {
+      spdlog::info("event=replica_not_adopted node={} reason=\"{}\" action=stopped", node_id, why);
+      self->send_exit(driver, caf::exit_reason::user_shutdown);
+      continue;
+    }
+    // What it holds on the node's devices, by the planner's model of the node as it is now.
+    replica_rec r;
+    r.id = st.next_replica++;
+    r.model = d->model;
+    r.nodes = {node_id};
+    r.tensor_parallel = std::max(1, d->load.tensor_parallel);
+    r.pipeline_parallel = std::max(1, d->load.pipeline_parallel);
+    std::vector<placement::node_view> only;
+    for (auto& v : views(st, dep->second, self->clock().now()))
+      if (v.id == node_id) v.excluded = false, v.hosted_same = 0, only.push_back(std::move(v));
+    auto rq = request_of(dep->second);
+    rq.tensor_parallel = r.tensor_parallel;
+    rq.pipeline_parallel = r.pipeline_parallel;
+    if (auto a = placement::assign_replica(only, rq); a && !a->stages.empty())
+      for (const auto& [dev, bytes] : a->stages.front().bytes) {
+        r.devices.push_back(node_id + "/" + dev);
+        r.commits.push_back({node_id, dev, bytes});
+      }
+    if (r.devices.empty()) r.devices.push_back(node_id + "/" + (node->devices.empty() ? std::string("cpu:0") : node->devices.front().name));
+    for (const auto& c : r.commits) node->committed[c.device] += c.bytes;
+    r.driver = caf::actor_cast<driver_actor_t>(driver);
+    self->monitor(driver);
+    spdlog::info("event=replica_adopting replica={} model={} node={} was={}", r.id, r.model, node_id, d->load.replica_id);
+    const auto id = r.id;
+    st.replicas.emplace(id, std::move(r));
+    self->send(caf::actor_cast<driver_actor_t>(driver), adopt_atom::value, caf::actor_cast<caf::actor>(self), id);
+  }
+}
+
 void restore(actor_t* self) {
   for (auto d : load_journal(self->state.journal)) {
     spdlog::info("event=deployment_restored model={} path={} replicas={}", d.model, d.load.model, d.replicas);
@@ -498,6 +547,10 @@ void restore(actor_t* self) {
 
 void reconcile(actor_t* self) {
   auto& st = self->state;
+  // A node that just joined may still run replicas this coordinator will take back (adopt_replicas):
+  // nothing is placed until every joined node said what it runs (or 5 s passed).
+  for (const auto& n : st.nodes)
+    if (n.adopting) return;
   std::vector<std::string> names;
   for (const auto& [name, dep] : st.deployments) names.push_back(name);
   for (const auto& name : names) {

@@ -25,6 +25,7 @@ struct node_rec {
   std::int32_t max_replicas = 0;                 // 0: no bound
   bool ready = false;                            // its devices are declared: placement may use it
   bool draining = false;                         // leaving: nothing new is placed on it
+  bool adopting = false;                         // joined; what it still runs is not known yet (held_atom)
   std::map<std::string, std::uint64_t> committed;  // device name -> bytes placed there
 };
 
@@ -99,6 +100,9 @@ caf::typed_response_promise<std::string> handle_deploy(actor_t* self, const std:
 caf::typed_response_promise<std::string> handle_scale(actor_t* self, const std::string& bytes);
 void handle_register(actor_t* self, std::uint64_t replica, const caf::actor& driver, const std::string& why);
 void reconcile(actor_t* self);
+// A (re)joined node's running replicas: each one a deployment still wants is taken over as it is (its
+// driver serves this coordinator under a new id, nothing reloads); the others are stopped.
+void adopt_replicas(actor_t* self, const std::string& node_id, const std::vector<caf::actor>& drivers, const std::vector<std::string>& deploys);
 // The deployments of the journal, resolved again and reconciled toward (a restarted coordinator).
 void restore(actor_t* self);
 // A replica is gone (its driver or a node of it lost, or it failed to prepare): its jobs are told to

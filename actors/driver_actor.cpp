@@ -27,6 +27,7 @@ struct driver_job {
   bool logprobs = false;
   std::optional<std::chrono::steady_clock::time_point> deadline;
   bool expired = false;
+  bool orphan = false;  // a job of a coordinator this replica no longer serves (its client was told to resubmit)
 };
 
 struct driver_actor_state {
@@ -234,8 +235,7 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
             if (u.finished) {
               spdlog::debug("event=job_finished job={} tokens={} reason={}", j.job, j.generated, transport::name(c.finish_reason));
               ++st.done;
-              finish_job(j.job);
-              st.by_job.erase(j.job);
+              if (!j.orphan) finish_job(j.job), st.by_job.erase(j.job);
               (void)st.drv->release(u.id);
               st.jobs.erase(it);
             }
@@ -243,7 +243,7 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
         } else {
           for (auto& [seq, j] : st.jobs) {
             if (j.client) self->send(j.client, chunk_atom::value, error_bytes(j.job, transport::error_code::internal, r.error().message(), transport::retry::failed));
-            finish_job(j.job);
+            if (!j.orphan) finish_job(j.job);
             (void)st.drv->release(seq);
           }
           st.jobs.clear();
@@ -264,6 +264,22 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
       [=](stats_atom) { return transport::encode(driver_stats(self->state)); },
       // Drained (or removed by the coordinator): quits with the normal reason.
       [=](stop_atom) { self->quit(); },
+      // A coordinator (restarted, or the same one after this node's link came back) takes this
+      // replica over under `id`: it serves as before, without loading again.
+      [=](adopt_atom, const caf::actor& coordinator, std::uint64_t id) {
+        auto& st = self->state;
+        st.coordinator = caf::actor_cast<coordinator_actor>(coordinator);
+        // The jobs of the coordinator before: their clients were failed with a retryable error when it
+        // went, and job ids start again with the new one, so they end here, unreported.
+        for (auto& [seq, j] : st.jobs) {
+          j.orphan = true;
+          j.client = client_actor_t{};
+          (void)st.drv->cancel(seq);
+        }
+        st.by_job.clear();
+        spdlog::info("event=replica_adopted model={} replica={}", model, id);
+        self->send(self->state.coordinator, register_atom::value, id, caf::actor_cast<caf::actor>(self), std::string());
+      },
       [](ping_atom) { return ping_atom::value; },
   };
 }

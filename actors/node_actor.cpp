@@ -32,6 +32,11 @@ struct node_state {
   std::vector<int> cuda_devices;  // its replicas run on these GPUs (CUDA executors); empty: on the CPU
   std::map<std::string, std::shared_ptr<const families::model_handle>> handles;  // by checkpoint path
   std::shared_ptr<std::vector<caf::actor>> spawned = std::make_shared<std::vector<caf::actor>>();
+  struct held_replica {
+    caf::actor driver;
+    std::string deploy;  // the Deploy it was started with
+  };
+  std::vector<held_replica> held;  // the replicas it runs, for a coordinator that takes them back
   static inline const char* name = "node";
 };
 
@@ -76,6 +81,7 @@ caf::actor spawn_replica(node_self* self, std::shared_ptr<const families::model_
   auto drv = spawn_driver(self, {std::move(part), std::move(ex), o, st.max_per_replica, coordinator, d.model, d.load.replica_id, std::move(hold)});
   keep(self, dev);
   keep(self, drv);
+  if (!d.load.across_nodes) st.held.push_back({drv, transport::encode(d)});  // a replica of this node alone can be taken back
   spdlog::info("event=replica_spawned replica={} model={} device={}", d.load.replica_id, d.model, device);
   return drv;
 }
@@ -208,6 +214,7 @@ node_actor_t::behavior_type node_actor(node_self* self, int executor_threads, st
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& v = *self->state.spawned;
     std::erase_if(v, [&](const caf::actor& a) { return a.address() == dm.source; });
+    std::erase_if(self->state.held, [&](const auto& h) { return h.driver.address() == dm.source; });
     if (dm.reason) spdlog::info("event=replica_actor_down reason=\"{}\"", self->system().render(dm.reason));
   });
   return {
@@ -248,6 +255,12 @@ node_actor_t::behavior_type node_actor(node_self* self, int executor_threads, st
         if (self->state.cuda_devices.empty())
           h.devices.push_back({"cpu:0", transport::device_kind::cpu, self->state.device_memory});
         return transport::encode(h);
+      },
+      [=](held_atom) {
+        std::vector<caf::actor> drivers;
+        std::vector<std::string> deploys;
+        for (const auto& h : self->state.held) drivers.push_back(h.driver), deploys.push_back(h.deploy);
+        return caf::result<std::vector<caf::actor>, std::vector<std::string>>(std::move(drivers), std::move(deploys));
       },
       [](ping_atom) { return ping_atom::value; },
   };

@@ -70,6 +70,8 @@ using progress_atom = caf::atom_constant<caf::atom("progress")>;
 using kv_set_atom = caf::atom_constant<caf::atom("kvset")>;
 using kv_get_atom = caf::atom_constant<caf::atom("kvget")>;
 using reconcile_atom = caf::atom_constant<caf::atom("reconcile")>;
+using held_atom = caf::atom_constant<caf::atom("held")>;    // node: the replicas it still runs (a rejoin)
+using adopt_atom = caf::atom_constant<caf::atom("adopt")>;  // driver: serve a (restarted) coordinator under a new id
 
 // A replica whose pipeline stages are on different nodes (rank_actor.cpp).
 using rank_atom = caf::atom_constant<caf::atom("rank")>;          // node: spawn a stage's rank actor
@@ -114,6 +116,7 @@ using node_actor_t = caf::typed_actor<
     caf::replies_to<deploy_atom, envelope, caf::actor, std::vector<caf::actor>>::with<caf::actor, std::string>,  // the last stage
     caf::replies_to<rank_atom, envelope, caf::actor>::with<std::vector<caf::actor>, std::string>,                // a stage's ranks
     caf::replies_to<stats_atom>::with<envelope>,                                                                 // NodeHello
+    caf::replies_to<held_atom>::with<std::vector<caf::actor>, std::vector<envelope>>,  // drivers, their Deploys
     caf::replies_to<ping_atom>::with<ping_atom>>;
 
 using driver_actor_t = caf::typed_actor<caf::reacts_to<submit_atom, envelope, caf::actor>,  // JobSubmit, its client
@@ -121,6 +124,7 @@ using driver_actor_t = caf::typed_actor<caf::reacts_to<submit_atom, envelope, ca
                                         caf::reacts_to<tick_atom>,                        // its own scheduling round
                                         caf::replies_to<stats_atom>::with<envelope>,         // Stats
                                         caf::reacts_to<stop_atom>,                        // drained: quit
+                                        caf::reacts_to<adopt_atom, caf::actor, std::uint64_t>,  // a coordinator, the new replica id
                                         caf::replies_to<ping_atom>::with<ping_atom>>;
 
 using client_actor_t = caf::typed_actor<caf::replies_to<submit_atom, envelope>::with<std::uint64_t, envelope>,  // (job id, Error)

@@ -334,13 +334,15 @@ int run_node(const node_process_options& o) {
   guarded_mm mm{cluster::spawn_guarded_middleman(sys, *links)};
   const std::string collective_host = o.collective_host.empty() ? local_address_toward(o.host, o.port) : o.collective_host;
   spdlog::info("event=collectives_listen host={}", collective_host);
+  // One node actor for every membership: the replicas it runs outlive a lost coordinator, and the next
+  // coordinator it joins (the same one after a cut, or a restarted one) takes them back without a
+  // reload (held_atom); those it does not want, it stops.
+  auto node = spawn_node(sys, o.executor_threads, o.max_per_replica, o.device_memory, collective_host, o.cuda_devices);
   while (!signalled) {
     if (joined_once) spdlog::info("event=rejoining coordinator={}:{}", o.host, o.port);
-    auto node = spawn_node(sys, o.executor_threads, o.max_per_replica, o.device_memory, collective_host, o.cuda_devices);
     auto coordinator = join(sys, o.host, o.port, o.secret, "node", id, caf::actor_cast<caf::actor>(node), mm.handle,
                             transport::encode(transport::inventory{{transport::node_inventory{id, node_devices(o)}}}), o.max_replicas);
     if (!coordinator) {
-      caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
       // A rejoin may find its old membership not yet noticed as lost (its id still taken): ask again.
       const auto& e = coordinator.error();
       const bool refused = !e.retryable() && !(e.code == join_error_code::id_taken && joined_once);
@@ -377,9 +379,9 @@ int run_node(const node_process_options& o) {
       if (left == 0) spdlog::info("event=drained");
       else spdlog::warn("event=drain_timeout replicas_running={}", left);
     }
-    caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
-    if (lost && !signalled) spdlog::warn("event=coordinator_lost action=rejoin");
+    if (lost && !signalled) spdlog::warn("event=coordinator_lost action=rejoin replicas=kept");
   }
+  caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
   if (!signalled) pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
   // The actor system's teardown waits for the last reference to every detached actor (each replica's

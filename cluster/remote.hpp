@@ -75,7 +75,7 @@ struct node_process_options {
 };
 // Joins the coordinator and serves until SIGINT/SIGTERM, then drains (its replicas take no new job and
 // finish the running ones, up to drain_timeout_s) and exits; when the link to the coordinator is lost
-// it drops its replicas and joins again. Exit code 3 when the coordinator refuses the join, 1 when it
+// it keeps its replicas and joins again (the coordinator it joins takes them back or stops them). Exit code 3 when the coordinator refuses the join, 1 when it
 // cannot be reached at first.
 int run_node(const node_process_options& o);
 

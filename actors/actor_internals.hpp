@@ -95,6 +95,7 @@ class client_set {
  public:
   std::unique_ptr<client> open(caf::actor_system& sys, const coordinator_actor& coordinator);
   void close_all();
+  void rehome(const coordinator_actor& coordinator);  // every open client submits to `coordinator` from now on
   caf::actor newest() const;  // the last one opened, if it still runs
 
  private:

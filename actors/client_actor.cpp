@@ -304,6 +304,14 @@ client_actor_t::behavior_type client_actor(client_self* self, coordinator_actor 
                  std::get<transport::job_submit>(*m), waits);
       },
       [=](cancel_atom, std::uint64_t job) { self->send(self->state.coordinator, cancel_atom::value, transport::encode(transport::cancel_job{job})); },
+      // The session reached the coordinator again (restarted, or its link restored): new submissions go
+      // there. The jobs of before were failed with a retryable error when it went.
+      [=](adopt_atom, const caf::actor& coordinator) {
+        auto& st = self->state;
+        st.coordinator = caf::actor_cast<coordinator_actor>(coordinator);
+        st.coordinator_lost = false;
+        self->monitor(coordinator);
+      },
       [](ping_atom) { return ping_atom::value; },
   };
 }
@@ -327,6 +335,12 @@ std::unique_ptr<client> client_set::open(caf::actor_system& sys, const coordinat
   cs->actor = sys.spawn(client_actor, coordinator, cs->streams);
   clients_.push_back(cs);
   return std::unique_ptr<client>(new client(cs));
+}
+
+void client_set::rehome(const coordinator_actor& coordinator) {
+  std::erase_if(clients_, [](const auto& w) { return w.expired(); });
+  for (auto& w : clients_)
+    if (auto c = w.lock(); c && c->actor) caf::anon_send(c->actor, adopt_atom::value, caf::actor_cast<caf::actor>(coordinator));
 }
 
 void client_set::close_all() {

@@ -131,6 +131,7 @@ using client_actor_t = caf::typed_actor<caf::replies_to<submit_atom, envelope>::
                                         caf::reacts_to<chunk_atom, envelope>,                                // TokenChunk | Error
                                         caf::reacts_to<cancel_atom, std::uint64_t>,
                                         caf::reacts_to<tick_atom, std::uint64_t, envelope, int>,             // a resumption retrying
+                                        caf::reacts_to<adopt_atom, caf::actor>,                               // the coordinator is back
                                         caf::replies_to<ping_atom>::with<ping_atom>>;
 
 using rank_actor_t = caf::typed_actor<caf::replies_to<rank_connect_atom>::with<std::string>,  // why not ("" joined)

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <set>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -403,7 +404,47 @@ struct session_state {
   caf::actor watcher;  // monitors the coordinator (sets `lost`)
   caf::io::middleman_actor mm;  // the guarded middleman (cluster/guarded_middleman.hpp)
   client_set clients;
+  // Reconnection: while the coordinator is lost, a thread joins again every half second; once back,
+  // the queries and every open client use the new link.
+  std::string host, secret;
+  int port = 0;
+  std::mutex m;  // guards `coordinator` and `clients` against the reconnecting thread
+  std::atomic<bool> stopping{false};
+  std::thread reconnector;
+  coordinator_actor current() {
+    std::lock_guard lock(m);
+    return coordinator;
+  }
+  void watch(const caf::actor& c) {
+    watcher = sys->spawn([lost = lost, c](caf::event_based_actor* self) -> caf::behavior {
+      self->monitor(c);
+      self->set_down_handler([lost, self](caf::down_msg&) {
+        *lost = true;
+        self->quit();
+      });
+      return {[](ping_atom) { return ping_atom::value; }};
+    });
+  }
+  void reconnect_loop() {
+    while (!stopping) {
+      for (int i = 0; i < 5 && !stopping; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (stopping || !*lost) continue;
+      auto c = join(*sys, host, port, secret, "client", "client-" + std::to_string(::getpid()), caf::actor{}, mm);
+      if (!c || stopping) continue;
+      {
+        std::lock_guard lock(m);
+        coordinator = caf::actor_cast<coordinator_actor>(*c);
+        if (watcher) caf::anon_send_exit(watcher, caf::exit_reason::user_shutdown);
+        watch(*c);
+        clients.rehome(coordinator);
+      }
+      *lost = false;
+      spdlog::info("event=coordinator_back address={}:{}", host, port);
+    }
+  }
   ~session_state() {
+    stopping = true;
+    if (reconnector.joinable()) reconnector.join();
     clients.close_all();
     if (watcher) caf::anon_send_exit(watcher, caf::exit_reason::user_shutdown);
     if (mm) caf::anon_send_exit(mm, caf::exit_reason::kill);
@@ -438,22 +479,20 @@ result<std::unique_ptr<session>, join_error> session::connect(const std::string&
   auto c = join(*s->sys, host, port, secret, "client", "client-" + std::to_string(::getpid()), caf::actor{}, s->mm);
   if (!c) return unexpected(c.error());
   s->coordinator = caf::actor_cast<coordinator_actor>(*c);
+  s->host = host, s->port = port, s->secret = secret;
   // A watcher of the coordinator's link: a lost coordinator is known at once (healthy(), the queries),
-  // not after a request's timeout.
-  s->watcher = s->sys->spawn([lost = s->lost, c = *c](caf::event_based_actor* self) -> caf::behavior {
-    self->monitor(c);
-    self->set_down_handler([lost, self](caf::down_msg&) {
-      *lost = true;
-      self->quit();
-    });
-    return {[](ping_atom) { return ping_atom::value; }};
-  });
+  // not after a request's timeout; then the reconnector tries to join again.
+  s->watch(*c);
+  s->reconnector = std::thread([st = s.get()] { st->reconnect_loop(); });
   return std::unique_ptr<session>(new session(std::move(s)));
 }
 
 std::unique_ptr<client> session::connect() { return client_session(); }
 
-std::unique_ptr<client> session::client_session() { return s_->clients.open(*s_->sys, s_->coordinator); }
+std::unique_ptr<client> session::client_session() {
+  std::lock_guard lock(s_->m);
+  return s_->clients.open(*s_->sys, s_->coordinator);
+}
 
 result<std::string, cluster_error> session::deploy(const std::filesystem::path& model, std::int32_t replicas, const driver::driver_options& o,
                                                   std::int32_t tensor_parallel, std::int32_t pipeline_parallel, bool across_nodes) {
@@ -505,43 +544,43 @@ result<std::string, cluster_error> session::deploy(const deploy_request& r) {
   d.load.across_nodes = r.across_nodes;
   caf::scoped_actor self{*s_->sys};
   std::string bytes, err = "no answer";
-  self->request(s_->coordinator, request_timeout, deploy_atom::value, transport::encode(d))
+  self->request(s_->current(), request_timeout, deploy_atom::value, transport::encode(d))
       .receive([&](const std::string& b) { bytes = b; }, [&](caf::error& e) { err = s_->sys->render(e); });
   auto name = reply_of(bytes, err);
   if (name) s_->model = *name;
   return name;
 }
 
-std::shared_ptr<transport::rendezvous_store> session::rendezvous_store() { return coordinator_rendezvous(*s_->sys, s_->coordinator); }
+std::shared_ptr<transport::rendezvous_store> session::rendezvous_store() { return coordinator_rendezvous(*s_->sys, s_->current()); }
 
 result<std::string, cluster_error> session::scale(const std::string& model, std::int32_t replicas) {
   caf::scoped_actor self{*s_->sys};
   std::string bytes, err = "no answer";
-  self->request(s_->coordinator, request_timeout, scale_atom::value, transport::encode(transport::scale{model, replicas}))
+  self->request(s_->current(), request_timeout, scale_atom::value, transport::encode(transport::scale{model, replicas}))
       .receive([&](const std::string& b) { bytes = b; }, [&](caf::error& e) { err = s_->sys->render(e); });
   return reply_of(bytes, err);
 }
 
 std::vector<transport::stats> session::replica_stats() {
   if (*s_->lost) return {};
-  return collect_replica_stats(*s_->sys, s_->coordinator);
+  return collect_replica_stats(*s_->sys, s_->current());
 }
 
 std::string session::model_name() const {
   if (!s_->model.empty()) return s_->model;
-  auto names = served_models(*s_->sys, s_->coordinator);
+  auto names = served_models(*s_->sys, s_->current());
   return names.empty() ? std::string() : names.front();
 }
 
 std::vector<std::string> session::models() {
   if (*s_->lost) return {};
-  return served_models(*s_->sys, s_->coordinator);
+  return served_models(*s_->sys, s_->current());
 }
 
 bool session::healthy() { return !*s_->lost; }
 
 result<transport::cluster_status, cluster_error> session::cluster_status() {
-  auto s = cluster_status_of(*s_->sys, s_->coordinator);
+  auto s = cluster_status_of(*s_->sys, s_->current());
   if (!s) return unexpected(no_answer(s.error()));
   return *s;
 }

@@ -865,6 +865,10 @@ TEST(multiprocess, a_restarted_coordinator_serves_the_deployments_it_had) {
   auto name = (*s)->deploy(model_path(), 2, driver_opts());
   ASSERT_TRUE(name) << describe(name.error());
   const auto ref = reference(12);
+  // A session that stays open across the restart (as a gateway's does): it reconnects by itself.
+  auto stays = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  ASSERT_TRUE(stays);
+  auto stays_client = (*stays)->client_session();
   auto cl0 = (*s)->client_session();
   std::vector<job> running;
   for (int i = 0; i < 12; ++i) {
@@ -917,6 +921,15 @@ TEST(multiprocess, a_restarted_coordinator_serves_the_deployments_it_had) {
     const auto r = jb->wait();
     EXPECT_FALSE(r.error) << "job " << i << ": " << (r.error ? r.error->message : "");
     EXPECT_EQ(r.tokens, ref[static_cast<std::size_t>(i)]) << "job " << i;
+  }
+  for (int i = 0; i < 100 && !(*stays)->healthy(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE((*stays)->healthy()) << "the session that stayed did not reconnect";
+  {
+    auto j = job_for(5);
+    j.model = *name;
+    auto jb = stays_client->submit(j);
+    ASSERT_TRUE(jb) << jb.error().message;
+    EXPECT_EQ(jb->wait().tokens, ref[5]) << "through the client opened before the restart";
   }
   // Taken back, not reloaded: each node spawned its replica once; the new coordinator adopted both.
   for (const char* n : {"ra", "rb"}) EXPECT_EQ(count_of(file_text(c.dir / (std::string(n) + ".log")), "event=replica_spawned"), 1u) << n;

@@ -476,6 +476,10 @@ caf::typed_response_promise<std::string> handle_scale(actor_t* self, const std::
   return rp;
 }
 
+// How long a coordinator restarted from its journal waits for its nodes before placing replicas anew:
+// a node notices the loss within its heartbeat timeout and rejoins every 500 ms.
+constexpr auto restart_grace = std::chrono::seconds(5);
+
 void adopt_replicas(actor_t* self, const std::string& node_id, const std::vector<caf::actor>& drivers, const std::vector<std::string>& deploys) {
   auto& st = self->state;
   auto* node = node_by_id(st, node_id);
@@ -526,7 +530,9 @@ void adopt_replicas(actor_t* self, const std::string& node_id, const std::vector
 }
 
 void restore(actor_t* self) {
-  for (auto d : load_journal(self->state.journal)) {
+  auto deployments = load_journal(self->state.journal);
+  if (!deployments.empty()) self->state.grace_until = self->clock().now() + restart_grace;
+  for (auto d : deployments) {
     spdlog::info("event=deployment_restored model={} path={} replicas={}", d.model, d.load.model, d.replicas);
     self->request(self->state.registry, request_timeout, resolve_atom::value, d.load.model)
         .then(
@@ -551,6 +557,7 @@ void reconcile(actor_t* self) {
   // nothing is placed until every joined node said what it runs (or 5 s passed).
   for (const auto& n : st.nodes)
     if (n.adopting) return;
+  if (self->clock().now() < st.grace_until) return;
   std::vector<std::string> names;
   for (const auto& [name, dep] : st.deployments) names.push_back(name);
   for (const auto& name : names) {

@@ -84,6 +84,9 @@ struct state {
   std::int64_t max_outstanding = 1024, max_per_replica = 256;
   std::int64_t refused = 0;
   std::string journal;  // the deployments' desired state on disk ("": not kept)
+  // A coordinator restarted from its journal gives its nodes this long to come back (and be taken
+  // back from) before it places anything new.
+  caf::actor_clock::time_point grace_until{};
   std::map<std::string, std::string> rendezvous;  // the groups' rendezvous keys (kv_set_atom, kv_get_atom)
   std::size_t rendezvous_bytes = 0;
   static inline const char* name = "coordinator";

@@ -72,8 +72,12 @@ caf::actor spawn_driver(caf::local_actor* parent, driver_spawn args);
 // gatekeeper).
 // `journal`: where the deployments' desired state is kept across restarts (written on every change,
 // fsynced; read at start); empty: not kept.
+// `progress_timeout`: a serving replica whose driver does not answer the coordinator's progress probe
+// within this (a step that never returns: a deadlocked collective, a stuck device) is declared hung,
+// taken out of routing, its jobs resumed elsewhere and a replacement placed.
 coordinator_actor spawn_coordinator(caf::actor_system& sys, const registry_actor& registry, const caf::actor& node, std::int64_t max_outstanding,
-                                    std::int64_t max_per_replica, std::string journal = {});
+                                    std::int64_t max_per_replica, std::string journal = {},
+                                    std::chrono::milliseconds progress_timeout = std::chrono::seconds(60));
 // `collective_host`: the address the node's cross-node collectives listen on; `cuda_devices`: its
 // replicas run on these GPUs (a tensor-parallel replica over several of them, joined by NCCL).
 node_actor_t spawn_node(caf::actor_system& sys, int executor_threads, std::int64_t max_per_replica, std::uint64_t device_memory,

@@ -154,8 +154,9 @@ void on_down(actor_t* self, const caf::down_msg& dm) {
 }  // namespace
 
 coordinator_actor::behavior_type coordinator(actor_t* self, registry_actor registry, caf::actor node, std::int64_t max_outstanding,
-                                             std::int64_t max_per_replica, std::string journal) {
+                                             std::int64_t max_per_replica, std::string journal, std::chrono::milliseconds progress_timeout) {
   auto& st = self->state;
+  st.progress_timeout = progress_timeout;
   st.registry = std::move(registry);
   st.journal = std::move(journal);
   st.max_outstanding = max_outstanding;
@@ -176,6 +177,7 @@ coordinator_actor::behavior_type coordinator(actor_t* self, registry_actor regis
       [=](deploy_atom, const std::string& bytes) { return handle_deploy(self, bytes); },
       [=](scale_atom, const std::string& bytes) { return handle_scale(self, bytes); },
       [=](reconcile_atom) {
+        probe_progress(self);
         reconcile(self);
         self->delayed_send(self, reconcile_interval, reconcile_atom::value);
       },
@@ -308,8 +310,8 @@ coordinator_actor::behavior_type coordinator(actor_t* self, registry_actor regis
 }  // namespace coord
 
 coordinator_actor spawn_coordinator(caf::actor_system& sys, const registry_actor& registry, const caf::actor& node, std::int64_t max_outstanding,
-                                    std::int64_t max_per_replica, std::string journal) {
-  return sys.spawn(coord::coordinator, registry, node, max_outstanding, max_per_replica, std::move(journal));
+                                    std::int64_t max_per_replica, std::string journal, std::chrono::milliseconds progress_timeout) {
+  return sys.spawn(coord::coordinator, registry, node, max_outstanding, max_per_replica, std::move(journal), progress_timeout);
 }
 
 }  // namespace troupe::actors

@@ -529,6 +529,33 @@ void adopt_replicas(actor_t* self, const std::string& node_id, const std::vector
   }
 }
 
+void probe_progress(actor_t* self) {
+  auto& st = self->state;
+  for (auto& [id, r] : st.replicas) {
+    if (r.state != transport::replica_state::serving || !r.driver || r.probing) continue;
+    r.probing = true;
+    const auto rid = id;
+    auto done = [self, rid] {
+      if (auto it = self->state.replicas.find(rid); it != self->state.replicas.end()) it->second.probing = false;
+    };
+    self->request(r.driver, st.progress_timeout, stats_atom::value)
+        .then([done](const std::string&) { done(); },
+              [self, rid, done](caf::error& e) {
+                done();
+                // Only silence is a hang: a refusal or an unknown message came from a driver that runs.
+                if (e != caf::sec::request_timeout) return;
+                auto it = self->state.replicas.find(rid);
+                if (it == self->state.replicas.end() || it->second.state != transport::replica_state::serving) return;
+                ++self->state.hung;
+                const auto secs = std::chrono::duration<double>(self->state.progress_timeout).count();
+                spdlog::warn("event=replica_hung replica={} model={} nodes={} silent_s={}", rid, it->second.model, fmt::join(it->second.nodes, ","), secs);
+                stop_replica(self, it->second);
+                lose_replica(self, rid, "no forward progress: its driver did not answer for " + fmt::format("{:.1f}", secs) + " s", true);
+                reconcile(self);
+              });
+  }
+}
+
 void restore(actor_t* self) {
   auto deployments = load_journal(self->state.journal);
   if (!deployments.empty()) self->state.grace_until = self->clock().now() + restart_grace;

@@ -46,6 +46,7 @@ struct replica_rec {
   std::int64_t outstanding = 0, prepare_done = 0, prepare_total = 0;
   std::int32_t tensor_parallel = 1, pipeline_parallel = 1;
   std::uint64_t op = 0;                 // the deploy or scale waiting for it; 0: a replacement
+  bool probing = false;                 // a progress probe is out
 };
 
 struct deployment_rec {
@@ -87,6 +88,8 @@ struct state {
   // A coordinator restarted from its journal gives its nodes this long to come back (and be taken
   // back from) before it places anything new.
   caf::actor_clock::time_point grace_until{};
+  std::chrono::milliseconds progress_timeout{60000};  // a driver silent this long to a probe is hung
+  std::int64_t hung = 0;                               // replicas declared hung so far
   std::map<std::string, std::string> rendezvous;  // the groups' rendezvous keys (kv_set_atom, kv_get_atom)
   std::size_t rendezvous_bytes = 0;
   static inline const char* name = "coordinator";
@@ -103,6 +106,9 @@ caf::typed_response_promise<std::string> handle_deploy(actor_t* self, const std:
 caf::typed_response_promise<std::string> handle_scale(actor_t* self, const std::string& bytes);
 void handle_register(actor_t* self, std::uint64_t replica, const caf::actor& driver, const std::string& why);
 void reconcile(actor_t* self);
+// Forward progress (every reconcile tick): each serving replica's driver is asked for its stats; one
+// that does not answer within progress_timeout is stuck in a step and is lost like a dead one.
+void probe_progress(actor_t* self);
 // A (re)joined node's running replicas: each one a deployment still wants is taken over as it is (its
 // driver serves this coordinator under a new id, nothing reloads); the others are stopped.
 void adopt_replicas(actor_t* self, const std::string& node_id, const std::vector<caf::actor>& drivers, const std::vector<std::string>& deploys);

@@ -182,6 +182,7 @@ int run_coordinator_cmd(const cluster_cmd_options& given) {
   c.secret = p->secret;
   c.port_file = o.port_file;
   c.state_dir = o.state_dir;
+  c.progress_timeout_ms = o.progress_timeout_ms;
   c.heartbeat = heartbeat(o);
   c.tls = tls(o);
   return actors::run_coordinator(c);

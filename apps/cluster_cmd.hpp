@@ -13,6 +13,7 @@ struct cluster_cmd_options {
   std::string secret_file;
   std::string port_file;    // coordinator: where to write the bound port
   std::string state_dir;    // coordinator: where the deployments' desired state is kept across restarts
+  int progress_timeout_ms = 60000;  // coordinator: a replica silent to its progress probe this long is hung
   std::string node_id;
   std::string devices = "cpu:0";
   int threads = 1;

@@ -212,6 +212,10 @@ int main(int argc, char** argv) {
   co->add_option("--port-file", cc.port_file, "write the bound port here");
   co->add_option("--state-dir", cc.state_dir,
                  "keep the deployments' desired state here (fsynced on every change): a restarted coordinator serves them again");
+  co->add_option("--progress-timeout-ms", cc.progress_timeout_ms,
+                 "a serving replica whose driver answers no progress probe this long (a step that never returns) is declared hung, "
+                 "taken out of routing and replaced (default 60000: above the longest step of a large model on a CPU)")
+      ->check(CLI::Range(100, 3600000));
   co->callback([&] { rc = troupe::app::run_coordinator_cmd(cc); });
   auto* nd = app.add_subcommand("node", "run a node that joins a coordinator");
   common(nd, "--join", "the coordinator's HOST:PORT");

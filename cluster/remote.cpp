@@ -248,7 +248,8 @@ int run_coordinator(const coordinator_process_options& o) {
     }
     journal = (o.state_dir / "deployments.journal").string();
   }
-  auto coordinator = spawn_coordinator(sys, registry, caf::actor{}, o.max_outstanding, o.max_per_replica, journal);
+  auto coordinator = spawn_coordinator(sys, registry, caf::actor{}, o.max_outstanding, o.max_per_replica, journal,
+                                       std::chrono::milliseconds(o.progress_timeout_ms));
   auto gatekeeper = sys.spawn(gatekeeper_actor, o.secret, coordinator);
   auto stop = [&] {
     caf::anon_send_exit(gatekeeper, caf::exit_reason::user_shutdown);

@@ -51,6 +51,7 @@ struct coordinator_process_options {
   heartbeat_options heartbeat;
   tls_options tls;
   std::filesystem::path state_dir;       // the deployments' desired state is kept here across restarts; empty: not kept
+  int progress_timeout_ms = 60000;       // a serving replica silent to the progress probe this long is hung
 };
 // Runs until SIGINT or SIGTERM. Returns the process exit code.
 int run_coordinator(const coordinator_process_options& o);

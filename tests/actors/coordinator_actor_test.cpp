@@ -30,6 +30,7 @@ struct world {
   std::map<std::string, std::vector<std::string>> submitted;  // node id -> models of the jobs its drivers got
   std::vector<std::string> replies;                    // answers to the test's requests, in order
   std::map<std::string, transport::load_request> loads;  // node id -> the last load it was asked for
+  std::map<std::string, bool> hangs;                   // node id -> its drivers never answer a probe (a stuck step)
 };
 
 caf::behavior fake_driver(caf::event_based_actor* self, std::shared_ptr<world> w, std::string node) {
@@ -40,6 +41,10 @@ caf::behavior fake_driver(caf::event_based_actor* self, std::shared_ptr<world> w
         w->submitted[node].push_back(m && std::holds_alternative<transport::job_submit>(*m) ? std::get<transport::job_submit>(*m).model : "?");
       },
       [=](stop_atom) { self->quit(); },
+      [=](stats_atom) -> caf::result<std::string> {
+        if (w->hangs[node]) return self->make_response_promise<std::string>();  // never delivered: stuck
+        return transport::encode(transport::stats{});
+      },
       [](ping_atom) { return ping_atom::value; },
   };
 }
@@ -59,6 +64,7 @@ caf::behavior fake_node(caf::event_based_actor* self, std::shared_ptr<world> w, 
         if (!why.empty()) self->send_exit(driver, caf::exit_reason::user_shutdown);
         return caf::make_message(driver, std::string());
       },
+      [](held_atom) { return caf::make_message(std::vector<caf::actor>{}, std::vector<std::string>{}); },  // runs nothing yet
       [](ping_atom) { return ping_atom::value; },
   };
 }
@@ -101,7 +107,7 @@ struct coordinator_test : ::testing::Test {
     sys = std::make_unique<caf::actor_system>(cfg);
     sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
     registry = sys->spawn(fake_registry, std::string("registry"));
-    coordinator = caf::actor_cast<caf::actor>(spawn_coordinator(*sys, registry, caf::actor{}, 1024, 256));
+    coordinator = caf::actor_cast<caf::actor>(spawn_coordinator(*sys, registry, caf::actor{}, 1024, 256, {}, std::chrono::seconds(10)));
     sched->run();
   }
   ~coordinator_test() override {
@@ -315,6 +321,39 @@ TEST_F(coordinator_test, a_taken_node_id_is_refused_by_name) {
   EXPECT_NE(w->replies.back().find("Inventory"), std::string::npos) << w->replies.back();
   EXPECT_EQ(status().nodes.size(), 1u);
   caf::anon_send_exit(twin, caf::exit_reason::user_shutdown);
+}
+
+TEST_F(coordinator_test, a_replica_that_stops_making_progress_is_declared_hung_and_replaced) {
+  join("n1");
+  join("n2");
+  w->hangs["n1"] = true;
+  ASSERT_FALSE(error_of(deploy("alpha", "/m/alpha.gguf", 1)));
+  const int on_n1 = w->deploys["n1"];
+  const std::string stuck = on_n1 ? "n1" : "n2";
+  if (!on_n1) w->hangs["n2"] = true, w->hangs["n1"] = false;
+  // Probes every second; the stuck driver answers none, a live one every time.
+  for (int s = 0; s < 9; ++s) {
+    sched->advance_time(reconcile_interval);
+    sched->run();
+  }
+  EXPECT_EQ(serving(), 1) << "declared hung before the progress timeout";
+  for (int s = 0; s < 4; ++s) {
+    sched->advance_time(reconcile_interval);
+    sched->run();
+  }
+  const std::string other = stuck == "n1" ? "n2" : "n1";
+  EXPECT_EQ(w->deploys[other], 1) << "a replacement on the other node";
+  EXPECT_GE(w->stopped[stuck], 1) << "the hung replica is told to stop";
+  const auto st = status();
+  ASSERT_EQ(st.replicas.size(), 1u);
+  EXPECT_EQ(st.replicas[0].nodes, std::vector<std::string>{other});
+  // A live replica keeps answering and is left alone.
+  for (int s = 0; s < 15; ++s) {
+    sched->advance_time(reconcile_interval);
+    sched->run();
+  }
+  EXPECT_EQ(w->deploys[other], 1);
+  EXPECT_EQ(serving(), 1);
 }
 
 }  // namespace

@@ -322,8 +322,13 @@ client_actor_t::behavior_type client_actor(client_self* self, coordinator_actor 
 
 struct client_state {
   caf::actor_system* sys = nullptr;
+  std::mutex m;  // guards `actor` (a reconnected session gives the client a fresh actor)
   client_actor_t actor;
   std::shared_ptr<stream_table> streams = std::make_shared<stream_table>();
+  client_actor_t current() {
+    std::lock_guard lock(m);
+    return actor;
+  }
   ~client_state() {
     if (actor) caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
   }
@@ -339,13 +344,23 @@ std::unique_ptr<client> client_set::open(caf::actor_system& sys, const coordinat
 
 void client_set::rehome(const coordinator_actor& coordinator) {
   std::erase_if(clients_, [](const auto& w) { return w.expired(); });
+  // A fresh client actor over the same streams: the replicas' nodes may still hold proxies of the old
+  // one from before the coordinator went, whose route died with it (CAF 0.17 keeps such a proxy, and
+  // chunks sent to it are lost). Its jobs were all failed when the coordinator went.
   for (auto& w : clients_)
-    if (auto c = w.lock(); c && c->actor) caf::anon_send(c->actor, adopt_atom::value, caf::actor_cast<caf::actor>(coordinator));
+    if (auto c = w.lock()) {
+      auto fresh = c->sys->spawn(client_actor, coordinator, c->streams);
+      std::lock_guard lock(c->m);
+      if (!c->actor) continue;
+      caf::anon_send_exit(c->actor, caf::exit_reason::user_shutdown);
+      c->actor = fresh;
+    }
 }
 
 void client_set::close_all() {
   for (auto& w : clients_)
     if (auto c = w.lock()) {
+      std::lock_guard lock(c->m);
       caf::anon_send_exit(c->actor, caf::exit_reason::user_shutdown);
       c->actor = client_actor_t{};
     }
@@ -353,7 +368,7 @@ void client_set::close_all() {
 
 caf::actor client_set::newest() const {
   auto c = clients_.empty() ? nullptr : clients_.back().lock();
-  return c ? caf::actor_cast<caf::actor>(c->actor) : caf::actor{};
+  return c ? caf::actor_cast<caf::actor>(c->current()) : caf::actor{};
 }
 
 
@@ -365,7 +380,7 @@ result<job, transport::error> client::submit(const transport::job_submit& reques
   caf::scoped_actor self{*s_->sys};
   std::uint64_t id = 0;
   std::string err;
-  self->request(s_->actor, request_timeout, submit_atom::value, transport::encode(request))
+  self->request(s_->current(), request_timeout, submit_atom::value, transport::encode(request))
       .receive([&](std::uint64_t i, const std::string& e) { id = i, err = e; },
                [&](caf::error& e) { err = error_bytes(0, transport::error_code::disconnected, s_->sys->render(e), transport::retry::disconnected); });
   if (id == 0) {
@@ -400,6 +415,6 @@ job_result job::wait() {
   return r;
 }
 
-void job::cancel() { caf::anon_send(std::static_pointer_cast<client_state>(client_)->actor, cancel_atom::value, stream_->current.load()); }
+void job::cancel() { caf::anon_send(std::static_pointer_cast<client_state>(client_)->current(), cancel_atom::value, stream_->current.load()); }
 
 }  // namespace troupe::actors

@@ -157,6 +157,10 @@ coordinator_actor::behavior_type coordinator(actor_t* self, registry_actor regis
                                              std::int64_t max_per_replica, std::string journal, std::chrono::milliseconds progress_timeout) {
   auto& st = self->state;
   st.progress_timeout = progress_timeout;
+  // Job ids go on from where a coordinator before this one left off (the wall clock in microseconds,
+  // below 2^53): clients and drivers that outlive a restart never see an id twice.
+  st.next_job = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   st.registry = std::move(registry);
   st.journal = std::move(journal);
   st.max_outstanding = max_outstanding;

@@ -162,6 +162,17 @@ result<cluster::guarded_links, std::string> links_for(const tls_options& tls, co
   return l;
 }
 
+// CAF 0.17 keeps the proxies of actors on nodes this process reached only through a link that died
+// (the clients, reached through the coordinator): after a rejoin, messages to them would go nowhere.
+// Every proxy goes when the coordinator is lost; the next message naming a remote actor makes a fresh
+// one, with its route through the new link. Runs on the multiplexer's thread, where the BASP broker runs.
+void forget_remote_proxies(caf::actor_system& sys) {
+  auto basp = sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP"));
+  auto* bb = dynamic_cast<caf::io::basp_broker*>(caf::actor_cast<caf::abstract_actor*>(basp));
+  if (!bb) return;
+  sys.middleman().backend().post([bb, keep = basp] { bb->proxy_registry_ptr()->clear(); });
+}
+
 // The guarded middleman actor of a process, stopped before its actor system goes.
 struct guarded_mm {
   caf::io::middleman_actor handle;
@@ -381,7 +392,10 @@ int run_node(const node_process_options& o) {
       if (left == 0) spdlog::info("event=drained");
       else spdlog::warn("event=drain_timeout replicas_running={}", left);
     }
-    if (lost && !signalled) spdlog::warn("event=coordinator_lost action=rejoin replicas=kept");
+    if (lost && !signalled) {
+      spdlog::warn("event=coordinator_lost action=rejoin replicas=kept");
+      forget_remote_proxies(sys);
+    }
   }
   caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
   if (!signalled) pthread_kill(waiter.native_handle(), SIGTERM);

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "actors/gateway.hpp"
@@ -320,6 +321,12 @@ TEST(multiprocess, scaling_one_to_three_to_one_under_load_fails_no_job) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_EQ(replicas, 1u);
+}
+
+std::string fmt_schedule(const std::vector<std::string>& s) {
+  std::string out;
+  for (const auto& f : s) out += (out.empty() ? "" : ", ") + f;
+  return out;
 }
 
 // VmRSS of a process, in bytes.
@@ -934,6 +941,134 @@ TEST(multiprocess, a_restarted_coordinator_serves_the_deployments_it_had) {
   // Taken back, not reloaded: each node spawned its replica once; the new coordinator adopted both.
   for (const char* n : {"ra", "rb"}) EXPECT_EQ(count_of(file_text(c.dir / (std::string(n) + ".log")), "event=replica_spawned"), 1u) << n;
   EXPECT_EQ(count_of(file_text(c.dir / "coordinator2.log"), "event=replica_adopting"), 2u) << file_text(c.dir / "coordinator2.log");
+}
+
+}  // namespace
+}  // namespace troupe::actors
+
+namespace troupe::actors {
+namespace {
+
+// A chaos run: a seeded schedule of faults (kill -9 of a node, a node paused past the heartbeat
+// timeout, a node restarted, kill -9 of the coordinator and its restart from the journal) while rounds
+// of jobs run. Every job ends with its fault-free tokens (each token once: a duplicate or a gap would
+// differ), resubmitted when its error is retryable; afterwards no replica holds a sequence or a KV
+// block. TROUPE_CHAOS_SEED picks another schedule.
+TEST(multiprocess, a_seeded_fault_schedule_loses_no_job_and_leaves_nothing_behind) {
+  cluster_fixture c;
+  const auto state = c.dir / "state";
+  const auto listen = "127.0.0.1:" + std::to_string(c.port);
+  c.coordinator.stop();
+  auto coordinator = [&] {
+    return spawn({TROUPE_BIN, "coordinator", "--listen", listen, "--insecure", "--secret-file", (c.dir / "secret").string(), "--state-dir", state.string(),
+                  "--heartbeat-ms", "200", "--timeout-ms", "800"},
+                 c.dir / "coordinator-chaos.log");
+  };
+  c.coordinator = coordinator();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::vector<std::string> ids{"c0", "c1", "c2"};
+  for (const auto& id : ids) c.nodes.push_back(c.node(id, (c.dir / "secret").string()));
+  std::unique_ptr<session> s;
+  for (int i = 0; i < 100 && !s; ++i) {
+    auto t = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+    if (t) s = std::move(*t);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(s);
+  for (int i = 0; i < 100; ++i) {
+    auto st = s->cluster_status();
+    if (st && st->nodes.size() == 3) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto name = s->deploy(model_path(), 2, driver_opts());
+  ASSERT_TRUE(name) << describe(name.error());
+  const char* seed_env = std::getenv("TROUPE_CHAOS_SEED");
+  const unsigned seed = seed_env ? static_cast<unsigned>(std::strtoul(seed_env, nullptr, 10)) : 19u;
+  std::mt19937 rng(seed);
+  constexpr int rounds = 6, per_round = 8;
+  const auto ref = reference(rounds * per_round);
+  auto cl = s->client_session();
+  // A submission refused with a retryable error (the coordinator away, no replica serving yet) is
+  // asked again, for up to 20 s.
+  auto submit = [&](int i) {
+    auto j = job_for(i);
+    j.model = *name;
+    auto r = cl->submit(j);
+    for (int attempt = 0; !r && r.error().retry != transport::retry::failed && attempt < 80; ++attempt) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      r = cl->submit(j);
+    }
+    return r;
+  };
+  std::vector<std::string> schedule;
+  // Every kind of fault at least once, in a seeded order, the rest drawn.
+  std::vector<int> kinds{0, 1, 2, 3};
+  while (static_cast<int>(kinds.size()) < rounds) kinds.push_back(static_cast<int>(rng() % 4));
+  std::shuffle(kinds.begin(), kinds.end(), rng);
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<std::pair<int, job>> running;
+    for (int k = 0; k < per_round; ++k) {
+      const int i = round * per_round + k;
+      auto jb = submit(i);
+      ASSERT_TRUE(jb) << jb.error().message;
+      running.emplace_back(i, std::move(*jb));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 40));
+    const int fault = kinds[static_cast<std::size_t>(round)];
+    const std::size_t victim = rng() % ids.size();
+    auto& node = c.nodes[victim];
+    switch (fault) {
+      case 0:  // kill -9 of a node, restarted after the round
+        schedule.push_back("kill " + ids[victim]);
+        ::kill(node.pid, SIGKILL);
+        ::waitpid(node.pid, nullptr, 0);
+        node.pid = -1;
+        break;
+      case 1:  // paused past the timeout, then resumed
+        schedule.push_back("pause " + ids[victim]);
+        ::kill(node.pid, SIGSTOP);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+        ::kill(node.pid, SIGCONT);
+        break;
+      case 2:  // a graceful restart
+        schedule.push_back("restart " + ids[victim]);
+        node.stop();
+        node = c.node(ids[victim], (c.dir / "secret").string());
+        break;
+      default:  // kill -9 of the coordinator, restarted on its port from the journal
+        schedule.push_back("kill coordinator");
+        ::kill(c.coordinator.pid, SIGKILL);
+        ::waitpid(c.coordinator.pid, nullptr, 0);
+        c.coordinator.pid = -1;
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        c.coordinator = coordinator();
+        break;
+    }
+    for (auto& [i, jb] : running) {
+      auto r = jb.wait();
+      for (int attempt = 0; r.error && attempt < 60; ++attempt) {
+        ASSERT_NE(r.error->retry, transport::retry::failed) << "job " << i << " failed for good: " << r.error->message << " (" << fmt_schedule(schedule) << ")";
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        auto again = submit(i);
+        if (!again) continue;
+        r = again->wait();
+      }
+      ASSERT_FALSE(r.error) << "job " << i << ": " << r.error->message << " (" << fmt_schedule(schedule) << ")";
+      EXPECT_EQ(r.tokens, ref[static_cast<std::size_t>(i)]) << "job " << i << " (" << fmt_schedule(schedule) << ")";
+    }
+    if (fault == 0) node = c.node(ids[victim], (c.dir / "secret").string());
+  }
+  // Nothing left behind: every replica empties (its sequences released, its KV blocks free).
+  std::int64_t left = -1;
+  for (int i = 0; i < 100 && left != 0; ++i) {
+    left = 0;
+    const auto stats = s->replica_stats();
+    if (stats.empty()) left = -1;
+    for (const auto& st : stats) left += st.kv_blocks_used + st.running + st.queued;
+    if (left != 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(left, 0) << "sequences or KV blocks left after " << fmt_schedule(schedule);
+  std::printf("chaos seed %u: %s\n", seed, fmt_schedule(schedule).c_str());
 }
 
 }  // namespace

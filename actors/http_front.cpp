@@ -39,7 +39,9 @@ struct http_front::impl {
   std::map<std::string, int> open_of;
 
   void accept_loop();
-  void serve(int fd, std::string peer);
+  // `probes_only`: a connection past its address's cap, which may only ask /health, /ready or /metrics
+  // (its head within a second), so a monitor behind the same address as a flood is still answered.
+  void serve(int fd, std::string peer, bool probes_only);
 };
 
 namespace {
@@ -128,8 +130,9 @@ head_check check_head(const std::string& head, const http_limits& lim) {
 
 }  // namespace
 
-void http_front::impl::serve(int fd, std::string peer) {
-  const auto& lim = limits;
+void http_front::impl::serve(int fd, std::string peer, bool probes_only) {
+  http_limits lim = limits;
+  if (probes_only) lim.head_deadline = std::min(lim.head_deadline, std::chrono::milliseconds(1000));
   int inner = -1;
   std::string in;            // client bytes not yet framed
   std::string to_inner, to_client;
@@ -194,8 +197,14 @@ void http_front::impl::serve(int fd, std::string peer) {
           finished = true;
           break;
         }
+        const bool probe_path = c.path == "/health" || c.path == "/ready" || c.path == "/metrics";
+        if (probes_only && !probe_path) {
+          refuse(503, "too many connections from this address", &http_front_counters::refused_connections);
+          finished = true;
+          break;
+        }
         if (inner < 0) {
-          const bool probe = c.path == "/health" || c.path == "/ready" || c.path == "/metrics";
+          const bool probe = probe_path;
           auto conn = transport::connect_tcp("127.0.0.1", probe ? lane_port : main_port, std::chrono::seconds(5));
           if (!conn) {
             refuse(503, "the gateway is not serving", &http_front_counters::refused_connections);
@@ -292,7 +301,9 @@ void http_front::impl::accept_loop() {
     const std::string peer = transport::peer_address(fd);
     std::unique_lock lock(m);
     ++counters.accepted;
-    if (counters.open >= limits.max_connections || open_of[peer] >= limits.max_connections_per_client) {
+    // Past its address's cap a connection may still ask a probe (a bounded few per address).
+    const bool probes_only = open_of[peer] >= limits.max_connections_per_client;
+    if (counters.open >= limits.max_connections || open_of[peer] >= limits.max_connections_per_client + 16) {
       ++counters.refused_connections;
       if (open_of[peer] == 0) open_of.erase(peer);
       lock.unlock();
@@ -304,8 +315,8 @@ void http_front::impl::accept_loop() {
     ++open_of[peer];
     ++threads;
     lock.unlock();
-    std::thread([this, fd, peer] {
-      serve(fd, peer);
+    std::thread([this, fd, peer, probes_only] {
+      serve(fd, peer, probes_only);
       std::lock_guard lock(m);
       --counters.open;
       if (--open_of[peer] == 0) open_of.erase(peer);

@@ -516,9 +516,22 @@ TEST(gateway, connections_per_client_are_capped) {
   std::vector<int> held;
   for (int i = 0; i < 4; ++i) held.push_back(connect_to(s.gw->port()));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Past the cap an address may still ask a probe (a monitor behind the same address as a flood)...
+  const int probe = connect_to(s.gw->port());
+  EXPECT_EQ(status_of(probe, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"), 200);
+  ::close(probe);
+  // ...and nothing else.
   const int extra = connect_to(s.gw->port());
-  EXPECT_EQ(status_of(extra, ""), 503);
+  EXPECT_EQ(status_of(extra, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"), 503);
   ::close(extra);
+  // 16 past the cap, even that is refused at once.
+  std::vector<int> more;
+  for (int i = 0; i < 16; ++i) more.push_back(connect_to(s.gw->port()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const int last = connect_to(s.gw->port());
+  EXPECT_EQ(status_of(last, ""), 503);
+  ::close(last);
+  for (int fd : more) ::close(fd);
   for (int fd : held) ::close(fd);
 }
 

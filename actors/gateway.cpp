@@ -327,7 +327,14 @@ struct gateway_state {
     const auto h = req.get_header_value("Authorization");
     if (h.rfind("Bearer ", 0) != 0) return false;
     const auto key = h.substr(7);
-    return std::find(options.api_keys.begin(), options.api_keys.end(), key) != options.api_keys.end();
+    // Compared in constant time (every key, every byte): the answer's timing says nothing of a key.
+    bool match = false;
+    for (const auto& k : options.api_keys) {
+      unsigned char diff = k.size() == key.size() ? 0 : 1;
+      for (std::size_t i = 0; i < k.size(); ++i) diff |= static_cast<unsigned char>(k[i] ^ (i < key.size() ? key[i] : 0));
+      match |= diff == 0;
+    }
+    return match;
   }
   void reply_error(const std::string& endpoint, httplib::Response& res, const api_error& e) {
     res.status = e.status;

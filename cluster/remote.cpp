@@ -20,6 +20,7 @@
 #include <cstring>
 #include <set>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -170,7 +171,15 @@ void forget_remote_proxies(caf::actor_system& sys) {
   auto basp = sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP"));
   auto* bb = dynamic_cast<caf::io::basp_broker*>(caf::actor_cast<caf::abstract_actor*>(basp));
   if (!bb) return;
-  sys.middleman().backend().post([bb, keep = basp] { bb->proxy_registry_ptr()->clear(); });
+  // Done before the rejoin starts: cleared in the middle of the new link's handshake, it would take
+  // the new gatekeeper's proxy with it.
+  auto done = std::make_shared<std::promise<void>>();
+  auto cleared = done->get_future();
+  sys.middleman().backend().post([bb, keep = basp, done] {
+    bb->proxy_registry_ptr()->clear();
+    done->set_value();
+  });
+  cleared.wait_for(std::chrono::seconds(5));
 }
 
 // The guarded middleman actor of a process, stopped before its actor system goes.

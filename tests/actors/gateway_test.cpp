@@ -1,6 +1,7 @@
 // The HTTP gateway over raw HTTP: responses match the driver alone for the same seed, OpenAI-style
 // errors for bad keys, bad parameters, malformed JSON and oversized bodies, SSE framing, metrics, and
 // no leaked sequence when a streaming client disconnects or a client stalls.
+#include "tests/support/loopback.hpp"
 #include "actors/gateway.hpp"
 #include "cluster/local_cluster.hpp"
 
@@ -386,20 +387,7 @@ TEST(gateway, hostile_bodies_headers_and_paths_are_refused_and_bounded) {
 }
 
 
-int connect_to(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  return fd;
-}
+int connect_to(int port) { return test::loopback_connect(port, 5); }
 
 // Sends `bytes` (best effort) and returns the status of the answer, 0 when the connection closed
 // without one.

@@ -1,6 +1,7 @@
 // The link guard without CAF: BASP framing checks, `troupe certs`, the front's mutual TLS, its bounds
 // (pending handshakes, deadlines, backoff) and the refusal of oversized frames from an authenticated
 // peer. The inner side is an echo server on a loopback pair, standing where CAF's doorman would.
+#include "tests/support/loopback.hpp"
 #include "cluster/link_guard.hpp"
 
 #include <gtest/gtest.h>
@@ -152,18 +153,7 @@ bool closed_within(int fd, int timeout_ms) {
   return false;
 }
 
-int tcp_connect(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
+int tcp_connect(int port) { return test::loopback_connect(port); }
 
 TEST(link_front, carries_frames_over_mutual_tls) {
   certs_dir c;

@@ -18,6 +18,7 @@
 #include <random>
 #include <thread>
 
+#include "tests/support/loopback.hpp"
 #include "actors/gateway.hpp"
 #include "cluster/remote.hpp"
 #include "transport/collectives.hpp"
@@ -102,6 +103,13 @@ struct cluster_fixture {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       std::ifstream(dir / "port") >> port;
     }
+  }
+  // A coordinator on this fixture's port that keeps its desired state in dir/state (stop the
+  // fixture's own first).
+  process stateful_coordinator(const std::string& log) {
+    return spawn({TROUPE_BIN, "coordinator", "--listen", "127.0.0.1:" + std::to_string(port), "--insecure", "--secret-file", (dir / "secret").string(),
+                  "--state-dir", (dir / "state").string(), "--heartbeat-ms", "200", "--timeout-ms", "800"},
+                 dir / log);
   }
   process node(const std::string& id, const std::string& secret_file) {
     return spawn({TROUPE_BIN, "node", "--join", "127.0.0.1:" + std::to_string(port), "--insecure", "--secret-file", secret_file, "--node-id", id,
@@ -338,18 +346,7 @@ std::uint64_t rss_of(pid_t pid) {
   return 0;
 }
 
-int raw_connect(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
+int raw_connect(int port) { return test::loopback_connect(port); }
 
 // A BASP header as CAF 0.17 writes it (operation, padding, flags, payload length big-endian, 24 bytes
 // of operation data and actor ids) followed by `payload`.
@@ -856,15 +853,9 @@ std::size_t count_of(const std::string& text, const std::string& what) {
 // journal and takes back the replicas the nodes still run, without a reload.
 TEST(multiprocess, a_restarted_coordinator_serves_the_deployments_it_had) {
   cluster_fixture c;
-  const auto state = c.dir / "state";
-  const auto listen = "127.0.0.1:" + std::to_string(c.port);
   // The fixture's coordinator keeps no state: replace it by one that does, on the same port.
   c.coordinator.stop();
-  auto coordinator = [&] {
-    return spawn({TROUPE_BIN, "coordinator", "--listen", listen, "--insecure", "--secret-file", (c.dir / "secret").string(), "--state-dir", state.string(),
-                  "--heartbeat-ms", "200", "--timeout-ms", "800"},
-                 c.dir / "coordinator2.log");
-  };
+  auto coordinator = [&] { return c.stateful_coordinator("coordinator2.log"); };
   c.coordinator = coordinator();
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   auto s = two_nodes(c, "ra", "rb");
@@ -956,14 +947,8 @@ namespace {
 // block. TROUPE_CHAOS_SEED picks another schedule.
 TEST(multiprocess, a_seeded_fault_schedule_loses_no_job_and_leaves_nothing_behind) {
   cluster_fixture c;
-  const auto state = c.dir / "state";
-  const auto listen = "127.0.0.1:" + std::to_string(c.port);
   c.coordinator.stop();
-  auto coordinator = [&] {
-    return spawn({TROUPE_BIN, "coordinator", "--listen", listen, "--insecure", "--secret-file", (c.dir / "secret").string(), "--state-dir", state.string(),
-                  "--heartbeat-ms", "200", "--timeout-ms", "800"},
-                 c.dir / "coordinator-chaos.log");
-  };
+  auto coordinator = [&] { return c.stateful_coordinator("coordinator-chaos.log"); };
   c.coordinator = coordinator();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const std::vector<std::string> ids{"c0", "c1", "c2"};

@@ -2,7 +2,8 @@
 // Gloo reports failures by throwing (gloo::Exception, gloo::EnforceNotMet, std::exception); every
 // entry point here catches them and returns a collective_error instead.
 #include <gloo/allgather.h>
-#include <gloo/allreduce_ring.h>
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
@@ -146,9 +147,15 @@ class gloo_communicator final : public communicator {
   result<void, collective_error> all_reduce_sum(std::span<float> data) override {
     if (data.empty() || size() == 1) return {};
     return guarded("all_reduce_sum", [&] {
-      std::vector<float*> ptrs{data.data()};
-      gloo::AllreduceRing<float> op(context_, ptrs, static_cast<int>(data.size()));
-      op.run();
+      // The tagged, unbound-buffer algorithm like the others: Gloo's older AllreduceRing registers
+      // per-slot buffers that a fast peer's next collective can reach before they exist (a two-rank
+      // run failed its fourth all-reduce in CI), and it ignores the timeout.
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput(data.data(), data.size());  // in place: the output is the input
+      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout_);
+      gloo::allreduce(opts);
     });
   }
 

@@ -190,7 +190,9 @@ int exercise(const gloo_options& o) {
   }
   // A second all_reduce on the same buffer after the others: collectives compose in sequence.
   std::vector<float> again(7, 1.0f);
-  CHILD_CHECK(c.all_reduce_sum(again).has_value(), 40);
+  auto again_r = c.all_reduce_sum(again);
+  if (!again_r) std::fprintf(stderr, "rank %d: all_reduce_sum again: %s\n", rank, again_r.error().message().c_str());
+  CHILD_CHECK(again_r.has_value(), 40);
   for (float v : again) CHILD_CHECK(v == static_cast<float>(size), 41);
   return 0;
 }

@@ -276,6 +276,12 @@ int run_fixture(const fixture_options& o) {
   }
   d.matrix_type = *type;
   d.tied = o.tied;
+  std::int64_t* routed[] = {&d.experts, &d.experts_used, &d.expert_ffn, &d.shared_ffn};
+  if (o.experts.size() > std::size(routed)) {
+    std::fprintf(stderr, "troupe fixture: --experts takes at most 4 values (experts, per token, expert width, shared width)\n");
+    return 2;
+  }
+  for (std::size_t i = 0; i < o.experts.size(); ++i) *routed[i] = o.experts[i];
   auto r = families::write_fixture(o.family, d, o.out, o.gguf);
   if (!r) {
     std::fprintf(stderr, "troupe %s\n", r.error().message().c_str());

@@ -103,6 +103,8 @@ int main(int argc, char** argv) {
   fx->add_option("--type", fix.type, "matrix storage: f32, f16, bf16, or (GGUF) q8_0, q4_0, q4_k, q6_k, ...");
   fx->add_flag("--tied", fix.tied, "no separate output head (logits reuse the embedding)");
   fx->add_option("--dims", fix.dims, "vocab hidden ffn layers heads kv_heads head_dim (any prefix)")->delimiter(',');
+  fx->add_option("--experts", fix.experts, "routed families: experts, experts per token, expert width, shared width (any prefix)")
+      ->delimiter(',');
   fx->callback([&] { rc = troupe::app::run_fixture(fix); });
 
   troupe::app::bench_options bench;

@@ -11,5 +11,8 @@ extern const family_entry qwen3_entry;
 extern const family_entry gemma2_entry;
 extern const family_entry gemma3_entry;
 extern const family_entry phi3_entry;
+extern const family_entry qwen3_moe_entry;
+extern const family_entry mixtral_entry;
+extern const family_entry qwen2_moe_entry;
 
 }  // namespace troupe::families

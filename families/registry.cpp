@@ -12,7 +12,8 @@ result<registry, duplicate_key> registry::from(std::span<const family_entry> ent
     for (const auto& k : e.keys) claims.push_back({&k, e.family});
   for (std::size_t i = 0; i < claims.size(); ++i)
     for (std::size_t j = 0; j < i; ++j)
-      if (claims[j].key->source == claims[i].key->source && claims[j].key->key == claims[i].key->key)
+      if (claims[j].key->source == claims[i].key->source && claims[j].key->key == claims[i].key->key &&
+          claims[j].key->when == claims[i].key->when)
         return unexpected(duplicate_key{std::string(claims[i].key->key), std::string(claims[j].family), std::string(claims[i].family)});
   registry r;
   r.entries_ = entries;
@@ -33,9 +34,17 @@ result<const family_entry*, unregistered> registry::resolve(const load::raw_conf
   const std::string source = gguf ? "GGUF general.architecture" : "config.json model_type";
   auto key = cfg.get_string(key_name);
   if (!key) return unexpected(unregistered{source, "(absent)"});
+  auto holds = [&](std::string_view when) {
+    if (!cfg.has(when)) return false;
+    const auto n = cfg.get_int(when);
+    return !n || *n != 0;  // a number must be non-zero; any other value's presence is enough
+  };
   for (const auto& e : entries_)
     for (const auto& k : e.keys)
-      if (k.source == cfg.source() && k.key == *key) return &e;
+      if (k.source == cfg.source() && k.key == *key && !k.when.empty() && holds(k.when)) return &e;
+  for (const auto& e : entries_)
+    for (const auto& k : e.keys)
+      if (k.source == cfg.source() && k.key == *key && k.when.empty()) return &e;
   return unexpected(unregistered{source, *key});
 }
 

@@ -19,6 +19,10 @@ namespace troupe::families {
 struct family_key {
   load::config_source source;
   std::string_view key;
+  // A configuration key that must also be present (and, when a number, non-zero) for this claim: GGUF
+  // arch `llama` with `llama.expert_count` is Mixtral. A claim with a condition that holds wins over
+  // the plain claim of the same key.
+  std::string_view when = {};
 };
 
 using build_fn = result<std::unique_ptr<model>, model_error> (*)(const load::raw_config&, const load::weight_store&);

@@ -1,5 +1,7 @@
 #include "families/weight_map.hpp"
 
+#include <cstring>
+
 namespace troupe::families {
 
 std::string weight_error::message() const {
@@ -16,10 +18,12 @@ std::string weight_error::message() const {
 
 namespace {
 
-std::string key_for(const std::string& pattern, std::int32_t layer) {
+std::string key_for(const std::string& pattern, std::int32_t layer, std::int64_t expert = -1) {
   std::string k = pattern;
   const auto at = k.find("{L}");
   if (at != std::string::npos) k.replace(at, 3, std::to_string(layer));
+  const auto ex = k.find("{E}");
+  if (ex != std::string::npos && expert >= 0) k.replace(ex, 3, std::to_string(expert));
   return k;
 }
 
@@ -32,8 +36,41 @@ result<weight_map, weight_error> weight_map::build(const load::weight_store& sto
     const graph::weight_role role{r.role, r.per_layer ? layer : -1};
     const auto want = expected(r.role, role.layer);
     std::string key = key_for(r.key, layer);
-    auto v = store.find(key);
+    auto v = r.experts > 0 ? std::optional<tensor_view>{} : store.find(key);
     stored_as stored = r.stored;
+    if (r.experts > 0) {
+      // Stack the experts' tensors: all present, of one type and shape.
+      auto first = store.find(key_for(r.key, layer, 0));
+      if (!first) {
+        if (r.presence == presence::optional) return {};
+        return unexpected(weight_error{weight_error_code::missing, role, key_for(r.key, layer, 0), want ? want->str() : "any", ""});
+      }
+      std::vector<std::int64_t> dims{r.experts};
+      dims.insert(dims.end(), first->shape().dims().begin(), first->shape().dims().end());
+      const troupe::shape whole{std::span<const std::int64_t>(dims)};
+      bool in_order = true;
+      std::vector<tensor_view> parts{*first};
+      for (std::int64_t x = 1; x < r.experts; ++x) {
+        const auto k = key_for(r.key, layer, x);
+        auto p = store.find(k);
+        if (!p) return unexpected(weight_error{weight_error_code::missing, role, k, first->shape().str(), ""});
+        if (p->type() != first->type() || p->shape() != first->shape())
+          return unexpected(weight_error{weight_error_code::shape_mismatch, role, k,
+                                         std::string(name(first->type())) + first->shape().str(), std::string(name(p->type())) + p->shape().str()});
+        in_order = in_order && p->data() == first->data() + static_cast<std::size_t>(x) * first->bytes();
+        parts.push_back(*p);
+      }
+      if (want && whole != *want)
+        return unexpected(weight_error{weight_error_code::shape_mismatch, role, key, want->str(), whole.str()});
+      if (in_order) {
+        v = tensor_view(first->type(), whole, first->data());
+      } else {
+        auto t = std::make_shared<tensor>(first->type(), whole);
+        for (std::size_t x = 0; x < parts.size(); ++x) std::memcpy(t->data() + x * first->bytes(), parts[x].data(), first->bytes());
+        v = t->view();
+        m.owned_.push_back(std::move(t));
+      }
+    }
     if (!v && r.presence == presence::tied) {
       for (const auto& t : rules) {
         if (t.role != r.tied_to) continue;

@@ -37,6 +37,10 @@ struct name_rule {
   families::presence presence = families::presence::required;
   std::string tied_to;   // for presence::tied: the role whose tensor stands in
   stored_as stored = stored_as::as_is;
+  // A role stacked from one tensor per expert (HF's ...experts.{E}.gate_proj.weight): `experts` tensors
+  // of one type and shape become the role's [experts, ...] view, without a copy when they lie in order
+  // in the file, else as one owned copy. 0: a single tensor.
+  std::int64_t experts = 0;
 };
 
 // The shape a role must have (outermost first), or nullopt when the family does not know it ahead.

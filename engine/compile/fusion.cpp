@@ -76,7 +76,7 @@ std::vector<std::int64_t> gated_fusions(const graph::graph& g, const pruned_grap
 
 bool stays_unfolded(const graph::equation& e) {
   switch (e.code) {
-    case op::linear: case op::gather_rows: case op::scatter_rows: case op::attention:
+    case op::linear: case op::linear_id: case op::gather_rows: case op::scatter_rows: case op::attention:
     case op::all_reduce: case op::all_gather: case op::pipe_send: case op::pipe_recv:
       return true;
     default:

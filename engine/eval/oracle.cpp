@@ -110,6 +110,15 @@ class interpreter {
       if (!r) return unexpected(r.error());
       vals_[e.out.index] = std::move(*r);
     }
+    for (const auto& w : g_.witnesses()) {
+      const auto o = std::find_if(g_.outputs().begin(), g_.outputs().end(), [&](const auto& b) { return b.name == w.output; });
+      if (o == g_.outputs().end()) continue;
+      const auto v = view_of(o->value);
+      if (auto why = graph::witness_fails(w, v.type(), v.data(), v.numel())) {
+        where_ = "witness " + w.output;
+        return fail(eval_error_code::invalid_witness, *why);
+      }
+    }
     evaluation ev;
     for (const auto& o : g_.outputs()) ev.outputs.emplace(o.name, vals_[o.value.index]);
     for (const auto& s : g_.states()) ev.states.emplace(s.name, vals_[s.out.index]);
@@ -318,6 +327,63 @@ class interpreter {
         if (auto r = pipe_->send(std::span<const float>(t.as<float>(), static_cast<std::size_t>(n)), static_cast<int>(a.ints[0])); !r)
           return fail(eval_error_code::no_group, r.error());
         return t;
+      }
+      case op::top_k: {
+        const auto& xd = type_of(in[0]).dims;
+        const std::int64_t E = xd.back(), rows = E == 0 ? 0 : xd.numel() / E, k = a.ints[0];
+        const auto x = doubles(in[0]);
+        std::vector<double> out(static_cast<std::size_t>(rows * k));
+        std::vector<std::int64_t> order(static_cast<std::size_t>(E));
+        for (std::int64_t r = 0; r < rows; ++r) {
+          for (std::int64_t j = 0; j < E; ++j) order[j] = j;
+          // Larger first, NaN last, equal values by the lower index.
+          auto before = [&](std::int64_t i, std::int64_t j) {
+            const double u = x[r * E + i], v = x[r * E + j];
+            const bool nu = std::isnan(u), nv = std::isnan(v);
+            if (nu != nv) return nv;
+            return nu ? i < j : u > v || (u == v && i < j);
+          };
+          std::stable_sort(order.begin(), order.end(), before);
+          for (std::int64_t j = 0; j < k; ++j) out[r * k + j] = static_cast<double>(order[j]);
+        }
+        return from_doubles(ot, out);
+      }
+      case op::take_along: {
+        const auto& xd = type_of(in[0]).dims;
+        const std::int64_t E = xd.back(), k = ot.dims.back(), rows = k == 0 ? 0 : n / k;
+        const auto x = doubles(in[0]), ix = doubles(in[1]);
+        std::vector<double> out(static_cast<std::size_t>(n));
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t j = 0; j < k; ++j) {
+            const double id = ix[r * k + j];
+            if (id < 0 || id >= static_cast<double>(E))
+              return fail(eval_error_code::index_out_of_range, "index " + std::to_string(static_cast<std::int64_t>(id)) + " outside [0, " + std::to_string(E) + ")");
+            out[r * k + j] = x[r * E + static_cast<std::int64_t>(id)];
+          }
+        return from_doubles(ot, out);
+      }
+      case op::linear_id: {
+        const auto& wd = type_of(in[1]).dims;
+        const std::int64_t E = wd[0], N = wd[1], K = wd[2];
+        const std::int64_t T = ot.dims[0], k = ot.dims[1];
+        const bool shared = type_of(in[0]).dims.rank() == 2;
+        const auto x = doubles(in[0]), w = doubles(in[1]), ids = doubles(in[2]);
+        std::vector<double> out(static_cast<std::size_t>(n), 0.0);
+        for (std::int64_t t = 0; t < T; ++t)
+          for (std::int64_t j = 0; j < k; ++j) {
+            const double id = ids[t * k + j];
+            if (id < 0 || id >= static_cast<double>(E))
+              return fail(eval_error_code::index_out_of_range, "expert " + std::to_string(static_cast<std::int64_t>(id)) + " outside [0, " + std::to_string(E) + ")");
+            const auto e = static_cast<std::int64_t>(id);
+            const double* xr = x.data() + (shared ? t : t * k + j) * K;
+            for (std::int64_t c = 0; c < N; ++c) {
+              double s = 0;
+              const double* wr = w.data() + (e * N + c) * K;
+              for (std::int64_t q = 0; q < K; ++q) s += xr[q] * wr[q];
+              out[(t * k + j) * N + c] = s;
+            }
+          }
+        return from_doubles(ot, out);
       }
       case op::pipe_recv: {
         if (pipe_ == nullptr) return fail(eval_error_code::no_group, "the graph is a pipeline stage: evaluate it with its pipe");

@@ -49,7 +49,7 @@ struct evaluation {
   std::vector<tensor> values;            // every value, when keep_values
 };
 
-enum class eval_error_code { missing_slot, missing_state, missing_weight, type_mismatch, index_out_of_range, duplicate_index, division_by_zero, no_group };
+enum class eval_error_code { missing_slot, missing_state, missing_weight, type_mismatch, index_out_of_range, duplicate_index, division_by_zero, no_group, invalid_witness };
 
 struct eval_error {
   eval_error_code code;

@@ -14,6 +14,7 @@ std::string_view name(exec_error_code c) {
     case exec_error_code::state_conflict: return "state_conflict";
     case exec_error_code::device_error: return "device_error";
     case exec_error_code::bad_sampling: return "bad_sampling";
+    case exec_error_code::invalid_witness: return "invalid_witness";
   }
   return "unknown";
 }

@@ -41,6 +41,7 @@ enum class exec_error_code : std::uint8_t {
   state_conflict,      // two entries declare one state with different types
   device_error,        // the device failed (a backend's own faults)
   bad_sampling,        // a sampling row's parameters, history or mask were refused
+  invalid_witness,     // a validation output (a router's selections) failed its check: the step is refused
 };
 std::string_view name(exec_error_code c);
 

@@ -1,5 +1,7 @@
 #include "engine/exec/lowering.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 namespace troupe::exec {
@@ -17,7 +19,8 @@ std::optional<exec_error> check_value_types(const graph::graph& g, const std::ve
       return exec_error{exec_error_code::unsupported, where,
                         "the " + std::string(target) + " target computes in f32 and i32; this value is " + t.str()};
     for (auto v : e.inputs) {
-      const bool weight_operand = (e.code == op::linear && v == e.inputs[1]) || (e.code == op::gather_rows && v == e.inputs[0]);
+      const bool weight_operand = ((e.code == op::linear || e.code == op::linear_id) && v == e.inputs[1]) ||
+                                  (e.code == op::gather_rows && v == e.inputs[0]);
       if (!weight_operand && !computable_type(g.info(v).type.type))
         return exec_error{exec_error_code::unsupported, where, "input of type " + g.info(v).type.str()};
     }
@@ -34,6 +37,20 @@ std::optional<exec_error> check_slots(const graph::graph& g, const step_inputs& 
     if (it->second.type() != t.type || it->second.shape() != t.dims)
       return exec_error{exec_error_code::bad_binding, where,
                         "expects " + t.str() + ", got " + graph::tensor_type{it->second.type(), it->second.shape()}.str()};
+  }
+  return std::nullopt;
+}
+
+std::optional<exec_error> check_witnesses(const graph::graph& g, const std::function<const std::byte*(graph::value_id)>& bytes_of) {
+  for (const auto& w : g.witnesses()) {
+    const auto o = std::find_if(g.outputs().begin(), g.outputs().end(), [&](const auto& b) { return b.name == w.output; });
+    if (o == g.outputs().end()) continue;  // the verifier refuses this; nothing to check
+    const auto& t = g.info(o->value).type;
+    const std::byte* p = bytes_of(o->value);
+    const std::int64_t n = t.dims.numel();
+    const std::string where = "witness " + w.output;
+    if (p == nullptr && n > 0) return exec_error{exec_error_code::invalid_witness, where, "its value is not available to check"};
+    if (auto why = graph::witness_fails(w, t.type, p, n)) return exec_error{exec_error_code::invalid_witness, where, *why};
   }
   return std::nullopt;
 }

@@ -1,4 +1,5 @@
 #pragma once
+#include <functional>
 // What every target checks and computes the same way when it lowers a graph and binds a step: the
 // value types its kernels compute in, the step's slots against the graph, and the element strides of
 // broadcasting and movement ops.
@@ -21,6 +22,10 @@ std::optional<exec_error> check_value_types(const graph::graph& g, const std::ve
 
 // Every slot of `g` is bound in `in` with its type and shape, or the bad_binding refusal naming it.
 std::optional<exec_error> check_slots(const graph::graph& g, const step_inputs& in);
+
+// Every witness of `g` (graph.hpp) holds, reading each witness output's bytes through `bytes_of`, or the
+// invalid_witness error naming it. Run after a step's program and before any output is read back.
+std::optional<exec_error> check_witnesses(const graph::graph& g, const std::function<const std::byte*(graph::value_id)>& bytes_of);
 
 // Element strides of `in` over the output shape `out` under NumPy broadcasting (0 where broadcast).
 std::vector<std::int64_t> broadcast_strides(const troupe::shape& in, const troupe::shape& out);

@@ -330,6 +330,20 @@ value_id builder::pipe_recv(troupe::shape dims, std::int64_t from_stage) {
   return apply(op::pipe_recv, {}, a);
 }
 
+value_id builder::top_k(value_id x, std::int64_t k) {
+  op_attrs a;
+  a.ints = {k};
+  return apply(op::top_k, {x}, a);
+}
+
+value_id builder::take_along(value_id x, value_id idx) { return apply(op::take_along, {x, idx}); }
+value_id builder::linear_id(value_id x, value_id w, value_id ids) { return apply(op::linear_id, {x, w, ids}); }
+
+void builder::witness(const std::string& name, value_id v, witness_check check, std::int64_t bound) {
+  output(name, v);
+  if (ok()) g_.witnesses_.push_back({name, check, bound});
+}
+
 value_id builder::rms_norm(value_id x, value_id w, double eps) {
   op_attrs a;
   a.eps = eps;

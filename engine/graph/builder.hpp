@@ -52,6 +52,8 @@ class builder {
   value_id state_input(const std::string& name, const tensor_type& type);
   void state_output(const std::string& name, value_id v);
   void output(const std::string& name, value_id v);
+  // An output that is also a witness the executor checks before readback (graph.hpp).
+  void witness(const std::string& name, value_id v, witness_check check, std::int64_t bound = 0);
 
   // Admits `n` new tokens against the token budget (the model's trace calls it before tracing).
   void admit_tokens(std::int64_t n);
@@ -86,6 +88,9 @@ class builder {
   value_id all_gather(value_id x, std::int64_t ranks);
   value_id pipe_send(value_id x, std::int64_t to_stage);
   value_id pipe_recv(troupe::shape dims, std::int64_t from_stage);
+  value_id top_k(value_id x, std::int64_t k);
+  value_id take_along(value_id x, value_id idx);
+  value_id linear_id(value_id x, value_id w, value_id ids);
   // The general form every method above goes through.
   value_id apply(op o, std::vector<value_id> inputs, op_attrs attrs = {});
 

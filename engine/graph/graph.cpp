@@ -1,5 +1,7 @@
 #include "engine/graph/graph.hpp"
 
+#include <cmath>
+
 #include <cstdio>
 #include <set>
 
@@ -42,6 +44,7 @@ std::string attrs_str(op o, const op_attrs& a) {
   };
   switch (o) {
     case op::cast: add("to=" + std::string(name(a.to))); break;
+    case op::top_k: if (!a.ints.empty()) add("k=" + std::to_string(a.ints[0])); break;
     case op::all_gather: if (!a.ints.empty()) add("ranks=" + std::to_string(a.ints[0])); break;
     case op::pipe_send: case op::pipe_recv: if (!a.ints.empty()) add("peer=" + std::to_string(a.ints[0])); break;
     case op::reduce_sum: case op::reduce_max: case op::reduce_mean: case op::arg_max:
@@ -61,6 +64,24 @@ std::string attrs_str(op o, const op_attrs& a) {
 }
 
 }  // namespace
+
+std::optional<std::string> witness_fails(const witness_binding& w, dtype t, const std::byte* p, std::int64_t n) {
+  if (n > 0 && p == nullptr) return "its value is not available to check";
+  for (std::int64_t i = 0; i < n; ++i) {
+    double v = 0;
+    switch (t) {
+      case dtype::f32: v = reinterpret_cast<const float*>(p)[i]; break;
+      case dtype::i32: v = reinterpret_cast<const std::int32_t*>(p)[i]; break;
+      case dtype::i64: v = static_cast<double>(reinterpret_cast<const std::int64_t*>(p)[i]); break;
+      default: return "of dtype " + std::string(name(t)) + ", which no check reads";
+    }
+    if (w.check == witness_check::finite && !std::isfinite(v)) return "element " + std::to_string(i) + " is not finite";
+    if (w.check == witness_check::index_range && !(v >= 0 && v < static_cast<double>(w.bound)))
+      return "element " + std::to_string(i) + " = " + std::to_string(static_cast<std::int64_t>(v)) + " outside [0, " +
+             std::to_string(w.bound) + ")";
+  }
+  return std::nullopt;
+}
 
 std::string graph::dump() const {
   std::string out;
@@ -143,6 +164,10 @@ result<void, verify_error> verify(const graph& g) {
   for (const auto& o : g.outputs()) {
     if (!in_range(o.value)) return bad("output " + o.name, "value out of range");
     if (!names.insert(o.name).second) return bad("output " + o.name, "output declared twice");
+  }
+  for (const auto& w : g.witnesses()) {
+    if (!names.contains(w.output)) return bad("witness " + w.output, "not an output");
+    if (w.check == witness_check::index_range && w.bound < 1) return bad("witness " + w.output, "an index range needs a positive bound");
   }
   return {};
 }

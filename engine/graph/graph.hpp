@@ -5,6 +5,7 @@
 // inputs (KV and other carried state, paired with a state output) or equations. A graph is a value:
 // immutable once built, produced only by `builder::finish`, checked by `verify`.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,13 @@ struct weight_binding { value_id value; weight_role role; };
 struct literal_binding { value_id value; tensor data; };
 struct state_pair { std::string name; value_id in; value_id out; };
 struct output_binding { std::string name; value_id value; };
+// A validation output (the seed's router witness): an output the executor checks before any readback,
+// so a routed graph whose selections went wrong fails its step with a typed error instead of
+// producing a wrong token. index_range: every element an integer in [0, bound); finite: no NaN or inf.
+enum class witness_check : std::uint8_t { index_range, finite };
+struct witness_binding { std::string output; witness_check check; std::int64_t bound = 0; };
+// Why the n elements of type t at p fail the witness (f32, i32 or i64), or nothing when they hold.
+std::optional<std::string> witness_fails(const witness_binding& w, dtype t, const std::byte* p, std::int64_t n);
 
 class graph {
  public:
@@ -72,6 +80,7 @@ class graph {
   const std::vector<literal_binding>& literals() const { return literals_; }
   const std::vector<state_pair>& states() const { return states_; }
   const std::vector<output_binding>& outputs() const { return outputs_; }
+  const std::vector<witness_binding>& witnesses() const { return witnesses_; }
   const value_info& info(value_id v) const { return values_[v.index]; }
 
   // A readable listing, one line per value and equation, for debugging and golden comparisons.
@@ -87,6 +96,7 @@ class graph {
   std::vector<literal_binding> literals_;
   std::vector<state_pair> states_;
   std::vector<output_binding> outputs_;
+  std::vector<witness_binding> witnesses_;
 };
 
 struct verify_error {

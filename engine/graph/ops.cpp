@@ -9,7 +9,7 @@ std::string tensor_type::str() const { return std::string(name(type)) + dims.str
 
 namespace {
 
-constexpr std::array<std::string_view, static_cast<std::size_t>(op::pipe_recv) + 1> op_names = {
+constexpr std::array<std::string_view, static_cast<std::size_t>(op::linear_id) + 1> op_names = {
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "recip", "tanh", "erf", "sigmoid", "silu", "gelu_tanh",
     "add", "sub", "mul", "div", "maximum", "minimum", "pow",
     "equal", "less", "less_equal", "greater",
@@ -18,6 +18,7 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(op::pipe_recv) +
     "reshape", "transpose", "slice", "concat", "broadcast",
     "matmul", "linear", "gather_rows", "scatter_rows", "rms_norm", "layer_norm", "rope", "attention",
     "all_reduce", "all_gather", "pipe_send", "pipe_recv",
+    "top_k", "take_along", "linear_id",
 };
 
 using infer_result = result<tensor_type, std::string>;
@@ -259,6 +260,32 @@ infer_result infer_checked(op o, std::span<const tensor_type> in, const op_attrs
     case op::pipe_recv:
       if (a.ints.size() != 1 || a.ints[0] < 0 || a.ints[0] > 4096) return refuse("ints must hold the peer stage, in [0, 4096]");
       return tensor_type{dtype::f32, a.target};
+    case op::top_k: {
+      const auto& x = in[0].dims;
+      if (!is_float(in[0].type) || x.rank() < 1) return refuse("x must be float [..., E]");
+      if (a.ints.size() != 1 || a.ints[0] < 1 || a.ints[0] > x.back()) return refuse("ints must hold k, in [1, E]");
+      return tensor_type{dtype::i32, x.with_back(a.ints[0])};
+    }
+    case op::take_along: {
+      const auto &x = in[0].dims, &ix = in[1].dims;
+      if (!is_plain(in[0].type) || x.rank() < 1) return refuse("x must be a plain dtype [..., E]");
+      if (!is_index(in[1].type) || ix.rank() != x.rank()) return refuse("idx must be i32 or i64 of x's rank");
+      for (std::size_t i = 0; i + 1 < x.rank(); ++i)
+        if (x[i] != ix[i]) return refuse("leading dimensions differ");
+      return tensor_type{in[0].type, ix};
+    }
+    case op::linear_id: {
+      const auto &x = in[0].dims, &w = in[1].dims, &ids = in[2].dims;
+      if (in[0].type != dtype::f32) return refuse("activations must be f32");
+      if (is_integer(in[1].type)) return refuse("weights must be float or block-quantized");
+      if (w.rank() != 3) return refuse("needs w [E, N, K]");
+      if (!is_index(in[2].type) || ids.rank() != 2) return refuse("ids must be i32 or i64 [T, k]");
+      const bool shared = x.rank() == 2 && x[0] == ids[0];
+      const bool per_pick = x.rank() == 3 && x[0] == ids[0] && x[1] == ids[1];
+      if (!shared && !per_pick) return refuse("x must be [T, K] or [T, k, K] for ids [T, k]");
+      if (x.back() != w[2]) return refuse("w " + w.str() + " does not take K = " + std::to_string(x.back()));
+      return tensor_type{dtype::f32, troupe::shape{ids[0], ids[1], w[1]}};
+    }
   }
   return refuse("unknown op");
 }
@@ -276,7 +303,9 @@ int arity(op o) {
     case op::equal: case op::less: case op::less_equal: case op::greater:
     case op::matmul: case op::linear: case op::gather_rows: case op::rms_norm:
       return 2;
-    case op::where: case op::scatter_rows: case op::layer_norm: case op::rope:
+    case op::take_along:
+      return 2;
+    case op::where: case op::scatter_rows: case op::layer_norm: case op::rope: case op::linear_id:
       return 3;
     case op::attention:
       return 5;

@@ -76,6 +76,18 @@ enum class op : std::uint8_t {
   // pipe_recv() -> f32 attrs.target: what pipeline stage attrs.ints[0] sent (the activations a stage
   // starts from). No inputs; never folded.
   pipe_recv,
+  // top_k(x [..., E]) -> i32 [..., k] with k = attrs.ints[0] in [1, E]: the indices of each row's k
+  // largest elements, largest first; equal values in index order (the lower first, as llama.cpp's
+  // argsort-based top-k); NaN ranks below every number. Float x only.
+  top_k,
+  // take_along(x [..., E], idx integer [..., k]) -> x's dtype [..., k]: out[..., j] = x[..., idx[..., j]]
+  // (NumPy's take_along_axis over the last axis; the leading dimensions equal). An index outside
+  // [0, E) is an error of the step.
+  take_along,
+  // linear_id(x [T, K] or [T, k, K], w [E, N, K] in any stored format, ids integer [T, k]) -> f32
+  // [T, k, N]: out[t, j] = x[t] (or x[t, j]) W[ids[t, j]]^T, computing only the selected experts'
+  // products (ggml's mul_mat_id). An id outside [0, E) is an error of the step.
+  linear_id,
 };
 
 std::string_view op_name(op o);

@@ -21,7 +21,10 @@ void dense_decoder::trace_into(const step_spec& spec, graph::builder& b) const {
   decoder_trace t(ctx);
   t.standard_stack(
       spec_.stack, [this](decoder_trace& d, graph::value_id x, std::int32_t l) { return d.attention(x, l, spec_.attention[l]); },
-      [this](decoder_trace& d, graph::value_id x, std::int32_t l) { return d.feed_forward(x, l, spec_.ffn); });
+      [this](decoder_trace& d, graph::value_id x, std::int32_t l) {
+        if (const auto* m = spec_.routed(l)) return moe_feed_forward(d, x, l, *m);
+        return d.feed_forward(x, l, spec_.ffn);
+      });
 }
 
 expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& s) {
@@ -53,6 +56,8 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
   const std::int64_t H = spec.stack.hidden;
   const std::int64_t F = spec.ffn.width;
   auto shapes = [&](const std::string& role, std::int32_t layer) -> std::optional<troupe::shape> {
+    if (const auto* m = spec.routed(layer))
+      if (auto s = moe_shape(role, *m, H)) return s;
     if (role == "ffn_gate" || role == "ffn_up") return troupe::shape{F, H};
     if (role == "ffn_gate_up") return troupe::shape{2 * F, H};
     if (role == "ffn_down") return troupe::shape{H, F};
@@ -62,6 +67,23 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
   };
   auto map = weight_map::build(store, rules, static_cast<std::int32_t>(spec.stack.layers), shapes);
   if (!map) return unexpected(model_error{map.error()});
+  // A routed model's name table holds both feed-forwards as optional: each layer must have its own.
+  if (!spec.moe.empty()) {
+    for (std::int32_t l = 0; l < static_cast<std::int32_t>(spec.stack.layers); ++l) {
+      const auto* m = spec.routed(l);
+      std::vector<std::string> need = m ? std::vector<std::string>{"ffn_gate_inp", "ffn_up_exps", "ffn_down_exps"}
+                                        : std::vector<std::string>{"ffn_up", "ffn_down"};
+      if (m && m->shared_width > 0) need.insert(need.end(), {"ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"});
+      for (const auto& role : need) {
+        const bool fused_dense = !m && map->has({"ffn_gate_up", l});
+        if (!map->has({role, l}) && !fused_dense) {
+          const auto want = shapes(role, l);
+          return unexpected(model_error{weight_error{weight_error_code::missing, {role, l}, "(layer " + std::to_string(l) + ")",
+                                                     want ? want->str() : "any", ""}});
+        }
+      }
+    }
+  }
   return std::unique_ptr<model>(new dense_decoder(std::move(spec), std::move(*map)));
 }
 
@@ -126,6 +148,15 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
   }
   s.ffn.width = F / size;
   s.ffn.reduce_output = size > 1;
+  for (auto& m : s.moe) {
+    if (m.experts == 0) continue;
+    if (m.width % size != 0) return refuse("the experts' width " + std::to_string(m.width) + " does not split " + std::to_string(size) + " ways");
+    if (m.shared_width % size != 0)
+      return refuse("the shared experts' width " + std::to_string(m.shared_width) + " does not split " + std::to_string(size) + " ways");
+    m.width /= size;
+    m.shared_width /= size;
+    m.reduce_output = size > 1;
+  }
   // The head is split by vocabulary rows when they divide (each rank computes its slice of the logits,
   // an all_gather joins them); otherwise every rank holds it whole.
   const std::int64_t V = spec_.stack.vocab;
@@ -176,6 +207,28 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
       auto t = stack_rows(e.view, {f_rows, {F + f_rows.first, F + f_rows.second}});
       w.view = t->view();
       owned.push_back(std::move(t));
+    } else if (const auto* m = spec_.routed(l); m && (role == "ffn_gate_exps" || role == "ffn_up_exps" || role == "ffn_down_exps" ||
+                                                       role == "ffn_gate_shexp" || role == "ffn_up_shexp" || role == "ffn_down_shexp")) {
+      // Every expert keeps its rows (or columns) [rank w / size, (rank + 1) w / size) of its width w.
+      const bool shexp = role.ends_with("_shexp");
+      const std::int64_t Wd = shexp ? m->shared_width : m->width, cut = Wd / size, E = shexp ? 1 : m->experts;
+      const auto& d3 = e.view.shape();
+      if (role == "ffn_down_exps" || role == "ffn_down_shexp") {
+        const std::int64_t Hh = shexp ? d3[0] : d3[1];
+        const tensor_view flat(e.view.type(), troupe::shape{E * Hh, Wd}, e.view.data());
+        auto t = columns_of(flat, rank * cut, (rank + 1) * cut);
+        if (!t) return refuse(e.key + ": " + t.error());
+        w.view = shexp ? (*t)->view() : tensor_view(e.view.type(), troupe::shape{E, Hh, cut}, (*t)->data());
+        owned.push_back(std::move(*t));
+      } else {
+        const std::int64_t Hh = shexp ? d3[1] : d3[2];
+        const tensor_view flat(e.view.type(), troupe::shape{E * Wd, Hh}, e.view.data());
+        std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+        for (std::int64_t x = 0; x < E; ++x) ranges.emplace_back(x * Wd + rank * cut, x * Wd + (rank + 1) * cut);
+        auto t = stack_rows(flat, ranges);
+        w.view = shexp ? t->view() : tensor_view(e.view.type(), troupe::shape{E, cut, Hh}, t->data());
+        owned.push_back(std::move(t));
+      }
     } else if (role == "attn_output" || role == "ffn_down") {
       const auto cols = role == "attn_output" ? q_rows : f_rows;
       auto t = columns_of(e.view, cols.first, cols.second);
@@ -205,6 +258,7 @@ result<std::unique_ptr<model>, model_error> dense_decoder::stage(int stage, int 
   s.stack.stages = stages;
   s.config.layers = last - first;
   s.attention.assign(spec_.attention.begin() + first, spec_.attention.begin() + last);
+  if (!spec_.moe.empty()) s.moe.assign(spec_.moe.begin() + first, spec_.moe.begin() + last);
 
   std::vector<weight_entry> out;
   const bool has_output = weights_.has({"output", -1});

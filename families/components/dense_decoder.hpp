@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "families/components/decoder.hpp"
+#include "families/components/moe.hpp"
 #include "families/family_error.hpp"
 #include "families/model.hpp"
 
@@ -19,6 +20,13 @@ struct dense_decoder_spec {
   stack_params stack;
   std::vector<attention_params> attention;  // one per layer
   ffn_params ffn;
+  // A routed model's feed-forward per layer (empty, or experts 0 for a layer: the dense `ffn`).
+  std::vector<moe_params> moe;
+  const moe_params* routed(std::int64_t layer) const {
+    return layer >= 0 && layer < static_cast<std::int64_t>(moe.size()) && moe[static_cast<std::size_t>(layer)].experts > 0
+               ? &moe[static_cast<std::size_t>(layer)]
+               : nullptr;
+  }
 };
 
 class dense_decoder final : public model {

@@ -42,13 +42,26 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
       layer("post_attention_norm", "blk.{L}.post_attention_norm.weight");
       layer("post_ffw_norm", "blk.{L}.post_ffw_norm.weight");
     }
+    const presence dense = o.experts > 0 ? presence::optional : presence::required;
     if (o.fused) {
-      layer("ffn_gate_up", "blk.{L}.ffn_up.weight");  // llama.cpp keeps Phi-3's fused gate_up as ffn_up
+      layer("ffn_gate_up", "blk.{L}.ffn_up.weight", dense);  // llama.cpp keeps Phi-3's fused gate_up as ffn_up
     } else {
-      layer("ffn_gate", "blk.{L}.ffn_gate.weight");
-      layer("ffn_up", "blk.{L}.ffn_up.weight");
+      layer("ffn_gate", "blk.{L}.ffn_gate.weight", dense);
+      layer("ffn_up", "blk.{L}.ffn_up.weight", dense);
     }
-    layer("ffn_down", "blk.{L}.ffn_down.weight");
+    layer("ffn_down", "blk.{L}.ffn_down.weight", dense);
+    if (o.experts > 0) {
+      layer("ffn_gate_inp", "blk.{L}.ffn_gate_inp.weight", presence::optional);
+      layer("ffn_gate_exps", "blk.{L}.ffn_gate_exps.weight", presence::optional);
+      layer("ffn_up_exps", "blk.{L}.ffn_up_exps.weight", presence::optional);
+      layer("ffn_down_exps", "blk.{L}.ffn_down_exps.weight", presence::optional);
+      if (o.shared_expert) {
+        layer("ffn_gate_shexp", "blk.{L}.ffn_gate_shexp.weight", presence::optional);
+        layer("ffn_up_shexp", "blk.{L}.ffn_up_shexp.weight", presence::optional);
+        layer("ffn_down_shexp", "blk.{L}.ffn_down_shexp.weight", presence::optional);
+        layer("ffn_gate_inp_shexp", "blk.{L}.ffn_gate_inp_shexp.weight", presence::optional);
+      }
+    }
     return t;
   }
 
@@ -80,13 +93,34 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
   } else {
     layer("ffn_norm", "model.layers.{L}.post_attention_layernorm.weight", presence::required, norm);
   }
+  const presence dense = o.experts > 0 ? presence::optional : presence::required;
   if (o.fused) {
-    layer("ffn_gate_up", "model.layers.{L}.mlp.gate_up_proj.weight");
+    layer("ffn_gate_up", "model.layers.{L}.mlp.gate_up_proj.weight", dense);
   } else {
-    layer("ffn_gate", "model.layers.{L}.mlp.gate_proj.weight");
-    layer("ffn_up", "model.layers.{L}.mlp.up_proj.weight");
+    layer("ffn_gate", "model.layers.{L}.mlp.gate_proj.weight", dense);
+    layer("ffn_up", "model.layers.{L}.mlp.up_proj.weight", dense);
   }
-  layer("ffn_down", "model.layers.{L}.mlp.down_proj.weight");
+  layer("ffn_down", "model.layers.{L}.mlp.down_proj.weight", dense);
+  if (o.experts > 0) {
+    auto experts = [&](const char* role, const char* key) { t.push_back({role, true, key, presence::optional, "", stored_as::as_is, o.experts}); };
+    if (o.hf_moe == name_table_options::hf_experts::mixtral) {
+      layer("ffn_gate_inp", "model.layers.{L}.block_sparse_moe.gate.weight", presence::optional);
+      experts("ffn_gate_exps", "model.layers.{L}.block_sparse_moe.experts.{E}.w1.weight");
+      experts("ffn_up_exps", "model.layers.{L}.block_sparse_moe.experts.{E}.w3.weight");
+      experts("ffn_down_exps", "model.layers.{L}.block_sparse_moe.experts.{E}.w2.weight");
+    } else {
+      layer("ffn_gate_inp", "model.layers.{L}.mlp.gate.weight", presence::optional);
+      experts("ffn_gate_exps", "model.layers.{L}.mlp.experts.{E}.gate_proj.weight");
+      experts("ffn_up_exps", "model.layers.{L}.mlp.experts.{E}.up_proj.weight");
+      experts("ffn_down_exps", "model.layers.{L}.mlp.experts.{E}.down_proj.weight");
+    }
+    if (o.shared_expert) {
+      layer("ffn_gate_shexp", "model.layers.{L}.mlp.shared_expert.gate_proj.weight", presence::optional);
+      layer("ffn_up_shexp", "model.layers.{L}.mlp.shared_expert.up_proj.weight", presence::optional);
+      layer("ffn_down_shexp", "model.layers.{L}.mlp.shared_expert.down_proj.weight", presence::optional);
+      layer("ffn_gate_inp_shexp", "model.layers.{L}.mlp.shared_expert_gate.weight", presence::optional);
+    }
+  }
   layer("ffn_gate_bias", "model.layers.{L}.mlp.gate_proj.bias", presence::optional);
   layer("ffn_up_bias", "model.layers.{L}.mlp.up_proj.bias", presence::optional);
   layer("ffn_down_bias", "model.layers.{L}.mlp.down_proj.bias", presence::optional);

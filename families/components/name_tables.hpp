@@ -17,6 +17,12 @@ struct name_table_options {
   bool norms_minus_one = false;      // Gemma HF: norm weights stored as w - 1
   bool fused = false;                // Phi-3: qkv_proj and gate_up_proj
   bool qkv_bias_required = false;    // Qwen 2: q/k/v biases always present
+  // A routed model: its experts (stacked from HF's per-expert tensors), how HF names them, and
+  // whether it has shared experts. Both feed-forwards become optional; each layer's is checked by the
+  // decoder against its routing.
+  std::int64_t experts = 0;
+  enum class hf_experts : std::uint8_t { qwen, mixtral } hf_moe = hf_experts::qwen;
+  bool shared_expert = false;  // Qwen2-MoE: mlp.shared_expert.* and mlp.shared_expert_gate
 };
 
 std::vector<name_rule> decoder_name_table(const name_table_options& o);

@@ -23,7 +23,7 @@ fs::path scratch(const std::string& name) {
 
 TEST(registry, every_shipped_key_resolves_to_exactly_one_family) {
   const auto reg = registry::builtin();
-  EXPECT_EQ(reg.entries().size(), 7u);
+  EXPECT_EQ(reg.entries().size(), 10u);
   for (const auto& e : reg.entries()) {
     for (const auto& k : e.keys) {
       auto cfg = k.source == load::config_source::gguf
@@ -35,6 +35,29 @@ TEST(registry, every_shipped_key_resolves_to_exactly_one_family) {
       EXPECT_EQ((*f)->family, e.family);
     }
   }
+}
+
+TEST(registry, gguf_llama_with_experts_is_mixtral_and_without_is_llama) {
+  const auto reg = registry::builtin();
+  fixture_dims d;
+  d.hidden = 64;
+  d.ffn = 96;
+  d.heads = 2;
+  d.kv_heads = 1;
+  d.head_dim = 32;
+  d.experts = 4;
+  const auto moe = scratch("mixtral.gguf"), dense = scratch("llama.gguf");
+  ASSERT_TRUE(write_fixture("mixtral", d, moe, true));
+  ASSERT_TRUE(write_fixture("llama", d, dense, true));
+  auto a = load::raw_config::open(moe);
+  auto b = load::raw_config::open(dense);
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(*a->get_string("general.architecture"), "llama");
+  auto fa = reg.resolve(*a);
+  auto fb = reg.resolve(*b);
+  ASSERT_TRUE(fa && fb);
+  EXPECT_EQ((*fa)->family, "mixtral");
+  EXPECT_EQ((*fb)->family, "llama");
 }
 
 TEST(registry, a_duplicate_key_is_refused) {

@@ -22,9 +22,10 @@ export async function openModel(modelPath) {
   return {model, sequence: context.getSequence(), close};
 }
 
-// Evaluates `prompt` (token ids), then feeds back the greedy pick `steps` times; returns one
-// [[id, logprob], ...] list of the top `topk` per generated position (the pick first).
-export async function greedy(sequence, prompt, steps, topk) {
+// Evaluates `prompt` (token ids), then feeds back the greedy pick `steps` times (or, given `forced`,
+// forced[step] instead: a teacher-forced continuation); returns one [[id, logprob], ...] list of the
+// top `topk` per generated position (the pick first).
+export async function greedy(sequence, prompt, steps, topk, forced = null) {
   const ask = {generateNext: {token: true, probabilities: true, options: {temperature: 0}}};
   const out = [];
   let input = prompt.map((t, i) => (i === prompt.length - 1 ? [t, ask] : t));
@@ -36,7 +37,7 @@ export async function greedy(sequence, prompt, steps, topk) {
       if (top.length === topk) break;
     }
     out.push(top);
-    input = [[top[0][0], ask]];
+    input = [[forced ? forced[step] : top[0][0], ask]];
   }
   return out;
 }

@@ -27,6 +27,7 @@ struct executable {
   const weight_source* weights = nullptr;
   std::map<std::string, tensor> states;
   std::map<std::string, packed_matrix> packed;  // by weight role
+  std::map<std::string, std::vector<packed_matrix>> experts;  // a linear_id weight [E, N, K]: one per expert
 };
 
 struct entry {
@@ -172,6 +173,8 @@ memory_report cpu_executor::memory() const {
   for (const auto& ex : impl_->exes) {
     for (const auto& [_, t] : ex->states) m.state_bytes += t.bytes();
     for (const auto& [_, p] : ex->packed) m.weight_bytes += p.bytes();
+    for (const auto& [_, ps] : ex->experts)
+      for (const auto& p : ps) m.weight_bytes += p.bytes();
   }
   for (const auto& en : impl_->entries) {
     m.scratch_bytes += en->arena.bytes();
@@ -553,6 +556,115 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
         return std::nullopt;
       };
     }
+    case op::top_k: {
+      const auto& xd = T(e.inputs[0]).dims;
+      const std::int64_t E = xd.back(), rows = E == 0 ? 0 : xd.numel() / E, k = e.attrs.ints[0];
+      const auto* x = reinterpret_cast<const float*>(P(e.inputs[0]));
+      auto* y = reinterpret_cast<std::int32_t*>(out);
+      std::vector<std::int32_t> order(static_cast<std::size_t>(E));
+      return [=]() mutable -> std::optional<exec_error> {
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const float* xr = x + r * E;
+          for (std::int64_t j = 0; j < E; ++j) order[j] = static_cast<std::int32_t>(j);
+          // Larger first, NaN last, equal values by the lower index (the oracle's order).
+          std::partial_sort(order.begin(), order.begin() + k, order.end(), [xr](std::int32_t i, std::int32_t j) {
+            const float u = xr[i], v = xr[j];
+            const bool nu = std::isnan(u), nv = std::isnan(v);
+            if (nu != nv) return nv;
+            return nu ? i < j : u > v || (u == v && i < j);
+          });
+          std::copy_n(order.begin(), k, y + r * k);
+        }
+        return std::nullopt;
+      };
+    }
+    case op::take_along: {
+      const auto& xt = T(e.inputs[0]);
+      const std::int64_t E = xt.dims.back(), k = ot.dims.back(), rows = k == 0 ? 0 : n / k;
+      const std::size_t es = info(xt.type).block_bytes;
+      const auto* x = P(e.inputs[0]);
+      const auto* ix = P(e.inputs[1]);
+      const auto ix_type = T(e.inputs[1]).type;
+      return [=]() -> std::optional<exec_error> {
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t j = 0; j < k; ++j) {
+            const double id = load_any(ix_type, ix, r * k + j);
+            if (id < 0 || id >= static_cast<double>(E))
+              return fail(exec_error_code::index_out_of_range, where, "index " + std::to_string(static_cast<std::int64_t>(id)) + " outside [0, " + std::to_string(E) + ")");
+            std::memcpy(out + (r * k + j) * es, x + (r * E + static_cast<std::int64_t>(id)) * es, es);
+          }
+        return std::nullopt;
+      };
+    }
+    case op::linear_id: {
+      const auto wv = e.inputs[1];
+      const auto& wt = T(wv);
+      const auto wb = std::find_if(g.weights().begin(), g.weights().end(), [&](const auto& w) { return w.value == wv; });
+      if (wb == g.weights().end()) {
+        err = exec_error{exec_error_code::unsupported, where, "an expert weight must be a stored weight"};
+        return nullptr;
+      }
+      const std::int64_t E = wt.dims[0], N = wt.dims[1], K = wt.dims[2];
+      const auto key = wb->role.str();
+      auto it = ex.experts.find(key);
+      if (it == ex.experts.end()) {
+        // Each expert's [N, K] matrix is packed on its own, from its bytes in the stored tensor.
+        const auto full = *ex.weights->find(wb->role);
+        const auto per = *storage_bytes(wt.type, static_cast<std::uint64_t>(N * K));
+        std::vector<packed_matrix> mats;
+        mats.reserve(static_cast<std::size_t>(E));
+        for (std::int64_t x = 0; x < E; ++x) {
+          auto pk = packed_matrix::pack(tensor_view(wt.type, troupe::shape{N, K}, full.data() + static_cast<std::size_t>(x) * per));
+          if (!pk) {
+            err = exec_error{exec_error_code::unsupported, where, "cannot pack expert " + std::to_string(x) + ": " + pk.error()};
+            return nullptr;
+          }
+          mats.push_back(std::move(*pk));
+        }
+        it = ex.experts.emplace(key, std::move(mats)).first;
+      }
+      const std::vector<packed_matrix>* mats = &it->second;
+      const std::int64_t Tn = ot.dims[0], k = ot.dims[1];
+      const bool shared = T(e.inputs[0]).dims.rank() == 2;
+      const auto* x = reinterpret_cast<const float*>(P(e.inputs[0]));
+      const auto* ids = P(e.inputs[2]);
+      const auto id_type = T(e.inputs[2]).type;
+      auto* y = reinterpret_cast<float*>(out);
+      // Picks grouped by expert: each selected expert runs one product over all its tokens, so a
+      // prefill reads each expert's weights once and a decode reads only the selected experts'.
+      std::vector<std::int32_t> chosen(static_cast<std::size_t>(Tn * k));
+      std::vector<std::int64_t> start(static_cast<std::size_t>(E + 1)), order(static_cast<std::size_t>(Tn * k));
+      std::vector<float> xs, ys;
+      return [=]() mutable -> std::optional<exec_error> {
+        std::fill(start.begin(), start.end(), 0);
+        for (std::int64_t p = 0; p < Tn * k; ++p) {
+          const double id = load_any(id_type, ids, p);
+          if (id < 0 || id >= static_cast<double>(E))
+            return fail(exec_error_code::index_out_of_range, where, "expert " + std::to_string(static_cast<std::int64_t>(id)) + " outside [0, " + std::to_string(E) + ")");
+          chosen[p] = static_cast<std::int32_t>(id);
+          ++start[chosen[p] + 1];
+        }
+        for (std::int64_t x2 = 0; x2 < E; ++x2) start[x2 + 1] += start[x2];
+        std::vector<std::int64_t> fill(start.begin(), start.end() - 1);
+        for (std::int64_t p = 0; p < Tn * k; ++p) order[fill[chosen[p]]++] = p;
+        for (std::int64_t x2 = 0; x2 < E; ++x2) {
+          const std::int64_t m = start[x2 + 1] - start[x2];
+          if (m == 0) continue;
+          const std::int64_t* picks = order.data() + start[x2];
+          if (m == 1) {  // a decode token: straight from its row into its output
+            const std::int64_t p = picks[0];
+            matmul((*mats)[x2], x + (shared ? p / k : p) * K, K, 1, y + p * N, N, *pool_ptr, lv);
+            continue;
+          }
+          xs.resize(static_cast<std::size_t>(m * K));
+          ys.resize(static_cast<std::size_t>(m * N));
+          for (std::int64_t i = 0; i < m; ++i) std::memcpy(xs.data() + i * K, x + (shared ? picks[i] / k : picks[i]) * K, K * sizeof(float));
+          matmul((*mats)[x2], xs.data(), K, m, ys.data(), N, *pool_ptr, lv);
+          for (std::int64_t i = 0; i < m; ++i) std::memcpy(y + picks[i] * N, ys.data() + i * N, N * sizeof(float));
+        }
+        return std::nullopt;
+      };
+    }
     case op::all_reduce: {
       collective* group = opt.group;
       if (group == nullptr) {
@@ -735,6 +847,7 @@ result<step_outputs, exec_error> cpu_executor::step(entry_id id, const step_inpu
   }
   for (auto& f : en.program)
     if (auto e = f()) return unexpected(*e);
+  if (auto e = check_witnesses(g, [&](graph::value_id v) -> const std::byte* { return en.ptr[v.index]; })) return unexpected(*e);
   // A state updated in place needs nothing more; one computed elsewhere is copied into its buffer.
   auto& states = impl_->exes[en.exe.value]->states;
   for (const auto& s : g.states()) {

@@ -954,6 +954,8 @@ std::optional<exec_error> cuda_executor::lower_eqn(entry& en, std::size_t i, con
       a.ix32 = reinterpret_cast<std::int32_t*>(*ix);
       return device([=] { launch_attention(a, flag, eqn, st); });
     }
+    case op::top_k: case op::take_along: case op::linear_id:
+      break;  // mixture-of-experts routing: CPU only so far (refused here, at add_entry)
   }
   return exec_error{exec_error_code::unsupported, where, "no CUDA lowering"};
 }

@@ -72,6 +72,26 @@ TEST(infer, products_gathers_and_structured_ops) {
   EXPECT_TRUE(refused(op::matmul, {f32({2, 3, 4}), f32({3, 4, 5})}));
 }
 
+TEST(infer, routing_ops) {
+  op_attrs k2;
+  k2.ints = {2};
+  EXPECT_EQ(ok(op::top_k, {f32({5, 8})}, k2), t(dtype::i32, {5, 2}));
+  EXPECT_TRUE(refused(op::top_k, {f32({5, 8})}));                  // no k
+  op_attrs k9;
+  k9.ints = {9};
+  EXPECT_TRUE(refused(op::top_k, {f32({5, 8})}, k9));              // k past E
+  EXPECT_TRUE(refused(op::top_k, {t(dtype::i32, {5, 8})}, k2));    // float scores only
+  EXPECT_EQ(ok(op::take_along, {f32({5, 8}), t(dtype::i32, {5, 2})}), f32({5, 2}));
+  EXPECT_TRUE(refused(op::take_along, {f32({5, 8}), t(dtype::i32, {4, 2})}));
+  EXPECT_TRUE(refused(op::take_along, {f32({5, 8}), f32({5, 2})}));
+  EXPECT_EQ(ok(op::linear_id, {f32({5, 256}), t(dtype::q4_k, {8, 3, 256}), t(dtype::i32, {5, 2})}), f32({5, 2, 3}));
+  EXPECT_EQ(ok(op::linear_id, {f32({5, 2, 64}), f32({8, 3, 64}), t(dtype::i64, {5, 2})}), f32({5, 2, 3}));
+  EXPECT_TRUE(refused(op::linear_id, {f32({5, 3, 64}), f32({8, 3, 64}), t(dtype::i32, {5, 2})}));  // x per pick, wrong k
+  EXPECT_TRUE(refused(op::linear_id, {f32({5, 64}), f32({3, 64}), t(dtype::i32, {5, 2})}));        // w not [E, N, K]
+  EXPECT_TRUE(refused(op::linear_id, {f32({5, 64}), f32({8, 3, 32}), t(dtype::i32, {5, 2})}));     // K differs
+  EXPECT_TRUE(refused(op::linear_id, {f32({5, 64}), f32({8, 3, 64}), f32({5, 2})}));               // ids not integer
+}
+
 TEST(infer, linear_accepts_packed_weights) {
   EXPECT_EQ(ok(op::linear, {f32({7, 256}), t(dtype::q4_k, {3, 256})}), f32({7, 3}));
   EXPECT_EQ(ok(op::linear, {f32({1, 1}), f32({1, 1})}), f32({1, 1}));

@@ -1,0 +1,124 @@
+#include "families/components/moe.hpp"
+
+#include <algorithm>
+#include <set>
+
+namespace troupe::families {
+
+using graph::op;
+using graph::value_id;
+
+result<std::vector<moe_params>, config_error> read_moe(const config_reader& r, const moe_keys& k, std::int64_t layers,
+                                                       std::int64_t dense_ffn) {
+  moe_params p;
+  auto experts = r.positive(k.experts_hf, "expert_count");
+  if (!experts) return unexpected(experts.error());
+  auto used = r.positive(k.used_hf, "expert_used_count");
+  if (!used) return unexpected(used.error());
+  p.experts = *experts;
+  p.used = *used;
+  constexpr std::int64_t max_experts = 1 << 12;
+  if (p.experts > max_experts)
+    return unexpected(r.error(r.key(k.experts_hf, "expert_count"), std::to_string(p.experts) + " experts is past the bound of " +
+                                                                      std::to_string(max_experts)));
+  if (p.used > p.experts)
+    return unexpected(r.error(r.key(k.used_hf, "expert_used_count"), std::to_string(p.used) + " experts per token of " +
+                                                                        std::to_string(p.experts)));
+  if (*k.width_hf) {
+    auto w = r.positive_or(k.width_hf, "expert_feed_forward_length", dense_ffn);
+    if (!w) return unexpected(w.error());
+    p.width = *w;
+  } else {
+    p.width = dense_ffn;
+  }
+  if (p.width > (std::int64_t{1} << 24)) return unexpected(r.error(r.key(k.width_hf, "expert_feed_forward_length"), "past the bound of 2^24"));
+  if (*k.norm_hf && !r.gguf()) {
+    auto n = r.flag_or(k.norm_hf, "", k.norm_default);
+    if (!n) return unexpected(n.error());
+    p.norm_topk = *n;
+  } else {
+    p.norm_topk = k.norm_default;  // GGUF: llama.cpp fixes it per architecture
+  }
+  auto scale = r.number_or("routed_scaling_factor", "expert_weights_scale", 1.0);
+  if (!scale) return unexpected(scale.error());
+  p.routed_scale = *scale == 0.0 ? 1.0 : *scale;  // llama.cpp: 0 means unscaled
+  if (*k.shared_width_hf) {
+    auto s = r.positive_or(k.shared_width_hf, "expert_shared_feed_forward_length", 0);
+    if (!s) return unexpected(s.error());
+    p.shared_width = *s;
+    p.shared_gated = p.shared_width > 0;
+  }
+  std::int64_t step = 1;
+  if (*k.sparse_step_hf && !r.gguf()) {
+    auto s = r.positive_or(k.sparse_step_hf, "", 1);
+    if (!s) return unexpected(s.error());
+    step = *s;
+  }
+  std::set<std::int64_t> dense;
+  if (*k.dense_layers_hf && !r.gguf() && r.raw().has(k.dense_layers_hf)) {
+    auto d = r.raw().get_int_array(k.dense_layers_hf);
+    if (!d) return unexpected(r.error(k.dense_layers_hf, "must be a list of layer numbers"));
+    dense.insert(d->begin(), d->end());
+  }
+  std::vector<moe_params> out(static_cast<std::size_t>(layers), p);
+  for (std::int64_t l = 0; l < layers; ++l)
+    if (dense.contains(l) || (l + 1) % step != 0) out[static_cast<std::size_t>(l)] = moe_params{};
+  return out;
+}
+
+value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, const moe_params& p) {
+  auto& ctx = d.ctx();
+  auto& b = ctx.b;
+  const std::int64_t N = b.type_of(x).dims[0], E = p.experts, k = p.used;
+  const op act = p.act == activation::silu ? op::silu : op::gelu_tanh;
+
+  // The router: scores over the experts, the k best, their weights.
+  const auto logits = b.linear(x, ctx.weight("ffn_gate_inp", layer));
+  const auto scores = p.gate == gating::softmax ? b.softmax(logits, -1) : b.unary(op::sigmoid, logits);
+  const auto ids = b.top_k(scores, k);
+  auto w = b.take_along(scores, ids);
+  if (p.norm_topk) w = b.div(w, b.reduce(op::reduce_sum, w, -1, true));
+  if (p.routed_scale != 1.0) w = b.mul(w, b.scalar(p.routed_scale));
+  const std::string at = std::to_string(layer);
+  b.witness("witness.router_ids." + at, ids, graph::witness_check::index_range, E);
+  b.witness("witness.router_weights." + at, w, graph::witness_check::finite);
+
+  // The selected experts only: [N, k, F] then [N, k, H], weighted and summed over the k picks.
+  const auto up = b.linear_id(x, ctx.weight("ffn_up_exps", layer), ids);
+  value_id h;
+  if (ctx.has("ffn_gate_exps", layer)) h = b.mul(b.unary(act, b.linear_id(x, ctx.weight("ffn_gate_exps", layer), ids)), up);
+  else h = b.unary(act, up);
+  const auto down = b.linear_id(h, ctx.weight("ffn_down_exps", layer), ids);
+  const std::int64_t H = b.type_of(down).dims[2];
+  auto out = b.reduce(op::reduce_sum, b.mul(down, b.reshape(w, {N, k, 1})), 1);
+  b.label(out, "moe_out");
+
+  if (p.shared_width > 0) {
+    auto sh = b.mul(b.unary(act, b.linear(x, ctx.weight("ffn_gate_shexp", layer))), b.linear(x, ctx.weight("ffn_up_shexp", layer)));
+    sh = b.linear(sh, ctx.weight("ffn_down_shexp", layer));
+    if (p.shared_gated && ctx.has("ffn_gate_inp_shexp", layer)) {
+      const auto g = b.linear(x, b.reshape(ctx.vector_f32("ffn_gate_inp_shexp", layer), {1, H}));  // [N, 1]
+      sh = b.mul(sh, b.unary(op::sigmoid, g));
+    }
+    out = b.add(out, sh);
+  }
+  if (p.reduce_output) out = b.all_reduce(out);  // a tensor-parallel shard: every expert's partial sums
+  b.label(out, "ffn_out");
+  return out;
+}
+
+std::optional<troupe::shape> moe_shape(const std::string& role, const moe_params& p, std::int64_t H) {
+  const std::int64_t E = p.experts, F = p.width, S = p.shared_width;
+  if (E == 0) return std::nullopt;
+  if (role == "ffn_gate_inp") return troupe::shape{E, H};
+  if (role == "ffn_gate_exps" || role == "ffn_up_exps") return troupe::shape{E, F, H};
+  if (role == "ffn_down_exps") return troupe::shape{E, H, F};
+  if (S > 0) {
+    if (role == "ffn_gate_shexp" || role == "ffn_up_shexp") return troupe::shape{S, H};
+    if (role == "ffn_down_shexp") return troupe::shape{H, S};
+    // ffn_gate_inp_shexp: [H] in GGUF, [1, H] in HF; not checked here (the trace reads it as [1, H]).
+  }
+  return std::nullopt;
+}
+
+}  // namespace troupe::families

@@ -14,5 +14,7 @@ extern const family_entry phi3_entry;
 extern const family_entry qwen3_moe_entry;
 extern const family_entry mixtral_entry;
 extern const family_entry qwen2_moe_entry;
+extern const family_entry deepseek_v2_entry;
+extern const family_entry deepseek_v3_entry;
 
 }  // namespace troupe::families

@@ -30,6 +30,15 @@ result<std::int64_t, config_error> config_reader::positive_or(const std::string&
   return positive(hf, g);
 }
 
+result<std::int64_t, config_error> config_reader::count_or(const std::string& hf, const std::string& g, std::int64_t fallback) const {
+  const auto k = key(hf, g);
+  if (k.empty() || !cfg_.has(k)) return fallback;
+  auto v = cfg_.get_int(k);
+  if (!v) return unexpected(error(k, v.error().reason));
+  if (*v < 0) return unexpected(error(k, "must not be negative, is " + std::to_string(*v)));
+  return *v;
+}
+
 result<double, config_error> config_reader::number_or(const std::string& hf, const std::string& g, double fallback) const {
   const auto k = key(hf, g);
   if (k.empty() || !cfg_.has(k)) return fallback;

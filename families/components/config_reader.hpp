@@ -32,6 +32,8 @@ class config_reader {
 
   result<std::int64_t, config_error> positive(const std::string& hf, const std::string& gguf) const;
   result<std::int64_t, config_error> positive_or(const std::string& hf, const std::string& gguf, std::int64_t fallback) const;
+  // A count that may be 0 (q_lora_rank, shared experts, leading dense layers); absent or null: fallback.
+  result<std::int64_t, config_error> count_or(const std::string& hf, const std::string& gguf, std::int64_t fallback) const;
   result<double, config_error> number_or(const std::string& hf, const std::string& gguf, double fallback) const;
   result<bool, config_error> flag_or(const std::string& hf, const std::string& gguf, bool fallback) const;
   std::optional<std::string> text(const std::string& hf, const std::string& gguf) const;

@@ -75,6 +75,34 @@ value_id decoder_trace::rope_freqs(const rope_config& r) {
   return inv;
 }
 
+value_id decoder_trace::rope_table(const rope_config& r, double& scale) {
+  const auto inv = rope_freqs(r);
+  scale = ropes_[{r.theta, r.dims}].second;
+  return inv;
+}
+
+value_id decoder_trace::attend(value_id q, value_id k, value_id v, std::int32_t layer, std::int64_t window, double scale,
+                               double softcap) {
+  auto& b = ctx_.b;
+  value_id keys, values, index;
+  if (ctx_.stateful()) {
+    const std::int64_t S = ctx_.shape().kv_slots();
+    const auto& kt = b.type_of(k).dims;
+    const auto& vt = b.type_of(v).dims;
+    const std::string kname = "kv.k." + std::to_string(layer), vname = "kv.v." + std::to_string(layer);
+    keys = b.scatter_rows(b.state_input(kname, {dtype::f32, {S, kt[1], kt[2]}}), ctx_.write_map(), k);
+    values = b.scatter_rows(b.state_input(vname, {dtype::f32, {S, vt[1], vt[2]}}), ctx_.write_map(), v);
+    b.state_output(kname, keys);
+    b.state_output(vname, values);
+    index = read_index();
+  } else {
+    keys = k;  // encode: each row attends to its own tokens
+    values = v;
+    index = encode_index();
+  }
+  return b.attention(q, keys, values, index, allow_mask(window), scale, softcap);
+}
+
 value_id decoder_trace::attention(value_id x, std::int32_t layer, const attention_params& p) {
   auto& b = ctx_.b;
   const auto& s = ctx_.shape();
@@ -107,21 +135,7 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
   b.label(q, "q");
   b.label(k, "k");
 
-  value_id keys, values, index;
-  if (ctx_.stateful()) {
-    const std::int64_t S = s.kv_slots();
-    const std::string kname = "kv.k." + std::to_string(layer), vname = "kv.v." + std::to_string(layer);
-    keys = b.scatter_rows(b.state_input(kname, {dtype::f32, {S, p.kv_heads, D}}), ctx_.write_map(), k);
-    values = b.scatter_rows(b.state_input(vname, {dtype::f32, {S, p.kv_heads, D}}), ctx_.write_map(), v);
-    b.state_output(kname, keys);
-    b.state_output(vname, values);
-    index = read_index();
-  } else {
-    keys = k;  // encode: each row attends to its own tokens
-    values = v;
-    index = encode_index();
-  }
-  auto att = b.attention(q, keys, values, index, allow_mask(p.sliding_window), p.scale, p.softcap);
+  auto att = attend(q, k, v, layer, p.sliding_window, p.scale, p.softcap);
   att = b.reshape(att, {N, p.heads * D});
   const auto out = projection(att, "attn_output", layer, p.reduce_output);
   b.label(out, "attn_out");

@@ -28,6 +28,14 @@ struct attention_params {
   bool qk_norm = false;             // RMSNorm over each head of q and k (attn_q_norm, attn_k_norm)
   double norm_eps = 1e-6;
   bool reduce_output = false;       // a tensor-parallel shard: all_reduce the output projection's partial sums
+  // Multi-head latent attention (DeepSeek-V2/V3; components/mla.hpp) when kv_lora_rank > 0: head_dim
+  // is then the rotary part of each head and the cache holds latent vectors, not per-head K/V.
+  struct latent {
+    std::int64_t q_lora_rank = 0;   // 0: q straight from x (attn_q)
+    std::int64_t kv_lora_rank = 0;  // the latent width
+    std::int64_t nope = 0;          // each head's non-rotary q/k width
+    std::int64_t v_dim = 0;         // each head's value width
+  } mla;
 };
 
 enum class activation : std::uint8_t { silu, gelu_tanh };
@@ -62,6 +70,15 @@ class decoder_trace {
   trace_context& ctx() { return ctx_; }
 
   graph::value_id attention(graph::value_id x, std::int32_t layer, const attention_params& p);
+  // Attention of q [N, Hq, D] over this step's k [N, Hkv, D] and v [N, Hkv, Dv]: in a step, written into
+  // the layer's KV states (kv.k.L, kv.v.L) and read through the KV map; in encode, over the row itself.
+  graph::value_id attend(graph::value_id q, graph::value_id k, graph::value_id v, std::int32_t layer, std::int64_t window,
+                         double scale, double softcap = 0.0);
+  // x W^T (+ bias), the partial sums all-reduced first when `reduce` (tensor-parallel shards).
+  graph::value_id project(graph::value_id x, const std::string& role, std::int32_t layer, bool reduce = false) {
+    return projection(x, role, layer, reduce);
+  }
+  graph::value_id rope_table(const rope_config& r, double& scale);
   graph::value_id feed_forward(graph::value_id x, std::int32_t layer, const ffn_params& p);
 
   using block_fn = std::function<graph::value_id(decoder_trace&, graph::value_id, std::int32_t)>;

@@ -1,6 +1,9 @@
 #include "families/components/dense_decoder.hpp"
 
+#include <algorithm>
 #include <cstring>
+
+#include "families/components/mla.hpp"
 
 namespace troupe::families {
 
@@ -9,6 +12,11 @@ dense_decoder::dense_decoder(dense_decoder_spec spec, families::weight_map weigh
   std::vector<state_decl> kv;
   for (std::int64_t l = 0; l < spec_.stack.layers; ++l) {
     const auto& a = spec_.attention[l];
+    if (a.mla.kv_lora_rank > 0) {  // latent: one shared [c, k_pe] key and c as the value per token
+      kv.push_back({"kv.k." + std::to_string(l), dtype::f32, {1, a.mla.kv_lora_rank + a.head_dim}});
+      kv.push_back({"kv.v." + std::to_string(l), dtype::f32, {1, a.mla.kv_lora_rank}});
+      continue;
+    }
     kv.push_back({"kv.k." + std::to_string(l), dtype::f32, {a.kv_heads, a.head_dim}});
     kv.push_back({"kv.v." + std::to_string(l), dtype::f32, {a.kv_heads, a.head_dim}});
   }
@@ -20,7 +28,11 @@ void dense_decoder::trace_into(const step_spec& spec, graph::builder& b) const {
   trace_context ctx(b, weights_, spec);
   decoder_trace t(ctx);
   t.standard_stack(
-      spec_.stack, [this](decoder_trace& d, graph::value_id x, std::int32_t l) { return d.attention(x, l, spec_.attention[l]); },
+      spec_.stack,
+      [this](decoder_trace& d, graph::value_id x, std::int32_t l) {
+        const auto& a = spec_.attention[l];
+        return a.mla.kv_lora_rank > 0 ? mla_attention(d, x, l, a) : d.attention(x, l, a);
+      },
       [this](decoder_trace& d, graph::value_id x, std::int32_t l) {
         if (const auto* m = spec_.routed(l)) return moe_feed_forward(d, x, l, *m);
         return d.feed_forward(x, l, spec_.ffn);
@@ -35,6 +47,8 @@ expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& s) {
     if (role == "rope_freqs") return troupe::shape{s.attention.empty() ? 0 : s.attention[0].rope.dims / 2};
     if (layer < 0 || layer >= static_cast<std::int32_t>(s.attention.size())) return std::nullopt;
     const auto& a = s.attention[layer];
+    if (a.mla.kv_lora_rank > 0)
+      if (auto m = mla_shape(role, a, H)) return m;
     const std::int64_t q = a.heads * a.head_dim, kv = a.kv_heads * a.head_dim;
     if (role == "attn_norm" || role == "ffn_norm" || role == "post_attention_norm" || role == "post_ffw_norm") return troupe::shape{H};
     if (role == "attn_q") return troupe::shape{q, H};
@@ -67,6 +81,15 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
   };
   auto map = weight_map::build(store, rules, static_cast<std::int32_t>(spec.stack.layers), shapes);
   if (!map) return unexpected(model_error{map.error()});
+  if (std::any_of(spec.attention.begin(), spec.attention.end(), [](const auto& a) { return a.mla.kv_lora_rank > 0; })) {
+    auto absorbed = absorb_kv_b(*map, spec.attention);
+    if (!absorbed) return unexpected(model_error{absorbed.error()});
+    map = std::move(absorbed);
+    for (std::int32_t l = 0; l < static_cast<std::int32_t>(spec.stack.layers); ++l)
+      for (const char* role : {"attn_k_b", "attn_v_b"})
+        if (!map->has({role, l}))
+          return unexpected(model_error{weight_error{weight_error_code::missing, {role, l}, "(or attn_kv_b)", shapes(role, l)->str(), ""}});
+  }
   // A routed model's name table holds both feed-forwards as optional: each layer must have its own.
   if (!spec.moe.empty()) {
     for (std::int32_t l = 0; l < static_cast<std::int32_t>(spec.stack.layers); ++l) {
@@ -162,7 +185,7 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
   const std::int64_t V = spec_.stack.vocab;
   const bool split_head = size > 1 && V % size == 0;
   s.stack.vocab_split = split_head ? size : 1;
-  if (!s.attention.empty())
+  if (!s.attention.empty() && s.attention[0].mla.kv_lora_rank == 0)
     s.config.kv_elems_per_token_per_layer = 2 * s.attention[0].kv_heads * s.attention[0].head_dim;
 
   std::vector<weight_entry> out;
@@ -192,7 +215,22 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
     const std::pair<std::int64_t, std::int64_t> kv_rows{kv0 * D, (kv0 + kv_l) * D};
     const std::int64_t f = F / size;
     const std::pair<std::int64_t, std::int64_t> f_rows{rank * f, (rank + 1) * f};
-    if (role == "attn_q" || role == "attn_q_bias") {
+    if (a.mla.kv_lora_rank > 0 && (role == "attn_q" || role == "attn_q_b" || role == "attn_k_b" || role == "attn_v_b" || role == "attn_output")) {
+      // Latent attention splits by query head; the latent projection and the cache stay whole.
+      const std::int64_t qh = a.mla.nope + a.head_dim;
+      if (role == "attn_q" || role == "attn_q_b") {
+        w.view = rows_of(e.view, rank * hq * qh, (rank + 1) * hq * qh);
+      } else if (role == "attn_output") {
+        auto t = columns_of(e.view, rank * hq * a.mla.v_dim, (rank + 1) * hq * a.mla.v_dim);
+        if (!t) return refuse(e.key + ": " + t.error());
+        w.view = (*t)->view();
+        owned.push_back(std::move(*t));
+      } else {
+        const auto& d3 = e.view.shape();
+        const auto per = *storage_bytes(e.view.type(), static_cast<std::uint64_t>(d3[1] * d3[2]));
+        w.view = tensor_view(e.view.type(), troupe::shape{hq, d3[1], d3[2]}, e.view.data() + static_cast<std::size_t>(rank * hq) * per);
+      }
+    } else if (role == "attn_q" || role == "attn_q_bias") {
       w.view = rows_of(e.view, q_rows.first, q_rows.second);
     } else if (role == "attn_k" || role == "attn_v" || role == "attn_k_bias" || role == "attn_v_bias") {
       w.view = rows_of(e.view, kv_rows.first, kv_rows.second);

@@ -1,6 +1,7 @@
 #include "families/components/moe.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 namespace troupe::families {
@@ -66,6 +67,26 @@ result<std::vector<moe_params>, config_error> read_moe(const config_reader& r, c
   return out;
 }
 
+namespace {
+
+// The selection scores with every expert outside the best `groups_used` groups at -inf.
+value_id limit_to_groups(graph::builder& b, value_id select, std::int64_t N, std::int64_t E, const moe_params& p) {
+  const std::int64_t G = p.groups, per = E / G;
+  const auto grouped = b.reshape(select, {N, G, per});
+  const auto score = p.group_rule == moe_params::group_score::max
+                         ? b.reduce(op::reduce_max, grouped, -1)
+                         : b.reduce(op::reduce_sum, b.take_along(grouped, b.top_k(grouped, std::min<std::int64_t>(2, per))), -1);
+  const auto best = b.top_k(score, p.groups_used);  // [N, gu]
+  tensor iota(dtype::i32, {G});
+  for (std::int64_t g = 0; g < G; ++g) iota.as<std::int32_t>()[g] = static_cast<std::int32_t>(g);
+  const auto hit = b.cast(b.binary(op::equal, b.reshape(best, {N, p.groups_used, 1}), b.literal(std::move(iota), "moe.groups")), dtype::f32);
+  const auto keep = b.binary(op::greater, b.reduce(op::reduce_max, hit, 1), b.scalar(0.0));  // [N, G]
+  const auto masked = b.where(b.reshape(keep, {N, G, 1}), grouped, b.scalar(-INFINITY));
+  return b.reshape(masked, {N, E});
+}
+
+}  // namespace
+
 value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, const moe_params& p) {
   auto& ctx = d.ctx();
   auto& b = ctx.b;
@@ -75,7 +96,10 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
   // The router: scores over the experts, the k best, their weights.
   const auto logits = b.linear(x, ctx.weight("ffn_gate_inp", layer));
   const auto scores = p.gate == gating::softmax ? b.softmax(logits, -1) : b.unary(op::sigmoid, logits);
-  const auto ids = b.top_k(scores, k);
+  auto select = scores;
+  if (ctx.has("exp_probs_b", layer)) select = b.add(scores, ctx.vector_f32("exp_probs_b", layer));
+  if (p.groups > 1) select = limit_to_groups(b, select, N, E, p);
+  const auto ids = b.top_k(select, k);
   auto w = b.take_along(scores, ids);
   if (p.norm_topk) w = b.div(w, b.reduce(op::reduce_sum, w, -1, true));
   if (p.routed_scale != 1.0) w = b.mul(w, b.scalar(p.routed_scale));
@@ -111,6 +135,7 @@ std::optional<troupe::shape> moe_shape(const std::string& role, const moe_params
   const std::int64_t E = p.experts, F = p.width, S = p.shared_width;
   if (E == 0) return std::nullopt;
   if (role == "ffn_gate_inp") return troupe::shape{E, H};
+  if (role == "exp_probs_b") return troupe::shape{E};
   if (role == "ffn_gate_exps" || role == "ffn_up_exps") return troupe::shape{E, F, H};
   if (role == "ffn_down_exps") return troupe::shape{E, H, F};
   if (S > 0) {

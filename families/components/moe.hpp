@@ -7,7 +7,8 @@
 //
 // Weight roles read here, per layer: ffn_gate_inp [E, H] (the router), ffn_gate_exps and ffn_up_exps
 // [E, F, H], ffn_down_exps [E, H, F]; for shared experts ffn_gate_shexp, ffn_up_shexp [Fs, H],
-// ffn_down_shexp [H, Fs] and optionally ffn_gate_inp_shexp [H] (the shared expert's gate). The
+// ffn_down_shexp [H, Fs] and optionally ffn_gate_inp_shexp [H] (the shared expert's gate), and
+// exp_probs_b [E] (DeepSeek-V3's selection bias: added to the scores to choose, not to weigh). The
 // router's selections are witnesses (graph.hpp): every index in [0, E), every weight finite.
 #include <cstdint>
 #include <optional>
@@ -31,6 +32,11 @@ struct moe_params {
   std::int64_t shared_width = 0;  // the shared experts' intermediate size (0: none)
   bool shared_gated = false;      // sigmoid(x . ffn_gate_inp_shexp) scales the shared experts' output
   bool reduce_output = false;     // a tensor-parallel shard (each expert's width split): all_reduce the output
+  // Group-limited selection (DeepSeek-V2 group_limited_greedy, V3 noaux_tc): the experts in `groups`
+  // equal groups, each scored by its best expert (max) or its best two summed (top2_sum, V3 and
+  // llama.cpp), the best `groups_used` groups kept and the top k chosen among their experts. 0: off.
+  std::int64_t groups = 0, groups_used = 0;
+  enum class group_score : std::uint8_t { max, top2_sum } group_rule = group_score::top2_sum;
 };
 
 // How a family's checkpoints spell the routing options: the HF and GGUF keys of each.

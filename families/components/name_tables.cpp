@@ -20,7 +20,17 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
     global("output_norm", "output_norm.weight");
     global("rope_freqs", "rope_freqs.weight", presence::optional);
     layer("attn_norm", "blk.{L}.attn_norm.weight");
-    if (o.fused) {
+    if (o.mla) {
+      layer("attn_q", "blk.{L}.attn_q.weight", presence::optional);
+      layer("attn_q_a", "blk.{L}.attn_q_a.weight", presence::optional);
+      layer("attn_q_a_norm", "blk.{L}.attn_q_a_norm.weight", presence::optional);
+      layer("attn_q_b", "blk.{L}.attn_q_b.weight", presence::optional);
+      layer("attn_kv_a_mqa", "blk.{L}.attn_kv_a_mqa.weight");
+      layer("attn_kv_a_norm", "blk.{L}.attn_kv_a_norm.weight");
+      layer("attn_k_b", "blk.{L}.attn_k_b.weight", presence::optional);
+      layer("attn_v_b", "blk.{L}.attn_v_b.weight", presence::optional);
+      layer("attn_kv_b", "blk.{L}.attn_kv_b.weight", presence::optional);
+    } else if (o.fused) {
       layer("attn_qkv", "blk.{L}.attn_qkv.weight");
       layer("attn_qkv_bias", "blk.{L}.attn_qkv.bias", presence::optional);
     } else {
@@ -55,7 +65,8 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
       layer("ffn_gate_exps", "blk.{L}.ffn_gate_exps.weight", presence::optional);
       layer("ffn_up_exps", "blk.{L}.ffn_up_exps.weight", presence::optional);
       layer("ffn_down_exps", "blk.{L}.ffn_down_exps.weight", presence::optional);
-      if (o.shared_expert) {
+      if (o.shared_experts) layer("exp_probs_b", "blk.{L}.exp_probs_b.bias", presence::optional);
+      if (o.shared_expert || o.shared_experts) {
         layer("ffn_gate_shexp", "blk.{L}.ffn_gate_shexp.weight", presence::optional);
         layer("ffn_up_shexp", "blk.{L}.ffn_up_shexp.weight", presence::optional);
         layer("ffn_down_shexp", "blk.{L}.ffn_down_shexp.weight", presence::optional);
@@ -69,7 +80,15 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
   global("output", "lm_head.weight", presence::tied, "token_embd");
   global("output_norm", "model.norm.weight", presence::required, "", norm);
   layer("attn_norm", "model.layers.{L}.input_layernorm.weight", presence::required, norm);
-  if (o.fused) {
+  if (o.mla) {
+    layer("attn_q", "model.layers.{L}.self_attn.q_proj.weight", presence::optional);
+    layer("attn_q_a", "model.layers.{L}.self_attn.q_a_proj.weight", presence::optional);
+    layer("attn_q_a_norm", "model.layers.{L}.self_attn.q_a_layernorm.weight", presence::optional);
+    layer("attn_q_b", "model.layers.{L}.self_attn.q_b_proj.weight", presence::optional);
+    layer("attn_kv_a_mqa", "model.layers.{L}.self_attn.kv_a_proj_with_mqa.weight");
+    layer("attn_kv_a_norm", "model.layers.{L}.self_attn.kv_a_layernorm.weight");
+    layer("attn_kv_b", "model.layers.{L}.self_attn.kv_b_proj.weight");
+  } else if (o.fused) {
     layer("attn_qkv", "model.layers.{L}.self_attn.qkv_proj.weight");
     layer("attn_qkv_bias", "model.layers.{L}.self_attn.qkv_proj.bias", presence::optional);
   } else {
@@ -113,6 +132,12 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
       experts("ffn_gate_exps", "model.layers.{L}.mlp.experts.{E}.gate_proj.weight");
       experts("ffn_up_exps", "model.layers.{L}.mlp.experts.{E}.up_proj.weight");
       experts("ffn_down_exps", "model.layers.{L}.mlp.experts.{E}.down_proj.weight");
+    }
+    if (o.shared_experts) {
+      layer("exp_probs_b", "model.layers.{L}.mlp.gate.e_score_correction_bias", presence::optional);
+      layer("ffn_gate_shexp", "model.layers.{L}.mlp.shared_experts.gate_proj.weight", presence::optional);
+      layer("ffn_up_shexp", "model.layers.{L}.mlp.shared_experts.up_proj.weight", presence::optional);
+      layer("ffn_down_shexp", "model.layers.{L}.mlp.shared_experts.down_proj.weight", presence::optional);
     }
     if (o.shared_expert) {
       layer("ffn_gate_shexp", "model.layers.{L}.mlp.shared_expert.gate_proj.weight", presence::optional);

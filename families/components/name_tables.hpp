@@ -23,6 +23,10 @@ struct name_table_options {
   std::int64_t experts = 0;
   enum class hf_experts : std::uint8_t { qwen, mixtral } hf_moe = hf_experts::qwen;
   bool shared_expert = false;  // Qwen2-MoE: mlp.shared_expert.* and mlp.shared_expert_gate
+  bool shared_experts = false; // DeepSeek: mlp.shared_experts.* (no gate), and the router's selection bias
+  // Multi-head latent attention (DeepSeek) in place of q/k/v: attn_q or attn_q_a/attn_q_a_norm/attn_q_b,
+  // attn_kv_a_mqa, attn_kv_a_norm, and attn_k_b/attn_v_b (GGUF) or attn_kv_b (HF kv_b_proj).
+  bool mla = false;
 };
 
 std::vector<name_rule> decoder_name_table(const name_table_options& o);

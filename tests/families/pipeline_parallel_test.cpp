@@ -160,7 +160,8 @@ INSTANTIATE_TEST_SUITE_P(families, pipeline_parallel,
                                            pp_case{"llama", 1, 3, false, dtype::f32, 5}, pp_case{"llama", 2, 2, true, dtype::q8_0},
                                            pp_case{"qwen3", 1, 2}, pp_case{"qwen3", 2, 2}, pp_case{"gemma2", 1, 2},
                                            pp_case{"gemma2", 2, 2}, pp_case{"phi3", 1, 2}, pp_case{"phi3", 2, 2},
-                                           pp_case{"qwen3_moe", 1, 2}, pp_case{"mixtral", 2, 2, true}, pp_case{"qwen2_moe", 2, 2}),
+                                           pp_case{"qwen3_moe", 1, 2}, pp_case{"mixtral", 2, 2, true}, pp_case{"qwen2_moe", 2, 2},
+                                           pp_case{"deepseek_v3", 2, 2, true}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The oracle runs a stage's graph too (pipe_send and pipe_recv over the same pipe): the reference for

@@ -136,7 +136,7 @@ INSTANTIATE_TEST_SUITE_P(families, tensor_parallel,
                                            tp_case{"llama", 4, true, dtype::q8_0}, tp_case{"qwen3", 2}, tp_case{"qwen3", 4},
                                            tp_case{"gemma2", 2}, tp_case{"gemma2", 4}, tp_case{"phi3", 2}, tp_case{"phi3", 4},
                                            tp_case{"qwen3_moe", 2}, tp_case{"qwen3_moe", 4, true, dtype::q8_0}, tp_case{"mixtral", 2, true},
-                                           tp_case{"qwen2_moe", 2}),
+                                           tp_case{"qwen2_moe", 2}, tp_case{"deepseek_v2", 2}, tp_case{"deepseek_v3", 4, true}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The oracle runs a shard's graph too (its all_reduce over the same group): the reference for any

@@ -74,6 +74,7 @@ std::vector<model_case> all_cases() {
   v.push_back({"qwen3_moe", dtype::f16, true});
   v.push_back({"mixtral", dtype::bf16, true});
   v.push_back({"qwen2_moe", dtype::f16, false});
+  v.push_back({"deepseek_v3", dtype::f16, true});
   return v;
 }
 

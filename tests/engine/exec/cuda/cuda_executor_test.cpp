@@ -306,9 +306,31 @@ TEST_P(cuda_vs_oracle, prefill_and_decode_match_the_oracle) {
   }
 }
 
+// Mixture-of-experts graphs (top_k, take_along, linear_id) have no CUDA lowering yet: refused typed.
+bool routed(std::string_view family) { return family.ends_with("moe") || family == "mixtral" || family.starts_with("deepseek"); }
+
+TEST(cuda_executor, refuses_a_routed_graph_at_prepare_with_a_typed_error) {
+  SKIP_WITHOUT_DEVICE();
+  auto h = load_case({"qwen3_moe", dtype::f32, true});
+  ASSERT_TRUE(h);
+  auto ex = make();
+  ASSERT_TRUE(ex);
+  app::weight_map_weights w(h->model().weights());
+  auto exe = ex->load(w);
+  ASSERT_TRUE(exe) << exe.error().message();
+  families::step_spec spec;
+  spec.shape = families::step_shape(1, 2, 8);
+  auto g = h->model().trace(spec);
+  ASSERT_TRUE(g);
+  auto e = ex->add_entry(*exe, *g);
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().code, exec_error_code::unsupported) << e.error().message();
+}
+
 std::vector<model_case> all_cases() {
   std::vector<model_case> v;
-  for (auto f : families::fixture_families()) v.push_back({f, dtype::f32, true});
+  for (auto f : families::fixture_families())
+    if (!routed(f)) v.push_back({f, dtype::f32, true});
   for (dtype t : {dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k, dtype::q5_0}) v.push_back({"llama", t, true});
   v.push_back({"qwen2", dtype::q8_0, true});
   v.push_back({"gemma2", dtype::q8_0, true});

@@ -84,7 +84,12 @@ int run_generate(const generate_options& o) {
     std::fprintf(stderr, "troupe generate: unknown backend '%s' (cpu, cuda or oracle)\n", o.backend.c_str());
     return 2;
   }
-  if (o.backend == "cuda" && (o.tensor_parallel > 1 || o.pipeline_parallel > 1)) {
+  if (o.expert_parallel > 1 && o.tensor_parallel > 1 && o.expert_parallel != o.tensor_parallel) {
+    std::fprintf(stderr, "troupe generate: --expert-parallel spans the tensor-parallel group: give it %d, or leave --tensor-parallel out\n",
+                 o.tensor_parallel);
+    return 2;
+  }
+  if (o.backend == "cuda" && (o.tensor_parallel > 1 || o.pipeline_parallel > 1 || o.expert_parallel > 1)) {
     std::fprintf(stderr, "troupe generate: --tensor-parallel and --pipeline-parallel run on the cpu backend (simulated devices)\n");
     return 2;
   }
@@ -97,6 +102,18 @@ int run_generate(const generate_options& o) {
   if (!h) {
     std::fprintf(stderr, "troupe generate: %s\n", families::message(h.error()).c_str());
     return 2;
+  }
+  if (o.expert_parallel > 1) {
+    if (o.backend != "cpu") {
+      std::fprintf(stderr, "troupe generate: --expert-parallel runs on the cpu backend (simulated devices)\n");
+      return 2;
+    }
+    auto ep = (*h)->expert_parallel();
+    if (!ep) {
+      std::fprintf(stderr, "troupe generate: %s\n", families::message(ep.error()).c_str());
+      return 2;
+    }
+    h = std::move(*ep);
   }
   const text::text_codec* codec = (*h)->text();
   std::vector<std::int32_t> prompt_ids = o.prompt_ids;
@@ -139,7 +156,7 @@ int run_generate(const generate_options& o) {
       std::printf(o.json ? "{\"tokens\":[],\"text\":\"\"}\n" : "\n");
       return 0;
     }
-    const int n = std::max(1, o.tensor_parallel), stages = std::max(1, o.pipeline_parallel);
+    const int n = std::max({1, o.tensor_parallel, o.expert_parallel}), stages = std::max(1, o.pipeline_parallel);
     // --threads is the replica's whole share of the machine: each rank gets its part.
     const int threads = o.threads > 0 ? std::max(1, static_cast<int>(o.threads) / (n * stages)) : 0;
     // On cuda: one executor on --device, the same driver over it.

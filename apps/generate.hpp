@@ -22,6 +22,7 @@ struct generate_options {
   std::int64_t threads = 0;
   int pipeline_parallel = 1;  // stages of one replica, each over a range of the layers
   int tensor_parallel = 1;  // ranks of one replica split over simulated CPU devices in this process
+  int expert_parallel = 1;  // its ranks hold whole experts (the group is this many ranks; tensor_parallel 1 or equal)
   bool json = false;
 };
 int run_generate(const generate_options& opt);

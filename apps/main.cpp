@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
   g->add_option("--pipeline-parallel", gen.pipeline_parallel,
                 "split the model's layers into M stages (simulated devices of this process; each stage passes its "
                 "activations to the next); composes with --tensor-parallel")->check(CLI::Range(1, 64));
+  g->add_option("--expert-parallel", gen.expert_parallel,
+                "a mixture-of-experts model's replica over N simulated devices that hold E / N whole experts each "
+                "(attention split N ways as --tensor-parallel N; equal to it when both are given); composes with "
+                "--pipeline-parallel")->check(CLI::Range(1, 64));
   g->add_flag("--json", gen.json, "one JSON object: tokens, text, logprobs");
   g->callback([&] {
     if (!ids->empty()) {

@@ -114,6 +114,10 @@ result<std::unique_ptr<model>, model_error> model::stage(int, int) const {
   return unexpected(model_error{config_error{config().family, "pipeline_parallel", "this family cannot be split into pipeline stages"}});
 }
 
+result<std::unique_ptr<model>, model_error> model::expert_parallel() const {
+  return unexpected(model_error{config_error{config().family, "expert_parallel", "the model has no routed experts to place"}});
+}
+
 result<std::unique_ptr<model>, model_error> model::shard(int, int) const {
   return unexpected(model_error{config_error{config().family, "tensor_parallel", "this family cannot be split across devices"}});
 }

@@ -54,6 +54,13 @@ class model {
   // refuses.
   virtual result<std::unique_ptr<model>, model_error> stage(int stage, int stages) const;
 
+  // This model set to split by whole experts: a shard of it (`shard(rank, size)`) holds E / size of
+  // each routed layer's experts whole, rather than 1 / size of every expert's width, and the routed
+  // outputs join in the same all_reduce (expert parallelism over the tensor-parallel group, as vLLM's
+  // --enable-expert-parallel). Attention and dense layers split as before. The default refuses: a
+  // model without routed layers has no experts to place.
+  virtual result<std::unique_ptr<model>, model_error> expert_parallel() const;
+
  protected:
   // The family's tracer body. Errors go into the builder (sticky); `trace` returns them.
   virtual void trace_into(const step_spec& spec, graph::builder& b) const = 0;

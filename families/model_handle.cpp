@@ -51,6 +51,8 @@ result<std::shared_ptr<const model_handle>, model_error> model_handle::over(resu
 
 result<std::shared_ptr<const model_handle>, model_error> model_handle::shard(int rank, int size) const { return over(model_->shard(rank, size)); }
 
+result<std::shared_ptr<const model_handle>, model_error> model_handle::expert_parallel() const { return over(model_->expert_parallel()); }
+
 result<std::shared_ptr<const model_handle>, model_error> model_handle::stage(int stage, int stages) const { return over(model_->stage(stage, stages)); }
 
 result<std::shared_ptr<const model_handle>, model_error> model_handle::part(int rank, int tp, int stage, int pp) const {

@@ -30,6 +30,8 @@ class model_handle {
   // Rank `rank` of a `size`-way tensor-parallel split of this model (model::shard), as a handle of its
   // own over the same checkpoint, configuration and tokenizer.
   result<std::shared_ptr<const model_handle>, model_error> shard(int rank, int size) const;
+  // This model split by whole experts when sharded (model::expert_parallel), likewise.
+  result<std::shared_ptr<const model_handle>, model_error> expert_parallel() const;
   // Stage `stage` of a `stages`-deep pipeline split of this model (model::stage), likewise.
   result<std::shared_ptr<const model_handle>, model_error> stage(int stage, int stages) const;
   // The part of a tensor_parallel x pipeline_parallel split that world rank `stage * tp + rank` runs:

@@ -372,7 +372,8 @@ class interpreter {
         for (std::int64_t t = 0; t < T; ++t)
           for (std::int64_t j = 0; j < k; ++j) {
             const double id = ids[t * k + j];
-            if (id < 0 || id >= static_cast<double>(E))
+            if (id < 0) continue;  // another rank's expert: zeros
+            if (id >= static_cast<double>(E))
               return fail(eval_error_code::index_out_of_range, "expert " + std::to_string(static_cast<std::int64_t>(id)) + " outside [0, " + std::to_string(E) + ")");
             const auto e = static_cast<std::int64_t>(id);
             const double* xr = x.data() + (shared ? t : t * k + j) * K;

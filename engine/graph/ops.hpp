@@ -86,7 +86,8 @@ enum class op : std::uint8_t {
   take_along,
   // linear_id(x [T, K] or [T, k, K], w [E, N, K] in any stored format, ids integer [T, k]) -> f32
   // [T, k, N]: out[t, j] = x[t] (or x[t, j]) W[ids[t, j]]^T, computing only the selected experts'
-  // products (ggml's mul_mat_id). An id outside [0, E) is an error of the step.
+  // products (ggml's mul_mat_id). A negative id selects nothing: its output row is zero (an expert
+  // another rank of an expert-parallel group holds). An id at or past E is an error of the step.
   linear_id,
 };
 

@@ -173,6 +173,16 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
   s.ffn.reduce_output = size > 1;
   for (auto& m : s.moe) {
     if (m.experts == 0) continue;
+    if (spec_.expert_parallel) {
+      if (m.experts % size != 0) return refuse(std::to_string(m.experts) + " experts do not split " + std::to_string(size) + " ways");
+      if (m.shared_width % size != 0)
+        return refuse("the shared experts' width " + std::to_string(m.shared_width) + " does not split " + std::to_string(size) + " ways");
+      m.local_experts = m.experts / size;
+      m.expert_offset = rank * m.local_experts;
+      m.shared_width /= size;
+      m.reduce_output = size > 1;
+      continue;
+    }
     if (m.width % size != 0) return refuse("the experts' width " + std::to_string(m.width) + " does not split " + std::to_string(size) + " ways");
     if (m.shared_width % size != 0)
       return refuse("the shared experts' width " + std::to_string(m.shared_width) + " does not split " + std::to_string(size) + " ways");
@@ -247,8 +257,17 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
       owned.push_back(std::move(t));
     } else if (const auto* m = spec_.routed(l); m && (role == "ffn_gate_exps" || role == "ffn_up_exps" || role == "ffn_down_exps" ||
                                                        role == "ffn_gate_shexp" || role == "ffn_up_shexp" || role == "ffn_down_shexp")) {
-      // Every expert keeps its rows (or columns) [rank w / size, (rank + 1) w / size) of its width w.
       const bool shexp = role.ends_with("_shexp");
+      if (spec_.expert_parallel && !shexp) {
+        // Whole experts: this rank's [rank E / size, (rank + 1) E / size), a view of their bytes.
+        const auto& d3 = e.view.shape();
+        const std::int64_t local = m->experts / size;
+        const auto per = *storage_bytes(e.view.type(), static_cast<std::uint64_t>(d3[1] * d3[2]));
+        w.view = tensor_view(e.view.type(), troupe::shape{local, d3[1], d3[2]}, e.view.data() + static_cast<std::size_t>(rank * local) * per);
+        out.push_back(std::move(w));
+        continue;
+      }
+      // Every expert keeps its rows (or columns) [rank w / size, (rank + 1) w / size) of its width w.
       const std::int64_t Wd = shexp ? m->shared_width : m->width, cut = Wd / size, E = shexp ? 1 : m->experts;
       const auto& d3 = e.view.shape();
       if (role == "ffn_down_exps" || role == "ffn_down_shexp") {
@@ -278,6 +297,16 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
     out.push_back(std::move(w));
   }
   return std::unique_ptr<model>(new dense_decoder(std::move(s), weights_.derive(std::move(out), std::move(owned))));
+}
+
+result<std::unique_ptr<model>, model_error> dense_decoder::expert_parallel() const {
+  if (spec_.moe.empty()) return model::expert_parallel();
+  if (spec_.stack.stages != 1 || spec_.stack.vocab_split != 1 ||
+      std::any_of(spec_.moe.begin(), spec_.moe.end(), [](const auto& m) { return m.reduce_output; }))
+    return unexpected(model_error{config_error{spec_.config.family, "expert_parallel", "set it on the whole model, before any split"}});
+  dense_decoder_spec s = spec_;
+  s.expert_parallel = true;
+  return std::unique_ptr<model>(new dense_decoder(std::move(s), weights_.derive(weights_.entries(), {})));
 }
 
 result<std::unique_ptr<model>, model_error> dense_decoder::stage(int stage, int stages) const {

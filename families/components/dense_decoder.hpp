@@ -22,6 +22,7 @@ struct dense_decoder_spec {
   ffn_params ffn;
   // A routed model's feed-forward per layer (empty, or experts 0 for a layer: the dense `ffn`).
   std::vector<moe_params> moe;
+  bool expert_parallel = false;  // shards hold whole experts (model::expert_parallel)
   const moe_params* routed(std::int64_t layer) const {
     return layer >= 0 && layer < static_cast<std::int64_t>(moe.size()) && moe[static_cast<std::size_t>(layer)].experts > 0
                ? &moe[static_cast<std::size_t>(layer)]
@@ -43,6 +44,7 @@ class dense_decoder final : public model {
   // Layers [L s / S, L (s + 1) / S) renumbered from 0; the embedding on the first stage, the final norm
   // and the head on the last (a tied head keeps the embedding there too). At most one stage per layer.
   result<std::unique_ptr<model>, model_error> stage(int stage, int stages) const override;
+  result<std::unique_ptr<model>, model_error> expert_parallel() const override;
 
  protected:
   void trace_into(const step_spec& spec, graph::builder& b) const override;

@@ -107,12 +107,21 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
   b.witness("witness.router_ids." + at, ids, graph::witness_check::index_range, E);
   b.witness("witness.router_weights." + at, w, graph::witness_check::finite);
 
+  // An expert-parallel shard computes the picks of its own experts; the others' rows are zero here and
+  // come from their ranks through the all_reduce.
+  auto mine = ids;
+  if (p.local_experts > 0 && p.local_experts < E) {
+    const auto lo = b.scalar(static_cast<double>(p.expert_offset), dtype::i32);
+    const auto hi = b.scalar(static_cast<double>(p.expert_offset + p.local_experts), dtype::i32);
+    const auto here = b.binary(op::minimum, b.binary(op::less_equal, lo, ids), b.binary(op::less, ids, hi));
+    mine = b.where(here, b.sub(ids, lo), b.scalar(-1, dtype::i32));
+  }
   // The selected experts only: [N, k, F] then [N, k, H], weighted and summed over the k picks.
-  const auto up = b.linear_id(x, ctx.weight("ffn_up_exps", layer), ids);
+  const auto up = b.linear_id(x, ctx.weight("ffn_up_exps", layer), mine);
   value_id h;
-  if (ctx.has("ffn_gate_exps", layer)) h = b.mul(b.unary(act, b.linear_id(x, ctx.weight("ffn_gate_exps", layer), ids)), up);
+  if (ctx.has("ffn_gate_exps", layer)) h = b.mul(b.unary(act, b.linear_id(x, ctx.weight("ffn_gate_exps", layer), mine)), up);
   else h = b.unary(act, up);
-  const auto down = b.linear_id(h, ctx.weight("ffn_down_exps", layer), ids);
+  const auto down = b.linear_id(h, ctx.weight("ffn_down_exps", layer), mine);
   const std::int64_t H = b.type_of(down).dims[2];
   auto out = b.reduce(op::reduce_sum, b.mul(down, b.reshape(w, {N, k, 1})), 1);
   b.label(out, "moe_out");

@@ -36,6 +36,9 @@ struct moe_params {
   // equal groups, each scored by its best expert (max) or its best two summed (top2_sum, V3 and
   // llama.cpp), the best `groups_used` groups kept and the top k chosen among their experts. 0: off.
   std::int64_t groups = 0, groups_used = 0;
+  // An expert-parallel shard holds experts [expert_offset, expert_offset + local_experts) of the
+  // `experts` the router scores; others' picks give zeros here (0: all experts are here).
+  std::int64_t expert_offset = 0, local_experts = 0;
   enum class group_score : std::uint8_t { max, top2_sum } group_rule = group_score::top2_sum;
 };
 

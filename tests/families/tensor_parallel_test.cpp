@@ -35,9 +35,11 @@ struct tp_case {
   int size;
   bool gguf = false;
   dtype type = dtype::f32;
+  bool experts_whole = false;  // expert parallel: each rank holds E / size whole experts (model::expert_parallel)
 };
 std::string case_name(const tp_case& c) {
-  return std::string(c.family) + "_tp" + std::to_string(c.size) + (c.gguf ? "_gguf" : "") + (c.type != dtype::f32 ? "_" + std::string(name(c.type)) : "");
+  return std::string(c.family) + (c.experts_whole ? "_ep" : "_tp") + std::to_string(c.size) + (c.gguf ? "_gguf" : "") +
+         (c.type != dtype::f32 ? "_" + std::string(name(c.type)) : "");
 }
 void PrintTo(const tp_case& c, std::ostream* os) { *os << case_name(c); }
 
@@ -90,7 +92,12 @@ TEST_P(tensor_parallel, ranks_give_the_whole_models_logits_and_tokens) {
   std::vector<std::thread> ranks;
   for (int r = 0; r < c.size; ++r)
     ranks.emplace_back([&, r] {
-      auto shard = whole->shard(r, c.size);
+      auto split = c.experts_whole ? whole->expert_parallel() : result<std::shared_ptr<const model_handle>, model_error>(whole);
+      if (!split) {
+        errors[r] = message(split.error());
+        return;
+      }
+      auto shard = (*split)->shard(r, c.size);
       if (!shard) {
         errors[r] = message(shard.error());
         return;
@@ -136,11 +143,25 @@ INSTANTIATE_TEST_SUITE_P(families, tensor_parallel,
                                            tp_case{"llama", 4, true, dtype::q8_0}, tp_case{"qwen3", 2}, tp_case{"qwen3", 4},
                                            tp_case{"gemma2", 2}, tp_case{"gemma2", 4}, tp_case{"phi3", 2}, tp_case{"phi3", 4},
                                            tp_case{"qwen3_moe", 2}, tp_case{"qwen3_moe", 4, true, dtype::q8_0}, tp_case{"mixtral", 2, true},
-                                           tp_case{"qwen2_moe", 2}, tp_case{"deepseek_v2", 2}, tp_case{"deepseek_v3", 4, true}),
+                                           tp_case{"qwen2_moe", 2}, tp_case{"deepseek_v2", 2}, tp_case{"deepseek_v3", 4, true},
+                                           tp_case{"qwen3_moe", 2, true, dtype::f32, true}, tp_case{"qwen3_moe", 4, true, dtype::q8_0, true},
+                                           tp_case{"mixtral", 2, true, dtype::f32, true}, tp_case{"qwen2_moe", 2, false, dtype::f32, true},
+                                           tp_case{"deepseek_v3", 2, true, dtype::f32, true}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The oracle runs a shard's graph too (its all_reduce over the same group): the reference for any
 // backend's tensor-parallel path.
+// A dense model has no experts to place: expert parallelism is a typed refusal.
+TEST(expert_parallel, a_dense_model_is_refused_with_a_typed_error) {
+  const auto h = load(tp_case{"llama", 2});
+  ASSERT_TRUE(h);
+  auto ep = h->expert_parallel();
+  ASSERT_FALSE(ep);
+  const auto* e = std::get_if<config_error>(&ep.error());
+  ASSERT_NE(e, nullptr) << message(ep.error());
+  EXPECT_EQ(e->field, "expert_parallel");
+}
+
 TEST(tensor_parallel_oracle, two_oracle_ranks_give_the_whole_models_logits) {
   const auto whole = load({"llama", 2});
   ASSERT_TRUE(whole);

@@ -639,14 +639,19 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
         std::fill(start.begin(), start.end(), 0);
         for (std::int64_t p = 0; p < Tn * k; ++p) {
           const double id = load_any(id_type, ids, p);
-          if (id < 0 || id >= static_cast<double>(E))
+          if (id >= static_cast<double>(E))
             return fail(exec_error_code::index_out_of_range, where, "expert " + std::to_string(static_cast<std::int64_t>(id)) + " outside [0, " + std::to_string(E) + ")");
-          chosen[p] = static_cast<std::int32_t>(id);
+          chosen[p] = id < 0 ? -1 : static_cast<std::int32_t>(id);
+          if (chosen[p] < 0) {
+            std::fill_n(y + p * N, N, 0.0f);  // another rank's expert
+            continue;
+          }
           ++start[chosen[p] + 1];
         }
         for (std::int64_t x2 = 0; x2 < E; ++x2) start[x2 + 1] += start[x2];
         std::vector<std::int64_t> fill(start.begin(), start.end() - 1);
-        for (std::int64_t p = 0; p < Tn * k; ++p) order[fill[chosen[p]]++] = p;
+        for (std::int64_t p = 0; p < Tn * k; ++p)
+          if (chosen[p] >= 0) order[fill[chosen[p]]++] = p;
         for (std::int64_t x2 = 0; x2 < E; ++x2) {
           const std::int64_t m = start[x2 + 1] - start[x2];
           if (m == 0) continue;

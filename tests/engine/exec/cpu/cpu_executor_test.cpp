@@ -175,8 +175,9 @@ struct map_weights : weight_source {
 
 // The routing ops against the oracle: top_k with ties (the lower index first) and NaN (last),
 // take_along, and linear_id over experts stored as f32, f16, q8_0 and q4_k, with x shared by the picks
-// or one row per pick, on every isa level; then an expert id out of range is a typed step error, and a
-// witness that fails (a NaN routing weight) refuses the step before any output is read.
+// or one row per pick, on every isa level; then a witness that fails (a NaN routing weight) refuses the
+// step before any output is read, a negative expert id gives zeros, and one at or past E is a typed
+// step error.
 TEST(cpu_executor, routing_ops_match_the_oracle_and_refuse_bad_selections) {
   constexpr std::int64_t T = 5, E = 6, k = 2, N = 64, K = 256;
   for (dtype wt : {dtype::f32, dtype::f16, dtype::q8_0, dtype::q4_k}) {
@@ -285,9 +286,31 @@ TEST(cpu_executor, routing_ops_match_the_oracle_and_refuse_bad_selections) {
   auto g = std::move(b).finish();
   ASSERT_TRUE(g);
   eval::map_const_source src;
-  src.add({"w", 0}, tensor(dtype::f32, {3, 8, 32}));
+  tensor w3(dtype::f32, {3, 8, 32});
+  for (std::int64_t i = 0; i < w3.numel(); ++i) w3.as<float>()[i] = 0.5f;
+  src.add({"w", 0}, std::move(w3));
   const map_weights ws(src);
   tensor xt(dtype::f32, {2, 32}), it(dtype::i32, {2, 1});
+  for (std::int64_t i = 0; i < xt.numel(); ++i) xt.as<float>()[i] = 1.0f;
+  // A negative id selects nothing: zeros, in both.
+  it.as<std::int32_t>()[0] = -1;
+  it.as<std::int32_t>()[1] = -5;
+  {
+    cpu_executor ex;
+    auto exe = ex.load(ws);
+    auto en = ex.add_entry(*exe, *g);
+    ASSERT_TRUE(en) << en.error().message();
+    step_inputs si;
+    si.slots = {{"x", xt.view()}, {"ids", it.view()}};
+    auto r = ex.step(*en, si);
+    ASSERT_TRUE(r) << r.error().message();
+    for (std::int64_t i = 0; i < 16; ++i) EXPECT_EQ(r->outputs.at("y").as<float>()[i], 0.0f);
+    it.as<std::int32_t>()[1] = 1;  // one real pick beside a skipped one
+    r = ex.step(*en, si);
+    ASSERT_TRUE(r) << r.error().message();
+    EXPECT_EQ(r->outputs.at("y").as<float>()[0], 0.0f);
+    EXPECT_EQ(r->outputs.at("y").as<float>()[8], 16.0f);
+  }
   it.as<std::int32_t>()[0] = 2;
   it.as<std::int32_t>()[1] = 3;
   cpu_executor ex;

@@ -62,6 +62,11 @@ result<std::shared_ptr<const families::model_handle>, std::string> handle_for(no
     }
     h = *loaded;
   }
+  if (d.load.expert_parallel) {  // shards of this handle hold whole experts; the loaded one stays shared
+    auto ep = h->expert_parallel();
+    if (!ep) return unexpected(families::message(ep.error()));
+    return *ep;
+  }
   return h;
 }
 

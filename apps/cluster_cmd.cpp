@@ -362,7 +362,12 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     d.capacity = e.capacity;
     d.prefill_chunk = 0;  // the node derives the chunk and the budget from the capacity
     d.token_budget = 0;
-    int replicas = e.replicas, tp = o.tensor_parallel, pp = o.pipeline_parallel;
+    if (o.expert_parallel > 1 && o.tensor_parallel > 1 && o.expert_parallel != o.tensor_parallel) {
+      std::fprintf(stderr, "troupe deploy: --expert-parallel spans the tensor-parallel group: give it %d, or leave --tensor-parallel out\n",
+                   o.tensor_parallel);
+      return 2;
+    }
+    int replicas = e.replicas, tp = std::max(o.tensor_parallel, o.expert_parallel), pp = o.pipeline_parallel;
     bool across = o.across_nodes;
     // --plan GOAL: the planner picks the replica count and split here from the devices the status lists
     // (and says so), and GOAL goes with the deployment as the coordinator's policy for replacements.
@@ -394,6 +399,7 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     req.tensor_parallel = tp > 1 ? tp : 0;
     req.pipeline_parallel = pp > 1 ? pp : 0;
     req.across_nodes = across;
+    req.expert_parallel = o.expert_parallel > 1;
     req.goal = o.plan;
     auto r = (*s)->deploy(req);
     if (bar) bar->finish(r.has_value());

@@ -154,6 +154,9 @@ int main(int argc, char** argv) {
   sv->add_option("--threads", serve.threads, "compute threads per replica (0: one per core)")->check(CLI::Range(0, 4096));
   sv->add_option("--tensor-parallel", serve.tensor_parallel, "split each replica over N executors (simulated devices), each over its shard")
       ->check(CLI::Range(1, 64));
+  sv->add_option("--expert-parallel", serve.expert_parallel,
+                 "a mixture-of-experts replica over N executors holding E / N whole experts each (attention split N ways)")
+      ->check(CLI::Range(1, 64));
   sv->add_option("--pipeline-parallel", serve.pipeline_parallel, "split each replica's layers into M stages (simulated devices), each passing its activations on")
       ->check(CLI::Range(1, 64));
   sv->add_option("--max-outstanding", serve.max_outstanding, "jobs admitted and not finished; more get 429")->check(CLI::Range(1, 1 << 20));
@@ -241,6 +244,9 @@ int main(int argc, char** argv) {
   dp->add_option("--max-rows", cc.max_rows)->check(CLI::Range(1, 1024));
   dp->add_option("--capacity", cc.capacity, "positions per sequence (default: the model's, at most 2048)")->check(CLI::Range(16, 1 << 20));
   dp->add_option("--tensor-parallel", cc.tensor_parallel, "split each replica over N executors on one node, each over its shard")
+      ->check(CLI::Range(1, 64));
+  dp->add_option("--expert-parallel", cc.expert_parallel,
+                 "a mixture-of-experts replica over N executors on one node holding E / N whole experts each")
       ->check(CLI::Range(1, 64));
   dp->add_option("--pipeline-parallel", cc.pipeline_parallel, "split each replica's layers into M stages on one node (composes with --tensor-parallel)")
       ->check(CLI::Range(1, 64));

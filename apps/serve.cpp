@@ -51,7 +51,13 @@ int run_serve(const serve_options& o) {
   c.driver.prefill_chunk = 0;  // the node derives the chunk and the budget from the capacity
   c.driver.token_budget = 0;
   c.executor_threads = o.threads;
-  c.tensor_parallel = o.tensor_parallel;
+  if (o.expert_parallel > 1 && o.tensor_parallel > 1 && o.expert_parallel != o.tensor_parallel) {
+    std::fprintf(stderr, "troupe serve: --expert-parallel spans the tensor-parallel group: give it %d, or leave --tensor-parallel out\n",
+                 o.tensor_parallel);
+    return 2;
+  }
+  c.tensor_parallel = std::max(o.tensor_parallel, o.expert_parallel);
+  c.expert_parallel = o.expert_parallel > 1;
   c.pipeline_parallel = o.pipeline_parallel;
   c.max_outstanding = o.max_outstanding;
   std::fprintf(stderr, "troupe serve: loading %s on %d replica(s)...\n", model.c_str(), o.replicas);

@@ -65,6 +65,7 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
   d.load.no_preempt = !options.driver.preempt;
   d.load.tensor_parallel = options.tensor_parallel;
   d.load.pipeline_parallel = options.pipeline_parallel;
+  d.load.expert_parallel = options.expert_parallel;
   caf::scoped_actor self{*s->sys};
   std::string err;
   self->request(s->coordinator, request_timeout, deploy_atom::value, transport::encode(d))

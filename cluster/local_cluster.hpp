@@ -21,6 +21,7 @@ struct cluster_options {
   int executor_threads = 1;                // compute threads per CPU executor
   std::int32_t tensor_parallel = 1;        // ranks (executors) per stage of a replica, docs/tensor-parallel.md
   std::int32_t pipeline_parallel = 1;      // stages per replica, each over a range of the layers
+  bool expert_parallel = false;            // the tensor_parallel ranks hold whole experts (model::expert_parallel)
   std::int64_t max_outstanding = 1024;     // jobs admitted cluster-wide and not finished; more: overloaded
   std::int64_t max_per_replica = 256;      // jobs one replica may hold (queued or running)
   int scheduler_threads = 2;               // CAF's worker threads (drivers run on their own threads)

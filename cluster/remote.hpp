@@ -114,6 +114,7 @@ struct deploy_request {
   std::int32_t tensor_parallel = 0;  // 0: the coordinator's planner decides the split
   std::int32_t pipeline_parallel = 0;
   bool across_nodes = false;
+  bool expert_parallel = false;     // the tensor_parallel ranks hold whole experts (model::expert_parallel)
   std::string goal;                 // the planner's objective: latency (empty), capacity, throughput
 };
 

@@ -192,6 +192,7 @@ void put(LoadRequest::Builder b, const load_request& l) {
   b.setWorldRank(l.world_rank);
   b.setGroup(l.group);
   b.setReplicaId(l.replica_id);
+  b.setExpertParallel(l.expert_parallel);
 }
 
 void put(EntryKey::Builder b, const entry_key& k) {
@@ -416,7 +417,7 @@ stats get(Stats::Reader r) {
 load_request get(LoadRequest::Reader r) {
   return {text(r.getModel()), text(r.getDevice()), text(r.getShard()), r.getMaxRows(), r.getCapacity(), r.getBlockSize(), r.getPoolBlocks(),
           r.getPrefillChunk(), r.getTokenBudget(), r.getNoPrefixCache(), r.getNoPreempt(), r.getTensorParallel(),
-          r.getPipelineParallel(), r.getAcrossNodes(), r.getWorldRank(), text(r.getGroup()), r.getReplicaId()};
+          r.getPipelineParallel(), r.getAcrossNodes(), r.getWorldRank(), text(r.getGroup()), r.getReplicaId(), r.getExpertParallel()};
 }
 
 // nullopt: a device kind this build does not know.

@@ -190,6 +190,7 @@ struct load_request {
   std::int32_t world_rank = 0;         // a remote rank's place in the replica (stage x tensor_parallel + rank)
   std::string group;                   // the replica's rendezvous prefix, fresh per replica
   std::uint64_t replica_id = 0;        // the coordinator's id of the replica this load starts
+  bool expert_parallel = false;        // the tensor_parallel ranks hold whole experts (model::expert_parallel)
   friend bool operator==(const load_request&, const load_request&) = default;
 };
 

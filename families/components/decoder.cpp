@@ -87,8 +87,8 @@ value_id decoder_trace::attend(value_id q, value_id k, value_id v, std::int32_t 
   value_id keys, values, index;
   if (ctx_.stateful()) {
     const std::int64_t S = ctx_.shape().kv_slots();
-    const auto& kt = b.type_of(k).dims;
-    const auto& vt = b.type_of(v).dims;
+    const auto kt = b.type_of(k).dims;  // copies: declaring values below may move the type table
+    const auto vt = b.type_of(v).dims;
     const std::string kname = "kv.k." + std::to_string(layer), vname = "kv.v." + std::to_string(layer);
     keys = b.scatter_rows(b.state_input(kname, {dtype::f32, {S, kt[1], kt[2]}}), ctx_.write_map(), k);
     values = b.scatter_rows(b.state_input(vname, {dtype::f32, {S, vt[1], vt[2]}}), ctx_.write_map(), v);

@@ -243,6 +243,7 @@ struct LoadRequest {
   worldRank @14 :Int32;         # a remote rank's place in the replica (stage x tensorParallel + rank)
   group @15 :Text;              # the replica's rendezvous prefix, fresh per replica
   replicaId @16 :UInt64;        # the coordinator's id of the replica this load starts (its reports name it)
+  expertParallel @17 :Bool;     # the tensorParallel ranks hold whole experts rather than slices of each
 }
 
 # ---- nodes and the cluster --------------------------------------------------------------------------

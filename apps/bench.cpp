@@ -575,8 +575,16 @@ int run_bench(const bench_options& o) {
   const double model_bytes = static_cast<double>(ex.memory().weight_bytes);
   std::vector<double> fractions;
   for (std::size_t r = 0; r < decode.size(); ++r) fractions.push_back(decode[r] * model_bytes / bandwidth[r]);
+  // A routed model's decode reads only the selected experts: the bound is on the active bytes (the
+  // packed bytes scaled by the stored active share).
+  const auto fp = families::footprint((*h)->model());
+  const double active_bytes = fp.bytes > 0 ? model_bytes * fp.active_bytes / fp.bytes : model_bytes;
+  if (active_bytes < model_bytes) {
+    fractions.clear();
+    for (std::size_t r = 0; r < decode.size(); ++r) fractions.push_back(decode[r] * active_bytes / bandwidth[r]);
+  }
   const double bw = median(bandwidth);
-  const double bound = bw / model_bytes;
+  const double bound = bw / active_bytes;
   const double p = median(prefill), d = median(decode), fraction = median(fractions);
   if (o.json) {
     nlohmann::json j;
@@ -589,6 +597,9 @@ int run_bench(const bench_options& o) {
     j["decode_tok_s"] = d;
     j["bandwidth_gb_s"] = bw / 1e9;
     j["weight_bytes"] = model_bytes;
+    j["active_weight_bytes"] = active_bytes;
+    j["params"] = fp.params;
+    j["active_params"] = fp.active_params;
     j["decode_bound_tok_s"] = bound;
     j["decode_fraction_of_bound"] = fraction;
     j["bandwidth_gb_s_min"] = *std::min_element(bandwidth.begin(), bandwidth.end()) / 1e9;
@@ -602,6 +613,11 @@ int run_bench(const bench_options& o) {
                 "decode at %.0f%% of it (median over runs, each against its own sample)\n",
                 bw / 1e9, *std::min_element(bandwidth.begin(), bandwidth.end()) / 1e9, *std::max_element(bandwidth.begin(), bandwidth.end()) / 1e9,
                 model_bytes / 1e6, bound, 100.0 * fraction);
+    if (active_bytes < model_bytes)
+      std::printf("routed: %.1fM of %.1fM parameters active per token (%lld of %lld experts), %.1f MB read per decode step: "
+                  "the bound above is on these bytes\n",
+                  fp.active_params / 1e6, fp.params / 1e6, static_cast<long long>((*h)->model().config().experts_per_token),
+                  static_cast<long long>((*h)->model().config().experts), active_bytes / 1e6);
   }
   return 0;
 }

@@ -114,6 +114,25 @@ result<std::unique_ptr<model>, model_error> model::stage(int, int) const {
   return unexpected(model_error{config_error{config().family, "pipeline_parallel", "this family cannot be split into pipeline stages"}});
 }
 
+weight_footprint footprint(const model& m) {
+  weight_footprint f;
+  const auto& c = m.config();
+  const bool own_head = m.weights().has({"output", -1});
+  for (const auto& e : m.weights().entries()) {
+    const double n = static_cast<double>(e.view.numel()), b = static_cast<double>(e.view.bytes());
+    const bool routed = e.role.name.ends_with("_exps") && c.experts > 0;
+    double share = routed ? static_cast<double>(c.experts_per_token) / static_cast<double>(c.experts) : 1.0;
+    // A token reads one row of an embedding table that is not also the head.
+    if (e.role.name == "token_embd" && own_head && e.view.shape().rank() == 2 && e.view.shape()[0] > 0)
+      share = 1.0 / static_cast<double>(e.view.shape()[0]);
+    f.params += n;
+    f.bytes += b;
+    f.active_params += n * share;
+    f.active_bytes += b * share;
+  }
+  return f;
+}
+
 result<std::unique_ptr<model>, model_error> model::expert_parallel() const {
   return unexpected(model_error{config_error{config().family, "expert_parallel", "the model has no routed experts to place"}});
 }

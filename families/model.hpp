@@ -27,7 +27,19 @@ struct model_config {
   std::vector<std::int32_t> eos_ids;
   // KV bytes per token per layer at f32, for placement and capacity planning.
   std::int64_t kv_elems_per_token_per_layer = 0;
+  // A routed model: experts per routed layer and how many each token runs (0: dense). A decode step
+  // reads experts_per_token / experts of the routed weights (the `*_exps` roles).
+  std::int64_t experts = 0, experts_per_token = 0;
 };
+
+class model;
+// Parameters and stored bytes a model holds, and those one token's decode reads: every weight, but of
+// each routed layer's `*_exps` tensors only experts_per_token / experts of them, and of an embedding
+// table that is not also the head one row.
+struct weight_footprint {
+  double params = 0, bytes = 0, active_params = 0, active_bytes = 0;
+};
+weight_footprint footprint(const model& m);
 
 class model {
  public:

@@ -118,10 +118,14 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
     k = projection(x, "attn_k", layer);
     v = projection(x, "attn_v", layer);
   }
+  if (p.qk_norm && p.qk_norm_full) {  // one norm over every head's dims together, before the split
+    q = b.rms_norm(q, ctx_.vector_f32("attn_q_norm", layer), p.norm_eps);
+    k = b.rms_norm(k, ctx_.vector_f32("attn_k_norm", layer), p.norm_eps);
+  }
   q = b.reshape(q, {N, p.heads, D});
   k = b.reshape(k, {N, p.kv_heads, D});
   v = b.reshape(v, {N, p.kv_heads, D});
-  if (p.qk_norm) {
+  if (p.qk_norm && !p.qk_norm_full) {
     q = b.rms_norm(q, ctx_.vector_f32("attn_q_norm", layer), p.norm_eps);
     k = b.rms_norm(k, ctx_.vector_f32("attn_k_norm", layer), p.norm_eps);
   }

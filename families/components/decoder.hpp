@@ -26,6 +26,7 @@ struct attention_params {
   std::int64_t sliding_window = 0;  // 0: attend to every earlier position
   rope_config rope;                 // rope.dims 0: no rotary embedding
   bool qk_norm = false;             // RMSNorm over each head of q and k (attn_q_norm, attn_k_norm)
+  bool qk_norm_full = false;        // with qk_norm: over all of q and all of k instead (OLMoE, OLMo 2)
   double norm_eps = 1e-6;
   bool reduce_output = false;       // a tensor-parallel shard: all_reduce the output projection's partial sums
   // Multi-head latent attention (DeepSeek-V2/V3; components/mla.hpp) when kv_lora_rank > 0: head_dim

@@ -59,7 +59,7 @@ expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& s) {
     if (role == "attn_qkv_bias") return troupe::shape{q + 2 * kv};
     if (role == "attn_output") return troupe::shape{H, q};
     if (role == "attn_output_bias") return troupe::shape{H};
-    if (role == "attn_q_norm" || role == "attn_k_norm") return troupe::shape{a.head_dim};
+    if (role == "attn_q_norm" || role == "attn_k_norm") return troupe::shape{!a.qk_norm_full ? a.head_dim : role == "attn_q_norm" ? q : kv};
     return std::nullopt;  // feed-forward roles: checked by the family (their width is its config)
   };
 }
@@ -91,6 +91,8 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
           return unexpected(model_error{weight_error{weight_error_code::missing, {role, l}, "(or attn_kv_b)", shapes(role, l)->str(), ""}});
   }
   // A routed model's name table holds both feed-forwards as optional: each layer must have its own.
+  for (const auto& m : spec.moe)
+    if (m.experts > 0) spec.config.experts = m.experts, spec.config.experts_per_token = m.used;
   if (!spec.moe.empty()) {
     for (std::int32_t l = 0; l < static_cast<std::int32_t>(spec.stack.layers); ++l) {
       const auto* m = spec.routed(l);
@@ -162,6 +164,7 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
   const std::int64_t F = spec_.ffn.width;
   if (F % size != 0) return refuse("the feed-forward width " + std::to_string(F) + " does not split " + std::to_string(size) + " ways");
   for (auto& a : s.attention) {
+    if (a.qk_norm_full && size > 1) return refuse("q and k are normed over all heads together, which a split by heads cannot do");
     if (a.heads % size != 0) return refuse(std::to_string(a.heads) + " query heads do not split " + std::to_string(size) + " ways");
     if (a.kv_heads % size != 0 && size % a.kv_heads != 0)
       return refuse(std::to_string(a.kv_heads) + " key/value heads neither split " + std::to_string(size) + " ways nor share evenly");

@@ -635,6 +635,7 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
       std::vector<std::int32_t> chosen(static_cast<std::size_t>(Tn * k));
       std::vector<std::int64_t> start(static_cast<std::size_t>(E + 1)), order(static_cast<std::size_t>(Tn * k));
       std::vector<float> xs, ys;
+      std::vector<matmul_job> jobs;
       return [=]() mutable -> std::optional<exec_error> {
         std::fill(start.begin(), start.end(), 0);
         for (std::int64_t p = 0; p < Tn * k; ++p) {
@@ -652,20 +653,37 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
         std::vector<std::int64_t> fill(start.begin(), start.end() - 1);
         for (std::int64_t p = 0; p < Tn * k; ++p)
           if (chosen[p] >= 0) order[fill[chosen[p]]++] = p;
+        // One product per selected expert, all in one dispatch. A lone pick (decode) reads its row in
+        // place and writes its output directly; an expert with several gathers them first.
+        std::int64_t gathered = 0;
+        for (std::int64_t x2 = 0; x2 < E; ++x2)
+          if (start[x2 + 1] - start[x2] > 1) gathered += start[x2 + 1] - start[x2];
+        xs.resize(static_cast<std::size_t>(gathered * K));
+        ys.resize(static_cast<std::size_t>(gathered * N));
+        jobs.clear();
+        std::int64_t at = 0;
         for (std::int64_t x2 = 0; x2 < E; ++x2) {
           const std::int64_t m = start[x2 + 1] - start[x2];
           if (m == 0) continue;
           const std::int64_t* picks = order.data() + start[x2];
-          if (m == 1) {  // a decode token: straight from its row into its output
+          if (m == 1) {
             const std::int64_t p = picks[0];
-            matmul((*mats)[x2], x + (shared ? p / k : p) * K, K, 1, y + p * N, N, *pool_ptr, lv);
+            jobs.push_back({&(*mats)[x2], x + (shared ? p / k : p) * K, K, 1, y + p * N, N});
             continue;
           }
-          xs.resize(static_cast<std::size_t>(m * K));
-          ys.resize(static_cast<std::size_t>(m * N));
-          for (std::int64_t i = 0; i < m; ++i) std::memcpy(xs.data() + i * K, x + (shared ? picks[i] / k : picks[i]) * K, K * sizeof(float));
-          matmul((*mats)[x2], xs.data(), K, m, ys.data(), N, *pool_ptr, lv);
-          for (std::int64_t i = 0; i < m; ++i) std::memcpy(y + picks[i] * N, ys.data() + i * N, N * sizeof(float));
+          for (std::int64_t i = 0; i < m; ++i)
+            std::memcpy(xs.data() + (at + i) * K, x + (shared ? picks[i] / k : picks[i]) * K, K * sizeof(float));
+          jobs.push_back({&(*mats)[x2], xs.data() + at * K, K, m, ys.data() + at * N, N});
+          at += m;
+        }
+        matmul_batch(jobs, *pool_ptr, lv);
+        at = 0;
+        for (std::int64_t x2 = 0; x2 < E; ++x2) {
+          const std::int64_t m = start[x2 + 1] - start[x2];
+          if (m <= 1) continue;
+          const std::int64_t* picks = order.data() + start[x2];
+          for (std::int64_t i = 0; i < m; ++i) std::memcpy(y + picks[i] * N, ys.data() + (at + i) * N, N * sizeof(float));
+          at += m;
         }
         return std::nullopt;
       };

@@ -442,6 +442,64 @@ void matmul(const packed_matrix& w, const float* x, std::int64_t ldx, std::int64
   }
 }
 
+void matmul_batch(std::span<const matmul_job> jobs, thread_pool& pool, isa level) {
+  if (jobs.empty()) return;
+  if (!usable(level)) level = best_isa();
+  const detail::format_kernel& fk = kernel_for(table(level), jobs.front().w->data().type);
+  const auto threads = static_cast<std::int64_t>(pool.size());
+  // Activations of every job's rows, prepared here (few rows: the caller's thread).
+  std::vector<detail::gemm_args> args(jobs.size());
+  std::vector<std::size_t> offset(jobs.size() + 1, 0);
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    const std::size_t stride = fk.act_bytes ? detail::round64(fk.act_bytes(jobs[j].w->data().cols)) : 0;
+    offset[j + 1] = offset[j] + stride * static_cast<std::size_t>(std::max<std::int64_t>(jobs[j].M, 0));
+  }
+  std::byte* acts = fk.act_bytes ? scratch(std::max<std::size_t>(offset.back(), 64)) : nullptr;
+  struct task { std::size_t job; std::int64_t p0, p1, m0, m1; };
+  std::vector<task> tasks;
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    const auto& jb = jobs[j];
+    const auto& l = jb.w->data();
+    if (jb.M <= 0 || l.rows <= 0) continue;
+    auto& a = args[j];
+    a.w = &l;
+    a.y = jb.y;
+    a.ldy = jb.ldy;
+    if (l.cols == 0) {
+      for (std::int64_t m = 0; m < jb.M; ++m) std::fill(jb.y + m * jb.ldy, jb.y + m * jb.ldy + l.rows, 0.0f);
+      continue;
+    }
+    if (fk.act_bytes) {
+      const std::size_t stride = (offset[j + 1] - offset[j]) / static_cast<std::size_t>(jb.M);
+      for (std::int64_t m = 0; m < jb.M; ++m) fk.prepare(jb.x + m * jb.ldx, l.cols, acts + offset[j] + static_cast<std::size_t>(m) * stride);
+      a.acts = acts + offset[j];
+      a.act_stride = stride;
+    } else {
+      a.acts = reinterpret_cast<const std::byte*>(jb.x);
+      a.act_stride = static_cast<std::size_t>(jb.ldx) * sizeof(float);
+    }
+    // Each job's panels in about 2 x threads / jobs ranges (at least one), rows in chunks of 128.
+    const std::int64_t ranges = std::clamp<std::int64_t>(ceil_div(2 * threads, static_cast<std::int64_t>(jobs.size())), 1, l.panels);
+    const std::int64_t per = ceil_div(l.panels, ranges);
+    for (std::int64_t m0 = 0; m0 < jb.M; m0 += 128)
+      for (std::int64_t p0 = 0; p0 < l.panels; p0 += per) tasks.push_back({j, p0, std::min(l.panels, p0 + per), m0, std::min(jb.M, m0 + 128)});
+  }
+  auto run = [&](std::int64_t t, int) {
+    const auto& tk = tasks[static_cast<std::size_t>(t)];
+    detail::gemm_args b = args[tk.job];
+    b.p0 = tk.p0;
+    b.p1 = tk.p1;
+    b.m0 = tk.m0;
+    b.m1 = tk.m1;
+    fk.compute(b);
+  };
+  if (tasks.size() == 1 || threads == 1) {
+    for (std::size_t t = 0; t < tasks.size(); ++t) run(static_cast<std::int64_t>(t), 0);
+  } else if (!tasks.empty()) {
+    pool.parallel_for(static_cast<std::int64_t>(tasks.size()), run);
+  }
+}
+
 void gather_rows(const tensor_view& table, const std::int32_t* ids, std::int64_t n, float* out) {
   const std::int64_t k = table.shape().back();
   const std::size_t row_bytes = table.row_bytes();

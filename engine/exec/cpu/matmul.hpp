@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "engine/core/result.hpp"
@@ -50,6 +51,18 @@ class packed_matrix {
 // separate add would; r may be exactly y (ldr == ldy), never partly overlap it.
 void matmul(const packed_matrix& w, const float* x, std::int64_t ldx, std::int64_t M, float* y, std::int64_t ldy,
             thread_pool& pool, isa level, const float* r = nullptr, std::int64_t ldr = 0);
+
+// Several independent products in one dispatch: job j computes y_j = x_j W_j^T as `matmul` would (no
+// residual). Every W_j has one format. Their (panel range, row range) tasks share one parallel_for, so
+// many small products (a decode's selected experts) pay one dispatch instead of one each.
+struct matmul_job {
+  const packed_matrix* w = nullptr;
+  const float* x = nullptr;
+  std::int64_t ldx = 0, M = 0;
+  float* y = nullptr;
+  std::int64_t ldy = 0;
+};
+void matmul_batch(std::span<const matmul_job> jobs, thread_pool& pool, isa level);
 
 // out[i, :] = row ids[i] of a stored table (any dtype core can dequantize), as f32. Ids are checked by
 // the caller.

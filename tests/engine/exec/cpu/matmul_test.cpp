@@ -288,6 +288,43 @@ TEST(matmul, rows_do_not_depend_on_the_batch) {
   }
 }
 
+// A batch of products (a step's selected experts) gives each job exactly what its own matmul gives,
+// bit for bit, whatever the mix of single rows and gathered rows, on every level and pool size.
+TEST(matmul, a_batch_equals_its_products_one_by_one) {
+  std::mt19937 rng(77);
+  constexpr std::int64_t n = 96, k = 512;
+  for (const dtype t : {dtype::q8_0, dtype::f16, dtype::q4_k, dtype::f32}) {
+    std::vector<weights> ws;
+    std::vector<packed_matrix> pms;
+    for (int e = 0; e < 5; ++e) {
+      ws.push_back(make_weights(t, n, k, rng));
+      auto pm = packed_matrix::pack(ws.back().view());
+      ASSERT_TRUE(pm.has_value()) << pm.error();
+      pms.push_back(std::move(*pm));
+    }
+    for (const isa level : all_levels) {
+      if (!usable(level)) continue;
+      for (const int threads : {1, 3}) {
+        thread_pool pool(threads);
+        const std::int64_t rows[] = {1, 3, 1, 140, 2};
+        std::vector<std::vector<float>> xs, ys, want;
+        std::vector<matmul_job> jobs;
+        for (int e = 0; e < 5; ++e) {
+          xs.push_back(make_activations(rows[e], k, k, rng));
+          ys.emplace_back(static_cast<std::size_t>(rows[e] * n), -1.0f);
+          want.emplace_back(static_cast<std::size_t>(rows[e] * n));
+          matmul(pms[e], xs[e].data(), k, rows[e], want[e].data(), n, pool, level);
+        }
+        for (int e = 0; e < 5; ++e) jobs.push_back({&pms[e], xs[e].data(), k, rows[e], ys[e].data(), n});
+        matmul_batch(jobs, pool, level);
+        for (int e = 0; e < 5; ++e)
+          ASSERT_EQ(std::memcmp(ys[e].data(), want[e].data(), ys[e].size() * sizeof(float)), 0)
+              << name(t) << " " << isa_name(level) << " threads=" << threads << ": job " << e << " differs";
+      }
+    }
+  }
+}
+
 TEST(matmul, zero_k_gives_zeros) {
   std::mt19937 rng(1);
   const weights w = make_weights(dtype::f32, 5, 0, rng);

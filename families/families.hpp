@@ -17,5 +17,6 @@ extern const family_entry qwen2_moe_entry;
 extern const family_entry deepseek_v2_entry;
 extern const family_entry deepseek_v3_entry;
 extern const family_entry olmoe_entry;
+extern const family_entry gpt_oss_entry;
 
 }  // namespace troupe::families

@@ -478,7 +478,7 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       m.ignore_eos = r.getIgnoreEos();
       for (auto in : r.getInputs()) {
         const auto t = static_cast<unsigned>(in.getDtype());
-        if (t > static_cast<unsigned>(dtype::q8_k)) return bad("an unknown element type " + std::to_string(t));
+        if (t >= static_cast<unsigned>(dtype_count)) return bad("an unknown element type " + std::to_string(t));
         m.inputs.push_back({text(in.getName()), static_cast<dtype>(t), get_list<std::int64_t>(in.getShape()), bytes(in.getData()),
                             get_list<std::int64_t>(in.getPositions())});
       }

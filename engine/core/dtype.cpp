@@ -31,6 +31,7 @@ constexpr std::array<dtype_info, dtype_count> table = {{
     {"q5_k", 256, 176, false, false, 13u, std::nullopt},
     {"q6_k", 256, 210, false, false, 14u, std::nullopt},
     {"q8_k", 256, 292, false, false, 15u, std::nullopt},
+    {"mxfp4", 32, 17, false, false, 39u, std::nullopt},
 }};
 
 }  // namespace

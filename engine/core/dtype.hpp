@@ -14,8 +14,9 @@ enum class dtype : std::uint8_t {
   i64, i32, i16, i8, u8, boolean,
   q4_0, q4_1, q5_0, q5_1, q8_0, q8_1,
   q2_k, q3_k, q4_k, q5_k, q6_k, q8_k,
+  mxfp4,  // OCP microscaling FP4: 32 E2M1 values and one E8M0 scale a block (gpt-oss's experts)
 };
-inline constexpr int dtype_count = static_cast<int>(dtype::q8_k) + 1;
+inline constexpr int dtype_count = static_cast<int>(dtype::mxfp4) + 1;
 
 struct dtype_info {
   std::string_view name;        // "f32", "q4_k"

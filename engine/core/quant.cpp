@@ -185,6 +185,45 @@ void quantize_q4_0(const float* x, std::byte* dst) {
   w.u8s(qs);
 }
 
+// MXFP4 (OCP microscaling, as ggml stores it): one E8M0 exponent byte e, then 16 bytes whose low
+// nibbles are elements 0..15 and high nibbles 16..31, each an E2M1 code. The value is
+// e2m1(code) x 2^(e - 127); ggml keeps the E2M1 values doubled and the scale halved, the same product.
+constexpr std::array<std::int8_t, 16> e2m1_doubled = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+float e8m0_half(std::uint8_t e) {  // 2^(e - 128), exactly (e = 0 and 1 are subnormal in f32)
+  return e < 2 ? static_cast<float>(std::ldexp(1.0, static_cast<int>(e) - 128)) : std::bit_cast<float>(static_cast<std::uint32_t>(e - 1) << 23);
+}
+
+void dequantize_mxfp4(const std::byte* src, float* y) {
+  const auto e = static_cast<std::uint8_t>(src[0]);
+  const float d = e8m0_half(e);
+  for (int j = 0; j < qk / 2; ++j) {
+    const auto b = static_cast<std::uint8_t>(src[1 + j]);
+    y[j] = static_cast<float>(e2m1_doubled[b & 0x0f]) * d;
+    y[j + qk / 2] = static_cast<float>(e2m1_doubled[b >> 4]) * d;
+  }
+}
+
+// The shared exponent puts the block's largest magnitude in E2M1's top binade (as ggml's reference
+// quantizer: floor(log2(amax)) - 2 + 127); each value takes the nearest code (the lower on a tie).
+void quantize_mxfp4(const float* x, std::byte* dst) {
+  float amax = 0.0f;
+  for (int j = 0; j < qk; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const int ex = amax > 0.0f && std::isfinite(amax) ? std::clamp(static_cast<int>(std::floor(std::log2(amax))) - 2 + 127, 0, 254) : 0;
+  const float d = e8m0_half(static_cast<std::uint8_t>(ex));
+  auto code = [&](float v) {
+    int best = 0;
+    float err = INFINITY;
+    for (int c = 0; c < 16; ++c) {
+      const float e2 = std::fabs(v - static_cast<float>(e2m1_doubled[c]) * d);
+      if (e2 < err) err = e2, best = c;
+    }
+    return best;
+  };
+  dst[0] = static_cast<std::byte>(ex);
+  for (int j = 0; j < qk / 2; ++j) dst[1 + j] = static_cast<std::byte>(code(x[j]) | (code(x[j + qk / 2]) << 4));
+}
+
 void dequantize_q4_1(const std::byte* src, float* y) {
   block_reader r(src);
   const float d = r.f16();
@@ -790,6 +829,7 @@ dequantize_block dequantizer(dtype t) {
     case dtype::q5_k: return dequantize_q5_k;
     case dtype::q6_k: return dequantize_q6_k;
     case dtype::q8_k: return dequantize_q8_k;
+    case dtype::mxfp4: return dequantize_mxfp4;
     case dtype::i64:
     case dtype::i32:
     case dtype::i16:
@@ -814,6 +854,7 @@ quantize_block quantizer(dtype t) {
     case dtype::q5_1: return quantize_q5_1;
     case dtype::q8_0: return quantize_q8_0;
     case dtype::q8_k: return quantize_q8_k;
+    case dtype::mxfp4: return quantize_mxfp4;
     case dtype::q4_k: return quantize_q4_k;
     case dtype::q6_k: return quantize_q6_k;
     default: return nullptr;

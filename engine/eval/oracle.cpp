@@ -568,6 +568,7 @@ class interpreter {
     const auto index = doubles(e.inputs[3]), allow = doubles(e.inputs[4]);
     std::vector<double> out(ot.dims.numel(), 0.0), score(static_cast<std::size_t>(C));
     const std::int64_t group = Hq / Hkv;
+    const std::vector<double> sinks = e.inputs.size() > 5 ? doubles(e.inputs[5]) : std::vector<double>{};
     for (std::int64_t r = 0; r < R; ++r)
       for (std::int64_t c = 0; c < C; ++c) {
         bool used = false;
@@ -598,7 +599,8 @@ class interpreter {
             any = true;
           }
           if (!any) continue;
-          double sum = 0;
+          if (!sinks.empty()) m = std::max(m, sinks[static_cast<std::size_t>(h)]);
+          double sum = sinks.empty() ? 0.0 : std::exp(sinks[static_cast<std::size_t>(h)] - m);
           for (std::int64_t c = 0; c < C; ++c)
             if (a[c] != 0) sum += std::exp(score[c] - m);
           double* o = out.data() + (n * Hq + h) * Dv;

@@ -363,10 +363,12 @@ value_id builder::rope(value_id x, value_id pos, value_id inv_freq, bool neox, d
   return apply(op::rope, {x, pos, inv_freq}, a);
 }
 
-value_id builder::attention(value_id q, value_id k, value_id v, value_id index, value_id allow, double scale, double softcap) {
+value_id builder::attention(value_id q, value_id k, value_id v, value_id index, value_id allow, double scale, double softcap,
+                            value_id sinks) {
   op_attrs a;
   a.scale = scale;
   a.softcap = softcap;
+  if (sinks.valid()) return apply(op::attention, {q, k, v, index, allow, sinks}, a);
   return apply(op::attention, {q, k, v, index, allow}, a);
 }
 

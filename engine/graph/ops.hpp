@@ -62,7 +62,8 @@ enum class op : std::uint8_t {
   // and values at rows index[r, c] of k and v for every c with allow[r, t, c], through kv head
   // h / (Hq / Hkv). Scores are q.k * attrs.scale, then softcap * tanh(s / softcap) when attrs.softcap
   // > 0; a query with no allowed key yields zeros. An index outside [0, S) where allowed is an error
-  // of the step; where not allowed it is never read.
+  // of the step; where not allowed it is never read. An optional sixth input, sinks f32 [Hq] (gpt-oss's
+  // attention sinks), adds exp(sinks[h]) to head h's softmax denominator: a logit no value answers.
   attention,
   // all_reduce(x) -> x's type: the element-wise sum of x over the ranks of the tensor-parallel group the
   // graph runs in (each rank runs its shard's graph; the executor is given the group). f32 only.

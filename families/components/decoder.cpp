@@ -82,7 +82,7 @@ value_id decoder_trace::rope_table(const rope_config& r, double& scale) {
 }
 
 value_id decoder_trace::attend(value_id q, value_id k, value_id v, std::int32_t layer, std::int64_t window, double scale,
-                               double softcap) {
+                               double softcap, value_id sinks) {
   auto& b = ctx_.b;
   value_id keys, values, index;
   if (ctx_.stateful()) {
@@ -100,7 +100,7 @@ value_id decoder_trace::attend(value_id q, value_id k, value_id v, std::int32_t 
     values = v;
     index = encode_index();
   }
-  return b.attention(q, keys, values, index, allow_mask(window), scale, softcap);
+  return b.attention(q, keys, values, index, allow_mask(window), scale, softcap, sinks);
 }
 
 value_id decoder_trace::attention(value_id x, std::int32_t layer, const attention_params& p) {
@@ -139,7 +139,7 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
   b.label(q, "q");
   b.label(k, "k");
 
-  auto att = attend(q, k, v, layer, p.sliding_window, p.scale, p.softcap);
+  auto att = attend(q, k, v, layer, p.sliding_window, p.scale, p.softcap, p.sinks ? ctx_.vector_f32("attn_sinks", layer) : value_id{});
   att = b.reshape(att, {N, p.heads * D});
   const auto out = projection(att, "attn_output", layer, p.reduce_output);
   b.label(out, "attn_out");

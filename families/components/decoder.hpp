@@ -27,6 +27,7 @@ struct attention_params {
   rope_config rope;                 // rope.dims 0: no rotary embedding
   bool qk_norm = false;             // RMSNorm over each head of q and k (attn_q_norm, attn_k_norm)
   bool qk_norm_full = false;        // with qk_norm: over all of q and all of k instead (OLMoE, OLMo 2)
+  bool sinks = false;               // a learned sink logit per head in the softmax (attn_sinks, gpt-oss)
   double norm_eps = 1e-6;
   bool reduce_output = false;       // a tensor-parallel shard: all_reduce the output projection's partial sums
   // Multi-head latent attention (DeepSeek-V2/V3; components/mla.hpp) when kv_lora_rank > 0: head_dim
@@ -39,7 +40,8 @@ struct attention_params {
   } mla;
 };
 
-enum class activation : std::uint8_t { silu, gelu_tanh };
+// swiglu_oai: gpt-oss's clamped SwiGLU, min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, -7, 7) + 1).
+enum class activation : std::uint8_t { silu, gelu_tanh, swiglu_oai };
 
 struct ffn_params {
   std::int64_t width = 0;  // the intermediate size
@@ -74,7 +76,7 @@ class decoder_trace {
   // Attention of q [N, Hq, D] over this step's k [N, Hkv, D] and v [N, Hkv, Dv]: in a step, written into
   // the layer's KV states (kv.k.L, kv.v.L) and read through the KV map; in encode, over the row itself.
   graph::value_id attend(graph::value_id q, graph::value_id k, graph::value_id v, std::int32_t layer, std::int64_t window,
-                         double scale, double softcap = 0.0);
+                         double scale, double softcap = 0.0, graph::value_id sinks = {});
   // x W^T (+ bias), the partial sums all-reduced first when `reduce` (tensor-parallel shards).
   graph::value_id project(graph::value_id x, const std::string& role, std::int32_t layer, bool reduce = false) {
     return projection(x, role, layer, reduce);

@@ -65,7 +65,7 @@ expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& s) {
 }
 
 result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spec spec, const load::weight_store& store,
-                                                               std::span<const name_rule> rules) {
+                                                               std::span<const name_rule> rules, const weight_rewrite& rewrite) {
   const auto base = dense_decoder_shapes(spec);
   const std::int64_t H = spec.stack.hidden;
   const std::int64_t F = spec.ffn.width;
@@ -81,6 +81,11 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
   };
   auto map = weight_map::build(store, rules, static_cast<std::int32_t>(spec.stack.layers), shapes);
   if (!map) return unexpected(model_error{map.error()});
+  if (rewrite) {
+    auto rewritten = rewrite(*map);
+    if (!rewritten) return unexpected(model_error{rewritten.error()});
+    map = std::move(rewritten);
+  }
   if (std::any_of(spec.attention.begin(), spec.attention.end(), [](const auto& a) { return a.mla.kv_lora_rank > 0; })) {
     auto absorbed = absorb_kv_b(*map, spec.attention);
     if (!absorbed) return unexpected(model_error{absorbed.error()});
@@ -242,6 +247,28 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
         const auto& d3 = e.view.shape();
         const auto per = *storage_bytes(e.view.type(), static_cast<std::uint64_t>(d3[1] * d3[2]));
         w.view = tensor_view(e.view.type(), troupe::shape{hq, d3[1], d3[2]}, e.view.data() + static_cast<std::size_t>(rank * hq) * per);
+      }
+    } else if (role == "attn_sinks") {
+      w.view = rows_of(e.view, rank * hq, (rank + 1) * hq);  // each query head's own sink
+    } else if (const auto* mb = spec_.routed(l); mb && role.ends_with("_exps_bias")) {
+      const std::int64_t E = mb->experts;
+      if (spec_.expert_parallel) {  // this rank's experts' rows
+        const std::int64_t local = E / size;
+        const auto per = e.view.row_bytes();
+        w.view = tensor_view(e.view.type(), troupe::shape{local, e.view.shape()[1]}, e.view.data() + static_cast<std::size_t>(rank * local) * per);
+      } else if (role == "ffn_down_exps_bias") {
+        // Added after the products, before the all_reduce: on one rank only, zeros elsewhere.
+        if (rank != 0) {
+          auto z = std::make_shared<tensor>(e.view.type(), e.view.shape());
+          w.view = z->view();
+          owned.push_back(std::move(z));
+        }
+      } else {  // gate and up: each expert's columns of this rank's width
+        const std::int64_t cut = mb->width / size;
+        auto t = columns_of(e.view, rank * cut, (rank + 1) * cut);
+        if (!t) return refuse(e.key + ": " + t.error());
+        w.view = (*t)->view();
+        owned.push_back(std::move(*t));
       }
     } else if (role == "attn_q" || role == "attn_q_bias") {
       w.view = rows_of(e.view, q_rows.first, q_rows.second);

@@ -58,8 +58,12 @@ class dense_decoder final : public model {
 // The expected shape of each role of a dense decoder, from its spec (for weight_map::build).
 expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& spec);
 
+// A family's rewrite of the resolved weights before they are checked against the layers (a checkpoint
+// that stores a role fused or transposed, split into the roles the tracer reads).
+using weight_rewrite = std::function<result<weight_map, weight_error>(const weight_map&)>;
+
 // Builds the weight map from `rules` and the model, or names the first bad weight.
 result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spec spec, const load::weight_store& store,
-                                                               std::span<const name_rule> rules);
+                                                               std::span<const name_rule> rules, const weight_rewrite& rewrite = {});
 
 }  // namespace troupe::families

@@ -91,16 +91,20 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
   auto& ctx = d.ctx();
   auto& b = ctx.b;
   const std::int64_t N = b.type_of(x).dims[0], E = p.experts, k = p.used;
-  const op act = p.act == activation::silu ? op::silu : op::gelu_tanh;
+  const op act = p.act == activation::gelu_tanh ? op::gelu_tanh : op::silu;
 
   // The router: scores over the experts, the k best, their weights.
-  const auto logits = b.linear(x, ctx.weight("ffn_gate_inp", layer));
-  const auto scores = p.gate == gating::softmax ? b.softmax(logits, -1) : b.unary(op::sigmoid, logits);
+  auto logits = b.linear(x, ctx.weight("ffn_gate_inp", layer));
+  if (ctx.has("ffn_gate_inp_bias", layer)) logits = b.add(logits, ctx.vector_f32("ffn_gate_inp_bias", layer));
+  const auto scores = p.gate == gating::softmax    ? b.softmax(logits, -1)
+                      : p.gate == gating::sigmoid ? b.unary(op::sigmoid, logits)
+                                                  : logits;
   auto select = scores;
   if (ctx.has("exp_probs_b", layer)) select = b.add(scores, ctx.vector_f32("exp_probs_b", layer));
   if (p.groups > 1) select = limit_to_groups(b, select, N, E, p);
   const auto ids = b.top_k(select, k);
   auto w = b.take_along(scores, ids);
+  if (p.gate == gating::softmax_selected) w = b.softmax(w, -1);
   if (p.norm_topk) w = b.div(w, b.reduce(op::reduce_sum, w, -1, true));
   if (p.routed_scale != 1.0) w = b.mul(w, b.scalar(p.routed_scale));
   const std::string at = std::to_string(layer);
@@ -116,12 +120,32 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
     const auto here = b.binary(op::minimum, b.binary(op::less_equal, lo, ids), b.binary(op::less, ids, hi));
     mine = b.where(here, b.sub(ids, lo), b.scalar(-1, dtype::i32));
   }
+  // Each pick's row of an expert bias table [E, C] as [N, k, C] (zeros for another rank's expert).
+  auto expert_bias = [&](value_id prod, const char* role) {
+    if (!ctx.has(role, layer)) return prod;
+    const auto table = ctx.vector_f32(role, layer);
+    if (mine == ids) return b.add(prod, b.gather_rows(table, ids));
+    const auto here = b.binary(op::less_equal, b.scalar(0, dtype::i32), mine);
+    const auto rows = b.gather_rows(table, b.where(here, mine, b.scalar(0, dtype::i32)));
+    return b.add(prod, b.mul(rows, b.reshape(b.cast(here, dtype::f32), {N, k, 1})));
+  };
   // The selected experts only: [N, k, F] then [N, k, H], weighted and summed over the k picks.
-  const auto up = b.linear_id(x, ctx.weight("ffn_up_exps", layer), mine);
+  const auto up = expert_bias(b.linear_id(x, ctx.weight("ffn_up_exps", layer), mine), "ffn_up_exps_bias");
   value_id h;
-  if (ctx.has("ffn_gate_exps", layer)) h = b.mul(b.unary(act, b.linear_id(x, ctx.weight("ffn_gate_exps", layer), mine)), up);
-  else h = b.unary(act, up);
-  const auto down = b.linear_id(h, ctx.weight("ffn_down_exps", layer), mine);
+  if (ctx.has("ffn_gate_exps", layer)) {
+    const auto g = expert_bias(b.linear_id(x, ctx.weight("ffn_gate_exps", layer), mine), "ffn_gate_exps_bias");
+    if (p.act == activation::swiglu_oai) {
+      const auto limit = b.scalar(7.0);
+      const auto gc = b.binary(op::minimum, g, limit);
+      const auto uc = b.binary(op::maximum, b.binary(op::minimum, up, limit), b.scalar(-7.0));
+      h = b.mul(b.mul(gc, b.unary(op::sigmoid, b.mul(gc, b.scalar(1.702)))), b.add(uc, b.scalar(1.0)));
+    } else {
+      h = b.mul(b.unary(act, g), up);
+    }
+  } else {
+    h = b.unary(act, up);
+  }
+  const auto down = expert_bias(b.linear_id(h, ctx.weight("ffn_down_exps", layer), mine), "ffn_down_exps_bias");
   const std::int64_t H = b.type_of(down).dims[2];
   auto out = b.reduce(op::reduce_sum, b.mul(down, b.reshape(w, {N, k, 1})), 1);
   b.label(out, "moe_out");
@@ -144,7 +168,9 @@ std::optional<troupe::shape> moe_shape(const std::string& role, const moe_params
   const std::int64_t E = p.experts, F = p.width, S = p.shared_width;
   if (E == 0) return std::nullopt;
   if (role == "ffn_gate_inp") return troupe::shape{E, H};
-  if (role == "exp_probs_b") return troupe::shape{E};
+  if (role == "exp_probs_b" || role == "ffn_gate_inp_bias") return troupe::shape{E};
+  if (role == "ffn_gate_exps_bias" || role == "ffn_up_exps_bias") return troupe::shape{E, F};
+  if (role == "ffn_down_exps_bias") return troupe::shape{E, H};
   if (role == "ffn_gate_exps" || role == "ffn_up_exps") return troupe::shape{E, F, H};
   if (role == "ffn_down_exps") return troupe::shape{E, H, F};
   if (S > 0) {

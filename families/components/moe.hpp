@@ -8,7 +8,9 @@
 // Weight roles read here, per layer: ffn_gate_inp [E, H] (the router), ffn_gate_exps and ffn_up_exps
 // [E, F, H], ffn_down_exps [E, H, F]; for shared experts ffn_gate_shexp, ffn_up_shexp [Fs, H],
 // ffn_down_shexp [H, Fs] and optionally ffn_gate_inp_shexp [H] (the shared expert's gate), and
-// exp_probs_b [E] (DeepSeek-V3's selection bias: added to the scores to choose, not to weigh). The
+// exp_probs_b [E] (DeepSeek-V3's selection bias: added to the scores to choose, not to weigh); biases
+// when present: ffn_gate_inp_bias [E] on the router's scores, ffn_{gate,up}_exps_bias [E, F] and
+// ffn_down_exps_bias [E, H] on each selected expert's products (gpt-oss). The
 // router's selections are witnesses (graph.hpp): every index in [0, E), every weight finite.
 #include <cstdint>
 #include <optional>
@@ -19,7 +21,9 @@
 
 namespace troupe::families {
 
-enum class gating : std::uint8_t { softmax, sigmoid };
+// softmax_selected: the top k of the raw scores, their weights a softmax over those k (gpt-oss;
+// llama.cpp's SOFTMAX_WEIGHT).
+enum class gating : std::uint8_t { softmax, sigmoid, softmax_selected };
 
 struct moe_params {
   std::int64_t experts = 0;  // 0: a dense layer

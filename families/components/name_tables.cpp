@@ -47,7 +47,8 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
       layer("attn_q_norm", "blk.{L}.attn_q_norm.weight");
       layer("attn_k_norm", "blk.{L}.attn_k_norm.weight");
     }
-    layer("ffn_norm", "blk.{L}.ffn_norm.weight");
+    layer("ffn_norm", o.gpt_oss ? "blk.{L}.post_attention_norm.weight" : "blk.{L}.ffn_norm.weight");
+    if (o.gpt_oss) layer("attn_sinks", "blk.{L}.attn_sinks.weight");
     if (o.sandwich_norms) {
       layer("post_attention_norm", "blk.{L}.post_attention_norm.weight");
       layer("post_ffw_norm", "blk.{L}.post_ffw_norm.weight");
@@ -66,6 +67,9 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
       layer("ffn_up_exps", "blk.{L}.ffn_up_exps.weight", presence::optional);
       layer("ffn_down_exps", "blk.{L}.ffn_down_exps.weight", presence::optional);
       if (o.shared_experts) layer("exp_probs_b", "blk.{L}.exp_probs_b.bias", presence::optional);
+      if (o.gpt_oss)
+        for (const char* r : {"ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"})
+          t.push_back({std::string(r) + "_bias", true, "blk.{L}." + std::string(r) + ".bias", presence::optional, "", stored_as::as_is});
       if (o.shared_expert || o.shared_experts) {
         layer("ffn_gate_shexp", "blk.{L}.ffn_gate_shexp.weight", presence::optional);
         layer("ffn_up_shexp", "blk.{L}.ffn_up_shexp.weight", presence::optional);
@@ -120,7 +124,16 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
     layer("ffn_up", "model.layers.{L}.mlp.up_proj.weight", dense);
   }
   layer("ffn_down", "model.layers.{L}.mlp.down_proj.weight", dense);
-  if (o.experts > 0) {
+  if (o.gpt_oss) layer("attn_sinks", "model.layers.{L}.self_attn.sinks");
+  if (o.experts > 0 && o.gpt_oss) {
+    // Fused and transposed as HF keeps them: gate_up [E, H, 2F] (gate and up interleaved), down [E, F, H].
+    layer("ffn_gate_inp", "model.layers.{L}.mlp.router.weight");
+    layer("ffn_gate_inp_bias", "model.layers.{L}.mlp.router.bias");
+    layer("hf_gate_up_exps", "model.layers.{L}.mlp.experts.gate_up_proj");
+    layer("hf_gate_up_exps_bias", "model.layers.{L}.mlp.experts.gate_up_proj_bias");
+    layer("hf_down_exps", "model.layers.{L}.mlp.experts.down_proj");
+    layer("ffn_down_exps_bias", "model.layers.{L}.mlp.experts.down_proj_bias");
+  } else if (o.experts > 0) {
     auto experts = [&](const char* role, const char* key) { t.push_back({role, true, key, presence::optional, "", stored_as::as_is, o.experts}); };
     if (o.hf_moe == name_table_options::hf_experts::mixtral) {
       layer("ffn_gate_inp", "model.layers.{L}.block_sparse_moe.gate.weight", presence::optional);

@@ -27,6 +27,9 @@ struct name_table_options {
   // Multi-head latent attention (DeepSeek) in place of q/k/v: attn_q or attn_q_a/attn_q_a_norm/attn_q_b,
   // attn_kv_a_mqa, attn_kv_a_norm, and attn_k_b/attn_v_b (GGUF) or attn_kv_b (HF kv_b_proj).
   bool mla = false;
+  // gpt-oss: attention sinks, the feed-forward's norm stored as post_attention_norm (GGUF), the router
+  // and expert biases, HF's mlp.router and fused expert tensors (mlp.experts.gate_up_proj, split at load).
+  bool gpt_oss = false;
 };
 
 std::vector<name_rule> decoder_name_table(const name_table_options& o);

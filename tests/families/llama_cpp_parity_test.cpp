@@ -46,7 +46,7 @@ fixture_dims dims_for(const parity_case& c) {
   d.hidden = d.heads * c.head_dim;  // llama.cpp's qwen2 and phi3 take no separate head width
   d.ffn = c.head_dim == 64 ? 512 : 768;
   d.layers = c.family == "gemma3" ? 6 : 2;
-  if (c.family.ends_with("moe") || c.family == "mixtral" || c.family.starts_with("deepseek")) {  // olmoe too
+  if (c.family.ends_with("moe") || c.family == "mixtral" || c.family.starts_with("deepseek") || c.family == "gpt_oss") {  // olmoe too
     d.experts = 8;
     d.experts_used = 2;
     d.expert_ffn = 256;
@@ -145,7 +145,8 @@ INSTANTIATE_TEST_SUITE_P(families, llama_cpp_parity,
                                            parity_case{"gemma3", 128}, parity_case{"phi3", 64}, parity_case{"phi3", 128},
                                            parity_case{"qwen3_moe", 64}, parity_case{"qwen3_moe", 128}, parity_case{"mixtral", 64},
                                            parity_case{"qwen2_moe", 64}, parity_case{"deepseek_v2", 64},
-                                           parity_case{"deepseek_v2", 128}, parity_case{"deepseek_v3", 64}, parity_case{"olmoe", 64}),
+                                           parity_case{"deepseek_v2", 128}, parity_case{"deepseek_v3", 64}, parity_case{"olmoe", 64},
+                                           parity_case{"gpt_oss", 64}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The CPU executor against llama.cpp on files with f16 and block-quantized matrices. Both quantize
@@ -219,7 +220,8 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_cpu_parity,
                                            cpu_case{"llama", dtype::q5_0}, cpu_case{"llama", dtype::q5_1},
                                            cpu_case{"qwen3_moe", dtype::f32}, cpu_case{"mixtral", dtype::f32},
                                            cpu_case{"qwen2_moe", dtype::f32}, cpu_case{"deepseek_v2", dtype::f32},
-                                           cpu_case{"deepseek_v3", dtype::f32}, cpu_case{"olmoe", dtype::f32}),
+                                           cpu_case{"deepseek_v3", dtype::f32}, cpu_case{"olmoe", dtype::f32},
+                                           cpu_case{"gpt_oss", dtype::f32}),
                          [](const auto& info) { return cpu_case_name(info.param); });
 
 // Routed families on quantized files. Quantizing the router's inputs and weights moves scores across
@@ -299,7 +301,8 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_routed_quantized,
                          ::testing::Values(cpu_case{"qwen3_moe", dtype::q8_0}, cpu_case{"mixtral", dtype::q8_0},
                                            cpu_case{"qwen2_moe", dtype::q8_0}, cpu_case{"qwen3_moe", dtype::q4_k},
                                            cpu_case{"mixtral", dtype::q4_0}, cpu_case{"deepseek_v2", dtype::q8_0},
-                                           cpu_case{"deepseek_v3", dtype::q8_0}, cpu_case{"olmoe", dtype::q8_0}),
+                                           cpu_case{"deepseek_v3", dtype::q8_0}, cpu_case{"olmoe", dtype::q8_0},
+                                           cpu_case{"gpt_oss", dtype::mxfp4}, cpu_case{"gpt_oss", dtype::q8_0}),
                          [](const auto& info) { return cpu_case_name(info.param); });
 
 // The embedded default model (models/troupe-kjv.gguf, a trained 3.7M-parameter Llama): llama.cpp

@@ -146,7 +146,8 @@ INSTANTIATE_TEST_SUITE_P(families, tensor_parallel,
                                            tp_case{"qwen2_moe", 2}, tp_case{"deepseek_v2", 2}, tp_case{"deepseek_v3", 4, true},
                                            tp_case{"qwen3_moe", 2, true, dtype::f32, true}, tp_case{"qwen3_moe", 4, true, dtype::q8_0, true},
                                            tp_case{"mixtral", 2, true, dtype::f32, true}, tp_case{"qwen2_moe", 2, false, dtype::f32, true},
-                                           tp_case{"deepseek_v3", 2, true, dtype::f32, true}),
+                                           tp_case{"deepseek_v3", 2, true, dtype::f32, true}, tp_case{"gpt_oss", 2, true},
+                                           tp_case{"gpt_oss", 2, false, dtype::f32, true}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The oracle runs a shard's graph too (its all_reduce over the same group): the reference for any

@@ -58,6 +58,7 @@ enum DType {
   i64 @6; i32 @7; i16 @8; i8 @9; u8 @10; boolean @11;
   q40 @12; q41 @13; q50 @14; q51 @15; q80 @16; q81 @17;
   q2K @18; q3K @19; q4K @20; q5K @21; q6K @22; q8K @23;
+  mxfp4 @24;
 }
 
 struct RequestInput {

@@ -68,7 +68,9 @@ void attention(const attention_args& a, thread_pool& pool, isa level) {
   splits = std::max<std::int64_t>(1, ceil_div(a.C, span));
 
   const std::int64_t part_stride = bq * gq * (a.Dv + 2);
-  std::vector<float> part(splits > 1 ? static_cast<std::size_t>(units * splits * part_stride) : 0);
+  // Sinks join in the merge: the tasks leave partial softmax states even when nothing is split.
+  const bool merge = splits > 1 || a.sinks != nullptr;
+  std::vector<float> part(merge ? static_cast<std::size_t>(units * splits * part_stride) : 0);
   const auto scratch_floats = static_cast<std::size_t>(kernels_detail::attention_scratch_floats(bq, gq, a.D, a.Dv));
 
   // Unit u is (row, head group, block) with later blocks first: under a causal mask they read the most
@@ -95,10 +97,10 @@ void attention(const attention_args& a, thread_pool& pool, isa level) {
     tk.scratch = aligned_floats(s.floats, scratch_floats);
     tk.keys = s.keys.data();
     tk.any = s.any.data();
-    if (splits > 1) tk.part = part.data() + task * part_stride;
+    if (merge) tk.part = part.data() + task * part_stride;
     kernels.attention(a, tk);
   });
-  if (splits == 1) return;
+  if (!merge) return;
 
   // Merge the key ranges of each query: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
   for (std::int64_t u = 0; u < units; ++u) {
@@ -111,6 +113,11 @@ void attention(const attention_args& a, thread_pool& pool, isa level) {
       for (std::int64_t sp = 0; sp < splits; ++sp) m = std::max(m, part[(u * splits + sp) * part_stride + i * (a.Dv + 2)]);
       if (m == -INFINITY) continue;  // no allowed key in any range: zeros
       float l = 0.0f;
+      if (a.sinks) {  // head h's sink: a logit in the denominator that no value answers
+        const float s = a.sinks[tk.kh0 * G + i % gq];
+        m = std::max(m, s);
+        l = std::exp(s - m);
+      }
       for (std::int64_t sp = 0; sp < splits; ++sp) {
         const float* src = part.data() + (u * splits + sp) * part_stride + i * (a.Dv + 2);
         if (src[0] == -INFINITY) continue;

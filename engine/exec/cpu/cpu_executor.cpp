@@ -836,6 +836,7 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
       const auto* index = P(e.inputs[3]);
       const auto index_type = T(e.inputs[3]).type;
       a.allow = reinterpret_cast<const std::uint8_t*>(P(e.inputs[4]));
+      if (e.inputs.size() > 5) a.sinks = reinterpret_cast<const float*>(P(e.inputs[5]));
       std::vector<std::int32_t> ix(static_cast<std::size_t>(a.R * a.C));
       return [=]() mutable -> std::optional<exec_error> {
         // An index is checked where some query may read it; elsewhere it is replaced by row 0.

@@ -22,6 +22,7 @@ struct attention_args {
   std::int64_t R = 0, T = 0, C = 0, Hq = 0, Hkv = 0, D = 0, Dv = 0;
   float scale = 1.0f;
   float softcap = 0.0f;
+  const float* sinks = nullptr;  // [Hq]: each head's sink logit in the softmax denominator (null: none)
 };
 void attention(const attention_args& a, thread_pool& pool, isa level);
 

@@ -921,6 +921,7 @@ std::optional<exec_error> cuda_executor::lower_eqn(entry& en, std::size_t i, con
       return device([=] { launch_rope(reinterpret_cast<float*>(out), Tn, H, D, pos_type, pos, inv, half, neox, scale, st); });
     }
     case op::attention: {
+      if (e.inputs.size() > 5) return exec_error{exec_error_code::unsupported, where, "attention sinks have no CUDA kernel yet"};
       attention_launch a;
       a.q = reinterpret_cast<const float*>(P(e.inputs[0]));
       a.k = reinterpret_cast<const float*>(P(e.inputs[1]));

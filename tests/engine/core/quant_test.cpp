@@ -91,6 +91,34 @@ TEST(quant, q4_0_decodes_nibbles_around_8_and_steps_whole_blocks) {
   EXPECT_EQ(decode(dtype::q4_0, b), want);
 }
 
+TEST(quant, mxfp4_decodes_e2m1_codes_times_the_e8m0_scale) {
+  // Layout (ggml's block_mxfp4): one E8M0 byte e, then 16 bytes; byte j holds element j (low nibble)
+  // and j + 16 (high nibble), each an E2M1 code: 0 0.5 1 1.5 2 3 4 6, bit 3 the sign. Scale 2^(e - 127).
+  auto b = blocks_of(dtype::mxfp4, 2, 0x00);
+  set_u8(b, 0, 127);        // 2^0
+  set_u8(b, 1 + 0, 0x7f);   // y[0]: code 15 -> -6;  y[16]: code 7 -> 6
+  set_u8(b, 1 + 3, 0x91);   // y[3]: code 1 -> 0.5;  y[19]: code 9 -> -0.5
+  set_u8(b, 17, 130);       // second block: 2^3
+  set_u8(b, 17 + 1 + 5, 0x05);  // y[37]: code 5 -> 3 * 8 = 24
+  set_u8(b, 17 + 1 + 6, 0x80);  // y[54]: code 8 (negative zero) -> 0
+  std::vector<float> want(64, 0.0f);
+  want[0] = -6.0f;
+  want[16] = 6.0f;
+  want[3] = 0.5f;
+  want[19] = -0.5f;
+  want[37] = 24.0f;
+  EXPECT_EQ(decode(dtype::mxfp4, b), want);
+  // The encoder: the block's largest magnitude in the top binade, values to their nearest code.
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[j] = 0.25f * static_cast<float>(j - 16);  // -4 .. 3.75
+  const auto q = encode(dtype::mxfp4, x);
+  EXPECT_EQ(static_cast<int>(q[0]), 127);  // amax 4: floor(log2 4) - 2 + 127
+  const auto y = decode(dtype::mxfp4, q);
+  for (int j = 0; j < 32; ++j) EXPECT_LE(std::fabs(y[j] - x[j]), 0.5f) << j;  // half the widest code step (2 .. 3 .. 4)
+  EXPECT_EQ(y[0], -4.0f);
+  EXPECT_EQ(y[16], 0.0f);
+}
+
 TEST(quant, q4_1_decodes_nibbles_times_d_plus_m) {
   // Layout: f16 d, f16 m, 16 bytes of nibbles as q4_0; y = q * d + m.
   auto b = blocks_of(dtype::q4_1);
@@ -438,6 +466,14 @@ double error_bound(dtype t, const std::vector<float>& x, std::size_t i) {
     case dtype::f16: return f16_err(x[i]);
     // Half an ulp of an 8-bit significand, or half the 2^-133 spacing of bf16 subnormals.
     case dtype::bf16: return std::max(std::fabs(x[i]) * 0x1p-8, 0x1p-134);
+    case dtype::mxfp4: {
+      // Scale 2^(floor(log2 amax) - 2): E2M1's largest code, 6 of them, is 1.5 x 2^floor(log2 amax), so
+      // a value above it clips by up to half of 2^floor(log2 amax); the codes below are at most that far
+      // apart, so rounding errs by no more (ggml's encoder does the same).
+      const auto s = stats_of(block(32), 32);
+      if (!(s.amax > 0)) return 0.0;
+      return 0.5 * std::exp2(std::floor(std::log2(s.amax))) + 0x1p-140;
+    }
     case dtype::q8_0: {
       // d = amax/127 and code = round(x/d): |err| <= d/2, plus up to 127 codes times the f16
       // rounding of d.

@@ -307,7 +307,9 @@ TEST_P(cuda_vs_oracle, prefill_and_decode_match_the_oracle) {
 }
 
 // Mixture-of-experts graphs (top_k, take_along, linear_id) have no CUDA lowering yet: refused typed.
-bool routed(std::string_view family) { return family.ends_with("moe") || family == "mixtral" || family.starts_with("deepseek"); }
+bool routed(std::string_view family) {
+  return family.ends_with("moe") || family == "mixtral" || family.starts_with("deepseek") || family == "gpt_oss";
+}
 
 TEST(cuda_executor, refuses_a_routed_graph_at_prepare_with_a_typed_error) {
   SKIP_WITHOUT_DEVICE();

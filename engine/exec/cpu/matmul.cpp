@@ -471,9 +471,18 @@ void matmul_batch(std::span<const matmul_job> jobs, thread_pool& pool, isa level
     }
     if (fk.act_bytes) {
       const std::size_t stride = (offset[j + 1] - offset[j]) / static_cast<std::size_t>(jb.M);
-      for (std::int64_t m = 0; m < jb.M; ++m) fk.prepare(jb.x + m * jb.ldx, l.cols, acts + offset[j] + static_cast<std::size_t>(m) * stride);
-      a.acts = acts + offset[j];
-      a.act_stride = stride;
+      // Jobs over the same rows (a decode token's selected experts share its x) share one preparation.
+      std::size_t same = j;
+      for (std::size_t i = 0; i < j && same == j; ++i)
+        if (jobs[i].x == jb.x && jobs[i].M == jb.M && jobs[i].ldx == jb.ldx && jobs[i].w->data().cols == l.cols && args[i].acts) same = i;
+      if (same != j) {
+        a.acts = args[same].acts;
+        a.act_stride = args[same].act_stride;
+      } else {
+        for (std::int64_t m = 0; m < jb.M; ++m) fk.prepare(jb.x + m * jb.ldx, l.cols, acts + offset[j] + static_cast<std::size_t>(m) * stride);
+        a.acts = acts + offset[j];
+        a.act_stride = stride;
+      }
     } else {
       a.acts = reinterpret_cast<const std::byte*>(jb.x);
       a.act_stride = static_cast<std::size_t>(jb.ldx) * sizeof(float);

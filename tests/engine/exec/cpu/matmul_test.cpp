@@ -316,10 +316,18 @@ TEST(matmul, a_batch_equals_its_products_one_by_one) {
           matmul(pms[e], xs[e].data(), k, rows[e], want[e].data(), n, pool, level);
         }
         for (int e = 0; e < 5; ++e) jobs.push_back({&pms[e], xs[e].data(), k, rows[e], ys[e].data(), n});
+        // Two more over job 3's rows (the sharing of one preparation), with other matrices.
+        std::vector<float> extra_y(2 * static_cast<std::size_t>(rows[3] * n)), extra_want(extra_y.size());
+        for (int e = 0; e < 2; ++e) {
+          matmul(pms[e], xs[3].data(), k, rows[3], extra_want.data() + e * rows[3] * n, n, pool, level);
+          jobs.push_back({&pms[e], xs[3].data(), k, rows[3], extra_y.data() + e * rows[3] * n, n});
+        }
         matmul_batch(jobs, pool, level);
         for (int e = 0; e < 5; ++e)
           ASSERT_EQ(std::memcmp(ys[e].data(), want[e].data(), ys[e].size() * sizeof(float)), 0)
               << name(t) << " " << isa_name(level) << " threads=" << threads << ": job " << e << " differs";
+        ASSERT_EQ(std::memcmp(extra_y.data(), extra_want.data(), extra_y.size() * sizeof(float)), 0)
+            << name(t) << " " << isa_name(level) << ": a job sharing another's rows differs";
       }
     }
   }

@@ -204,6 +204,26 @@ void dequantize_mxfp4(const std::byte* src, float* y) {
   }
 }
 
+}  // namespace
+
+bool mxfp4_as_q8_0(const std::byte* src, std::byte* dst, std::int64_t blocks) {
+  for (std::int64_t b = 0; b < blocks; ++b, src += 17, dst += 34) {
+    const int p = static_cast<int>(static_cast<std::uint8_t>(src[0])) - 128;  // d = 2^p
+    if (p < -24 || p > 15) return false;
+    const std::uint16_t h = p >= -14 ? static_cast<std::uint16_t>((p + 15) << 10) : static_cast<std::uint16_t>(1u << (p + 24));
+    dst[0] = static_cast<std::byte>(h & 0xff);
+    dst[1] = static_cast<std::byte>(h >> 8);
+    for (int j = 0; j < qk / 2; ++j) {
+      const auto c = static_cast<std::uint8_t>(src[1 + j]);
+      dst[2 + j] = static_cast<std::byte>(static_cast<std::uint8_t>(e2m1_doubled[c & 0x0f]));
+      dst[2 + j + qk / 2] = static_cast<std::byte>(static_cast<std::uint8_t>(e2m1_doubled[c >> 4]));
+    }
+  }
+  return true;
+}
+
+namespace {
+
 // The shared exponent puts the block's largest magnitude in E2M1's top binade (as ggml's reference
 // quantizer: floor(log2(amax)) - 2 + 127); each value takes the nearest code (the lower on a tie).
 void quantize_mxfp4(const float* x, std::byte* dst) {

@@ -30,6 +30,11 @@ bool supports_dequantize(dtype t);
 bool supports_quantize(dtype t);
 
 // Decodes `n` elements of type `t` at `src` (storage_bytes(t, n) bytes, any alignment) into `dst`.
+// MXFP4 blocks rewritten as q8_0 blocks with the same values, exactly: each E2M1 code (doubled, an
+// integer in [-12, 12]) as an int8 and the E8M0 scale (halved) as q8_0's f16 d. False, with dst
+// unspecified, when a block's scale is outside f16's range (below 2^-24 or above 2^15).
+[[nodiscard]] bool mxfp4_as_q8_0(const std::byte* src, std::byte* dst, std::int64_t blocks);
+
 [[nodiscard]] result<void, quant_error> dequantize_row(dtype t, const std::byte* src, float* dst,
                                                        std::int64_t n);
 

@@ -333,6 +333,41 @@ TEST(matmul, a_batch_equals_its_products_one_by_one) {
   }
 }
 
+// MXFP4 runs as the q8_0 kernel over an exact rewrite of its blocks: the rewrite decodes to the same
+// values, the packed product equals q8_0's over those blocks bit for bit, and the packed bytes are
+// q8_0's (2x the stored MXFP4); a scale f16 cannot hold falls back to an f32 decode, still exact.
+TEST(matmul, mxfp4_runs_as_an_exact_q8_0_rewrite) {
+  std::mt19937 rng(5);
+  constexpr std::int64_t n = 40, k = 256;
+  const weights w = make_weights(dtype::mxfp4, n, k, rng);
+  std::vector<std::byte> q8(static_cast<std::size_t>(n * k / 32 * 34));
+  ASSERT_TRUE(mxfp4_as_q8_0(w.stored.data(), q8.data(), n * k / 32));
+  std::vector<float> a(static_cast<std::size_t>(n * k)), b(a.size());
+  ASSERT_TRUE(dequantize_row(dtype::mxfp4, w.stored.data(), a.data(), n * k).has_value());
+  ASSERT_TRUE(dequantize_row(dtype::q8_0, q8.data(), b.data(), n * k).has_value());
+  EXPECT_EQ(a, b);
+  auto pm = packed_matrix::pack(w.view());
+  auto pq = packed_matrix::pack(tensor_view(dtype::q8_0, shape{n, k}, q8.data()));
+  ASSERT_TRUE(pm && pq);
+  EXPECT_EQ(pm->type(), dtype::q8_0);
+  EXPECT_EQ(pm->bytes(), pq->bytes());
+  for (const isa level : all_levels) {
+    if (!usable(level)) continue;
+    const std::vector<float> x = make_activations(3, k, k, rng);
+    std::vector<float> y1(static_cast<std::size_t>(3 * n)), y2(y1.size());
+    matmul(*pm, x.data(), k, 3, y1.data(), n, shared_pool(), level);
+    matmul(*pq, x.data(), k, 3, y2.data(), n, shared_pool(), level);
+    EXPECT_EQ(y1, y2) << isa_name(level);
+  }
+  // A block scaled 2^72: outside f16, so the rewrite refuses and the weight runs decoded to f32.
+  std::vector<std::byte> big(w.stored.begin(), w.stored.end());
+  big[0] = std::byte{200};
+  EXPECT_FALSE(mxfp4_as_q8_0(big.data(), q8.data(), n * k / 32));
+  auto pf = packed_matrix::pack(tensor_view(dtype::mxfp4, shape{n, k}, big.data()));
+  ASSERT_TRUE(pf);
+  EXPECT_EQ(pf->type(), dtype::f32);
+}
+
 TEST(matmul, zero_k_gives_zeros) {
   std::mt19937 rng(1);
   const weights w = make_weights(dtype::f32, 5, 0, rng);

@@ -17,7 +17,8 @@ namespace {
 constexpr const char* hf_summary_keys[] = {
     "model_type", "architectures", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "rope_theta", "rms_norm_eps",
-    "tie_word_embeddings", "torch_dtype"};
+    "tie_word_embeddings", "torch_dtype", "num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
+    "moe_intermediate_size", "n_shared_experts", "q_lora_rank", "kv_lora_rank"};
 
 std::string gguf_value_str(const load::gguf_value& v) {
   if (const auto* s = v.get_if<std::string>()) return s->size() > 80 ? s->substr(0, 77) + "..." : *s;
@@ -68,6 +69,17 @@ int run_inspect(const inspect_options& opt) {
     }
   }
   out["config"] = config;
+  // What the model holds and what one token's decode reads of it (a routed model: its selected experts).
+  if (auto h = families::model_handle::load(opt.model, families::registry::builtin())) {
+    const auto& c = (*h)->model().config();
+    const auto fp = families::footprint((*h)->model());
+    out["parameters"] = fp.params;
+    out["active_parameters"] = fp.active_params;
+    if (c.experts > 0) {
+      out["experts"] = c.experts;
+      out["experts_per_token"] = c.experts_per_token;
+    }
+  }
   std::map<std::string, std::size_t> by_type;
   nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
   for (const auto& n : store->names()) {
@@ -90,6 +102,12 @@ int run_inspect(const inspect_options& opt) {
     return 0;
   }
   if (out.contains("family")) std::printf("family:  %s\n", out["family"].get<std::string>().c_str());
+  if (out.contains("parameters"))
+    std::printf("params:  %.1fM, %.1fM read per decoded token%s\n", out["parameters"].get<double>() / 1e6,
+                out["active_parameters"].get<double>() / 1e6,
+                out.contains("experts") ? (" (" + std::to_string(out["experts_per_token"].get<std::int64_t>()) + " of " +
+                                           std::to_string(out["experts"].get<std::int64_t>()) + " experts)").c_str()
+                                        : "");
   std::printf("path:    %s\nformat:  %s\ntensors: %zu (%.2f MiB)\n", opt.model.c_str(), out["format"].get<std::string>().c_str(),
               store->size(), static_cast<double>(store->total_bytes()) / (1 << 20));
   std::printf("dtypes: ");

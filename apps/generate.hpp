@@ -34,6 +34,7 @@ struct fixture_options {
   std::vector<std::int64_t> dims;  // vocab, hidden, ffn, layers, heads, kv_heads, head_dim (any prefix)
   std::string type = "f32";        // how matrices are stored
   bool tied = false;
+  bool legacy_gguf = false;
   std::vector<std::int64_t> experts;  // routed families: experts, experts per token, expert width, shared width (any prefix)
 };
 int run_fixture(const fixture_options& opt);

@@ -66,6 +66,10 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
       layer("ffn_gate_exps", "blk.{L}.ffn_gate_exps.weight", presence::optional);
       layer("ffn_up_exps", "blk.{L}.ffn_up_exps.weight", presence::optional);
       layer("ffn_down_exps", "blk.{L}.ffn_down_exps.weight", presence::optional);
+      // Older GGUF files (Mixtral before llama.cpp merged the experts) keep one tensor per expert.
+      for (const char* r : {"ffn_gate", "ffn_up", "ffn_down"})
+        t.push_back({std::string(r) + "_exps", true, "blk.{L}." + std::string(r) + ".{E}.weight", presence::optional, "", stored_as::as_is,
+                     o.experts});
       if (o.shared_experts) layer("exp_probs_b", "blk.{L}.exp_probs_b.bias", presence::optional);
       if (o.gpt_oss)
         for (const char* r : {"ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"})

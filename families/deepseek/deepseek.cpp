@@ -26,10 +26,13 @@ result<std::unique_ptr<model>, model_error> build_as(const load::raw_config& cfg
   if (auto e = first_error(q_lora, kv_lora, rope)) return fail(*e);
   std::int64_t nope = 0, v = 0;
   if (r.gguf()) {
-    auto k_mla = r.positive("", "attention.key_length_mla");
-    auto v_mla = r.positive("", "attention.value_length_mla");
+    // Files converted for MLA (llama.cpp since mid-2025) keep the per-head sizes under *_mla and split
+    // kv_b into attn_k_b / attn_v_b; older ones have them as key_length / value_length and one attn_kv_b.
+    const bool mla_keys = r.raw().has(r.key("", "attention.key_length_mla"));
+    auto k_mla = r.positive("", mla_keys ? "attention.key_length_mla" : "attention.key_length");
+    auto v_mla = r.positive("", mla_keys ? "attention.value_length_mla" : "attention.value_length");
     if (auto e = first_error(k_mla, v_mla)) return fail(*e);
-    if (*k_mla <= *rope) return fail(r.error(r.key("", "attention.key_length_mla"), "must exceed the rotary width"));
+    if (*k_mla <= *rope) return fail(r.error(r.key("", mla_keys ? "attention.key_length_mla" : "attention.key_length"), "must exceed the rotary width"));
     nope = *k_mla - *rope;
     v = *v_mla;
   } else {

@@ -83,6 +83,26 @@ TEST_P(family_test, hf_and_gguf_forms_give_the_same_logits) {
   }
 }
 
+// Routed families' GGUF as older converters wrote it (one tensor per expert; DeepSeek's one attn_kv_b
+// and its per-head sizes as key_length / value_length) gives the current layout's logits.
+TEST_P(family_test, a_legacy_gguf_layout_gives_the_same_logits) {
+  const std::string family(GetParam());
+  if (!(family == "mixtral" || family.starts_with("deepseek")))
+    GTEST_SKIP() << "no legacy layout for " << family;
+  auto d = small_dims(GetParam());
+  auto now = load_fixture(GetParam(), true, d);
+  d.legacy_gguf = true;
+  const auto path = scratch(family + "-legacy.gguf");
+  ASSERT_TRUE(write_fixture(GetParam(), d, path, true));
+  auto old = model_handle::load(path, registry::builtin());
+  ASSERT_TRUE(now && old) << (old ? "" : message(old.error()));
+  app::oracle_runner a(now, 32), b(*old, 32);
+  const auto ids = prompt(20, d.vocab);
+  auto la = a.feed(ids, true), lb = b.feed(ids, true);
+  ASSERT_TRUE(la && lb) << (la ? "" : la.error()) << (lb ? "" : lb.error());
+  EXPECT_LT(max_rel_diff(*la, *lb), 1e-5);
+}
+
 TEST_P(family_test, chunked_prefill_equals_token_by_token_decode) {
   const auto d = small_dims(GetParam());
   auto h = load_fixture(GetParam(), false, d);

@@ -32,9 +32,12 @@ namespace fs = std::filesystem;
 struct parity_case {
   std::string_view family;
   std::int64_t head_dim;
+  bool legacy = false;  // the GGUF layout of older converters (DeepSeek: attn_kv_b, llama.cpp's non-MLA path)
 };
 
-std::string case_name(const parity_case& c) { return std::string(c.family) + "_hd" + std::to_string(c.head_dim); }
+std::string case_name(const parity_case& c) {
+  return std::string(c.family) + "_hd" + std::to_string(c.head_dim) + (c.legacy ? "_legacy" : "");
+}
 void PrintTo(const parity_case& c, std::ostream* os) { *os << case_name(c); }
 
 fixture_dims dims_for(const parity_case& c) {
@@ -52,7 +55,8 @@ fixture_dims dims_for(const parity_case& c) {
     d.expert_ffn = 256;
     d.shared_ffn = 384;
   }
-  if (c.family == "olmoe") d.kv_heads = d.heads;  // llama.cpp's olmoe norms k over the whole hidden width
+  if (c.family == "olmoe") d.kv_heads = d.heads;
+  d.legacy_gguf = c.legacy;  // llama.cpp's olmoe norms k over the whole hidden width
   return d;
 }
 
@@ -146,7 +150,7 @@ INSTANTIATE_TEST_SUITE_P(families, llama_cpp_parity,
                                            parity_case{"qwen3_moe", 64}, parity_case{"qwen3_moe", 128}, parity_case{"mixtral", 64},
                                            parity_case{"qwen2_moe", 64}, parity_case{"deepseek_v2", 64},
                                            parity_case{"deepseek_v2", 128}, parity_case{"deepseek_v3", 64}, parity_case{"olmoe", 64},
-                                           parity_case{"gpt_oss", 64}),
+                                           parity_case{"gpt_oss", 64}, parity_case{"deepseek_v2", 64, true}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The CPU executor against llama.cpp on files with f16 and block-quantized matrices. Both quantize

@@ -336,13 +336,7 @@ class interpreter {
         std::vector<std::int64_t> order(static_cast<std::size_t>(E));
         for (std::int64_t r = 0; r < rows; ++r) {
           for (std::int64_t j = 0; j < E; ++j) order[j] = j;
-          // Larger first, NaN last, equal values by the lower index.
-          auto before = [&](std::int64_t i, std::int64_t j) {
-            const double u = x[r * E + i], v = x[r * E + j];
-            const bool nu = std::isnan(u), nv = std::isnan(v);
-            if (nu != nv) return nv;
-            return nu ? i < j : u > v || (u == v && i < j);
-          };
+          auto before = [&](std::int64_t i, std::int64_t j) { return graph::top_k_before(x[r * E + i], i, x[r * E + j], j); };
           std::stable_sort(order.begin(), order.end(), before);
           for (std::int64_t j = 0; j < k; ++j) out[r * k + j] = static_cast<double>(order[j]);
         }

@@ -130,8 +130,8 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
     k = b.rms_norm(k, ctx_.vector_f32("attn_k_norm", layer), p.norm_eps);
   }
   if (p.rope.dims > 0) {
-    const auto inv = rope_freqs(p.rope);
-    const double scale = ropes_[{p.rope.theta, p.rope.dims}].second;
+    double scale = 1.0;
+    const auto inv = rope_table(p.rope, scale);
     const bool interleaved = ctx_.stored(ctx_.has("attn_q", layer) ? "attn_q" : "attn_qkv", layer) == stored_as::rope_interleaved;
     q = b.rope(q, ctx_.positions(), inv, !interleaved, scale);
     k = b.rope(k, ctx_.positions(), inv, !interleaved, scale);

@@ -77,10 +77,10 @@ class decoder_trace {
   // the layer's KV states (kv.k.L, kv.v.L) and read through the KV map; in encode, over the row itself.
   graph::value_id attend(graph::value_id q, graph::value_id k, graph::value_id v, std::int32_t layer, std::int64_t window,
                          double scale, double softcap = 0.0, graph::value_id sinks = {});
-  // x W^T (+ bias), the partial sums all-reduced first when `reduce` (tensor-parallel shards).
-  graph::value_id project(graph::value_id x, const std::string& role, std::int32_t layer, bool reduce = false) {
-    return projection(x, role, layer, reduce);
-  }
+  // x W^T (+ bias). With `reduce`, the product is a tensor-parallel partial sum: it is all-reduced over
+  // the group before the bias, which every rank holds whole, is added once.
+  graph::value_id projection(graph::value_id x, const std::string& role, std::int32_t layer, bool reduce = false);
+  // The rotary inverse frequencies for `r` (declared once per step) and, in `scale`, its cos/sin scale.
   graph::value_id rope_table(const rope_config& r, double& scale);
   graph::value_id feed_forward(graph::value_id x, std::int32_t layer, const ffn_params& p);
 
@@ -92,9 +92,6 @@ class decoder_trace {
   void standard_stack(const stack_params& p, const block_fn& mixer, const block_fn& ffn);
 
  private:
-  // x W^T (+ bias). With `reduce`, the product is a tensor-parallel partial sum: it is all-reduced over
-  // the group before the bias, which every rank holds whole, is added once.
-  graph::value_id projection(graph::value_id x, const std::string& role, std::int32_t layer, bool reduce = false);
   graph::value_id allow_mask(std::int64_t window);
   graph::value_id rope_freqs(const rope_config& r);
   graph::value_id read_index();

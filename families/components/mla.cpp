@@ -14,15 +14,15 @@ value_id mla_attention(decoder_trace& d, value_id x, std::int32_t layer, const a
   const std::int64_t N = b.type_of(x).dims[0], H = p.heads, L = p.mla.kv_lora_rank, nope = p.mla.nope, R = p.head_dim,
                      V = p.mla.v_dim;
   value_id q = ctx.has("attn_q_a", layer)
-                   ? d.project(b.rms_norm(d.project(x, "attn_q_a", layer), ctx.vector_f32("attn_q_a_norm", layer), p.norm_eps),
+                   ? d.projection(b.rms_norm(d.projection(x, "attn_q_a", layer), ctx.vector_f32("attn_q_a_norm", layer), p.norm_eps),
                                "attn_q_b", layer)
-                   : d.project(x, "attn_q", layer);
+                   : d.projection(x, "attn_q", layer);
   q = b.reshape(q, {N, H, nope + R});
   double rscale = 1.0;
   const auto inv = d.rope_table(p.rope, rscale);
   // DeepSeek rotates adjacent pairs of the rotary part (llama.cpp's NORM rope; HF's permute + rotate_half).
   const auto q_pe = b.rope(b.slice(q, 2, nope, nope + R), ctx.positions(), inv, false, rscale);
-  const auto kv = d.project(x, "attn_kv_a_mqa", layer);
+  const auto kv = d.projection(x, "attn_kv_a_mqa", layer);
   const auto c = b.reshape(b.rms_norm(b.slice(kv, 1, 0, L), ctx.vector_f32("attn_kv_a_norm", layer), p.norm_eps), {N, 1, L});
   const auto k_pe = b.rope(b.reshape(b.slice(kv, 1, L, L + R), {N, 1, R}), ctx.positions(), inv, false, rscale);
 
@@ -37,7 +37,7 @@ value_id mla_attention(decoder_trace& d, value_id x, std::int32_t layer, const a
   b.label(K, "k");
   const auto att = d.attend(Q, K, c, layer, p.sliding_window, p.scale, p.softcap);  // [N, H, L]
   const auto o = b.linear_id(att, ctx.weight("attn_v_b", layer), per_head);         // [N, H, V]
-  const auto out = d.project(b.reshape(o, {N, H * V}), "attn_output", layer, p.reduce_output);
+  const auto out = d.projection(b.reshape(o, {N, H * V}), "attn_output", layer, p.reduce_output);
   b.label(out, "attn_out");
   return out;
 }

@@ -87,6 +87,12 @@ value_id limit_to_groups(graph::builder& b, value_id select, std::int64_t N, std
 
 }  // namespace
 
+std::int64_t routed_experts(const std::vector<moe_params>& layers) {
+  std::int64_t e = 0;
+  for (const auto& m : layers) e = std::max(e, m.experts);
+  return e;
+}
+
 value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, const moe_params& p) {
   auto& ctx = d.ctx();
   auto& b = ctx.b;
@@ -114,20 +120,24 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
   // An expert-parallel shard computes the picks of its own experts; the others' rows are zero here and
   // come from their ranks through the all_reduce.
   auto mine = ids;
+  value_id here;  // which picks are this rank's (expert parallel only)
   if (p.local_experts > 0 && p.local_experts < E) {
     const auto lo = b.scalar(static_cast<double>(p.expert_offset), dtype::i32);
     const auto hi = b.scalar(static_cast<double>(p.expert_offset + p.local_experts), dtype::i32);
-    const auto here = b.binary(op::minimum, b.binary(op::less_equal, lo, ids), b.binary(op::less, ids, hi));
+    here = b.binary(op::minimum, b.binary(op::less_equal, lo, ids), b.binary(op::less, ids, hi));
     mine = b.where(here, b.sub(ids, lo), b.scalar(-1, dtype::i32));
   }
   // Each pick's row of an expert bias table [E, C] as [N, k, C] (zeros for another rank's expert).
+  value_id gather_ids, keep;  // the bias rows' ids (others' picks read row 0) and the mask that zeros them
   auto expert_bias = [&](value_id prod, const char* role) {
     if (!ctx.has(role, layer)) return prod;
     const auto table = ctx.vector_f32(role, layer);
-    if (mine == ids) return b.add(prod, b.gather_rows(table, ids));
-    const auto here = b.binary(op::less_equal, b.scalar(0, dtype::i32), mine);
-    const auto rows = b.gather_rows(table, b.where(here, mine, b.scalar(0, dtype::i32)));
-    return b.add(prod, b.mul(rows, b.reshape(b.cast(here, dtype::f32), {N, k, 1})));
+    if (!here.valid()) return b.add(prod, b.gather_rows(table, ids));
+    if (!keep.valid()) {
+      gather_ids = b.where(here, mine, b.scalar(0, dtype::i32));
+      keep = b.reshape(b.cast(here, dtype::f32), {N, k, 1});
+    }
+    return b.add(prod, b.mul(b.gather_rows(table, gather_ids), keep));
   };
   // The selected experts only: [N, k, F] then [N, k, H], weighted and summed over the k picks.
   const auto up = expert_bias(b.linear_id(x, ctx.weight("ffn_up_exps", layer), mine), "ffn_up_exps_bias");

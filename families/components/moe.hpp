@@ -63,6 +63,10 @@ struct moe_keys {
 result<std::vector<moe_params>, config_error> read_moe(const config_reader& r, const moe_keys& keys, std::int64_t layers,
                                                        std::int64_t dense_ffn);
 
+// The experts of a model's routed layers (the most of any layer; 0: none is routed): what its name
+// table stacks HF's per-expert tensors over.
+std::int64_t routed_experts(const std::vector<moe_params>& layers);
+
 // The routed feed-forward of one layer over x [N, H].
 graph::value_id moe_feed_forward(decoder_trace& d, graph::value_id x, std::int32_t layer, const moe_params& p);
 

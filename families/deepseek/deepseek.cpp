@@ -141,7 +141,7 @@ result<std::unique_ptr<model>, model_error> build_as(const load::raw_config& cfg
   name_table_options names;
   names.gguf = r.gguf();
   names.mla = true;
-  for (const auto& m : spec.moe) names.experts = std::max(names.experts, m.experts);
+  names.experts = routed_experts(spec.moe);
   names.shared_experts = true;
   const auto table = decoder_name_table(names);
   return make_dense_decoder(std::move(spec), store, table);

@@ -72,7 +72,7 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
   if (!basics) return unexpected(model_error{basics.error()});
   moe_keys keys;
   keys.experts_hf = "num_local_experts";
-  keys.width_hf = r.gguf() ? "intermediate_size" : "";  // GGUF: expert_feed_forward_length; HF: intermediate_size
+  keys.width_hf = "intermediate_size";  // the experts' width (GGUF: expert_feed_forward_length)
   keys.norm_hf = "";
   keys.norm_default = false;
   auto moe = read_moe(r, keys, basics->layers, basics->ffn);
@@ -103,7 +103,7 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
   name_table_options names;
   names.gguf = r.gguf();
   names.gpt_oss = true;
-  names.experts = spec.moe.front().experts;
+  names.experts = routed_experts(spec.moe);
   const auto table = decoder_name_table(names);
   return make_dense_decoder(std::move(spec), store, table, r.gguf() ? weight_rewrite{} : weight_rewrite{split_experts});
 }

@@ -27,7 +27,7 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
   name_table_options names;
   names.gguf = r.gguf();
   names.qk_norm = true;
-  names.experts = spec.moe.front().experts;
+  names.experts = routed_experts(spec.moe);
   const auto table = decoder_name_table(names);
   return make_dense_decoder(std::move(spec), store, table);
 }

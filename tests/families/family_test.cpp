@@ -135,7 +135,7 @@ TEST_P(family_test, missing_weight_is_named_before_any_trace) {
   // Rewrite the checkpoint without layer 1's down projection (a routed family: its expert 1's).
   const std::string family(GetParam());
   const bool routed = family.ends_with("moe") || family == "mixtral" || family.starts_with("deepseek");
-  if (family == "gpt_oss") GTEST_SKIP() << "gpt-oss's HF experts are one fused tensor per layer; its missing-weight case is the next test's";
+  if (family == "gpt_oss") GTEST_SKIP() << "gpt-oss's HF experts are one fused tensor per layer, not one per expert";
   const std::string gone = !routed              ? "model.layers.1.mlp.down_proj.weight"
                            : family == "mixtral" ? "model.layers.1.block_sparse_moe.experts.1.w2.weight"
                                                  : "model.layers.1.mlp.experts.1.down_proj.weight";

@@ -566,13 +566,8 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
         for (std::int64_t r = 0; r < rows; ++r) {
           const float* xr = x + r * E;
           for (std::int64_t j = 0; j < E; ++j) order[j] = static_cast<std::int32_t>(j);
-          // Larger first, NaN last, equal values by the lower index (the oracle's order).
-          std::partial_sort(order.begin(), order.begin() + k, order.end(), [xr](std::int32_t i, std::int32_t j) {
-            const float u = xr[i], v = xr[j];
-            const bool nu = std::isnan(u), nv = std::isnan(v);
-            if (nu != nv) return nv;
-            return nu ? i < j : u > v || (u == v && i < j);
-          });
+          std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                            [xr](std::int32_t i, std::int32_t j) { return graph::top_k_before(xr[i], i, xr[j], j); });
           std::copy_n(order.begin(), k, y + r * k);
         }
         return std::nullopt;
@@ -633,7 +628,7 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
       // Picks grouped by expert: each selected expert runs one product over all its tokens, so a
       // prefill reads each expert's weights once and a decode reads only the selected experts'.
       std::vector<std::int32_t> chosen(static_cast<std::size_t>(Tn * k));
-      std::vector<std::int64_t> start(static_cast<std::size_t>(E + 1)), order(static_cast<std::size_t>(Tn * k));
+      std::vector<std::int64_t> start(static_cast<std::size_t>(E + 1)), fill(static_cast<std::size_t>(E)), order(static_cast<std::size_t>(Tn * k));
       std::vector<float> xs, ys;
       std::vector<matmul_job> jobs;
       return [=]() mutable -> std::optional<exec_error> {
@@ -650,7 +645,7 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
           ++start[chosen[p] + 1];
         }
         for (std::int64_t x2 = 0; x2 < E; ++x2) start[x2 + 1] += start[x2];
-        std::vector<std::int64_t> fill(start.begin(), start.end() - 1);
+        std::copy(start.begin(), start.end() - 1, fill.begin());
         for (std::int64_t p = 0; p < Tn * k; ++p)
           if (chosen[p] >= 0) order[fill[chosen[p]]++] = p;
         // One product per selected expert, all in one dispatch. A lone pick (decode) reads its row in

@@ -799,6 +799,9 @@ result<std::unique_ptr<gateway>, std::string> gateway::start(serving_backend& cl
   auto* st = s.get();
   serve_routes(s->server, st, options, std::max(4, options.http_threads));
   serve_routes(s->lane, st, options, 4);
+  // One request per lane connection: a kept-alive probe connection would hold one of the lane's four
+  // threads until httplib's keep-alive timeout, and four of them would starve every other monitor.
+  s->lane.set_keep_alive_max_count(1);
   const int main_port = s->server.bind_to_any_port("127.0.0.1");
   const int lane_port = s->lane.bind_to_any_port("127.0.0.1");
   if (main_port < 0 || lane_port < 0) return unexpected(std::string("cannot bind the gateway's loopback servers"));

@@ -38,10 +38,27 @@ struct http_front::impl {
   http_front_counters counters;
   std::map<std::string, int> open_of;
 
+  // An open connection as the acceptor sees it. One that has not yet sent a whole request head
+  // (a slow or silent client) may be closed to make room for a newer connection when its address or
+  // the front is at its cap: a slowloris then only ever evicts itself, and a client that sends its
+  // request at once (a monitor's /health) is served. Fields under `m`.
+  struct slot {
+    int fd = -1;
+    std::string peer;
+    clock_type::time_point since;  // accepted
+    bool forwarded = false;        // a whole request went on to httplib: never evicted
+    bool evicted = false;          // closed by the acceptor; its count already released
+  };
+  std::map<std::uint64_t, std::shared_ptr<slot>> slots;  // by accept order
+  std::uint64_t next_slot = 0;
+
   void accept_loop();
+  // Under `m`: closes the oldest connection (of `peer` when given) still waiting for its first
+  // request head; false when there is none.
+  bool evict_locked(const std::string* peer);
   // `probes_only`: a connection past its address's cap, which may only ask /health, /ready or /metrics
   // (its head within a second), so a monitor behind the same address as a flood is still answered.
-  void serve(int fd, std::string peer, bool probes_only);
+  void serve(int fd, std::shared_ptr<slot> me, bool probes_only);
 };
 
 namespace {
@@ -130,7 +147,22 @@ head_check check_head(const std::string& head, const http_limits& lim) {
 
 }  // namespace
 
-void http_front::impl::serve(int fd, std::string peer, bool probes_only) {
+bool http_front::impl::evict_locked(const std::string* peer) {
+  for (auto& [id, sl] : slots) {
+    if (sl->forwarded || sl->evicted || (peer && sl->peer != *peer)) continue;
+    sl->evicted = true;
+    --counters.open;
+    if (--open_of[sl->peer] == 0) open_of.erase(sl->peer);
+    ++counters.evicted;
+    // The serving thread wakes (its poll sees the hang-up), closes and leaves the counts alone.
+    ::shutdown(sl->fd, SHUT_RDWR);
+    return true;
+  }
+  return false;
+}
+
+void http_front::impl::serve(int fd, std::shared_ptr<slot> me, bool probes_only) {
+  const std::string& peer = me->peer;
   http_limits lim = limits;
   if (probes_only) lim.head_deadline = std::min(lim.head_deadline, std::chrono::milliseconds(1000));
   int inner = -1;
@@ -202,6 +234,14 @@ void http_front::impl::serve(int fd, std::string peer, bool probes_only) {
           refuse(503, "too many connections from this address", &http_front_counters::refused_connections);
           finished = true;
           break;
+        }
+        {
+          std::lock_guard lock(m);
+          if (me->evicted) {
+            finished = true;
+            break;
+          }
+          me->forwarded = true;
         }
         if (inner < 0) {
           const bool probe = probe_path;
@@ -283,7 +323,8 @@ void http_front::impl::serve(int fd, std::string peer, bool probes_only) {
     // A client gone while its request runs: close httplib's side too, so the stream is cancelled.
     if (client_closed && ph == phase::head && in.empty() && to_inner.empty()) break;
   }
-  ::close(fd);
+  // The client's socket is closed by the caller once the slot is gone from `slots` (the acceptor may
+  // shut a listed slot's socket down; it must never reach a number the kernel has handed out again).
   if (inner >= 0) ::close(inner);
 }
 
@@ -301,7 +342,10 @@ void http_front::impl::accept_loop() {
     const std::string peer = transport::peer_address(fd);
     std::unique_lock lock(m);
     ++counters.accepted;
-    // Past its address's cap a connection may still ask a probe (a bounded few per address).
+    // At a cap, a connection still waiting for its first request head makes room (its address's
+    // first); past its address's cap a connection may still ask a probe (a bounded few per address).
+    if (open_of[peer] >= limits.max_connections_per_client) evict_locked(&peer);
+    if (counters.open >= limits.max_connections) evict_locked(nullptr);
     const bool probes_only = open_of[peer] >= limits.max_connections_per_client;
     if (counters.open >= limits.max_connections || open_of[peer] >= limits.max_connections_per_client + 16) {
       ++counters.refused_connections;
@@ -314,12 +358,19 @@ void http_front::impl::accept_loop() {
     ++counters.open;
     ++open_of[peer];
     ++threads;
+    auto me = std::make_shared<slot>(slot{fd, peer, clock_type::now()});
+    const auto id = next_slot++;
+    slots.emplace(id, me);
     lock.unlock();
-    std::thread([this, fd, peer, probes_only] {
-      serve(fd, peer, probes_only);
+    std::thread([this, fd, me, id, probes_only] {
+      serve(fd, me, probes_only);
       std::lock_guard lock(m);
-      --counters.open;
-      if (--open_of[peer] == 0) open_of.erase(peer);
+      slots.erase(id);
+      ::close(fd);
+      if (!me->evicted) {
+        --counters.open;
+        if (--open_of[me->peer] == 0) open_of.erase(me->peer);
+      }
       --threads;
       cv.notify_all();
     }).detach();

@@ -32,7 +32,8 @@ struct http_limits {
 
 struct http_front_counters {
   std::uint64_t accepted = 0, refused_connections = 0, too_many_headers = 0, head_too_large = 0, timed_out = 0, body_too_large = 0,
-                chunked = 0, forwarded = 0, lane = 0;
+                chunked = 0, forwarded = 0, lane = 0,
+                evicted = 0;  // closed before their first request head to make room for a newer connection
   std::int64_t open = 0;
 };
 

@@ -261,21 +261,39 @@ def nested_bodies():
     return "8 x 4 MiB: " + ", ".join(sorted(set(res)))
 
 
+def completion():
+    b = json.dumps({"model": "troupe-kjv", "prompt": "In the beginning", "max_tokens": 4}).encode()
+    t0 = time.time()
+    status = request(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: "
+                     + str(len(b)).encode() + b"\r\n\r\n" + b)
+    return time.time() - t0, status
+
+
 def slowloris():
+    # 130 connections kept open (one closed by the gateway is opened again), each sending a byte a
+    # second of a request head that never ends; a completion is asked in the middle.
     stop = time.time() + seconds
     socks = [socket.create_connection(("127.0.0.1", gport)) for _ in range(130)]
-    closed = 0
-    while time.time() < stop and socks:
-        for s in list(socks):
+    closed, opened, done = 0, 130, None
+    while time.time() < stop:
+        for i, s in enumerate(socks):
             try:
                 s.send(b"X")
             except OSError:
-                socks.remove(s)
+                s.close()
                 closed += 1
+                try:
+                    socks[i] = socket.create_connection(("127.0.0.1", gport), timeout=2)
+                    opened += 1
+                except OSError:
+                    pass
+        if done is None and time.time() > stop - seconds / 2:
+            done = completion()
         time.sleep(1)
     for s in socks:
         s.close()
-    return f"130 connections, a byte a second: {closed} closed by the gateway"
+    lat, status = done or (0.0, "not asked")
+    return f"130 held open, a byte a second ({opened} opened, {closed} closed by the gateway); a completion meanwhile: {status} in {lat:.2f} s"
 
 
 def ranged():

@@ -9,15 +9,18 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
@@ -319,6 +322,12 @@ bool is_loopback(const std::string& host) {
 }
 
 // ---- the front --------------------------------------------------------------------------------------------
+//
+// One event loop takes every connection until it is authenticated: accepts, the silent set (nothing
+// received yet), TLS handshakes as non-blocking state machines, deadlines, evictions and backoff. Only an
+// authenticated link (or, on a plain loopback front, a connection that has spoken) gets a thread of its
+// own, which pumps it to CAF. So an unauthenticated peer costs a descriptor and, once it speaks, one
+// SSL object; neither a thread nor anything CAF holds.
 
 struct link_front::impl {
   struct shared {
@@ -328,92 +337,108 @@ struct link_front::impl {
     std::atomic<bool> stop{false};
     std::mutex m;
     std::condition_variable cv;
-    int threads = 0;  // connection threads still running
+    int threads = 0;  // link threads still running
     link_counters counters;
-    std::map<std::string, int> pending_of, links_of;
+    std::int64_t waiting = 0;        // silent and handshaking, in the event loop
+    std::int64_t plain_pending = 0;  // plain connections waiting for their first frame, in threads
+    std::map<std::string, int> links_of, plain_pending_of;
     std::map<std::string, std::deque<clock::time_point>> failures_of;
     std::map<std::string, clock::time_point> backoff_until;
     refusal_log refusals;
+
+    // A failed handshake of `peer`; enough of them within `backoff` back the address off.
+    void failed(const std::string& peer, bool loopback, bool timeout, const std::string& why) {
+      {
+        std::lock_guard lock(m);
+        ++(timeout ? counters.handshake_timeout : counters.handshake_failed);
+        if (!loopback || limits.backoff_loopback) {
+          auto& f = failures_of[peer];
+          const auto now = clock::now();
+          f.push_back(now);
+          while (!f.empty() && now - f.front() > limits.backoff) f.pop_front();
+          if (static_cast<int>(f.size()) >= limits.failures_before_backoff) {
+            backoff_until[peer] = now + limits.backoff;
+            f.clear();
+            spdlog::warn("event=link_backoff peer={} seconds={}", peer, std::chrono::duration_cast<std::chrono::seconds>(limits.backoff).count());
+          }
+          // Addresses seen once and long quiet are forgotten, so the table stays bounded.
+          if (failures_of.size() > 4096)
+            std::erase_if(failures_of, [&](const auto& kv) { return kv.second.empty() || now - kv.second.back() > limits.backoff; });
+        }
+      }
+      refusals.note(timeout ? "handshake_timeout" : "handshake_failed", peer + " (" + why + ")");
+    }
+    void publish_pending() { counters.pending = waiting + plain_pending; }
   };
   std::shared_ptr<shared> sh = std::make_shared<shared>();
   int listen_fd = -1;
   int wake[2] = {-1, -1};
   int port = 0;
-  std::thread acceptor;
+  std::thread loop;
 
-  void accept_loop();
+  void event_loop();
 };
 
 namespace {
 
-// One accepted connection, from its handshake to its close.
-void serve_connection(std::shared_ptr<link_front::impl::shared> sh, int fd, std::string peer) {
-  const auto until = clock::now() + sh->limits.handshake_deadline;
-  bool pending = true;
-  auto leave_pending = [&](bool authenticated) {
+bool loopback_address(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return (ntohl(reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr) >> 24) == 127;
+  if (a.ss_family == AF_INET6) {
+    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(a).sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+using shared_ptr_t = std::shared_ptr<link_front::impl::shared>;
+
+// An authenticated link (or a plain one that has spoken), pumped to CAF until either side closes.
+// `plain_pending`: a plain connection counted as pending until its first whole frame.
+void serve_link(shared_ptr_t sh, endpoint net, std::string peer, bool loopback, bool plain_pending, clock::time_point until) {
+  bool linked = !plain_pending;
+  auto become_link = [&] {
     std::lock_guard lock(sh->m);
-    if (!pending) return;
-    pending = false;
-    --sh->counters.pending;
-    if (--sh->pending_of[peer] == 0) sh->pending_of.erase(peer);
-    if (authenticated) {
-      ++sh->counters.authenticated;
-      ++sh->counters.links;
-      ++sh->links_of[peer];
-    }
+    if (linked) return;
+    linked = true;
+    --sh->plain_pending;
+    if (--sh->plain_pending_of[peer] == 0) sh->plain_pending_of.erase(peer);
+    ++sh->counters.authenticated;
+    ++sh->counters.links;
+    ++sh->links_of[peer];
+    sh->publish_pending();
   };
-  auto failed = [&](bool timeout, const std::string& why) {
+  auto drop_pending = [&] {
     std::lock_guard lock(sh->m);
-    ++(timeout ? sh->counters.handshake_timeout : sh->counters.handshake_failed);
-    auto& f = sh->failures_of[peer];
-    const auto now = clock::now();
-    f.push_back(now);
-    while (!f.empty() && now - f.front() > sh->limits.backoff) f.pop_front();
-    if (static_cast<int>(f.size()) >= sh->limits.failures_before_backoff) {
-      sh->backoff_until[peer] = now + sh->limits.backoff;
-      f.clear();
-      spdlog::warn("event=link_backoff peer={} seconds={}", peer, std::chrono::duration_cast<std::chrono::seconds>(sh->limits.backoff).count());
-    }
-    sh->refusals.note(timeout ? "handshake_timeout" : "handshake_failed", peer + " (" + why + ")");
+    if (linked) return false;
+    linked = true;  // no longer pending, never a link
+    --sh->plain_pending;
+    if (--sh->plain_pending_of[peer] == 0) sh->plain_pending_of.erase(peer);
+    sh->publish_pending();
+    return true;
   };
-  endpoint net{fd};
-  bool was_link = false;
-  if (sh->tls) {
-    net.ssl = SSL_new(sh->tls->ctx);
-    SSL_set_fd(net.ssl, fd);
-    const auto why = handshake(net.ssl, fd, true, until);
-    if (!why.empty()) {
-      leave_pending(false);
-      failed(why == "timeout", why);
-    } else {
-      leave_pending(true);
+  bool was_link = !plain_pending;
+  const int inner = sh->inner();
+  if (inner < 0) {
+    spdlog::error("event=link_inner_unreachable peer={}", peer);
+  } else {
+    frame_checker check(sh->limits.max_frame_bytes);
+    std::optional<clock::time_point> first_by;
+    if (plain_pending) first_by = until;
+    auto r = pump(net, inner, check, sh->stop, first_by, [&] {
+      become_link();
       was_link = true;
-      spdlog::info("event=link_authenticated peer={} subject={}", peer, subject_of(net.ssl));
+    });
+    ::close(inner);
+    if (r.why == "timeout") {
+      if (drop_pending()) sh->failed(peer, loopback, true, "no frame in time");
+    } else if (!r.why.empty()) {
+      std::lock_guard lock(sh->m);
+      ++sh->counters.frames_refused;
+      spdlog::warn("event=link_refused peer={} reason={} action=closed", peer, r.why);
     }
   }
-  if (!sh->tls || was_link) {
-    const int inner = sh->inner();
-    if (inner < 0) {
-      spdlog::error("event=link_inner_unreachable peer={}", peer);
-      leave_pending(false);
-    } else {
-      frame_checker check(sh->limits.max_frame_bytes);
-      std::optional<clock::time_point> first_by;
-      if (!sh->tls) first_by = until;
-      auto r = pump(net, inner, check, sh->stop, first_by, [&] {
-        leave_pending(true);
-        was_link = true;
-      });
-      ::close(inner);
-      if (r.why == "timeout") leave_pending(false), failed(true, "no frame in time");
-      else if (!r.why.empty()) {
-        leave_pending(false);
-        std::lock_guard lock(sh->m);
-        ++sh->counters.frames_refused;
-        spdlog::warn("event=link_refused peer={} reason={} action=closed", peer, r.why);
-      } else leave_pending(false);
-    }
-  }
+  drop_pending();
   net.close();
   std::lock_guard lock(sh->m);
   if (was_link) {
@@ -426,67 +451,269 @@ void serve_connection(std::shared_ptr<link_front::impl::shared> sh, int fd, std:
 
 }  // namespace
 
-void link_front::impl::accept_loop() {
-  while (!sh->stop) {
-    pollfd p[2] = {{listen_fd, POLLIN, 0}, {wake[0], POLLIN, 0}};
-    if (::poll(p, 2, -1) < 0) continue;
-    if (p[1].revents) return;
-    sockaddr_storage a{};
-    socklen_t len = sizeof a;
-    const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&a), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      continue;
+void link_front::impl::event_loop() {
+  struct waiting {
+    int fd = -1;
+    std::string peer;
+    bool loopback = false;
+    clock::time_point deadline;
+    SSL* ssl = nullptr;  // set once the connection has spoken (TLS)
+    short events = POLLIN;
+    bool advanced = false;  // its ClientHello was whole and answered: a round trip from done
+  };
+  // Keyed by accept order: the first entry is the oldest and has the earliest deadline.
+  std::map<std::uint64_t, waiting> silent, handshaking;
+  std::map<std::string, int> silent_of, handshaking_of;
+  std::uint64_t next_seq = 0;
+  const auto& lim = sh->limits;
+
+  auto publish = [&] {
+    std::lock_guard lock(sh->m);
+    sh->waiting = static_cast<std::int64_t>(silent.size() + handshaking.size());
+    sh->publish_pending();
+  };
+  auto forget = [](std::map<std::string, int>& of, const std::string& peer) {
+    if (--of[peer] <= 0) of.erase(peer);
+  };
+  auto close_waiting = [](waiting& w) {
+    if (w.ssl) SSL_free(w.ssl), w.ssl = nullptr;
+    if (w.fd >= 0) ::close(w.fd), w.fd = -1;
+  };
+  // Closes the oldest entry of `set` (of `peer` when given) to make room; false when there is none.
+  // Handshakes still waiting for a whole ClientHello go first: one that was answered is a round trip
+  // from done, and a flood of stalled records must not push a real peer's out while its Finished is on
+  // the way.
+  auto evict_oldest = [&](std::map<std::uint64_t, waiting>& set, std::map<std::string, int>& of, const std::string* peer,
+                          std::uint64_t link_counters::*counter) {
+    auto match = [&](const auto& kv) { return !peer || kv.second.peer == *peer; };
+    auto it = std::find_if(set.begin(), set.end(), [&](const auto& kv) { return match(kv) && !kv.second.advanced; });
+    if (it == set.end()) it = std::find_if(set.begin(), set.end(), match);
+    if (it == set.end()) return false;
+    const std::string victim = it->second.peer;
+    const bool lb = it->second.loopback;
+    close_waiting(it->second);
+    forget(of, victim);
+    set.erase(it);
+    {
+      std::lock_guard lock(sh->m);
+      ++(sh->counters.*counter);
     }
-    const std::string peer = peer_of(a);
-    std::unique_lock lock(sh->m);
-    ++sh->counters.accepted;
-    const char* refused = nullptr;
-    auto bo = sh->backoff_until.find(peer);
-    if (bo != sh->backoff_until.end() && clock::now() < bo->second) refused = "backoff", ++sh->counters.refused_backoff;
-    else if (sh->counters.pending >= sh->limits.max_pending || sh->pending_of[peer] >= sh->limits.max_pending_per_address)
-      refused = "too_many_pending", ++sh->counters.refused_pending;
-    else if (sh->counters.links >= sh->limits.max_links || sh->links_of[peer] >= sh->limits.max_links_per_address)
-      refused = "too_many_links", ++sh->counters.refused_links;
-    if (bo != sh->backoff_until.end() && clock::now() >= bo->second) sh->backoff_until.erase(bo);
-    if (sh->pending_of[peer] == 0) sh->pending_of.erase(peer);
-    if (refused) {
+    sh->failed(victim, lb, false, "closed for a newer connection");
+    return true;
+  };
+  auto authenticated = [&](waiting& w) {
+    spdlog::info("event=link_authenticated peer={} subject={}", w.peer, subject_of(w.ssl));
+    {
+      std::lock_guard lock(sh->m);
+      ++sh->counters.authenticated;
+      ++sh->counters.links;
+      ++sh->links_of[w.peer];
+      ++sh->threads;
+    }
+    endpoint net{w.fd, w.ssl};
+    w.fd = -1, w.ssl = nullptr;
+    std::thread(serve_link, sh, net, w.peer, w.loopback, false, w.deadline).detach();
+  };
+  // One step of a TLS handshake: true when the entry is done with (authenticated or failed).
+  auto step = [&](waiting& w) {
+    ERR_clear_error();
+    const int r = SSL_accept(w.ssl);
+    if (r == 1) return authenticated(w), true;
+    const int e = SSL_get_error(w.ssl, r);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+      w.advanced = w.advanced || BIO_number_written(SSL_get_wbio(w.ssl)) > 0;
+      w.events = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
+      return false;
+    }
+    auto why = ssl_reason();
+    if (why == "no reason given") why = "the peer closed the connection";
+    sh->failed(w.peer, w.loopback, false, why);
+    close_waiting(w);
+    return true;
+  };
+  // A silent connection has spoken: its handshake starts (TLS) or a thread waits for its first frame.
+  auto spoke = [&](std::uint64_t seq, waiting w) {
+    if (!sh->tls) {
+      std::unique_lock lock(sh->m);
+      if (sh->plain_pending >= lim.max_pending || sh->plain_pending_of[w.peer] >= lim.max_pending_per_address) {
+        ++sh->counters.refused_pending;
+        if (sh->plain_pending_of[w.peer] == 0) sh->plain_pending_of.erase(w.peer);
+        lock.unlock();
+        sh->refusals.note("too_many_pending", w.peer);
+        close_waiting(w);
+        return;
+      }
+      ++sh->plain_pending;
+      ++sh->plain_pending_of[w.peer];
+      ++sh->threads;
+      sh->publish_pending();
       lock.unlock();
+      std::thread(serve_link, sh, endpoint{w.fd}, w.peer, w.loopback, true, w.deadline).detach();
+      return;
+    }
+    if (handshaking_of[w.peer] >= lim.max_pending_per_address) evict_oldest(handshaking, handshaking_of, &w.peer, &link_counters::evicted_pending);
+    if (static_cast<int>(handshaking.size()) >= lim.max_pending) evict_oldest(handshaking, handshaking_of, nullptr, &link_counters::evicted_pending);
+    w.ssl = SSL_new(sh->tls->ctx);
+    if (!w.ssl) {
+      spdlog::error("event=link_refused peer={} reason=ssl_new_failed", w.peer);
+      close_waiting(w);
+      return;
+    }
+    SSL_set_fd(w.ssl, w.fd);
+    if (step(w)) return;
+    ++handshaking_of[w.peer];
+    handshaking.emplace(seq, std::move(w));
+  };
+  auto admit = [&](int fd, const sockaddr_storage& a) {
+    const std::string peer = peer_of(a);
+    const bool lb = loopback_address(a);
+    const char* refused = nullptr;
+    {
+      std::lock_guard lock(sh->m);
+      ++sh->counters.accepted;
+      auto bo = sh->backoff_until.find(peer);
+      if (bo != sh->backoff_until.end()) {
+        if (clock::now() < bo->second) refused = "backoff", ++sh->counters.refused_backoff;
+        else sh->backoff_until.erase(bo);
+      }
+      if (!refused) {
+        auto lo = sh->links_of.find(peer);
+        if (sh->counters.links >= lim.max_links || (lo != sh->links_of.end() && lo->second >= lim.max_links_per_address))
+          refused = "too_many_links", ++sh->counters.refused_links;
+      }
+    }
+    if (refused) {
       ::close(fd);
       sh->refusals.note(refused, peer);
+      return;
+    }
+    if (silent_of[peer] >= lim.max_silent_per_address) evict_oldest(silent, silent_of, &peer, &link_counters::evicted_silent);
+    if (static_cast<int>(silent.size()) >= lim.max_silent) evict_oldest(silent, silent_of, nullptr, &link_counters::evicted_silent);
+    no_delay(fd);
+    ++silent_of[peer];
+    silent.emplace(next_seq++, waiting{fd, peer, lb, clock::now() + lim.handshake_deadline});
+  };
+
+  std::vector<pollfd> fds;
+  std::vector<std::pair<bool, std::uint64_t>> who;  // (handshaking?, seq) of fds[2 + i]
+  std::vector<char> probe(1);
+  while (!sh->stop) {
+    // Deadlines: the oldest entries first.
+    const auto now = clock::now();
+    for (auto* set : {&silent, &handshaking}) {
+      auto& of = set == &silent ? silent_of : handshaking_of;
+      while (!set->empty() && set->begin()->second.deadline <= now) {
+        auto& w = set->begin()->second;
+        sh->failed(w.peer, w.loopback, true, set == &silent ? "silent past the deadline" : "handshake past the deadline");
+        forget(of, w.peer);
+        close_waiting(w);
+        set->erase(set->begin());
+      }
+    }
+    publish();
+    fds.assign({{listen_fd, POLLIN, 0}, {wake[0], POLLIN, 0}});
+    who.clear();
+    for (auto& [seq, w] : silent) fds.push_back({w.fd, POLLIN, 0}), who.emplace_back(false, seq);
+    for (auto& [seq, w] : handshaking) fds.push_back({w.fd, w.events, 0}), who.emplace_back(true, seq);
+    auto first_deadline = clock::time_point::max();
+    if (!silent.empty()) first_deadline = silent.begin()->second.deadline;
+    if (!handshaking.empty()) first_deadline = std::min(first_deadline, handshaking.begin()->second.deadline);
+    int timeout_ms = 200;
+    if (first_deadline != clock::time_point::max())
+      timeout_ms = static_cast<int>(std::clamp<std::int64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(first_deadline - now).count() + 1, 0, 200));
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
+      if (errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       continue;
     }
-    ++sh->counters.pending;
-    ++sh->pending_of[peer];
-    ++sh->threads;
-    lock.unlock();
-    no_delay(fd);
-    std::thread(serve_connection, sh, fd, peer).detach();
+    if (fds[1].revents) break;
+    // Connections that spoke or whose handshake can go on, before new ones may evict them.
+    for (std::size_t i = 2; i < fds.size(); ++i) {
+      if (!fds[i].revents) continue;
+      const auto [is_handshake, seq] = who[i - 2];
+      if (is_handshake) {
+        auto it = handshaking.find(seq);
+        if (it == handshaking.end()) continue;  // evicted meanwhile
+        if (step(it->second)) {
+          forget(handshaking_of, it->second.peer);
+          handshaking.erase(it);
+        }
+        continue;
+      }
+      auto it = silent.find(seq);
+      if (it == silent.end()) continue;
+      waiting w = std::move(it->second);
+      forget(silent_of, w.peer);
+      silent.erase(it);
+      const ssize_t n = ::recv(w.fd, probe.data(), 1, MSG_PEEK);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        sh->failed(w.peer, w.loopback, false, "the peer closed the connection");
+        close_waiting(w);
+        continue;
+      }
+      spoke(seq, std::move(w));
+    }
+    if (fds[0].revents) {
+      for (int k = 0; k < 128; ++k) {
+        sockaddr_storage a{};
+        socklen_t len = sizeof a;
+        const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&a), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+          if (errno == EMFILE || errno == ENFILE) {
+            // Out of descriptors: the oldest silent connection makes room, else wait a moment.
+            if (!evict_oldest(silent, silent_of, nullptr, &link_counters::evicted_silent)) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          }
+          break;
+        }
+        admit(fd, a);
+      }
+    }
   }
+  for (auto* set : {&silent, &handshaking})
+    for (auto& [seq, w] : *set) close_waiting(w);
+  silent.clear(), handshaking.clear();
+  publish();
 }
 
 link_front::link_front(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 
 result<std::unique_ptr<link_front>, std::string> link_front::start(const std::string& host, int port, std::shared_ptr<tls_context> tls, std::function<int()> inner,
                                                                    link_limits limits) {
+  // Silent connections are the front's only unbounded-looking cost: a descriptor each. Take what the
+  // process may have and keep room for links and everything else.
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    if (nofile.rlim_cur < nofile.rlim_max) {
+      nofile.rlim_cur = nofile.rlim_max;
+      ::setrlimit(RLIMIT_NOFILE, &nofile);
+      ::getrlimit(RLIMIT_NOFILE, &nofile);
+    }
+    const auto spare = static_cast<std::int64_t>(std::min<rlim_t>(nofile.rlim_cur, 1 << 20)) - 256 - 3 * std::int64_t{limits.max_links} - limits.max_pending;
+    const int fit = static_cast<int>(std::clamp<std::int64_t>(spare, 16, limits.max_silent));
+    if (fit < limits.max_silent) {
+      spdlog::warn("event=link_limits max_silent={} reason=\"the descriptor limit ({}) holds no more\"", fit, nofile.rlim_cur);
+      limits.max_silent = fit;
+      limits.max_silent_per_address = std::min(limits.max_silent_per_address, fit);
+    }
+  }
   auto p = std::make_unique<impl>();
   p->sh->limits = limits;
   p->sh->tls = std::move(tls);
   p->sh->inner = std::move(inner);
-  auto l = transport::listen_tcp(host, port);
+  auto l = transport::listen_tcp(host, port, 4096);
   if (!l) return unexpected(l.error());
   p->listen_fd = l->fd;
   p->port = l->port;
+  set_nonblocking(l->fd);  // the event loop accepts until EAGAIN and must never block in accept
   if (::pipe2(p->wake, O_CLOEXEC) != 0) return unexpected(std::string("cannot make a pipe: ") + std::strerror(errno));
   auto* raw = p.get();
-  p->acceptor = std::thread([raw] { raw->accept_loop(); });
+  p->loop = std::thread([raw] { raw->event_loop(); });
   return std::unique_ptr<link_front>(new link_front(std::move(p)));
 }
 
 link_front::~link_front() {
   p_->sh->stop = true;
   [[maybe_unused]] auto n = ::write(p_->wake[1], "x", 1);
-  p_->acceptor.join();
+  p_->loop.join();
   ::close(p_->listen_fd);
   ::close(p_->wake[0]);
   ::close(p_->wake[1]);

@@ -40,20 +40,34 @@ struct link_limits {
   // The largest payload a BASP frame may claim: a transport message at its decode limit (8 MiB) with
   // CAF's envelope around it. Every message troupe sends is a transport message or smaller.
   std::uint32_t max_frame_bytes = (8u << 20) + (64u << 10);
-  int max_pending = 64;               // connections not yet authenticated, in all
-  int max_pending_per_address = 16;
+  // A connection that has sent nothing yet is "silent": it costs a descriptor and a few bytes, held by
+  // the front's one event loop. When the silent ones reach a cap, the oldest is closed to make room
+  // (per address first), so a flood of silent connections never locks a peer out: a real peer speaks
+  // at once (a TLS ClientHello) and leaves the silent set within a round trip.
+  int max_silent = 2048;              // in all (lowered to fit the process's descriptor limit)
+  int max_silent_per_address = 512;
+  // Connections that have spoken and run their handshake (TLS: an SSL object in the event loop;
+  // plain: a thread waiting for the first frame). Past a cap the oldest handshake is closed (TLS) or
+  // the newcomer refused (plain).
+  int max_pending = 256;              // in all
+  int max_pending_per_address = 64;
   int max_links = 1024;               // authenticated links, in all
   int max_links_per_address = 512;
-  std::chrono::milliseconds handshake_deadline{5000};  // TLS handshake (plain: the peer's first frame)
+  std::chrono::milliseconds handshake_deadline{5000};  // from the accept to an authenticated link
   int failures_before_backoff = 32;   // failed handshakes of one address within `backoff`...
   std::chrono::milliseconds backoff{10000};  // ...refuse it for this long
+  // Backoff refuses an address. On loopback every local process shares one address, so a local flood
+  // would lock the cluster's own nodes and clients out: loopback peers are bounded by the caps and
+  // evictions above instead, unless this is set (tests).
+  bool backoff_loopback = false;
 };
 
 struct link_counters {
   std::uint64_t accepted = 0, authenticated = 0;
   std::uint64_t refused_pending = 0, refused_links = 0, refused_backoff = 0;
+  std::uint64_t evicted_silent = 0, evicted_pending = 0;  // closed to make room for a newer connection
   std::uint64_t handshake_failed = 0, handshake_timeout = 0, frames_refused = 0;
-  std::int64_t pending = 0, links = 0;
+  std::int64_t pending = 0, links = 0;  // pending: silent and handshaking
 };
 
 // Checks a byte stream against BASP's framing: 32-byte headers (operation, two pad bytes, flags, the

@@ -9,9 +9,11 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -501,17 +503,18 @@ TEST(gateway, connections_per_client_are_capped) {
   gateway_options g;
   g.max_connections_per_client = 4;
   auto s = serve(g);
+  // Four connections each with a request answered and kept alive: they hold the address's slots and
+  // are never closed to make room (a request went through them). (A probe's connection is not kept:
+  // the reserved lane answers one request per connection.)
   std::vector<int> held;
-  for (int i = 0; i < 4; ++i) held.push_back(connect_to(s.gw->port()));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  // Past the cap an address may still ask a probe (a monitor behind the same address as a flood)...
-  const int probe = connect_to(s.gw->port());
-  EXPECT_EQ(status_of(probe, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"), 200);
-  ::close(probe);
+  for (int i = 0; i < 4; ++i) {
+    held.push_back(connect_to(s.gw->port()));
+    EXPECT_EQ(status_of(held.back(), "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-key\r\n\r\n"), 200);
+  }
   // The front counts a connection on its own thread once it accepts it; on two loaded cores that can
-  // trail the client's connect by more than the sleeps above (a clean-clone CI run saw it), so each
-  // refusal below is asked again, a few times, until the front has counted what the test holds. A
-  // wrong answer on the way takes no slot for long: it is closed before the next try.
+  // trail the client's connect (a clean-clone CI run saw it), so each refusal below is asked again, a
+  // few times, until the front has counted what the test holds. A wrong answer on the way takes no
+  // slot for long: it is closed before the next try.
   auto answer = [&](const std::string& request, int want) {
     int got = 0;
     for (int attempt = 0; attempt < 5 && got != want; ++attempt) {
@@ -522,15 +525,94 @@ TEST(gateway, connections_per_client_are_capped) {
     }
     return got;
   };
+  // Past the cap an address may still ask a probe (a monitor behind the same address as a flood)...
+  EXPECT_EQ(answer("GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 200), 200);
   // ...and nothing else.
   EXPECT_EQ(answer("GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 503), 503);
-  // 16 past the cap, even that is refused at once.
+  // Connections that never send a head do not pile up past the cap: each newer one closes the
+  // oldest still waiting, and a probe is still answered.
   std::vector<int> more;
-  for (int i = 0; i < 16; ++i) more.push_back(connect_to(s.gw->port()));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(answer("", 503), 503);
+  for (int i = 0; i < 32; ++i) more.push_back(connect_to(s.gw->port()));
+  int closed = 0;
+  std::vector<pollfd> watch;
+  for (int fd : more) watch.push_back({fd, POLLIN, 0});
+  for (int i = 0; i < 10 && closed < 16; ++i) {  // up to a second for the front to close them
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ::poll(watch.data(), watch.size(), 0);
+    closed = static_cast<int>(std::count_if(watch.begin(), watch.end(), [](const pollfd& p) { return p.revents != 0; }));
+  }
+  EXPECT_GE(closed, 16) << "silent connections past the cap are closed for newer ones";
+  EXPECT_EQ(answer("GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 200), 200);
   for (int fd : more) ::close(fd);
   for (int fd : held) ::close(fd);
+}
+
+// Probe connections a client keeps open after their answer do not hold the reserved lane's threads:
+// the lane answers one request per connection, so the next monitor is answered at once.
+TEST(gateway, kept_alive_probe_connections_do_not_hold_the_lane) {
+  gateway_options g;
+  auto s = serve(g);
+  std::vector<int> kept;
+  for (int i = 0; i < 8; ++i) {
+    kept.push_back(connect_to(s.gw->port()));
+    EXPECT_EQ(status_of(kept.back(), "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"), 200);
+  }
+  httplib::Client probe("127.0.0.1", s.gw->port());
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto h = probe.Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 200);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  }
+  for (int fd : kept) ::close(fd);
+}
+
+// A slowloris from the same address as the monitor, at the default caps, reconnecting whatever the
+// gateway closes: /health keeps answering within a second, every time, and a completion is served.
+TEST(gateway, a_same_address_slowloris_never_starves_health) {
+  gateway_options g;
+  auto s = serve(g);
+  const int port = s.gw->port();
+  std::atomic<bool> stop{false};
+  std::atomic<int> reconnects{0};
+  std::thread loris([&] {
+    std::vector<int> socks;
+    const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n";
+    std::size_t k = 0;
+    while (!stop) {
+      while (socks.size() < 130) socks.push_back(connect_to(port));
+      for (auto& fd : socks) {
+        if (::send(fd, req.data() + (k % req.size()), 1, MSG_NOSIGNAL) <= 0) {
+          ::close(fd);
+          fd = connect_to(port);
+          ++reconnects;
+        }
+      }
+      ++k;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    for (int fd : socks) ::close(fd);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  double worst = 0;
+  int failed = 0;
+  for (int i = 0; i < 15; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int fd = connect_to(port);
+    failed += status_of(fd, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") != 200;
+    ::close(fd);
+    worst = std::max(worst, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  auto ok = s.http->Post("/v1/completions", R"({"model":"tiny","prompt":"w300","max_tokens":2})", "application/json");
+  stop = true;
+  loris.join();
+  EXPECT_EQ(failed, 0);
+  EXPECT_LT(worst, 1.0);
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  EXPECT_GT(reconnects.load(), 0) << "the slow connections past the cap were closed for newer ones";
 }
 
 }  // namespace

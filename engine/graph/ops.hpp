@@ -12,6 +12,7 @@
 #include "engine/core/dtype.hpp"
 #include "engine/core/result.hpp"
 #include "engine/core/shape.hpp"
+#include "engine/graph/top_k_order.hpp"  // top_k_before
 
 namespace troupe::graph {
 
@@ -107,15 +108,6 @@ struct op_attrs {
   troupe::shape target;
   friend bool operator==(const op_attrs&, const op_attrs&) = default;
 };
-
-// top_k's order, its one definition for every target: does element (u at index i) rank before
-// (v at index j)? Larger first, NaN below every number, equal values (and NaNs) by the lower index.
-template <class T>
-constexpr bool top_k_before(T u, std::int64_t i, T v, std::int64_t j) {
-  const bool nu = u != u, nv = v != v;  // NaN
-  if (nu != nv) return nv;
-  return nu ? i < j : u > v || (u == v && i < j);
-}
 
 // The shape rule of every op: the output type for these input types and attributes, or why none.
 result<tensor_type, std::string> infer(op o, std::span<const tensor_type> inputs, const op_attrs& attrs);

@@ -202,6 +202,7 @@ class cuda_executor final : public executor {
   result<void, exec_error> lower(entry& en);
   std::optional<exec_error> lower_eqn(entry& en, std::size_t i, const std::vector<std::int64_t>& residual_of,
                                       const std::vector<std::int64_t>& gated_of);
+  result<dtype, exec_error> weight_type(const entry& en, graph::value_id wv, const std::string& where) const;
   std::optional<exec_error> lower_linear(entry& en, const graph::equation& le, float* y, const float* r,
                                          const std::string& where);
   // Runs an entry: slots in, launches (or its graph), states; outputs stay on the device.
@@ -434,7 +435,8 @@ result<entry_id, exec_error> cuda_executor::add_entry(executable_id exe, const g
     bool table = false;
     for (std::size_t i = 0; i < gg.equations().size() && !table; ++i) {
       const auto& e = gg.equations()[i];
-      table = en->tp.pruned.runs[i] && ((e.code == op::linear && e.inputs[1] == w.value) || (e.code == op::gather_rows && e.inputs[0] == w.value));
+      table = en->tp.pruned.runs[i] && (((e.code == op::linear || e.code == op::linear_id) && e.inputs[1] == w.value) ||
+                                        (e.code == op::gather_rows && e.inputs[0] == w.value));
     }
     auto d = weight(ex, w.role, table);
     if (!d) return unexpected(d.error());
@@ -488,23 +490,32 @@ result<void, exec_error> cuda_executor::lower(entry& en) {
   return {};
 }
 
+// The format a linear or linear_id weight operand has on the device, or why no GEMV reads it. A folded
+// or literal weight is f32 (the fold computes in f32); a stored one has its own format, or f16 when it
+// was decoded at upload.
+result<dtype, exec_error> cuda_executor::weight_type(const entry& en, graph::value_id wv, const std::string& where) const {
+  const auto& g = en.g;
+  dtype wtype = g.info(wv).type.type;
+  if (const auto b = std::find_if(g.weights().begin(), g.weights().end(), [&](const auto& x) { return x.value == wv; });
+      b != g.weights().end() && !en.tp.pruned.folded.count(wv.index)) {
+    wtype = exes_[en.exe.value]->uploaded.at(b->role.str()).type;
+  } else if (!en.tp.pruned.constant[wv.index]) {
+    return unexpected(exec_error{exec_error_code::unsupported, where, "a weight operand must be known at prepare"});
+  }
+  if (!weight_format_supported(wtype))
+    return unexpected(exec_error{exec_error_code::unsupported, where, "no CUDA kernel reads weights stored as " + std::string(troupe::name(wtype))});
+  return wtype;
+}
+
 std::optional<exec_error> cuda_executor::lower_linear(entry& en, const graph::equation& le, float* y, const float* r,
                                                       const std::string& where) {
   const auto& g = en.g;
   const auto wv = le.inputs[1];
   const auto& wt = g.info(wv).type;
   const std::byte* w = en.ptr[wv.index];
-  // A folded or literal weight is f32 (the fold computes in f32); a stored one has its own format,
-  // or f16 when it was decoded at upload.
-  dtype wtype = wt.type;
-  if (const auto b = std::find_if(g.weights().begin(), g.weights().end(), [&](const auto& x) { return x.value == wv; });
-      b != g.weights().end() && !en.tp.pruned.folded.count(wv.index)) {
-    wtype = exes_[en.exe.value]->uploaded.at(b->role.str()).type;
-  } else if (!en.tp.pruned.constant[wv.index]) {
-    return exec_error{exec_error_code::unsupported, where, "a linear weight must be known at prepare"};
-  }
-  if (!weight_format_supported(wtype))
-    return exec_error{exec_error_code::unsupported, where, "no CUDA kernel reads weights stored as " + std::string(troupe::name(wtype))};
+  auto stored = weight_type(en, wv, where);
+  if (!stored) return stored.error();
+  const dtype wtype = *stored;
   const std::int64_t K = wt.dims[1], N = wt.dims[0];
   const std::int64_t M = K == 0 ? 0 : g.info(le.inputs[0]).type.dims.numel() / K;
   const auto* x = reinterpret_cast<const float*>(en.ptr[le.inputs[0].index]);
@@ -921,8 +932,11 @@ std::optional<exec_error> cuda_executor::lower_eqn(entry& en, std::size_t i, con
       return device([=] { launch_rope(reinterpret_cast<float*>(out), Tn, H, D, pos_type, pos, inv, half, neox, scale, st); });
     }
     case op::attention: {
-      if (e.inputs.size() > 5) return exec_error{exec_error_code::unsupported, where, "attention sinks have no CUDA kernel yet"};
       attention_launch a;
+      if (e.inputs.size() > 5) {
+        if (T(e.inputs[5]).type != dtype::f32) return exec_error{exec_error_code::unsupported, where, "attention sinks must be f32"};
+        a.sinks = reinterpret_cast<const float*>(P(e.inputs[5]));
+      }
       a.q = reinterpret_cast<const float*>(P(e.inputs[0]));
       a.k = reinterpret_cast<const float*>(P(e.inputs[1]));
       a.v = reinterpret_cast<const float*>(P(e.inputs[2]));
@@ -955,8 +969,49 @@ std::optional<exec_error> cuda_executor::lower_eqn(entry& en, std::size_t i, con
       a.ix32 = reinterpret_cast<std::int32_t*>(*ix);
       return device([=] { launch_attention(a, flag, eqn, st); });
     }
-    case op::top_k: case op::take_along: case op::linear_id:
-      break;  // mixture-of-experts routing: CPU only so far (refused here, at add_entry)
+    case op::top_k: {
+      const auto& xt = T(e.inputs[0]);
+      if (xt.type != dtype::f32) return exec_error{exec_error_code::unsupported, where, "top_k over " + std::string(troupe::name(xt.type))};
+      const std::int64_t E = xt.dims.back(), k = ot.dims.back(), rows = E ? xt.dims.numel() / E : 0;
+      const auto* x = reinterpret_cast<const float*>(P(e.inputs[0]));
+      return device([=] { launch_top_k(x, rows, E, k, reinterpret_cast<std::int32_t*>(out), st); });
+    }
+    case op::take_along: {
+      const auto& xt = T(e.inputs[0]);
+      const auto idx_type = T(e.inputs[1]).type;
+      if (idx_type != dtype::i32 && idx_type != dtype::i64)
+        return exec_error{exec_error_code::unsupported, where, "indices of type " + std::string(troupe::name(idx_type))};
+      const std::int64_t E = xt.dims.back(), k = ot.dims.back(), rows = k ? n / k : 0;
+      const auto es = static_cast<std::int32_t>(*storage_bytes(xt.type, 1));
+      const auto* x = P(e.inputs[0]);
+      const auto* idx = P(e.inputs[1]);
+      return device([=] { launch_take_along(es, x, rows, E, idx_type, idx, k, out, flag, eqn, st); });
+    }
+    case op::linear_id: {
+      const auto wv = e.inputs[1];
+      const auto& wt = T(wv);
+      auto stored = weight_type(en, wv, where);
+      if (!stored) return stored.error();
+      const dtype wtype = *stored;
+      const auto id_type = T(e.inputs[2]).type;
+      if (id_type != dtype::i32 && id_type != dtype::i64)
+        return exec_error{exec_error_code::unsupported, where, "expert ids of type " + std::string(troupe::name(id_type))};
+      const std::int64_t E = wt.dims[0], N = wt.dims[1], K = wt.dims[2];
+      const auto& ids_t = T(e.inputs[2]);
+      const std::int64_t P_ = ids_t.dims.numel(), picks = ids_t.dims.back();
+      const bool x_per_pick = T(e.inputs[0]).dims.rank() == 3;
+      auto idp = arena_.take(static_cast<std::size_t>(std::max<std::int64_t>(P_, 1)) * 4);
+      if (!idp) return device_fault(where, idp.error());
+      scratch_bytes_ += static_cast<std::size_t>(std::max<std::int64_t>(P_, 1)) * 4;
+      auto* ids32 = reinterpret_cast<std::int32_t*>(*idp);
+      const auto* x = reinterpret_cast<const float*>(P(e.inputs[0]));
+      const auto* ids = P(e.inputs[2]);
+      const std::byte* w = P(wv);
+      return device([=] {
+        launch_expert_ids(id_type, ids, P_, E, ids32, flag, eqn, st);
+        launch_gemv_id(wtype, w, N, K, x, x_per_pick, picks, ids32, P_, reinterpret_cast<float*>(out), st);
+      });
+    }
   }
   return exec_error{exec_error_code::unsupported, where, "no CUDA lowering"};
 }
@@ -1029,6 +1084,8 @@ std::optional<exec_error> cuda_executor::flag_error(entry& en) {
     case flag_scatter_twice: return exec_error{exec_error_code::index_out_of_range, where, "slot " + v + " written twice"};
     case flag_kv_range: return exec_error{exec_error_code::index_out_of_range, where, "kv row " + v + " outside [0, " + b + ")"};
     case flag_div_zero: return exec_error{exec_error_code::index_out_of_range, where, "integer division by zero"};
+    case flag_take_range: return exec_error{exec_error_code::index_out_of_range, where, "index " + v + " outside [0, " + b + ")"};
+    case flag_expert_range: return exec_error{exec_error_code::index_out_of_range, where, "expert " + v + " outside [0, " + b + ")"};
     default: return exec_error{exec_error_code::device_error, where, "unknown step flag " + std::to_string(f.code)};
   }
 }
@@ -1037,25 +1094,38 @@ std::optional<exec_error> cuda_executor::flag_error(entry& en) {
 std::optional<exec_error> cuda_executor::finish_step(entry& en, const std::vector<std::string>* names, step_outputs& out) {
   struct pending {
     const std::string* name;
+    graph::value_id value;
     graph::tensor_type type;
     std::size_t at, bytes;
+    bool emit;  // asked for; a witness output not asked for is read only to be checked
   };
   std::vector<pending> wanted;
   std::size_t at = 0;
   for (const auto& o : en.g.outputs()) {
-    if (names && std::find(names->begin(), names->end(), o.name) == names->end()) continue;
+    const bool emit = !names || std::find(names->begin(), names->end(), o.name) != names->end();
+    const bool witness = std::any_of(en.g.witnesses().begin(), en.g.witnesses().end(), [&](const auto& w) { return w.output == o.name; });
+    if (!emit && !witness) continue;
     const auto& t = en.g.info(o.value).type;
     const std::size_t bytes = *storage_bytes(t.type, static_cast<std::uint64_t>(t.dims.numel()));
     if (bytes)
       if (auto e = check(cudaMemcpyAsync(en.staging.p + at, en.ptr[o.value.index], bytes, cudaMemcpyDeviceToHost, stream_), "output " + o.name, true))
         return e;
-    wanted.push_back({&o.name, t, at, bytes});
+    wanted.push_back({&o.name, o.value, t, at, bytes, emit});
     at += bytes;
   }
   if (auto e = check(cudaMemcpyAsync(flag_host_.p, flag_, sizeof(step_flag), cudaMemcpyDeviceToHost, stream_), "step flag", true)) return e;
   if (auto e = check(cudaStreamSynchronize(stream_), "step", true)) return e;
   if (auto e = flag_error(en)) return e;
+  // A routed graph's witnesses (its router's selections) hold before anything is read back.
+  if (!en.g.witnesses().empty())
+    if (auto e = check_witnesses(en.g, [&](graph::value_id v) -> const std::byte* {
+          for (const auto& w : wanted)
+            if (w.value == v) return en.staging.p + w.at;
+          return nullptr;
+        }))
+      return e;
   for (const auto& w : wanted) {
+    if (!w.emit) continue;
     tensor r(w.type.type, w.type.dims);
     if (w.bytes) std::memcpy(r.data(), en.staging.p + w.at, w.bytes);
     out.outputs.emplace(*w.name, std::move(r));

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "engine/exec/cuda/kernels.hpp"
+#include "engine/exec/cuda/moe_math.hpp"
 
 namespace troupe::exec::cuda {
 namespace {
@@ -466,9 +467,44 @@ __global__ void attention_kernel(attention_launch a, int keys_per_tile) {
     m = m_new;
   }
   if (!live) return;
+  const float f = a.sinks != nullptr ? sink_factor(m, l, a.sinks[h]) : 0.0f;
   for (int i = 0; i < max_dims_per_lane; ++i) {
     const std::int64_t d = lane + 32 * i;
-    if (d < a.Dv) a.out[(n * a.Hq + h) * a.Dv + d] = l > 0.0f ? acc[i] / l : 0.0f;
+    if (d < a.Dv) a.out[(n * a.Hq + h) * a.Dv + d] = a.sinks != nullptr ? acc[i] * f : l > 0.0f ? acc[i] / l : 0.0f;
+  }
+}
+
+// ---- mixture-of-experts routing ----
+
+__global__ void top_k_kernel(const float* x, std::int64_t rows, std::int64_t E, std::int64_t k, std::int32_t* out) {
+  for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; r < rows;
+       r += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    top_k_row(x + r * E, E, k, out + r * k);
+}
+
+__global__ void take_along_kernel(std::int32_t es, const unsigned char* x, std::int64_t rows, std::int64_t E, dtype it,
+                                  const void* idx, std::int64_t k, unsigned char* out, step_flag* flag, std::int32_t eqn) {
+  for (std::int64_t q = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; q < rows * k;
+       q += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = q / k;
+    std::int64_t i = id_at(it, idx, q);
+    if (i < 0 || i >= E) {
+      raise_flag(flag, flag_take_range, eqn, i, E);
+      i = 0;
+    }
+    const unsigned char* src = x + (r * E + i) * es;
+    for (std::int32_t b = 0; b < es; ++b) out[q * es + b] = src[b];
+  }
+}
+
+__global__ void expert_ids_kernel(dtype t, const void* ids, std::int64_t count, std::int64_t E, std::int32_t* ids32, step_flag* flag,
+                                  std::int32_t eqn) {
+  for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j < count;
+       j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t id = id_at(t, ids, j);
+    bool bad = false;
+    ids32[j] = expert_of(id, E, bad);
+    if (bad) raise_flag(flag, flag_expert_range, eqn, id, E);
   }
 }
 
@@ -555,6 +591,20 @@ void launch_attention(const attention_launch& a, step_flag* flag, std::int32_t e
   const std::size_t smem = (static_cast<std::size_t>(tile) * (a.D + 1 + a.Dv) + static_cast<std::size_t>(warps) * a.D) * sizeof(float);
   const dim3 grid(static_cast<unsigned>((a.T + warps - 1) / warps), static_cast<unsigned>(a.Hq), static_cast<unsigned>(a.R));
   attention_kernel<<<grid, warps * 32, smem, S(stream)>>>(a, tile);
+}
+
+void launch_top_k(const float* x, std::int64_t rows, std::int64_t E, std::int64_t k, std::int32_t* out, void* stream) {
+  if (rows > 0 && k > 0) top_k_kernel<<<blocks_for(rows, 128), 128, 0, S(stream)>>>(x, rows, E, k, out);
+}
+void launch_take_along(std::int32_t es, const void* x, std::int64_t rows, std::int64_t E, dtype idx_type, const void* idx,
+                       std::int64_t k, void* out, step_flag* flag, std::int32_t eqn, void* stream) {
+  if (rows * k > 0)
+    take_along_kernel<<<blocks_for(rows * k), threads, 0, S(stream)>>>(es, static_cast<const unsigned char*>(x), rows, E, idx_type, idx, k,
+                                                                        static_cast<unsigned char*>(out), flag, eqn);
+}
+void launch_expert_ids(dtype t, const void* ids, std::int64_t count, std::int64_t E, std::int32_t* ids32, step_flag* flag,
+                       std::int32_t eqn, void* stream) {
+  if (count > 0) expert_ids_kernel<<<blocks_for(count), threads, 0, S(stream)>>>(t, ids, count, E, ids32, flag, eqn);
 }
 
 }  // namespace troupe::exec::cuda

@@ -26,6 +26,8 @@ enum flag_code : std::int32_t {
   flag_scatter_twice = 3,  // scatter_rows: one slot written twice
   flag_kv_range = 4,       // attention: an allowed index outside [0, S)
   flag_div_zero = 5,       // integer division by zero
+  flag_take_range = 6,     // take_along: an index outside [0, E)
+  flag_expert_range = 7,   // linear_id: an expert id at or past the experts
 };
 
 // Elementwise operations, the graph's unary, binary, comparison, where and cast ops.
@@ -109,7 +111,20 @@ struct attention_launch {
   float* out = nullptr;
   std::int64_t Hq = 0, Hkv = 0, D = 0, Dv = 0, S = 0, R = 0, T = 0, C = 0;
   float scale = 1.0f, softcap = 0.0f;
+  const float* sinks = nullptr;  // [Hq] or null: head h's sink joins its softmax's denominator
 };
 void launch_attention(const attention_launch& a, step_flag* flag, std::int32_t eqn, void* stream);
+
+// Mixture-of-experts routing (op::top_k, op::take_along; linear_id's GEMV is linear_kernels.hpp's).
+// top_k: out [rows, k] i32 = the indices of each f32 row's k first elements in top_k's order.
+void launch_top_k(const float* x, std::int64_t rows, std::int64_t E, std::int64_t k, std::int32_t* out, void* stream);
+// take_along: out[r, j] = x[r, idx[r, j]] (elements of `es` bytes; idx i32 or i64); an index outside
+// [0, E) flags flag_take_range and reads element 0.
+void launch_take_along(std::int32_t es, const void* x, std::int64_t rows, std::int64_t E, dtype idx_type, const void* idx,
+                       std::int64_t k, void* out, step_flag* flag, std::int32_t eqn, void* stream);
+// linear_id's ids (i32 or i64, count of them) to the i32 the GEMV reads: -1 for a negative id (no
+// expert: zeros), -1 and flag_expert_range for an id at or past E.
+void launch_expert_ids(dtype t, const void* ids, std::int64_t count, std::int64_t E, std::int32_t* ids32, step_flag* flag,
+                       std::int32_t eqn, void* stream);
 
 }  // namespace troupe::exec::cuda

@@ -144,6 +144,46 @@ __global__ void __launch_bounds__(gemv_threads)
   }
 }
 
+// linear_id: CTA (n tile, pick) computes gemv_rows outputs of one pick from its expert's rows; a pick
+// without an expert (-1) writes zeros. Picks past the grid's height loop (gridDim.y <= 65535).
+template <class F, int A>
+__global__ void __launch_bounds__(gemv_threads)
+    gemv_id_kernel(const std::uint8_t* __restrict__ w, std::int64_t N, std::int64_t K, std::int64_t rbytes, const float* __restrict__ x,
+                   bool x_per_pick, std::int64_t picks, const std::int32_t* __restrict__ ids, std::int64_t P, float* y, bool xvec) {
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * gemv_rows;
+  __shared__ float part[gemv_warps][gemv_rows];
+  const int t = static_cast<int>(threadIdx.x), lane = t & 31, warp = t >> 5;
+  for (std::int64_t p = blockIdx.y; p < P; p += gridDim.y) {
+    const std::int32_t e = ids[p];
+    if (e < 0) {
+      if (t < gemv_rows && n0 + t < N) y[p * N + n0 + t] = 0.0f;
+      continue;
+    }
+    const std::uint8_t* expert = w + static_cast<std::int64_t>(e) * N * rbytes;
+    const std::uint8_t* rows[gemv_rows];
+    TROUPE_QUANT_UNROLL
+    for (int i = 0; i < gemv_rows; ++i) rows[i] = expert + (n0 + i < N ? n0 + i : N - 1) * rbytes;
+    const float* xr = x + (x_per_pick ? p : p / picks) * K;
+    float acc[gemv_rows][1];
+    gemv_thread<F, A, 1>(device_loader{xvec}, rows, K, xr, 1, t, gemv_threads, acc);
+    TROUPE_QUANT_UNROLL
+    for (int i = 0; i < gemv_rows; ++i) {
+      float v = acc[i][0];
+      TROUPE_QUANT_UNROLL
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0) part[warp][i] = v;
+    }
+    __syncthreads();
+    if (t < gemv_rows && n0 + t < N) {
+      float s = part[0][t];
+      TROUPE_QUANT_UNROLL
+      for (int wp = 1; wp < gemv_warps; ++wp) s += part[wp][t];
+      y[p * N + n0 + t] = s;
+    }
+    __syncthreads();  // part is written again by the next pick
+  }
+}
+
 // ---- decoding --------------------------------------------------------------------------------------
 
 constexpr int decode_threads = 256;
@@ -258,6 +298,23 @@ void launch_gemv(dtype t, const void* w, std::int64_t N, std::int64_t K, const f
         });
       });
     }
+  });
+}
+
+void launch_gemv_id(dtype t, const void* w, std::int64_t N, std::int64_t K, const float* x, bool x_per_pick, std::int64_t picks,
+                    const std::int32_t* ids, std::int64_t P, float* y, void* stream) {
+  if (N <= 0 || P <= 0) return;
+  const auto* wb = static_cast<const std::uint8_t*>(w);
+  with_format(t, [&](auto f) {
+    using F = decltype(f);
+    const std::int64_t rbytes = row_bytes<F>(K);
+    // Every expert starts at a multiple of N rows, so the rows' common alignment is the base's and a row's.
+    const int a = select_align<F>(common_align(reinterpret_cast<std::uintptr_t>(wb), static_cast<std::uint64_t>(rbytes)));
+    const bool xvec = x_vector_ok(reinterpret_cast<std::uintptr_t>(x), K);
+    const dim3 grid(static_cast<unsigned>((N + gemv_rows - 1) / gemv_rows), static_cast<unsigned>(std::min<std::int64_t>(P, 65535)));
+    with_align<F>(a, [&](auto al) {
+      gemv_id_kernel<F, decltype(al)::value><<<grid, gemv_threads, 0, S(stream)>>>(wb, N, K, rbytes, x, x_per_pick, picks > 0 ? picks : 1, ids, P, y, xvec);
+    });
   });
 }
 

@@ -17,6 +17,14 @@ bool weight_format_supported(dtype t);
 void launch_gemv(dtype t, const void* w, std::int64_t N, std::int64_t K, const float* x, std::int64_t M,
                  float* y, const float* r, void* stream);
 
+// linear_id's product: y[p, n] = sum_k x[p or p / picks, k] * W[ids[p], n, k] for each pick p < P,
+// with W [E, N, K] stored as `t` (E experts of [N, K], each as launch_gemv reads one) and ids already
+// checked (launch_expert_ids: -1 selects nothing and gives a zero row). x holds one row per pick when
+// `x_per_pick`, else one per token (picks = P / tokens picks each). Only the selected experts' weights
+// are read: one pass over an expert's bytes per pick.
+void launch_gemv_id(dtype t, const void* w, std::int64_t N, std::int64_t K, const float* x, bool x_per_pick, std::int64_t picks,
+                    const std::int32_t* ids, std::int64_t P, float* y, void* stream);
+
 // Decodes W ([N, K] stored as `t`) into f16 [N, K] at `out` (the prefill path hands it to cuBLASLt).
 void launch_decode_f16(dtype t, const void* w, std::int64_t N, std::int64_t K, void* out, void* stream);
 

@@ -213,6 +213,37 @@ TEST(cuda_executor, each_op_matches_the_oracle) {
                      {{"q", random_tensor(dtype::f32, {R * T, Hq, D}, rng)}, {"k", random_tensor(dtype::f32, {S, Hkv, D}, rng)},
                       {"v", random_tensor(dtype::f32, {S, Hkv, D}, rng)}, {"ix", std::move(index)}, {"al", std::move(allow)}}});
   }
+  {
+    // Routing: top_k over scores with ties and a NaN, take_along of the picked scores, and attention
+    // with a sink per head (gpt-oss).
+    graph::builder b;
+    const auto x = slot(b, "x", dtype::f32, {9, 40});
+    const auto picks = b.top_k(x, 6);
+    b.output("top", picks);
+    b.output("taken", b.take_along(x, picks));
+    const auto q = slot(b, "q", dtype::f32, {4, 4, 32});
+    const auto k = slot(b, "k", dtype::f32, {12, 2, 32});
+    const auto v = slot(b, "v", dtype::f32, {12, 2, 32});
+    const auto ix = slot(b, "ix", dtype::i32, {1, 12});
+    const auto al = slot(b, "al", dtype::boolean, {1, 4, 12});
+    const auto sinks = slot(b, "sinks", dtype::f32, {4});
+    b.output("att_sinks", b.attention(q, k, v, ix, al, 0.25, 0.0, sinks));
+    auto g = std::move(b).finish();
+    ASSERT_TRUE(g);
+    tensor xv = random_tensor(dtype::f32, {9, 40}, rng);
+    for (int j = 0; j < 40; j += 3) xv.as<float>()[40 + j] = 0.5f;  // row 1: ties, broken by the lower index
+    xv.as<float>()[2 * 40 + 7] = NAN;                                // row 2: a NaN ranks last
+    tensor index(dtype::i32, {1, 12});
+    for (int j = 0; j < 12; ++j) index.as<std::int32_t>()[j] = j;
+    tensor allow = random_tensor(dtype::boolean, {1, 4, 12}, rng);
+    for (int c = 0; c < 12; ++c) allow.as<std::uint8_t>()[3 * 12 + c] = 0;  // query 3 allowed nothing: zeros
+    tensor sk = random_tensor(dtype::f32, {4}, rng, -3, 3);
+    sk.as<float>()[1] = 40.0f;  // a sink far above every score
+    cases.push_back({"routing_and_sinks", std::move(*g),
+                     {{"x", std::move(xv)}, {"q", random_tensor(dtype::f32, {4, 4, 32}, rng)}, {"k", random_tensor(dtype::f32, {12, 2, 32}, rng)},
+                      {"v", random_tensor(dtype::f32, {12, 2, 32}, rng)}, {"ix", std::move(index)}, {"al", std::move(allow)},
+                      {"sinks", std::move(sk)}}});
+  }
   for (const auto& c : cases) expect_matches_oracle(c, 2e-5);
 }
 
@@ -306,33 +337,13 @@ TEST_P(cuda_vs_oracle, prefill_and_decode_match_the_oracle) {
   }
 }
 
-// Mixture-of-experts graphs (top_k, take_along, linear_id) have no CUDA lowering yet: refused typed.
-bool routed(std::string_view family) {
-  return family.ends_with("moe") || family == "mixtral" || family.starts_with("deepseek") || family == "gpt_oss";
-}
-
-TEST(cuda_executor, refuses_a_routed_graph_at_prepare_with_a_typed_error) {
-  SKIP_WITHOUT_DEVICE();
-  auto h = load_case({"qwen3_moe", dtype::f32, true});
-  ASSERT_TRUE(h);
-  auto ex = make();
-  ASSERT_TRUE(ex);
-  app::weight_map_weights w(h->model().weights());
-  auto exe = ex->load(w);
-  ASSERT_TRUE(exe) << exe.error().message();
-  families::step_spec spec;
-  spec.shape = families::step_shape(1, 2, 8);
-  auto g = h->model().trace(spec);
-  ASSERT_TRUE(g);
-  auto e = ex->add_entry(*exe, *g);
-  ASSERT_FALSE(e);
-  EXPECT_EQ(e.error().code, exec_error_code::unsupported) << e.error().message();
-}
-
 std::vector<model_case> all_cases() {
   std::vector<model_case> v;
-  for (auto f : families::fixture_families())
-    if (!routed(f)) v.push_back({f, dtype::f32, true});
+  for (auto f : families::fixture_families()) v.push_back({f, dtype::f32, true});
+  // Routed experts in a block format: linear_id's GEMV reads them as stored.
+  v.push_back({"qwen3_moe", dtype::q8_0, true});
+  v.push_back({"qwen3_moe", dtype::q4_k, true});
+  v.push_back({"gpt_oss", dtype::mxfp4, true});  // MXFP4 experts decoded to f16 at upload
   for (dtype t : {dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k, dtype::q5_0}) v.push_back({"llama", t, true});
   v.push_back({"qwen2", dtype::q8_0, true});
   v.push_back({"gemma2", dtype::q8_0, true});

@@ -90,6 +90,7 @@ placement::replica_request request_of(const deployment_rec& dep) {
   rq.tensor_parallel = dep.spec.load.tensor_parallel;
   rq.pipeline_parallel = dep.spec.load.pipeline_parallel;
   rq.across_nodes = dep.spec.load.across_nodes;
+  rq.expert_parallel = dep.spec.load.expert_parallel;
   return rq;
 }
 

@@ -14,13 +14,16 @@ result<placement::requirements, std::string> requirements_of(const families::mod
   if (dense == nullptr || dense->spec().attention.empty()) return unexpected("the planner knows dense decoders only, not " + h.model().config().family);
   const auto& spec = dense->spec();
   placement::requirements r;
-  std::map<std::int32_t, std::uint64_t> per_layer;
+  std::map<std::int32_t, std::uint64_t> per_layer, expert_per_layer;
   bool tied = true;
   std::uint64_t embedding = 0;
   for (const auto& e : h.model().weights().entries()) {
     const auto bytes = static_cast<std::uint64_t>(e.view.bytes());
-    if (e.role.layer >= 0) per_layer[e.role.layer] += bytes;
-    else if (e.role.name == "token_embd") embedding += bytes;
+    if (e.role.layer >= 0) {
+      per_layer[e.role.layer] += bytes;
+      // Routed experts, stacked [E, ...] (biases [E, F] included): expert parallelism splits them whole.
+      if (e.role.name.find("_exps") != std::string::npos) expert_per_layer[e.role.layer] += bytes;
+    } else if (e.role.name == "token_embd") embedding += bytes;
     else if (e.role.name == "output") tied = false, r.head_bytes += bytes;
     else if (e.role.name == "output_norm") r.head_bytes += bytes;
     else r.embedding_bytes += bytes;  // rope tables and the like: with the first stage
@@ -28,6 +31,9 @@ result<placement::requirements, std::string> requirements_of(const families::mod
   r.embedding_bytes += embedding;
   if (tied) r.head_bytes += embedding;
   for (const auto& [l, b] : per_layer) r.layer_bytes = std::max(r.layer_bytes, b);
+  r.experts = static_cast<std::int32_t>(families::routed_experts(spec.moe));
+  if (r.experts > 0)
+    for (const auto& [l, b] : expert_per_layer) r.expert_bytes = std::max(r.expert_bytes, b / static_cast<std::uint64_t>(r.experts));
   r.layers = static_cast<std::int32_t>(spec.stack.layers);
   r.kv_bytes_per_token_per_layer = static_cast<std::uint64_t>(h.model().config().kv_elems_per_token_per_layer) * 4;
   r.heads = static_cast<std::int32_t>(spec.attention[0].heads);
@@ -73,6 +79,8 @@ transport::resolved_model resolve_checkpoint(const std::filesystem::path& path) 
     out.scratch_bytes = r->scratch_bytes;
     out.heads = r->heads;
     out.kv_heads = r->kv_heads;
+    out.experts = r->experts;
+    out.expert_bytes = r->expert_bytes;
   }
   return out;
 }
@@ -87,6 +95,8 @@ placement::requirements requirements_of(const transport::resolved_model& r) {
   q.scratch_bytes = r.scratch_bytes;
   q.heads = r.heads;
   q.kv_heads = r.kv_heads;
+  q.experts = r.experts;
+  q.expert_bytes = r.expert_bytes;
   return q;
 }
 

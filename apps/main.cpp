@@ -121,6 +121,8 @@ int main(int argc, char** argv) {
   pl->add_option("--max-tensor-parallel", plan.max_tensor_parallel, "at most this many ranks per stage")->check(CLI::Range(1, 4096));
   pl->add_option("--replicas", plan.replicas, "exactly this many replicas")->check(CLI::Range(1, 1 << 20));
   pl->add_option("--min-kv-tokens", plan.min_kv_tokens, "KV tokens every replica holds at least")->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+  pl->add_flag("--expert-parallel", plan.expert_parallel,
+               "a routed model's ranks hold whole experts (ceil(experts / ranks) each) instead of a slice of every expert");
   pl->add_flag("--json", plan.json);
   pl->callback([&] { rc = troupe::app::run_plan(plan); });
 

@@ -142,20 +142,24 @@ int run_plan(const plan_options& o) {
   if (o.max_tensor_parallel > 0) pol.max_tensor_parallel = o.max_tensor_parallel;
   if (o.replicas > 0) pol.replicas = o.replicas;
   pol.min_kv_tokens = o.min_kv_tokens;
+  pol.expert_parallel = o.expert_parallel;
   auto plan = placement::make_plan(inv, *req, pol);
   if (!plan) {
     std::fprintf(stderr, "troupe plan: %s\n", plan.error().message().c_str());
     return 1;
   }
   const bool across = stages_cross_nodes(*plan);
-  std::string deploy = "troupe deploy --model " + *path + " --replicas " + std::to_string(plan->replicas.size()) + " --tensor-parallel " +
+  std::string deploy = "troupe deploy --model " + *path + " --replicas " + std::to_string(plan->replicas.size()) +
+                       (o.expert_parallel ? " --expert-parallel " : " --tensor-parallel ") +
                        std::to_string(plan->tensor_parallel) + " --pipeline-parallel " + std::to_string(plan->pipeline) + (across ? " --across-nodes" : "");
   if (o.json) {
     nlohmann::json j;
     j["model"] = *path;
     j["requirements"] = {{"layers", req->layers},     {"layer_bytes", req->layer_bytes}, {"embedding_bytes", req->embedding_bytes},
                          {"head_bytes", req->head_bytes}, {"kv_bytes_per_token_per_layer", req->kv_bytes_per_token_per_layer},
-                         {"scratch_bytes", req->scratch_bytes}, {"heads", req->heads}, {"kv_heads", req->kv_heads}};
+                         {"scratch_bytes", req->scratch_bytes}, {"heads", req->heads}, {"kv_heads", req->kv_heads},
+                         {"experts", req->experts}, {"expert_bytes", req->expert_bytes}};
+    j["layer_bytes_per_rank"] = placement::layer_bytes_per_rank(*req, plan->tensor_parallel, o.expert_parallel);
     j["kind"] = std::string(placement::name(plan->kind));
     j["tensor_parallel"] = plan->tensor_parallel;
     j["pipeline_parallel"] = plan->pipeline;
@@ -170,6 +174,11 @@ int run_plan(const plan_options& o) {
               path->c_str(), req->layers, static_cast<double>(req->layer_bytes) / (1 << 20), static_cast<double>(req->embedding_bytes) / (1 << 20),
               static_cast<double>(req->head_bytes) / (1 << 20), static_cast<unsigned long long>(req->kv_bytes_per_token_per_layer), req->heads,
               req->kv_heads);
+  if (req->experts > 0)
+    std::printf("routed: %d experts of %.2f MiB a layer; %.2f MiB of a layer on the fullest rank (%s)\n", req->experts,
+                static_cast<double>(req->expert_bytes) / (1 << 20),
+                static_cast<double>(placement::layer_bytes_per_rank(*req, plan->tensor_parallel, o.expert_parallel)) / (1 << 20),
+                o.expert_parallel ? "whole experts" : "every expert split by width");
   std::printf("%s\n", placement::describe(*plan, inv).c_str());
   std::printf("%s\n", deploy.c_str());
   return 0;

@@ -19,6 +19,7 @@ struct plan_options {
   int max_tensor_parallel = 0;      // 0: no bound
   int replicas = 0;                 // 0: the goal's default
   std::int64_t min_kv_tokens = 1;
+  bool expert_parallel = false;     // a routed model's tensor-parallel ranks hold whole experts
   bool json = false;
 };
 

@@ -119,6 +119,7 @@ result<assignment, assign_error> assign_replica(const std::vector<node_view>& no
   pol.goal = rq.goal;
   pol.replicas = 1;
   pol.min_kv_tokens = std::max<std::int64_t>(rq.min_kv_tokens, 1);
+  pol.expert_parallel = rq.expert_parallel;
   // 2. a whole replica on one node, in anti-affinity order.
   std::string closest;
   for (auto i : order) {

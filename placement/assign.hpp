@@ -40,6 +40,7 @@ struct replica_request {
   std::int32_t tensor_parallel = 0;        // 0: planned
   std::int32_t pipeline_parallel = 0;      // 0: planned
   bool across_nodes = false;
+  bool expert_parallel = false;            // the tensor-parallel ranks hold whole experts (planner's policy)
 };
 
 // One stage's node and what it commits there (bytes per device name).

@@ -87,6 +87,18 @@ unexpected<placement_error> fail(placement_error_code code, std::string reason) 
 }
 
 // What one rank of a stage holds at tensor-parallel degree tp (the rules in the header).
+}  // namespace
+
+std::uint64_t layer_bytes_per_rank(const requirements& req, std::int32_t tp, bool expert_parallel) {
+  const wide t = std::max<std::int32_t>(tp, 1);
+  if (!expert_parallel || req.experts < 1) return to_u64(ceil_div(req.layer_bytes, t));
+  const wide experts = static_cast<wide>(req.experts) * req.expert_bytes;
+  const wide rest = req.layer_bytes > experts ? static_cast<wide>(req.layer_bytes) - experts : 0;
+  return to_u64(ceil_div(rest, t) + ceil_div(req.experts, t) * req.expert_bytes);
+}
+
+namespace {
+
 struct shard_costs {
   wide layer = 0;      // weights of one layer
   wide embedding = 0;  // first stage only
@@ -95,9 +107,9 @@ struct shard_costs {
   wide scratch = 0;
 };
 
-shard_costs costs_for(const requirements& req, std::int32_t tp) {
+shard_costs costs_for(const requirements& req, std::int32_t tp, bool expert_parallel) {
   shard_costs c;
-  c.layer = ceil_div(req.layer_bytes, tp);
+  c.layer = layer_bytes_per_rank(req, tp, expert_parallel);
   c.embedding = ceil_div(req.embedding_bytes, tp);
   c.head = ceil_div(req.head_bytes, tp);
   c.kv = ceil_div(static_cast<wide>(req.kv_bytes_per_token_per_layer) * kv_heads_per_rank(req, tp), req.kv_heads);
@@ -231,9 +243,11 @@ struct candidate {
 // (ties: node order, then the node's group order), its stages in (node, group) order so stages on one
 // node sit next to each other; stops at the first replica that does not fit.
 candidate try_shape(const inventory& inv, const requirements& req, device_kind kind, std::int32_t tp, std::int32_t pp,
-                    std::int64_t limit, std::int64_t min_tokens) {
-  candidate cand{.kind = kind, .tp = tp, .pp = pp, .admissible = admissible_tensor_parallel(req, tp)};
-  const shard_costs costs = costs_for(req, tp);
+                    std::int64_t limit, std::int64_t min_tokens, bool expert_parallel) {
+  // Expert parallelism splits the experts evenly (model::expert_parallel refuses a remainder).
+  const bool even = !expert_parallel || req.experts < 1 || req.experts % tp == 0;
+  candidate cand{.kind = kind, .tp = tp, .pp = pp, .admissible = admissible_tensor_parallel(req, tp) && even};
+  const shard_costs costs = costs_for(req, tp, expert_parallel);
   used_set used(inv.nodes.size());
   for (std::size_t n = 0; n < inv.nodes.size(); ++n) used[n].assign(inv.nodes[n].devices.size(), false);
 
@@ -257,8 +271,8 @@ candidate try_shape(const inventory& inv, const requirements& req, device_kind k
 }
 
 // The chosen candidate as a plan.
-plan to_plan(const requirements& req, const candidate& cand) {
-  const shard_costs c = costs_for(req, cand.tp);
+plan to_plan(const requirements& req, const candidate& cand, bool expert_parallel) {
+  const shard_costs c = costs_for(req, cand.tp, expert_parallel);
   plan p{.kind = cand.kind, .tensor_parallel = cand.tp, .pipeline = cand.pp};
   for (const auto& a : cand.replicas) {
     replica r{.kv_tokens = a.kv_tokens};
@@ -289,6 +303,10 @@ result<void, placement_error> check(const inventory& inv, const requirements& re
     return fail(bad_requirements,
                 std::to_string(req.heads) + " heads are not a multiple of " + std::to_string(req.kv_heads) + " kv_heads");
   if (req.kv_bytes_per_token_per_layer == 0) return fail(bad_requirements, "kv_bytes_per_token_per_layer must be above 0");
+  if (req.experts < 0 || (req.experts > 0 && req.expert_bytes > req.layer_bytes / static_cast<std::uint64_t>(req.experts)))
+    return fail(bad_requirements, std::to_string(req.experts) + " experts of " + std::to_string(req.expert_bytes) + " bytes do not fit in a layer of " +
+                                      std::to_string(req.layer_bytes) + " bytes");
+  if (pol.expert_parallel && req.experts < 1) return fail(bad_policy, "expert parallelism needs a routed model (experts above 0)");
   if (pol.max_tensor_parallel && *pol.max_tensor_parallel < 1)
     return fail(bad_policy, "max_tensor_parallel must be at least 1, got " + std::to_string(*pol.max_tensor_parallel));
   if (pol.replicas && *pol.replicas < 1)
@@ -346,7 +364,7 @@ std::vector<candidate> try_all_shapes(const inventory& inv, const requirements& 
       std::int64_t groups = 0;
       for (std::int32_t k : per_node) groups += k / tp;
       const std::int64_t deepest = std::min<std::int64_t>(groups, req.layers);  // a stage holds at least one layer
-      for (std::int32_t pp = 1; pp <= deepest; ++pp) cands.push_back(try_shape(inv, req, kind, tp, pp, limit, pol.min_kv_tokens));
+      for (std::int32_t pp = 1; pp <= deepest; ++pp) cands.push_back(try_shape(inv, req, kind, tp, pp, limit, pol.min_kv_tokens, pol.expert_parallel));
     }
   }
   return cands;
@@ -436,7 +454,7 @@ result<plan, placement_error> make_plan(const inventory& inv, const requirements
     std::vector<const candidate*> feasible;
     for (const auto& c : cands)
       if (c.kind == kind && c.admissible && c.count() >= wanted) feasible.push_back(&c);
-    if (const candidate* best = choose(feasible, pol.goal)) return to_plan(req, *best);
+    if (const candidate* best = choose(feasible, pol.goal)) return to_plan(req, *best, pol.expert_parallel);
   }
   return unexpected(explain_refusal(cands, req, pol, wanted));
 }

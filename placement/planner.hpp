@@ -6,9 +6,11 @@
 // opens no device and talks to no actor; refusals are typed `placement_error` values, never throws.
 //
 // The memory rules, per device of a stage with `tp` ranks holding `l` layers:
-//   weights  = l * ceil(layer_bytes / tp) + ceil(embedding_bytes / tp) on the first stage
+//   weights  = l * layer_bytes_per_rank + ceil(embedding_bytes / tp) on the first stage
 //                                         + ceil(head_bytes / tp) on the last stage
-//              (layers are split across the ranks, the embedding and head by vocabulary; the K/V
+//              (layer_bytes_per_rank: ceil(layer_bytes / tp), or with expert parallelism the non-expert
+//              share plus ceil(experts / tp) whole experts; layers are split across the ranks, the
+//              embedding and head by vocabulary; the K/V
 //              projections that replicated KV heads duplicate are not counted, a small underestimate)
 //   KV/token = l * ceil(kv_bytes_per_token_per_layer * ceil(kv_heads / tp) / kv_heads)
 //              (each rank holds its share of the KV heads; with fewer KV heads than ranks every rank
@@ -75,7 +77,16 @@ struct requirements {
   std::uint64_t scratch_bytes = 0;                  // activations and scratch per device, admitted step shapes
   std::int32_t heads = 0;                           // attention (query) heads
   std::int32_t kv_heads = 0;                        // KV heads; divide heads (MHA: equal, GQA/MQA: fewer)
+  // A routed model: its experts per layer and one expert's bytes in one layer (part of layer_bytes).
+  // Under expert parallelism the ranks hold whole experts, ceil(experts / tp) on the fullest rank.
+  std::int32_t experts = 0;
+  std::uint64_t expert_bytes = 0;
 };
+
+// The bytes of one layer on the fullest of `tp` ranks: 1 / tp of everything under tensor
+// parallelism; under expert parallelism 1 / tp of what is not a routed expert plus ceil(experts / tp)
+// whole experts.
+std::uint64_t layer_bytes_per_rank(const requirements& req, std::int32_t tp, bool expert_parallel);
 inline constexpr std::int32_t max_layers = 65536;
 
 // Whether `tp` ranks can split the attention: tp divides the heads, and tp divides the KV heads or the
@@ -101,6 +112,7 @@ struct policy {
   std::optional<std::int32_t> max_tensor_parallel;  // at most this many ranks per stage (>= 1)
   std::optional<std::int32_t> replicas;             // exactly this many replicas (>= 1), else the goal's default
   std::int64_t min_kv_tokens = 1;                   // KV tokens every replica holds at least (0..max_kv_tokens)
+  bool expert_parallel = false;                     // the tensor-parallel ranks hold whole experts (layer_bytes_per_rank)
 };
 inline constexpr std::int64_t max_kv_tokens = std::int64_t{1} << 40;
 

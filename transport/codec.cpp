@@ -338,6 +338,8 @@ struct body_writer {
     b.setKvHeads(m.kv_heads);
     b.setPlannable(m.plannable);
     b.setError(m.error);
+    b.setExperts(m.experts);
+    b.setExpertBytes(m.expert_bytes);
   }
   void operator()(const cluster_status& m) {
     auto b = body.initClusterStatus();
@@ -573,6 +575,8 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       m.heads = r.getHeads();
       m.kv_heads = r.getKvHeads();
       m.plannable = r.getPlannable();
+      m.experts = r.getExperts();
+      m.expert_bytes = r.getExpertBytes();
       m.error = text(r.getError());
       return m;
     }

@@ -55,7 +55,7 @@ struct job_submit {
   transport::sampling sampling;
   std::vector<std::string> stop;
   std::vector<std::int32_t> stop_ids;
-  std::int64_t max_tokens = 16;
+  std::int64_t max_tokens = 16;  // 0: what the replica's capacity leaves after the prompt
   bool ignore_eos = false;
   std::vector<request_input> inputs;
   std::int32_t priority = 0;
@@ -255,6 +255,8 @@ struct resolved_model {
   std::int32_t heads = 0, kv_heads = 0;
   bool plannable = false;
   std::string error;
+  std::int32_t experts = 0;        // routed experts per layer (0: a dense model)
+  std::uint64_t expert_bytes = 0;  // one routed expert's weights in one layer (part of layer_bytes)
   friend bool operator==(const resolved_model&, const resolved_model&) = default;
 };
 

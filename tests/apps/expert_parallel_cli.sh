@@ -38,4 +38,8 @@ if "$troupe" generate --model "$tmp/q.gguf" --prompt-ids 3,4 --expert-parallel 3
 grep -q "do not split 3 ways\|does not split 3 ways" "$err" || { cat "$err"; exit 1; }
 if "$troupe" generate --model "$tmp/q.gguf" --prompt-ids 3,4 --expert-parallel 2 --tensor-parallel 4 2> "$err"; then echo "ep 2 x tp 4 accepted"; exit 1; fi
 grep -q "spans the tensor-parallel group" "$err" || { cat "$err"; exit 1; }
+# The planner with whole experts: 8 experts over 4 ranks, and a deploy line that asks for that split.
+j="$("$troupe" plan --model "$tmp/q.gguf" --node a=cpu:64MiB*4 --expert-parallel --json 2>/dev/null)"
+echo "$j" | grep -q '"experts":8' || { echo "plan: $j"; exit 1; }
+echo "$j" | grep -q -- '--expert-parallel 4' || { echo "plan deploy line: $j"; exit 1; }
 echo "expert parallel: ok"

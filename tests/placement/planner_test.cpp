@@ -71,7 +71,10 @@ void expect_valid(const inventory& inv, const requirements& req, const policy& p
   EXPECT_EQ(req.heads % p.tensor_parallel, 0) << "tensor parallelism must split the heads";
   EXPECT_TRUE(req.kv_heads % p.tensor_parallel == 0 || p.tensor_parallel % req.kv_heads == 0);
 
-  const std::uint64_t per_layer = ceil_div(req.layer_bytes, tp);
+  // Expert parallelism: whole experts on the ranks, the fullest holding ceil(experts / tp) of them.
+  const std::uint64_t E = static_cast<std::uint64_t>(req.experts), all_experts = E * req.expert_bytes;
+  const std::uint64_t per_layer = pol.expert_parallel && E > 0 ? ceil_div(req.layer_bytes - all_experts, tp) + ceil_div(E, tp) * req.expert_bytes
+                                                                : ceil_div(req.layer_bytes, tp);
   const std::uint64_t kv_heads_held = ceil_div(static_cast<std::uint64_t>(req.kv_heads), tp);  // replicated below tp
   const std::uint64_t kv_per_layer = ceil_div(req.kv_bytes_per_token_per_layer * kv_heads_held, static_cast<std::uint64_t>(req.kv_heads));
 
@@ -453,6 +456,57 @@ TEST(placement_refusals, more_replicas_than_fit) {
   ASSERT_FALSE(p);
   EXPECT_EQ(p.error().code, placement_error_code::replicas_do_not_fit) << p.error().message();
   EXPECT_EQ(p.error().replicas_fit, 4);
+}
+
+// A routed model: 6 experts of 100 MiB and 40 MiB of attention per layer. Split by width (tensor
+// parallel) 4 ranks hold 160 MiB of each layer; split by whole experts 4 ranks hold 10 MiB of
+// attention and 2 experts (210 MiB), so four 2 GiB devices take the model one way and not the other.
+requirements routed_6x100() {
+  return {.layers = 10, .layer_bytes = 640 * MiB, .embedding_bytes = 16 * MiB, .head_bytes = 16 * MiB,
+          .kv_bytes_per_token_per_layer = 1024, .scratch_bytes = 64 * MiB, .heads = 8, .kv_heads = 4, .experts = 6, .expert_bytes = 100 * MiB};
+}
+
+TEST(planner, expert_parallelism_counts_whole_experts_per_rank) {
+  const auto req = routed_6x100();
+  EXPECT_EQ(layer_bytes_per_rank(req, 4, false), 160 * MiB);
+  EXPECT_EQ(layer_bytes_per_rank(req, 4, true), 10 * MiB + 2 * 100 * MiB);
+  EXPECT_EQ(layer_bytes_per_rank(req, 2, true), 20 * MiB + 3 * 100 * MiB);
+  EXPECT_EQ(layer_bytes_per_rank(req, 1, true), 640 * MiB);
+  EXPECT_EQ(layer_bytes_per_rank(req, 8, true), 5 * MiB + 100 * MiB);  // more ranks than experts: one each at most
+
+  const inventory inv{.nodes = {gpu_node("a", std::vector<std::uint64_t>(4, 2 * GiB))}};
+  policy tp;
+  tp.min_kv_tokens = 1024;
+  auto by_width = make_plan(inv, req, tp);
+  ASSERT_TRUE(by_width) << by_width.error().message();
+  expect_valid(inv, req, tp, *by_width);
+  EXPECT_EQ(by_width->tensor_parallel, 4);
+  EXPECT_EQ(by_width->pipeline, 1);
+  // Whole experts: 6 do not split 4 ways (and 10 x 210 MiB would not fit a 2 GiB device if they did),
+  // so two stages of two ranks, 3 experts each (5 x 320 MiB a device).
+  policy ep = tp;
+  ep.expert_parallel = true;
+  auto by_expert = make_plan(inv, req, ep);
+  ASSERT_TRUE(by_expert) << by_expert.error().message();
+  expect_valid(inv, req, ep, *by_expert);
+  EXPECT_EQ(by_expert->tensor_parallel, 2);
+  EXPECT_EQ(by_expert->pipeline, 2);
+  for (const auto& st : by_expert->replicas[0].stages)
+    EXPECT_EQ(st.weight_bytes % MiB, 0u) << "whole experts and whole MiB of attention";
+}
+
+TEST(planner, expert_parallelism_of_a_dense_model_or_oversized_experts_is_refused) {
+  auto dense = small_1b();
+  policy ep;
+  ep.expert_parallel = true;
+  auto r = make_plan(cpu_box(), dense, ep);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, placement_error_code::bad_policy);
+  auto bad = routed_6x100();
+  bad.expert_bytes = 200 * MiB;  // 6 x 200 MiB in a 640 MiB layer
+  auto r2 = make_plan(cpu_box(), bad, policy{});
+  ASSERT_FALSE(r2);
+  EXPECT_EQ(r2.error().code, placement_error_code::bad_requirements);
 }
 
 }  // namespace

@@ -319,6 +319,8 @@ struct ResolvedModel {
   kvHeads @11 :Int32;
   plannable @12 :Bool;          # the requirements are known (dense decoders)
   error @13 :Text;
+  experts @14 :Int32;           # routed experts per layer (0: a dense model)
+  expertBytes @15 :UInt64;      # one routed expert's weights in one layer (part of layerBytes)
 }
 
 enum ReplicaState {

@@ -193,7 +193,7 @@ void resume(client_self* self, std::uint64_t old_id, std::shared_ptr<job_stream>
   if (!stream->request || stream->resumes >= max_resumes || stream->is_ended()) return stream->fail(std::move(why));
   auto req = *stream->request;
   req.prior_output = stream->delivered();
-  if (static_cast<std::int64_t>(req.prior_output.size()) >= req.max_tokens) {
+  if (req.max_tokens > 0 && static_cast<std::int64_t>(req.prior_output.size()) >= req.max_tokens) {  // 0: the capacity's bound
     transport::token_chunk done;
     done.job_id = old_id;
     done.finish_reason = transport::finish_reason::length;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <fstream>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -163,7 +164,17 @@ void read_common(params& p, request_plan& plan) {
   if (auto v = p.number<float>("presence_penalty", -2, 2)) s.presence_penalty = *v;
   if (auto v = p.number<float>("frequency_penalty", -2, 2)) s.frequency_penalty = *v;
   if (auto v = p.number<float>("repetition_penalty", 1e-6, 100)) s.repetition_penalty = *v;
-  if (auto v = p.number<std::int64_t>("seed", -9.2e18, 9.2e18)) s.seed = static_cast<std::uint64_t>(*v);
+  if (auto it = p.body.find("seed"); it != p.body.end() && it->is_number_integer()) {
+    s.seed = static_cast<std::uint64_t>(it->get<std::int64_t>());  // exact: not through a double
+  } else if (auto v = p.number<std::int64_t>("seed", -9.2e18, 9.2e18)) {
+    s.seed = static_cast<std::uint64_t>(*v);
+  } else {
+    // No seed: a fresh one per request (the same answer every time at temperature 1 otherwise), told
+    // back in the answer (`seed`, `x-troupe-seed`) so the request can be replayed.
+    std::random_device rd;
+    // 53 bits: a JavaScript client (the openai npm package) reads it back exactly.
+    s.seed = (static_cast<std::uint64_t>(rd()) << 32 | rd()) & ((std::uint64_t{1} << 53) - 1);
+  }
   if (auto v = p.number<std::int32_t>("n", 1, 16)) plan.n = *v;
   if (auto v = p.boolean("stream")) plan.stream = *v;
   if (auto v = p.boolean("ignore_eos")) j.ignore_eos = *v;
@@ -214,6 +225,30 @@ void read_common(params& p, request_plan& plan) {
         }
         j.stop_ids.push_back(x.get<std::int32_t>());
       }
+  }
+}
+
+// Fields asking for what this server does not do yet are refused by name (400), never ignored: a
+// client that asked for JSON must not get free text with a 200.
+void refuse_unhonoured(params& p, bool chat) {
+  const json& b = p.body;
+  if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
+    if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string())
+      p.fail("response_format", "must be an object with a string type");
+    else if (const auto type = (*it)["type"].get<std::string>(); type != "text")
+      p.fail("response_format", "type '" + type + "' needs constrained decoding, which this server does not offer yet (only 'text')");
+  }
+  for (const char* f : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar", "json_schema"})
+    if (auto it = b.find(f); it != b.end() && !it->is_null()) p.fail(f, "constrained decoding is not offered by this server yet");
+  if (!chat) return;
+  if (auto it = b.find("tool_choice"); it != b.end() && !it->is_null()) {
+    if (it->is_string()) {
+      const auto c = it->get<std::string>();
+      if (c == "required") p.fail("tool_choice", "'required' needs constrained decoding to force a call, which this server does not offer yet");
+      else if (c != "auto" && c != "none") p.fail("tool_choice", "must be 'none', 'auto' or 'required'");
+    } else {
+      p.fail("tool_choice", "naming a function needs constrained decoding to force the call, which this server does not offer yet");
+    }
   }
 }
 
@@ -317,7 +352,7 @@ struct gateway_state {
   // series (or write into the exposition) with the paths it makes up.
   void count(const std::string& endpoint, int status) {
     static const std::set<std::string> known{"/health", "/ready", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
-                                             "/v1/embeddings"};
+                                             "/v1/embeddings", "/v1/models/{id}", "/version", "/tokenize", "/detokenize"};
     if (status < 100 || status > 599) status = 0;
     std::lock_guard lock(stats.m);
     ++stats.requests[{known.contains(endpoint) ? endpoint : std::string("other"), status}];
@@ -344,6 +379,27 @@ struct gateway_state {
   }
 
   void completions(const httplib::Request& req, httplib::Response& res, bool chat);
+  // POST /tokenize (prompt -> ids) and /detokenize (ids -> text), vLLM's shapes, with this gateway's
+  // tokenizer (the model it was started with).
+  void tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize);
+
+  // The request's body as a JSON object, parsed with a bound on nesting: a body nested deeper than any
+  // request needs is refused before it is built (a 160 KB body of 80,000 nested arrays would
+  // otherwise overflow the stack later). False: refused, the answer written.
+  bool read_body(const std::string& endpoint, const httplib::Request& req, httplib::Response& res, json& body) {
+    bool too_deep = false;
+    body = json::parse(
+        req.body,
+        [&too_deep](int depth, json::parse_event_t, json&) {
+          if (depth > max_json_depth) too_deep = true;
+          return !too_deep;
+        },
+        false);
+    if (too_deep)
+      return reply_error(endpoint, res, {400, "the body nests deeper than " + std::to_string(max_json_depth) + " levels", "", "invalid_json"}), false;
+    if (body.is_discarded() || !body.is_object()) return reply_error(endpoint, res, {400, "the body is not a JSON object", "", "invalid_json"}), false;
+    return true;
+  }
   std::string metrics_text();
 };
 
@@ -355,22 +411,51 @@ json usage_json(std::int64_t prompt, std::int64_t completion) {
 
 }  // namespace
 
+void gateway_state::tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize) {
+  const std::string endpoint = detokenize ? "/detokenize" : "/tokenize";
+  if (!authorized(req)) return reply_error(endpoint, res, {401, "Incorrect API key provided", "", "invalid_api_key"});
+  json body;
+  if (!read_body(endpoint, req, res, body)) return;
+  if (!codec) return reply_error(endpoint, res, {503, "this gateway was started without the model's tokenizer", "", "unsupported"});
+  if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return reply_error(endpoint, res, {400, "'model': model is a string", "model", "invalid_parameter"});
+    if (it->get<std::string>() != model)
+      return reply_error(endpoint, res, {404, "this gateway tokenizes for '" + model + "' only, not '" + it->get<std::string>() + "'", "model", "model_not_found"});
+  }
+  if (detokenize) {
+    auto it = body.find("tokens");
+    if (it == body.end() || !it->is_array() || it->size() > (std::size_t{1} << 20))
+      return reply_error(endpoint, res, {400, "'tokens': an array of up to 2^20 token ids is required", "tokens", "invalid_parameter"});
+    std::vector<text::token_id> ids;
+    ids.reserve(it->size());
+    for (const auto& x : *it) {
+      if (!x.is_number_integer() || x.get<std::int64_t>() < 0 || x.get<std::int64_t>() >= static_cast<std::int64_t>(codec->vocab_size()))
+        return reply_error(endpoint, res, {400, "'tokens': each is a token id in [0, " + std::to_string(codec->vocab_size()) + ")", "tokens", "invalid_parameter"});
+      ids.push_back(static_cast<text::token_id>(x.get<std::int64_t>()));
+    }
+    res.set_content(dump(json{{"prompt", codec->decode(ids, false)}}), "application/json");
+    return count(endpoint, 200);
+  }
+  if (body.contains("messages"))
+    return reply_error(endpoint, res, {400, "'messages': chat templates are rendered by the replicas; tokenize a prompt string", "messages", "invalid_parameter"});
+  auto it = body.find("prompt");
+  if (it == body.end() || !it->is_string()) return reply_error(endpoint, res, {400, "'prompt': a string is required", "prompt", "invalid_parameter"});
+  bool add_special = true;
+  if (auto a = body.find("add_special_tokens"); a != body.end() && !a->is_null()) {
+    if (!a->is_boolean()) return reply_error(endpoint, res, {400, "'add_special_tokens': must be a boolean", "add_special_tokens", "invalid_parameter"});
+    add_special = a->get<bool>();
+  }
+  auto ids = codec->encode(it->get<std::string>(), add_special);
+  if (!ids) return reply_error(endpoint, res, {400, "'prompt': " + ids.error().message(), "prompt", "invalid_parameter"});
+  res.set_content(dump(json{{"tokens", *ids}, {"count", ids->size()}}), "application/json");
+  count(endpoint, 200);
+}
+
 void gateway_state::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
   const std::string endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
   if (!authorized(req)) return reply_error(endpoint, res, {401, "Incorrect API key provided", "", "invalid_api_key"});
-  // Parsed with a bound on nesting: a body nested deeper than any request needs is refused before it
-  // is built (a 160 KB body of 80,000 nested arrays would otherwise overflow the stack later).
-  bool too_deep = false;
-  const json body = json::parse(
-      req.body,
-      [&too_deep](int depth, json::parse_event_t, json&) {
-        if (depth > max_json_depth) too_deep = true;
-        return !too_deep;
-      },
-      false);
-  if (too_deep)
-    return reply_error(endpoint, res, {400, "the body nests deeper than " + std::to_string(max_json_depth) + " levels", "", "invalid_json"});
-  if (body.is_discarded() || !body.is_object()) return reply_error(endpoint, res, {400, "the body is not a JSON object", "", "invalid_json"});
+  json body;
+  if (!read_body(endpoint, req, res, body)) return;
   params p{body, std::nullopt};
   request_plan plan;
   auto& j = plan.job;
@@ -405,8 +490,19 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
         if (c.is_string()) {
           content = c.get<std::string>();
         } else if (c.is_array()) {
-          for (const auto& part : c)
-            if (part.is_object() && part.value("type", "") == "text" && part.contains("text") && part["text"].is_string()) content += part["text"].get<std::string>();
+          bool ok = true;
+          for (const auto& part : c) {
+            if (part.is_object() && part.value("type", "") == "text" && part.contains("text") && part["text"].is_string()) {
+              content += part["text"].get<std::string>();
+              continue;
+            }
+            const std::string type = part.is_object() && part.contains("type") && part["type"].is_string() ? part["type"].get<std::string>() : "";
+            p.fail("messages", type.empty() ? "each content part needs a type and, for text, a string text"
+                                            : "content parts of type '" + type + "' are not taken: this server's models read text only");
+            ok = false;
+            break;
+          }
+          if (!ok) break;
         } else if (!c.is_null()) {
           p.fail("messages", "content must be a string or an array of text parts");
           break;
@@ -446,7 +542,10 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
     if (auto v = p.number<std::int32_t>("best_of", 1, 16); v && *v > 1) p.fail("best_of", "best_of is not supported");
     if (auto it = body.find("suffix"); it != body.end() && !it->is_null()) p.fail("suffix", "suffix is not supported");
   }
-  if (!body.contains("max_tokens") && !body.contains("max_completion_tokens")) j.max_tokens = chat ? 256 : 16;
+  refuse_unhonoured(p, chat);
+  // Left out: a chat answer may take what the context leaves after the prompt (0: the replica's driver
+  // resolves it against its capacity); a completion's default is OpenAI's 16.
+  if (!body.contains("max_tokens") && !body.contains("max_completion_tokens")) j.max_tokens = chat ? 0 : 16;
   if (plan.logprobs >= 0) j.sampling.top_logprobs = plan.logprobs;
   if (plan.n > options.max_n) p.fail("n", "at most " + std::to_string(options.max_n));
   if (p.err) return reply_error(endpoint, res, *p.err);
@@ -465,6 +564,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
     jobs.push_back(std::make_shared<job>(std::move(*r)));
   }
   const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(jobs.front()->id());
+  res.set_header("x-troupe-seed", std::to_string(j.sampling.seed));  // choice i drew with seed + i
   const auto created = static_cast<std::int64_t>(std::time(nullptr));
 
   auto logprob_entry = [this, chat](const transport::token_logprob& t, json& content, json& lp_tokens, json& lp_values, json& lp_top) {
@@ -530,7 +630,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
         stats.tpot.observe((total - *first_token) / static_cast<double>(completion_tokens / static_cast<std::int64_t>(jobs.size()) - 1));
     }
     json out = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created}, {"model", model},
-                {"choices", choices}, {"usage", usage_json(prompt_tokens, completion_tokens)}};
+                {"choices", choices}, {"usage", usage_json(prompt_tokens, completion_tokens)}, {"seed", j.sampling.seed}};
     res.set_content(dump(out), "application/json");
     count(endpoint, 200);
     return;
@@ -778,6 +878,22 @@ void serve_routes(httplib::Server& srv, gateway_state* st, const gateway_options
     json j = {{"object", "list"}, {"data", data}};
     res.set_content(dump(j), "application/json");
     st->count("/v1/models", 200);
+  });
+  // One model (as OpenAI's retrieve): its object, or 404 naming it.
+  srv.Get(R"(/v1/models/(.+))", [st](const httplib::Request& req, httplib::Response& res) {
+    if (!st->authorized(req)) return st->reply_error("/v1/models/{id}", res, {401, "Incorrect API key provided", "", "invalid_api_key"});
+    const std::string id = req.matches[1];
+    const auto served = st->served_models();
+    if (std::find(served.begin(), served.end(), id) == served.end())
+      return st->reply_error("/v1/models/{id}", res, {404, "The model '" + id + "' does not exist", "model", "model_not_found"});
+    res.set_content(dump(json{{"id", id}, {"object", "model"}, {"created", 0}, {"owned_by", "troupe"}}), "application/json");
+    st->count("/v1/models/{id}", 200);
+  });
+  srv.Post("/tokenize", [st](const httplib::Request& req, httplib::Response& res) { st->tokenize(req, res, false); });
+  srv.Post("/detokenize", [st](const httplib::Request& req, httplib::Response& res) { st->tokenize(req, res, true); });
+  srv.Get("/version", [st](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump(json{{"version", TROUPE_VERSION_STRING}}), "application/json");
+    st->count("/version", 200);
   });
   srv.Post("/v1/completions", [st](const httplib::Request& req, httplib::Response& res) { st->completions(req, res, false); });
   srv.Post("/v1/chat/completions", [st](const httplib::Request& req, httplib::Response& res) { st->completions(req, res, true); });

@@ -932,6 +932,14 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
   if (auto c = exec::check(req.sampling); !c) return refuse(driver_error_code::bad_request, c.error().message());
   for (const auto& [id, b] : req.logit_bias)
     if (id < 0 || id >= st.vocab || !std::isfinite(b)) return refuse(driver_error_code::bad_request, "logit bias on id " + std::to_string(id) + " is out of range or not finite");
+  // 0: as many tokens as the capacity (and the pool) leave after the prompt, for a client that named
+  // no bound (the gateway's chat default).
+  if (req.max_tokens == 0) {
+    req.max_tokens = std::min(st.options.capacity, st.pool_blocks * st.block_size) - n;
+    if (req.max_tokens < 1)
+      return refuse(driver_error_code::too_long, "the prompt (" + std::to_string(n) + ") leaves no room in the capacity of " +
+                                                     std::to_string(st.options.capacity) + " positions");
+  }
   if (req.max_tokens < 1) return refuse(driver_error_code::bad_request, "max_tokens must be at least 1");
   if (static_cast<std::int64_t>(req.prior_output.size()) >= req.max_tokens)
     return refuse(driver_error_code::bad_request, "the prior output already holds max_tokens tokens");

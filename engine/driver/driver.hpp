@@ -200,7 +200,7 @@ struct seq_request {
   std::vector<std::int32_t> prior_output;
   exec::sample_params sampling;
   std::vector<std::pair<std::int32_t, float>> logit_bias;
-  std::int64_t max_tokens = 16;
+  std::int64_t max_tokens = 16;  // 0: what the capacity (and the pool) leave after the prompt
   std::vector<std::int32_t> stop_ids;  // ends the sequence besides the model's eos ids
   bool ignore_eos = false;
   std::vector<std::string> stop;       // stop strings (needs the model's tokenizer)

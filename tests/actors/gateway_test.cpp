@@ -547,6 +547,84 @@ TEST(gateway, connections_per_client_are_capped) {
   for (int fd : held) ::close(fd);
 }
 
+// What the server cannot honour yet is refused by name, never ignored; the small routes; unseeded
+// requests draw a fresh seed that replays; a chat without max_tokens takes what the context leaves.
+TEST(gateway, unhonoured_fields_are_refused_seeds_replay_and_chat_length_follows_the_context) {
+  auto s = serve();
+  auto post = [&](const std::string& path, const json& body) { return s.http->Post(path, body.dump(), "application/json"); };
+  const json hi = json::array({{{"role", "user"}, {"content", "w300 w301"}}});
+  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
+           {"response_format", {{"type", "json_object"}}},
+           {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}}},
+           {"guided_json", {{"type", "object"}}}, {"guided_regex", "[a-z]+"}, {"guided_choice", {"a", "b"}}, {"grammar", "root ::= \"a\""},
+           {"tool_choice", "required"}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}) {
+    json req = {{"model", "tiny"}, {"messages", hi}, {"max_tokens", 2}};
+    req[field] = value;
+    auto e = post("/v1/chat/completions", req);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->status, 400) << field << " " << value.dump();
+    EXPECT_EQ(json::parse(e->body)["error"]["param"], field) << e->body;
+  }
+  json image = {{"model", "tiny"}, {"max_tokens", 2},
+                {"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "w300"}},
+                                                                                      {{"type", "image_url"}, {"image_url", {{"url", "data:,"}}}}})}}})}};
+  auto img = post("/v1/chat/completions", image);
+  EXPECT_EQ(img->status, 400);
+  EXPECT_NE(json::parse(img->body)["error"]["message"].get<std::string>().find("image_url"), std::string::npos) << img->body;
+  auto text_format = post("/v1/chat/completions", {{"model", "tiny"}, {"messages", hi}, {"max_tokens", 2}, {"response_format", {{"type", "text"}}}});
+  EXPECT_EQ(text_format->status, 200) << text_format->body;
+
+  // Unseeded at temperature 1: a fresh seed each time, told back; the same seed replays the answer.
+  const json sampled = {{"model", "tiny"}, {"prompt", "w300 w301"}, {"max_tokens", 12}, {"temperature", 1.0}};
+  auto a = post("/v1/completions", sampled), b = post("/v1/completions", sampled);
+  ASSERT_EQ(a->status, 200);
+  ASSERT_EQ(b->status, 200);
+  const auto ja = json::parse(a->body), jb = json::parse(b->body);
+  EXPECT_NE(ja["seed"], jb["seed"]);
+  EXPECT_EQ(a->get_header_value("x-troupe-seed"), ja["seed"].dump());
+  json replay = sampled;
+  replay["seed"] = ja["seed"];
+  auto c = post("/v1/completions", replay);
+  EXPECT_EQ(json::parse(c->body)["choices"][0]["text"], ja["choices"][0]["text"]);
+
+  // A chat without max_tokens on a 256-position model: it used to add 256 and fail too_long.
+  auto open_ended = post("/v1/chat/completions", {{"model", "tiny"}, {"messages", hi}, {"temperature", 0}, {"ignore_eos", true}});
+  ASSERT_EQ(open_ended->status, 200) << open_ended->body;
+  const auto usage = json::parse(open_ended->body)["usage"];
+  EXPECT_LE(usage["prompt_tokens"].get<int>() + usage["completion_tokens"].get<int>(), 256) << usage.dump();
+  EXPECT_GT(usage["completion_tokens"].get<int>(), 128) << usage.dump();  // what the context (and pool) left
+  EXPECT_EQ(json::parse(open_ended->body)["choices"][0]["finish_reason"], "length");
+
+  auto one = s.http->Get("/v1/models/tiny");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200);
+  EXPECT_EQ(json::parse(one->body)["id"], "tiny");
+  auto none = s.http->Get("/v1/models/nope");
+  EXPECT_EQ(none->status, 404);
+  EXPECT_EQ(json::parse(none->body)["error"]["code"], "model_not_found");
+  // vLLM's /tokenize and /detokenize with the gateway's tokenizer: a round trip, and refusals by name.
+  auto tok = post("/tokenize", {{"model", "tiny"}, {"prompt", "w300 w301"}, {"add_special_tokens", false}});
+  ASSERT_EQ(tok->status, 200) << tok->body;
+  const auto ids = json::parse(tok->body)["tokens"];
+  EXPECT_EQ(json::parse(tok->body)["count"], ids.size());
+  EXPECT_GE(ids.size(), 2u);
+  auto detok = post("/detokenize", {{"model", "tiny"}, {"tokens", ids}});
+  ASSERT_EQ(detok->status, 200) << detok->body;
+  // Decoded as the tokenizer's own decode does (Hugging Face's: this fixture's SentencePiece-style
+  // pieces keep their word-start marks).
+  const auto text = json::parse(detok->body)["prompt"].get<std::string>();
+  EXPECT_NE(text.find("w300"), std::string::npos) << text;
+  EXPECT_NE(text.find("w301"), std::string::npos) << text;
+  EXPECT_EQ(post("/detokenize", {{"tokens", {1, -3}}})->status, 400);
+  EXPECT_EQ(post("/detokenize", {{"tokens", {1 << 30}}})->status, 400);
+  EXPECT_EQ(post("/tokenize", {{"model", "other"}, {"prompt", "x"}})->status, 404);
+  EXPECT_EQ(json::parse(post("/tokenize", {{"prompt", 5}})->body)["error"]["param"], "prompt");
+  auto version = s.http->Get("/version");
+  ASSERT_TRUE(version);
+  EXPECT_EQ(version->status, 200);
+  EXPECT_FALSE(json::parse(version->body)["version"].get<std::string>().empty());
+}
+
 // Probe connections a client keeps open after their answer do not hold the reserved lane's threads:
 // the lane answers one request per connection, so the next monitor is answered at once.
 TEST(gateway, kept_alive_probe_connections_do_not_hold_the_lane) {

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -272,18 +273,49 @@ json parse_bounded(const std::string& text) {
   return too_deep ? json(json::value_t::discarded) : j;
 }
 
+// Tool calls in the formats the shipped chat templates ask for, tried in turn (the first that yields
+// a call wins; text that is not a call stays content):
+//   Hermes / Qwen   <tool_call>{"name": ..., "arguments": {...}}</tool_call>, any number of them
+//   Llama 3.x       {"name": ..., "parameters": {...}}, optionally after <|python_tag|>
+//   Mistral         [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] or [TOOL_CALLS]name[ARGS]{...}
+//   DeepSeek V3     <｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{...}\n```<｜tool▁call▁end｜>
+// plus a bare JSON array of calls (a template's marker may be a special token the text leaves out).
 std::pair<std::string, json> parse_tool_calls_json(const std::string& text) {
   json calls = json::array();
-  std::string rest;
-  std::size_t pos = 0;
-  auto add = [&](const json& c) {
-    if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) return false;
+  auto call_of = [&](const json& c, std::size_t index) -> std::optional<json> {
+    if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) return std::nullopt;
     json args = c.contains("arguments") ? c["arguments"] : (c.contains("parameters") ? c["parameters"] : json::object());
-    calls.push_back({{"id", "call_" + std::to_string(calls.size())},
-                     {"type", "function"},
-                     {"function", {{"name", c["name"]}, {"arguments", args.is_string() ? args.get<std::string>() : args.dump()}}}});
+    return json{{"id", "call_" + std::to_string(index)},
+                {"type", "function"},
+                {"function", {{"name", c["name"]}, {"arguments", args.is_string() ? args.get<std::string>() : args.dump()}}}};
+  };
+  auto add = [&](const json& c) {
+    auto x = call_of(c, calls.size());
+    if (x) calls.push_back(std::move(*x));
+    return x.has_value();
+  };
+  // One JSON value holding a call or an array of calls: all of them, or none.
+  auto add_all = [&](const json& v) {
+    if (v.is_object()) return add(v);
+    if (!v.is_array() || v.empty()) return false;
+    json got = json::array();
+    for (const auto& c : v) {
+      auto x = call_of(c, calls.size() + got.size());
+      if (!x) return false;
+      got.push_back(std::move(*x));
+    }
+    for (auto& g : got) calls.push_back(std::move(g));
     return true;
   };
+  auto trim = [](std::string_view v) {
+    while (!v.empty() && std::isspace(static_cast<unsigned char>(v.front()))) v.remove_prefix(1);
+    while (!v.empty() && std::isspace(static_cast<unsigned char>(v.back()))) v.remove_suffix(1);
+    return std::string(v);
+  };
+
+  // Hermes / Qwen.
+  std::string rest;
+  std::size_t pos = 0;
   while (true) {
     const auto open = text.find("<tool_call>", pos);
     if (open == std::string::npos) break;
@@ -296,11 +328,56 @@ std::pair<std::string, json> parse_tool_calls_json(const std::string& text) {
     pos = close + 12;
   }
   rest += text.substr(pos);
-  if (calls.empty()) {
-    auto c = parse_bounded(text);
-    if (!c.is_discarded() && add(c)) rest.clear();
+  if (!calls.empty()) return {rest, calls};
+
+  // DeepSeek V3.
+  static const std::string ds_begin = "<｜tool▁call▁begin｜>", ds_sep = "<｜tool▁sep｜>", ds_end = "<｜tool▁call▁end｜>",
+                           ds_all = "<｜tool▁calls▁begin｜>";
+  if (const auto first = text.find(ds_begin); first != std::string::npos) {
+    for (std::size_t at = first; (at = text.find(ds_begin, at)) != std::string::npos;) {
+      const auto sep = text.find(ds_sep, at), end = text.find(ds_end, at);
+      if (sep == std::string::npos || end == std::string::npos || sep > end) break;
+      std::string body = text.substr(sep + ds_sep.size(), end - sep - ds_sep.size());
+      const auto nl = body.find('\n');
+      const std::string name = trim(body.substr(0, nl));
+      std::string args = nl == std::string::npos ? "{}" : body.substr(nl + 1);
+      if (auto f = args.find("```json"); f != std::string::npos) args = args.substr(f + 7);
+      if (auto f = args.rfind("```"); f != std::string::npos) args = args.substr(0, f);
+      auto a = parse_bounded(args);
+      if (name.empty() || a.is_discarded() || !add(json{{"name", name}, {"arguments", a}})) break;
+      at = end + ds_end.size();
+    }
+    if (!calls.empty()) {
+      const auto lead = text.find(ds_all) != std::string::npos ? std::min(text.find(ds_all), first) : first;
+      return {trim(text.substr(0, lead)), calls};
+    }
   }
-  return {rest, calls};
+
+  // Mistral, Llama 3.x and bare JSON.
+  std::string lead, t = text;
+  bool mistral = false;
+  if (const auto k = t.find("[TOOL_CALLS]"); k != std::string::npos) lead = trim(t.substr(0, k)), t = t.substr(k + 12), mistral = true;
+  else if (const auto k2 = t.find("<|python_tag|>"); k2 != std::string::npos) lead = trim(t.substr(0, k2)), t = t.substr(k2 + 14);
+  if (auto v = parse_bounded(trim(t)); !v.is_discarded() && add_all(v)) return {lead, calls};
+  if (mistral) {  // name[ARGS]{...}, repeated
+    std::string_view v = t;
+    while (true) {
+      const auto args_at = v.find("[ARGS]");
+      if (args_at == std::string_view::npos) break;
+      const std::string name = trim(v.substr(0, args_at));
+      v.remove_prefix(args_at + 6);
+      const auto next = v.find("[TOOL_CALLS]");
+      auto a = parse_bounded(trim(v.substr(0, next)));
+      if (name.empty() || a.is_discarded() || !add(json{{"name", name}, {"arguments", a}})) {
+        calls = json::array();
+        break;
+      }
+      if (next == std::string_view::npos) break;
+      v.remove_prefix(next + 12);
+    }
+    if (!calls.empty()) return {lead, calls};
+  }
+  return {text, calls};
 }
 
 }  // namespace

@@ -295,6 +295,39 @@ TEST(gateway, disconnects_and_stalled_clients_leak_nothing) {
   EXPECT_EQ(ok->status, 200);
 }
 
+// The other templates' formats: Llama 3.x JSON (after <|python_tag|> or bare), Mistral's [TOOL_CALLS]
+// (an array, or name[ARGS]{...}), DeepSeek V3's, and a bare array; a reply that is not a call stays text.
+TEST(gateway, tool_calls_in_the_llama_mistral_and_deepseek_formats_are_parsed) {
+  auto names = [](const std::string& calls) {
+    std::vector<std::string> out;
+    if (calls.empty()) return out;
+    for (const auto& c : json::parse(calls)) out.push_back(c["function"]["name"].get<std::string>() + json::parse(c["function"]["arguments"].get<std::string>()).dump());
+    return out;
+  };
+  using v = std::vector<std::string>;
+  auto [r1, c1] = parse_tool_calls(R"(<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}})");
+  EXPECT_EQ(names(c1), (v{R"(get_weather{"city":"Oslo"})"}));
+  EXPECT_EQ(r1, "");
+  auto [r2, c2] = parse_tool_calls(R"([TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}])");
+  EXPECT_EQ(names(c2), (v{R"(a{"x":1})", "b{}"}));
+  auto [r3, c3] = parse_tool_calls(R"(Sure. [TOOL_CALLS]get_time[ARGS]{"tz": "UTC"}[TOOL_CALLS]get_date[ARGS]{})");
+  EXPECT_EQ(names(c3), (v{R"(get_time{"tz":"UTC"})", "get_date{}"}));
+  EXPECT_EQ(r3, "Sure.");
+  auto [r4, c4] = parse_tool_calls(
+      "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Lima\"}\n```"
+      "<｜tool▁call▁end｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  EXPECT_EQ(names(c4), (v{R"(get_weather{"city":"Lima"})", "get_time{}"}));
+  EXPECT_EQ(r4, "Checking.");
+  auto [r5, c5] = parse_tool_calls(R"([{"name": "f", "arguments": {"k": "v"}}])");  // the marker was a skipped special token
+  EXPECT_EQ(names(c5), (v{R"(f{"k":"v"})"}));
+  // Not calls: a JSON answer without a name, an array with one bad entry, plain text.
+  EXPECT_TRUE(parse_tool_calls(R"({"city": "Oslo"})").second.empty());
+  EXPECT_TRUE(parse_tool_calls(R"([{"name": "f"}, {"x": 1}])").second.empty());
+  auto [r6, c6] = parse_tool_calls("[TOOL_CALLS] not json");
+  EXPECT_TRUE(c6.empty());
+  EXPECT_EQ(r6, "[TOOL_CALLS] not json");
+}
+
 TEST(gateway, tool_calls_in_the_hermes_format_are_parsed) {
   auto [rest, calls] = parse_tool_calls(
       "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"

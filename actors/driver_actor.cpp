@@ -43,6 +43,7 @@ struct driver_actor_state {
   bool ticking = false;
   std::int64_t max_jobs = 0;
   std::int64_t done = 0, refused = 0;
+  std::uint64_t replica_id = 0;  // as the coordinator knows it (a restarted one may adopt it under another)
   double tokens_per_second = 0;
   static inline const char* name = "driver";
 };
@@ -129,6 +130,7 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
   st.ranks = std::move(ranks);
   st.coordinator = coordinator;
   st.max_jobs = max_jobs;
+  st.replica_id = replica_id;
   // Prepared here, on the driver's own thread: the entries compile before it serves. The coordinator
   // hears how far it has come (what `troupe status` and `troupe deploy --progress` show).
   options.on_prepare = [self, coordinator, replica_id](std::int64_t done, std::int64_t total) {
@@ -227,6 +229,7 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
             j.generated += static_cast<std::int64_t>(u.tokens.size());
             produced += static_cast<std::int64_t>(u.tokens.size());
             c.usage = {j.prompt_tokens, j.generated, 0};
+            c.replica = st.replica_id;
             if (u.finished)
               c.finish_reason = j.expired && *u.finished == driver::finish_reason::cancelled
                                     ? transport::finish_reason::deadline
@@ -269,6 +272,7 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
       [=](adopt_atom, const caf::actor& coordinator, std::uint64_t id) {
         auto& st = self->state;
         st.coordinator = caf::actor_cast<coordinator_actor>(coordinator);
+        st.replica_id = id;
         // The jobs of the coordinator before: their clients were failed with a retryable error when it
         // went, and job ids start again with the new one, so they end here, unreported.
         for (auto& [seq, j] : st.jobs) {

@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 
 #include <nlohmann/json.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <array>
 #include <atomic>
@@ -449,6 +451,8 @@ struct gateway_state {
     return match;
   }
   void reply_error(const std::string& endpoint, httplib::Response& res, const api_error& e) {
+    if (endpoint != "/health" && endpoint != "/ready" && endpoint != "/metrics")
+      spdlog::info("event=http_request endpoint={} status={} reason=\"{}\"", endpoint, e.status, e.message);
     res.status = e.status;
     if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
     res.set_content(error_body(e), "application/json");
@@ -662,6 +666,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
     json choices = json::array();
     std::int64_t prompt_tokens = 0, completion_tokens = 0;
     std::optional<double> first_token;
+    std::string replicas;  // the replicas that answered, in choice order (x-troupe-replica)
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       // Pull chunk by chunk to time the first token.
       job_result r;
@@ -675,6 +680,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
       }
       prompt_tokens = r.usage.prompt_tokens;
       completion_tokens += static_cast<std::int64_t>(r.tokens.size());
+      if (r.replica != 0) replicas += (replicas.empty() ? "" : ",") + std::to_string(r.replica);
       json content = json::array(), lt = json::array(), lv = json::array(), ltop = json::array();
       for (const auto& t : r.logprobs) logprob_entry(t, content, lt, lv, ltop);
       std::string finish = finish_of(r.finish_reason);
@@ -708,8 +714,11 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
     }
     json out = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created}, {"model", model},
                 {"choices", choices}, {"usage", usage_json(prompt_tokens, completion_tokens)}, {"seed", j.sampling.seed}};
+    if (!replicas.empty()) res.set_header("x-troupe-replica", replicas);
     res.set_content(dump(out), "application/json");
     count(endpoint, 200);
+    spdlog::info("event=http_request endpoint={} status=200 model={} prompt_tokens={} completion_tokens={} seconds={:.3f} replica={}", endpoint, model,
+                 prompt_tokens, completion_tokens, total, replicas.empty() ? "-" : replicas);
     return;
   }
 
@@ -723,6 +732,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
     std::int64_t prompt_tokens = 0, completion_tokens = 0;
     std::optional<double> first_token;
     std::string held;  // with tools, the text is held to parse tool calls at the end
+    std::set<std::uint64_t> replicas;  // for the access log
   };
   auto st = std::make_shared<stream_state>();
   res.set_header("Cache-Control", "no-cache");
@@ -759,6 +769,9 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
           }
           st->done = true;
           sink.done();
+          spdlog::info("event=http_request endpoint={} status=200 stream=true model={} prompt_tokens={} completion_tokens={} seconds={:.3f} replica={}",
+                       chat ? "/v1/chat/completions" : "/v1/completions", model, st->prompt_tokens, st->completion_tokens, total,
+                       st->replicas.empty() ? std::string("-") : fmt::format("{}", fmt::join(st->replicas, ",")));
           return true;
         }
         auto& jb = *jobs[st->current];
@@ -777,6 +790,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
           return true;
         }
         if (!st->first_token && !c->ids.empty()) st->first_token = std::chrono::duration<double>(clock_type::now() - t0).count();
+        if (c->replica != 0) st->replicas.insert(c->replica);
         st->prompt_tokens = c->usage.prompt_tokens;
         st->completion_tokens += static_cast<std::int64_t>(c->ids.size());
         json content = json::array(), lt = json::array(), lv = json::array(), ltop = json::array();

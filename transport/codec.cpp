@@ -269,6 +269,7 @@ struct body_writer {
     u.setPromptTokens(m.usage.prompt_tokens);
     u.setCompletionTokens(m.usage.completion_tokens);
     u.setCachedTokens(m.usage.cached_tokens);
+    b.setReplica(m.replica);
   }
   void operator()(const cancel_job& m) { body.initCancel().setJobId(m.job_id); }
   void operator()(const error& m) {
@@ -503,6 +504,7 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       m.finish_reason = static_cast<finish_reason>(f);
       auto u = r.getUsage();
       m.usage = {u.getPromptTokens(), u.getCompletionTokens(), u.getCachedTokens()};
+      m.replica = r.getReplica();
       return m;
     }
     case Envelope::Body::CANCEL: return cancel_job{body.getCancel().getJobId()};

@@ -98,6 +98,7 @@ struct token_chunk {
   std::vector<token_logprob> logprobs;
   transport::finish_reason finish_reason = finish_reason::running;
   transport::usage usage;
+  std::uint64_t replica = 0;  // the replica that produced it (0: not said)
   friend bool operator==(const token_chunk&, const token_chunk&) = default;
 };
 

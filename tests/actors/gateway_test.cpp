@@ -615,6 +615,7 @@ TEST(gateway, unhonoured_fields_are_refused_seeds_replay_and_chat_length_follows
   const auto ja = json::parse(a->body), jb = json::parse(b->body);
   EXPECT_NE(ja["seed"], jb["seed"]);
   EXPECT_EQ(a->get_header_value("x-troupe-seed"), ja["seed"].dump());
+  EXPECT_FALSE(a->get_header_value("x-troupe-replica").empty()) << "the replica that served it";
   json replay = sampled;
   replay["seed"] = ja["seed"];
   auto c = post("/v1/completions", replay);

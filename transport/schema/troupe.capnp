@@ -125,6 +125,7 @@ struct TokenChunk {
   logprobs @3 :List(TokenLogprob);
   finishReason @4 :FinishReason;
   usage @5 :Usage;
+  replica @6 :UInt64;         # the replica that produced it (0: not said)
 }
 
 struct CancelJob {

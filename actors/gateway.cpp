@@ -648,13 +648,28 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
   res.set_header("x-troupe-seed", std::to_string(j.sampling.seed));  // choice i drew with seed + i
   const auto created = static_cast<std::int64_t>(std::time(nullptr));
 
-  auto logprob_entry = [this, chat](const transport::token_logprob& t, json& content, json& lp_tokens, json& lp_values, json& lp_top) {
+  // One token's logprobs entry. Chat: with its UTF-8 `bytes`; completions: with its `text_offset`,
+  // the offset of the token's text in the choice's text (`offset` runs over the choice's tokens).
+  auto bytes_of = [](const std::string& s) {
+    json b = json::array();
+    for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
+    return b;
+  };
+  auto logprob_entry = [this, chat, bytes_of](const transport::token_logprob& t, json& content, json& lp_tokens, json& lp_values, json& lp_top,
+                                              json& lp_offsets, std::size_t& offset) {
     if (chat) {
       json top = json::array();
-      for (const auto& x : t.top) top.push_back({{"token", token_text(x.token)}, {"logprob", x.logprob}, {"bytes", nullptr}});
-      content.push_back({{"token", token_text(t.token)}, {"logprob", t.logprob}, {"bytes", nullptr}, {"top_logprobs", top}});
+      for (const auto& x : t.top) {
+        const auto s = token_text(x.token);
+        top.push_back({{"token", s}, {"logprob", x.logprob}, {"bytes", bytes_of(s)}});
+      }
+      const auto s = token_text(t.token);
+      content.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
     } else {
-      lp_tokens.push_back(token_text(t.token));
+      const auto s = token_text(t.token);
+      lp_offsets.push_back(offset);
+      offset += s.size();
+      lp_tokens.push_back(s);
       lp_values.push_back(t.logprob);
       json top = json::object();
       for (const auto& x : t.top) top[token_text(x.token)] = x.logprob;
@@ -681,8 +696,9 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
       prompt_tokens = r.usage.prompt_tokens;
       completion_tokens += static_cast<std::int64_t>(r.tokens.size());
       if (r.replica != 0) replicas += (replicas.empty() ? "" : ",") + std::to_string(r.replica);
-      json content = json::array(), lt = json::array(), lv = json::array(), ltop = json::array();
-      for (const auto& t : r.logprobs) logprob_entry(t, content, lt, lv, ltop);
+      json content = json::array(), lt = json::array(), lv = json::array(), ltop = json::array(), loff = json::array();
+      std::size_t offset = 0;
+      for (const auto& t : r.logprobs) logprob_entry(t, content, lt, lv, ltop, loff, offset);
       std::string finish = finish_of(r.finish_reason);
       if (chat) {
         json message = {{"role", "assistant"}, {"content", r.text}};
@@ -699,7 +715,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
         choices.push_back(choice);
       } else {
         json choice = {{"index", i}, {"text", r.text}, {"finish_reason", finish}, {"logprobs", nullptr}};
-        if (plan.logprobs >= 0) choice["logprobs"] = {{"tokens", lt}, {"token_logprobs", lv}, {"top_logprobs", ltop}, {"text_offset", json::array()}};
+        if (plan.logprobs >= 0) choice["logprobs"] = {{"tokens", lt}, {"token_logprobs", lv}, {"top_logprobs", ltop}, {"text_offset", loff}};
         choices.push_back(choice);
       }
     }
@@ -733,6 +749,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
     std::optional<double> first_token;
     std::string held;  // with tools, the text is held to parse tool calls at the end
     std::set<std::uint64_t> replicas;  // for the access log
+    std::size_t offset = 0;             // text_offset within the current choice
   };
   auto st = std::make_shared<stream_state>();
   res.set_header("Cache-Control", "no-cache");
@@ -787,14 +804,15 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
             return true;
           }
           ++st->current;
+          st->offset = 0;
           return true;
         }
         if (!st->first_token && !c->ids.empty()) st->first_token = std::chrono::duration<double>(clock_type::now() - t0).count();
         if (c->replica != 0) st->replicas.insert(c->replica);
         st->prompt_tokens = c->usage.prompt_tokens;
         st->completion_tokens += static_cast<std::int64_t>(c->ids.size());
-        json content = json::array(), lt = json::array(), lv = json::array(), ltop = json::array();
-        for (const auto& t : c->logprobs) logprob_entry(t, content, lt, lv, ltop);
+        json content = json::array(), lt = json::array(), lv = json::array(), ltop = json::array(), loff = json::array();
+        for (const auto& t : c->logprobs) logprob_entry(t, content, lt, lv, ltop, loff, st->offset);
         const bool last = c->finish_reason != transport::finish_reason::running;
         std::string finish = last ? finish_of(std::string(transport::name(c->finish_reason))) : std::string();
         json choice;
@@ -824,7 +842,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
           if (plan.logprobs >= 0 && !content.empty()) choice["logprobs"] = {{"content", content}};
         } else {
           choice = {{"index", index}, {"text", c->text}, {"finish_reason", last ? json(finish) : json(nullptr)}, {"logprobs", nullptr}};
-          if (plan.logprobs >= 0 && !lt.empty()) choice["logprobs"] = {{"tokens", lt}, {"token_logprobs", lv}, {"top_logprobs", ltop}, {"text_offset", json::array()}};
+          if (plan.logprobs >= 0 && !lt.empty()) choice["logprobs"] = {{"tokens", lt}, {"token_logprobs", lv}, {"top_logprobs", ltop}, {"text_offset", loff}};
         }
         json event = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created}, {"model", model},
                       {"choices", json::array({choice})}};

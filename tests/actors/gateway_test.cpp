@@ -629,6 +629,23 @@ TEST(gateway, unhonoured_fields_are_refused_seeds_replay_and_chat_length_follows
   EXPECT_GT(usage["completion_tokens"].get<int>(), 128) << usage.dump();  // what the context (and pool) left
   EXPECT_EQ(json::parse(open_ended->body)["choices"][0]["finish_reason"], "length");
 
+  // Logprobs carry text_offset (completions) and bytes (chat).
+  auto lp = post("/v1/completions", {{"model", "tiny"}, {"prompt", "w300"}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", 2}});
+  ASSERT_EQ(lp->status, 200) << lp->body;
+  const auto lpj = json::parse(lp->body)["choices"][0]["logprobs"];
+  ASSERT_EQ(lpj["text_offset"].size(), lpj["tokens"].size());
+  ASSERT_FALSE(lpj["tokens"].empty());
+  EXPECT_EQ(lpj["text_offset"][0], 0);
+  for (std::size_t i = 1; i < lpj["tokens"].size(); ++i)
+    EXPECT_EQ(lpj["text_offset"][i].get<std::size_t>(), lpj["text_offset"][i - 1].get<std::size_t>() + lpj["tokens"][i - 1].get<std::string>().size());
+  auto clp = post("/v1/chat/completions", {{"model", "tiny"}, {"messages", hi}, {"max_tokens", 3}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}});
+  ASSERT_EQ(clp->status, 200) << clp->body;
+  for (const auto& e : json::parse(clp->body)["choices"][0]["logprobs"]["content"]) {
+    std::string from_bytes;
+    for (const auto& b : e["bytes"]) from_bytes += static_cast<char>(b.get<int>());
+    EXPECT_EQ(from_bytes, e["token"].get<std::string>());
+  }
+
   auto one = s.http->Get("/v1/models/tiny");
   ASSERT_TRUE(one);
   EXPECT_EQ(one->status, 200);

@@ -153,6 +153,13 @@ struct request_plan {
   bool tools = false;
 };
 
+// A seed for a request that named none: 53 bits, so a JavaScript client (the openai npm package)
+// reads it back exactly.
+std::uint64_t fresh_seed() {
+  std::random_device rd;
+  return (static_cast<std::uint64_t>(rd()) << 32 | rd()) & ((std::uint64_t{1} << 53) - 1);
+}
+
 // Reads the sampling and stop fields shared by both endpoints.
 void read_common(params& p, request_plan& plan) {
   auto& j = plan.job;
@@ -174,9 +181,7 @@ void read_common(params& p, request_plan& plan) {
   } else {
     // No seed: a fresh one per request (the same answer every time at temperature 1 otherwise), told
     // back in the answer (`seed`, `x-troupe-seed`) so the request can be replayed.
-    std::random_device rd;
-    // 53 bits: a JavaScript client (the openai npm package) reads it back exactly.
-    s.seed = (static_cast<std::uint64_t>(rd()) << 32 | rd()) & ((std::uint64_t{1} << 53) - 1);
+    s.seed = fresh_seed();
   }
   if (auto v = p.number<std::int32_t>("n", 1, 16)) plan.n = *v;
   if (auto v = p.boolean("stream")) plan.stream = *v;
@@ -431,16 +436,19 @@ struct gateway_state {
   // series (or write into the exposition) with the paths it makes up.
   void count(const std::string& endpoint, int status) {
     static const std::set<std::string> known{"/health", "/ready", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
-                                             "/v1/embeddings", "/v1/models/{id}", "/version", "/tokenize", "/detokenize"};
+                                             "/v1/embeddings", "/v1/models/{id}", "/version", "/tokenize", "/detokenize", "/v1/messages"};
     if (status < 100 || status > 599) status = 0;
     std::lock_guard lock(stats.m);
     ++stats.requests[{known.contains(endpoint) ? endpoint : std::string("other"), status}];
   }
+  // `Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY` (/v1/messages' clients send that).
   bool authorized(const httplib::Request& req) const {
     if (options.api_keys.empty()) return true;
     const auto h = req.get_header_value("Authorization");
-    if (h.rfind("Bearer ", 0) != 0) return false;
-    const auto key = h.substr(7);
+    if (h.rfind("Bearer ", 0) == 0) return key_matches(h.substr(7));
+    return req.has_header("x-api-key") && key_matches(req.get_header_value("x-api-key"));
+  }
+  bool key_matches(const std::string& key) const {
     // Compared in constant time (every key, every byte): the answer's timing says nothing of a key.
     bool match = false;
     for (const auto& k : options.api_keys) {
@@ -460,6 +468,8 @@ struct gateway_state {
   }
 
   void completions(const httplib::Request& req, httplib::Response& res, bool chat);
+  // POST /v1/messages: Anthropic's Messages shape (text, streaming, tools) over the same jobs.
+  void messages(const httplib::Request& req, httplib::Response& res);
   // POST /tokenize (prompt -> ids) and /detokenize (ids -> text), vLLM's shapes, with this gateway's
   // tokenizer (the model it was started with).
   void tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize);
@@ -491,6 +501,237 @@ json usage_json(std::int64_t prompt, std::int64_t completion) {
 }
 
 }  // namespace
+
+void gateway_state::messages(const httplib::Request& req, httplib::Response& res) {
+  const std::string endpoint = "/v1/messages";
+  // Anthropic's error shape; counted and logged as the other endpoints' refusals.
+  auto refuse = [&](int status, const std::string& message) {
+    const char* type = status == 401 ? "authentication_error" : status == 404 ? "not_found_error" : status == 429 ? "rate_limit_error"
+                       : status >= 500 ? "api_error" : "invalid_request_error";
+    spdlog::info("event=http_request endpoint={} status={} reason=\"{}\"", endpoint, status, message);
+    res.status = status;
+    if (status == 429 || status == 503) res.set_header("Retry-After", "1");
+    res.set_content(dump(json{{"type", "error"}, {"error", {{"type", type}, {"message", message}}}}), "application/json");
+    count(endpoint, status);
+  };
+  if (!authorized(req)) return refuse(401, "invalid x-api-key");
+  json body;
+  if (!read_body(endpoint, req, res, body)) return;
+  transport::job_submit j;
+  const auto served = served_models();
+  const auto mit = body.find("model");
+  if (mit == body.end() || !mit->is_string()) return refuse(400, "model: a string is required");
+  j.model = mit->get<std::string>();
+  if (std::find(served.begin(), served.end(), j.model) == served.end()) return refuse(404, "model: '" + j.model + "' is not served here");
+  const auto mt = body.find("max_tokens");
+  if (mt == body.end() || !mt->is_number_integer() || mt->get<std::int64_t>() < 1 || mt->get<std::int64_t>() > (1 << 20))
+    return refuse(400, "max_tokens: an integer in [1, 2^20] is required");
+  j.max_tokens = mt->get<std::int64_t>();
+  params p{body, std::nullopt};
+  if (auto v = p.number<float>("temperature", 0, 1)) j.sampling.temperature = *v;
+  else if (!body.contains("temperature")) j.sampling.temperature = 1.0f;
+  if (auto v = p.number<float>("top_p", 1e-9, 1)) j.sampling.top_p = *v;
+  if (auto v = p.number<std::int32_t>("top_k", 0, 1 << 30)) j.sampling.top_k = *v;
+  j.sampling.seed = fresh_seed();
+  bool stream = false;
+  if (auto v = p.boolean("stream")) stream = *v;
+  if (auto it = body.find("stop_sequences"); it != body.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() > 16) p.fail("stop_sequences", "an array of up to 16 strings");
+    else
+      for (const auto& x : *it) {
+        if (!x.is_string()) {
+          p.fail("stop_sequences", "an array of up to 16 strings");
+          break;
+        }
+        j.stop.push_back(x.get<std::string>());
+      }
+  }
+  if (p.err) return refuse(400, p.err->message);
+  // Text of a content value: a string, or text blocks (tool_use in an assistant turn becomes its JSON
+  // call, tool_result its text); anything else (images, documents) is refused by name.
+  std::string why;
+  auto text_of = [&](const json& c) -> std::optional<std::string> {
+    if (c.is_string()) return c.get<std::string>();
+    if (!c.is_array()) return why = "content: a string or an array of blocks", std::nullopt;
+    std::string out;
+    for (const auto& b : c) {
+      const std::string type = b.is_object() && b.contains("type") && b["type"].is_string() ? b["type"].get<std::string>() : "";
+      if (type == "text" && b.contains("text") && b["text"].is_string()) {
+        out += b["text"].get<std::string>();
+      } else if (type == "tool_use" && b.contains("name") && b["name"].is_string()) {
+        out += dump(json{{"name", b["name"]}, {"arguments", b.value("input", json::object())}});
+      } else if (type == "tool_result") {
+        const auto inner = b.value("content", json(""));
+        if (inner.is_string()) out += inner.get<std::string>();
+        else if (inner.is_array())
+          for (const auto& x : inner)
+            if (x.is_object() && x.value("type", "") == "text" && x.contains("text") && x["text"].is_string()) out += x["text"].get<std::string>();
+      } else {
+        return why = "content blocks of type '" + type + "' are not taken: this server's models read text only", std::nullopt;
+      }
+    }
+    return out;
+  };
+  std::vector<transport::chat_message> msgs;
+  if (auto sys = body.find("system"); sys != body.end() && !sys->is_null()) {
+    auto t = text_of(*sys);
+    if (!t) return refuse(400, "system: " + why);
+    msgs.push_back({"system", *t});
+  }
+  const auto ms = body.find("messages");
+  if (ms == body.end() || !ms->is_array() || ms->empty()) return refuse(400, "messages: a non-empty array is required");
+  for (const auto& m : *ms) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || (m["role"] != "user" && m["role"] != "assistant"))
+      return refuse(400, "messages: each has a role, user or assistant");
+    auto t = text_of(m.value("content", json("")));
+    if (!t) return refuse(400, "messages: " + why);
+    const bool result = m["content"].is_array() && !m["content"].empty() && m["content"][0].value("type", "") == "tool_result";
+    msgs.push_back({result ? "tool" : m["role"].get<std::string>(), *t});
+  }
+  j.prompt = std::move(msgs);
+  bool tools = false;
+  if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
+    if (!t->is_array()) return refuse(400, "tools: an array of tools");
+    json oa = json::array();
+    for (const auto& x : *t) {
+      if (!x.is_object() || !x.contains("name") || !x["name"].is_string()) return refuse(400, "tools: each has a name");
+      oa.push_back({{"type", "function"},
+                    {"function", {{"name", x["name"]}, {"description", x.value("description", "")}, {"parameters", x.value("input_schema", json::object())}}}});
+    }
+    const auto choice = body.value("tool_choice", json::object());
+    if (choice.is_object() && (choice.value("type", "auto") == "any" || choice.value("type", "auto") == "tool"))
+      return refuse(400, "tool_choice: forcing a tool call needs constrained decoding, which this server does not offer yet");
+    if (!oa.empty() && !(choice.is_object() && choice.value("type", "auto") == "none")) j.tools_json = oa.dump(), tools = true;
+  }
+  if (body.contains("thinking") && !body["thinking"].is_null()) return refuse(400, "thinking: not offered by this server");
+
+  const auto t0 = clock_type::now();
+  auto submitted = cl->submit(j);
+  if (!submitted) {
+    const auto e = from_transport(submitted.error());
+    return refuse(e.status, e.message);
+  }
+  auto jb = std::make_shared<job>(std::move(*submitted));
+  const std::string id = "msg_" + std::to_string(jb->id());
+  const std::string model = j.model;
+  auto stop_reason = [](const std::string& finish, const std::string& text, const std::vector<std::string>& stops) {
+    if (finish == "length" || finish == "capacity") return std::string("max_tokens");
+    if (finish == "stop_string") return std::string("stop_sequence");
+    (void)text, (void)stops;
+    return std::string("end_turn");
+  };
+  // The content blocks of a whole answer: text, then tool_use blocks when the answer is a call.
+  auto blocks_of = [tools](const std::string& text, std::string& reason) {
+    json blocks = json::array();
+    if (tools) {
+      auto [rest, calls] = parse_tool_calls_json(text);
+      if (!calls.empty()) {
+        if (!rest.empty()) blocks.push_back({{"type", "text"}, {"text", rest}});
+        for (const auto& c : calls) {
+          auto input = parse_bounded(c["function"]["arguments"].get<std::string>());
+          blocks.push_back({{"type", "tool_use"}, {"id", "toolu_" + c["id"].get<std::string>()}, {"name", c["function"]["name"]},
+                            {"input", input.is_discarded() ? json::object() : input}});
+        }
+        reason = "tool_use";
+        return blocks;
+      }
+    }
+    blocks.push_back({{"type", "text"}, {"text", text}});
+    return blocks;
+  };
+  res.set_header("x-troupe-seed", std::to_string(j.sampling.seed));
+  if (!stream) {
+    auto r = jb->wait();
+    if (r.error) {
+      const auto e = from_transport(*r.error);
+      return refuse(e.status, e.message);
+    }
+    std::string reason = stop_reason(r.finish_reason, r.text, j.stop);
+    const auto blocks = blocks_of(r.text, reason);
+    json out = {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", model}, {"content", blocks}, {"stop_reason", reason},
+                {"stop_sequence", nullptr},
+                {"usage", {{"input_tokens", r.usage.prompt_tokens}, {"output_tokens", static_cast<std::int64_t>(r.tokens.size())}}}};
+    if (r.replica != 0) res.set_header("x-troupe-replica", std::to_string(r.replica));
+    res.set_content(dump(out), "application/json");
+    count(endpoint, 200);
+    spdlog::info("event=http_request endpoint={} status=200 model={} prompt_tokens={} completion_tokens={} seconds={:.3f} replica={}", endpoint, model,
+                 r.usage.prompt_tokens, r.tokens.size(), std::chrono::duration<double>(clock_type::now() - t0).count(), r.replica);
+    return;
+  }
+  // Server-sent events as Anthropic names them: message_start, a text block's start, deltas and stop
+  // (with tools the text is held and the blocks sent at the end), message_delta, message_stop.
+  count(endpoint, 200);
+  struct state {
+    bool started = false, finished = false;
+    std::string held;
+    std::int64_t prompt_tokens = 0, output_tokens = 0;
+  };
+  auto st = std::make_shared<state>();
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [this, jb, st, id, model, tools, stop_reason, blocks_of, stops = j.stop, t0](std::size_t, httplib::DataSink& sink) {
+    auto send = [&](const char* event, const json& data) {
+      const std::string line = std::string("event: ") + event + "\ndata: " + dump(data) + "\n\n";
+      return sink.write(line.data(), line.size());
+    };
+    if (st->finished) {
+      sink.done();
+      return true;
+    }
+    if (!st->started) {
+      st->started = true;
+      if (!send("message_start", {{"type", "message_start"},
+                                  {"message", {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", model}, {"content", json::array()},
+                                               {"stop_reason", nullptr}, {"stop_sequence", nullptr}, {"usage", {{"input_tokens", 0}, {"output_tokens", 0}}}}}}))
+        return jb->cancel(), false;
+      if (!tools && !send("content_block_start", {{"type", "content_block_start"}, {"index", 0}, {"content_block", {{"type", "text"}, {"text", ""}}}}))
+        return jb->cancel(), false;
+      return true;
+    }
+    auto c = jb->next();
+    if (!c) {
+      auto r = jb->wait();
+      if (r.error) {
+        const auto e = from_transport(*r.error);
+        send("error", {{"type", "error"}, {"error", {{"type", e.status >= 500 ? "api_error" : "invalid_request_error"}, {"message", e.message}}}});
+        st->finished = true;
+        return true;
+      }
+      std::string reason = stop_reason(r.finish_reason, r.text, stops);
+      if (tools) {
+        const auto blocks = blocks_of(st->held, reason);
+        for (std::size_t i = 0; i < blocks.size(); ++i) {
+          const auto& b = blocks[i];
+          json start = b;
+          if (b["type"] == "text") start["text"] = "";
+          if (b["type"] == "tool_use") start["input"] = json::object();
+          send("content_block_start", {{"type", "content_block_start"}, {"index", i}, {"content_block", start}});
+          if (b["type"] == "text") send("content_block_delta", {{"type", "content_block_delta"}, {"index", i}, {"delta", {{"type", "text_delta"}, {"text", b["text"]}}}});
+          else send("content_block_delta", {{"type", "content_block_delta"}, {"index", i}, {"delta", {{"type", "input_json_delta"}, {"partial_json", dump(b["input"])}}}});
+          send("content_block_stop", {{"type", "content_block_stop"}, {"index", i}});
+        }
+      } else {
+        send("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}});
+      }
+      send("message_delta", {{"type", "message_delta"}, {"delta", {{"stop_reason", reason}, {"stop_sequence", nullptr}}},
+                             {"usage", {{"output_tokens", st->output_tokens}}}});
+      send("message_stop", {{"type", "message_stop"}});
+      st->finished = true;
+      spdlog::info("event=http_request endpoint=/v1/messages status=200 stream=true model={} prompt_tokens={} completion_tokens={} seconds={:.3f} replica={}",
+                   model, st->prompt_tokens, st->output_tokens, std::chrono::duration<double>(clock_type::now() - t0).count(), r.replica);
+      return true;
+    }
+    st->prompt_tokens = c->usage.prompt_tokens;
+    st->output_tokens += static_cast<std::int64_t>(c->ids.size());
+    if (tools) {
+      st->held += c->text;
+      return true;
+    }
+    if (!c->text.empty() &&
+        !send("content_block_delta", {{"type", "content_block_delta"}, {"index", 0}, {"delta", {{"type", "text_delta"}, {"text", c->text}}}}))
+      return jb->cancel(), false;
+    return true;
+  });
+}
 
 void gateway_state::tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize) {
   const std::string endpoint = detokenize ? "/detokenize" : "/tokenize";
@@ -998,6 +1239,7 @@ void serve_routes(httplib::Server& srv, gateway_state* st, const gateway_options
     res.set_content(dump(json{{"id", id}, {"object", "model"}, {"created", 0}, {"owned_by", "troupe"}}), "application/json");
     st->count("/v1/models/{id}", 200);
   });
+  srv.Post("/v1/messages", [st](const httplib::Request& req, httplib::Response& res) { st->messages(req, res); });
   srv.Post("/tokenize", [st](const httplib::Request& req, httplib::Response& res) { st->tokenize(req, res, false); });
   srv.Post("/detokenize", [st](const httplib::Request& req, httplib::Response& res) { st->tokenize(req, res, true); });
   srv.Get("/version", [st](const httplib::Request&, httplib::Response& res) {

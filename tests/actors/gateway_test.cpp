@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "engine/exec/cpu/cpu_executor.hpp"
@@ -674,6 +675,70 @@ TEST(gateway, unhonoured_fields_are_refused_seeds_replay_and_chat_length_follows
   ASSERT_TRUE(version);
   EXPECT_EQ(version->status, 200);
   EXPECT_FALSE(json::parse(version->body)["version"].get<std::string>().empty());
+}
+
+// Anthropic's Messages shape, as llama.cpp's server also offers it: x-api-key, a system prompt, text
+// blocks, the answer as content blocks with usage; streamed as Anthropic's named events; the same
+// text as the chat endpoint at temperature 0; refusals in Anthropic's error shape.
+TEST(gateway, the_anthropic_messages_shape_is_served) {
+  auto s = serve();
+  httplib::Client anthropic("127.0.0.1", s.gw->port());
+  anthropic.set_read_timeout(60, 0);
+  const httplib::Headers key{{"x-api-key", "test-key"}, {"anthropic-version", "2023-06-01"}};
+  const json msg = {{"model", "tiny"}, {"max_tokens", 6}, {"temperature", 0}, {"system", "w310"},
+                    {"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "w300 w301"}}})}}})}};
+  auto r = anthropic.Post("/v1/messages", key, msg.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto j = json::parse(r->body);
+  EXPECT_EQ(j["type"], "message");
+  EXPECT_EQ(j["role"], "assistant");
+  ASSERT_EQ(j["content"].size(), 1u);
+  EXPECT_EQ(j["content"][0]["type"], "text");
+  EXPECT_EQ(j["stop_reason"], "max_tokens");
+  EXPECT_EQ(j["usage"]["output_tokens"], 6);
+  // The same conversation through the chat endpoint gives the same text.
+  auto chat = s.http->Post("/v1/chat/completions",
+                           json{{"model", "tiny"}, {"max_tokens", 6}, {"temperature", 0},
+                                {"messages", json::array({{{"role", "system"}, {"content", "w310"}}, {{"role", "user"}, {"content", "w300 w301"}}})}}
+                               .dump(),
+                           "application/json");
+  ASSERT_EQ(chat->status, 200);
+  EXPECT_EQ(json::parse(chat->body)["choices"][0]["message"]["content"], j["content"][0]["text"]);
+
+  json streamed = msg;
+  streamed["stream"] = true;
+  auto sr = anthropic.Post("/v1/messages", key, streamed.dump(), "application/json");
+  ASSERT_EQ(sr->status, 200);
+  std::vector<std::string> events;
+  std::string text;
+  std::istringstream lines(sr->body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("event: ", 0) == 0) events.push_back(line.substr(7));
+    if (line.rfind("data: ", 0) == 0) {
+      const auto d = json::parse(line.substr(6));
+      if (d["type"] == "content_block_delta") text += d["delta"]["text"].get<std::string>();
+    }
+  }
+  ASSERT_GE(events.size(), 5u);
+  EXPECT_EQ(events.front(), "message_start");
+  EXPECT_EQ(events[1], "content_block_start");
+  EXPECT_EQ(events[events.size() - 3], "content_block_stop");
+  EXPECT_EQ(events[events.size() - 2], "message_delta");
+  EXPECT_EQ(events.back(), "message_stop");
+  EXPECT_EQ(text, j["content"][0]["text"]);
+
+  auto no_key = anthropic.Post("/v1/messages", msg.dump(), "application/json");
+  EXPECT_EQ(no_key->status, 401);
+  EXPECT_EQ(json::parse(no_key->body)["type"], "error");
+  json no_max = msg;
+  no_max.erase("max_tokens");
+  EXPECT_EQ(anthropic.Post("/v1/messages", key, no_max.dump(), "application/json")->status, 400);
+  json image = msg;
+  image["messages"][0]["content"].push_back({{"type", "image"}, {"source", {{"type", "base64"}, {"media_type", "image/png"}, {"data", ""}}}});
+  auto img = anthropic.Post("/v1/messages", key, image.dump(), "application/json");
+  EXPECT_EQ(img->status, 400);
+  EXPECT_NE(json::parse(img->body)["error"]["message"].get<std::string>().find("image"), std::string::npos);
 }
 
 // Probe connections a client keeps open after their answer do not hold the reserved lane's threads:

@@ -228,7 +228,7 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
               }
             j.generated += static_cast<std::int64_t>(u.tokens.size());
             produced += static_cast<std::int64_t>(u.tokens.size());
-            c.usage = {j.prompt_tokens, j.generated, 0};
+            c.usage = {j.prompt_tokens, j.generated, u.cached_tokens};
             c.replica = st.replica_id;
             if (u.finished)
               c.finish_reason = j.expired && *u.finished == driver::finish_reason::cancelled

@@ -496,8 +496,10 @@ struct gateway_state {
 
 namespace {
 
-json usage_json(std::int64_t prompt, std::int64_t completion) {
-  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+// OpenAI's usage object; cached: the prompt tokens the replica's prefix cache supplied.
+json usage_json(std::int64_t prompt, std::int64_t completion, std::int64_t cached = 0) {
+  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 }  // namespace
@@ -650,7 +652,8 @@ void gateway_state::messages(const httplib::Request& req, httplib::Response& res
     const auto blocks = blocks_of(r.text, reason);
     json out = {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", model}, {"content", blocks}, {"stop_reason", reason},
                 {"stop_sequence", nullptr},
-                {"usage", {{"input_tokens", r.usage.prompt_tokens}, {"output_tokens", static_cast<std::int64_t>(r.tokens.size())}}}};
+                {"usage", {{"input_tokens", r.usage.prompt_tokens}, {"output_tokens", static_cast<std::int64_t>(r.tokens.size())},
+                           {"cache_read_input_tokens", r.usage.cached_tokens}}}};
     if (r.replica != 0) res.set_header("x-troupe-replica", std::to_string(r.replica));
     res.set_content(dump(out), "application/json");
     count(endpoint, 200);
@@ -920,7 +923,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
 
   if (!plan.stream) {
     json choices = json::array();
-    std::int64_t prompt_tokens = 0, completion_tokens = 0;
+    std::int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     std::optional<double> first_token;
     std::string replicas;  // the replicas that answered, in choice order (x-troupe-replica)
     for (std::size_t i = 0; i < jobs.size(); ++i) {
@@ -935,6 +938,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
         return reply_error(endpoint, res, from_transport(*r.error));
       }
       prompt_tokens = r.usage.prompt_tokens;
+      cached_tokens = std::max(cached_tokens, r.usage.cached_tokens);
       completion_tokens += static_cast<std::int64_t>(r.tokens.size());
       if (r.replica != 0) replicas += (replicas.empty() ? "" : ",") + std::to_string(r.replica);
       json content = json::array(), lt = json::array(), lv = json::array(), ltop = json::array(), loff = json::array();
@@ -970,7 +974,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
         stats.tpot.observe((total - *first_token) / static_cast<double>(completion_tokens / static_cast<std::int64_t>(jobs.size()) - 1));
     }
     json out = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created}, {"model", model},
-                {"choices", choices}, {"usage", usage_json(prompt_tokens, completion_tokens)}, {"seed", j.sampling.seed}};
+                {"choices", choices}, {"usage", usage_json(prompt_tokens, completion_tokens, cached_tokens)}, {"seed", j.sampling.seed}};
     if (!replicas.empty()) res.set_header("x-troupe-replica", replicas);
     res.set_content(dump(out), "application/json");
     count(endpoint, 200);
@@ -991,6 +995,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
     std::string held;  // with tools, the text is held to parse tool calls at the end
     std::set<std::uint64_t> replicas;  // for the access log
     std::size_t offset = 0;             // text_offset within the current choice
+    std::int64_t cached_tokens = 0;     // prompt tokens the prefix cache supplied
   };
   auto st = std::make_shared<stream_state>();
   res.set_header("Cache-Control", "no-cache");
@@ -1011,7 +1016,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
         if (st->current >= jobs.size()) {
           if (plan.include_usage) {
             json u = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created}, {"model", model},
-                      {"choices", json::array()}, {"usage", usage_json(st->prompt_tokens, st->completion_tokens)}};
+                      {"choices", json::array()}, {"usage", usage_json(st->prompt_tokens, st->completion_tokens, st->cached_tokens)}};
             if (!send(u)) return false;
           }
           const std::string done = "data: [DONE]\n\n";
@@ -1050,6 +1055,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
         }
         if (!st->first_token && !c->ids.empty()) st->first_token = std::chrono::duration<double>(clock_type::now() - t0).count();
         if (c->replica != 0) st->replicas.insert(c->replica);
+        st->cached_tokens = std::max(st->cached_tokens, c->usage.cached_tokens);
         st->prompt_tokens = c->usage.prompt_tokens;
         st->completion_tokens += static_cast<std::int64_t>(c->ids.size());
         json content = json::array(), lt = json::array(), lv = json::array(), ltop = json::array(), loff = json::array();

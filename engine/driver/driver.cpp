@@ -205,6 +205,7 @@ struct sequence {
   std::int64_t computed = 0;         // positions whose KV is in the pool
   std::vector<block_id> blocks;      // block table
   std::vector<std::uint64_t> chain;  // chain hash of each full block so far (published or not)
+  std::int64_t cached = -1;          // prompt positions its first admission took from the prefix cache (-1: not admitted yet)
   std::int64_t generated = 0;
   seq_phase phase = seq_phase::waiting;
   std::optional<finish_reason> finished;
@@ -558,6 +559,8 @@ result<void, driver_error> driver_state::admit(sequence& s) {
   s.phase = seq_phase::running;
   s.admitted = next_admission++;
   running.push_back(s.id);
+  const bool first = s.cached < 0;  // a preempted sequence admitted again finds its own blocks: not counted
+  if (first) s.cached = 0;
   if (!options.prefix_cache || !s.cacheable) return {};
   // Share cached blocks for the longest cached chain of full blocks, leaving at least the last token
   // to compute (its logits give the next pick).
@@ -573,6 +576,7 @@ result<void, driver_error> driver_state::admit(sequence& s) {
     s.chain.push_back(h);
     s.computed += bs;
     counters.prefix_hit_tokens += bs;
+    if (first) s.cached = std::min(s.computed, s.prompt_len);
     parent = h;
   }
   return {};
@@ -849,6 +853,7 @@ result<step_report, driver_error> driver_state::round() {
       auto& u = updates[id];
       u.id = id;
       u.finished = s.finished;
+      u.cached_tokens = std::max<std::int64_t>(s.cached, 0);
       s.reported = true;
     }
   }

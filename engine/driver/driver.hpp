@@ -222,6 +222,7 @@ struct seq_update {
   std::vector<std::vector<float>> logits;  // Head::Logits rows
   std::string text;                        // new final text (when the model has a tokenizer)
   std::optional<finish_reason> finished;
+  std::int64_t cached_tokens = 0;          // with the finish: prompt tokens taken from the prefix cache
 };
 
 struct step_report {

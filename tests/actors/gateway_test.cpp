@@ -630,6 +630,25 @@ TEST(gateway, unhonoured_fields_are_refused_seeds_replay_and_chat_length_follows
   EXPECT_GT(usage["completion_tokens"].get<int>(), 128) << usage.dump();  // what the context (and pool) left
   EXPECT_EQ(json::parse(open_ended->body)["choices"][0]["finish_reason"], "length");
 
+  // The same long prompt twice: the second is served partly from the replica's prefix cache, and
+  // usage says how much (OpenAI's prompt_tokens_details.cached_tokens), streamed usage too.
+  std::string words;
+  for (int w = 300; w < 312; ++w) words += "w" + std::to_string(w) + " ";  // about 80 tokens
+  const json cached_req = {{"model", "tiny"}, {"prompt", words}, {"max_tokens", 2}, {"temperature", 0}};
+  auto first = post("/v1/completions", cached_req);
+  auto second = post("/v1/completions", cached_req);
+  ASSERT_EQ(second->status, 200) << second->body;
+  const auto u1 = json::parse(first->body)["usage"], u2 = json::parse(second->body)["usage"];
+  EXPECT_EQ(u1["prompt_tokens_details"]["cached_tokens"], 0) << u1.dump();
+  EXPECT_GE(u2["prompt_tokens_details"]["cached_tokens"].get<int>(), 16) << u2.dump();  // whole 16-token blocks
+  EXPECT_LT(u2["prompt_tokens_details"]["cached_tokens"].get<int>(), u2["prompt_tokens"].get<int>());
+  json streamed_req = cached_req;
+  streamed_req["stream"] = true;
+  streamed_req["stream_options"] = {{"include_usage", true}};
+  auto third = post("/v1/completions", streamed_req);
+  ASSERT_EQ(third->status, 200);
+  EXPECT_NE(third->body.find("\"cached_tokens\":" + u2["prompt_tokens_details"]["cached_tokens"].dump()), std::string::npos) << third->body;
+
   // Logprobs carry text_offset (completions) and bytes (chat).
   auto lp = post("/v1/completions", {{"model", "tiny"}, {"prompt", "w300"}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", 2}});
   ASSERT_EQ(lp->status, 200) << lp->body;

@@ -133,6 +133,16 @@ struct params {
     }
     return static_cast<T>(v);
   }
+  // Up to 16 strings into `out`: an array of them, or (`one_ok`) a lone string.
+  void strings(const char* field, bool one_ok, std::vector<std::string>& out) {
+    auto it = body.find(field);
+    if (it == body.end() || it->is_null()) return;
+    const std::string want = one_ok ? "must be a string or an array of up to 16 strings" : "must be an array of up to 16 strings";
+    if (one_ok && it->is_string()) return out.push_back(it->get<std::string>());
+    if (!it->is_array() || it->size() > 16 || !std::all_of(it->begin(), it->end(), [](const json& x) { return x.is_string(); }))
+      return fail(field, want);
+    for (const auto& x : *it) out.push_back(x.get<std::string>());
+  }
   std::optional<bool> boolean(const char* field) {
     auto it = body.find(field);
     if (it == body.end() || it->is_null()) return std::nullopt;
@@ -208,21 +218,7 @@ void read_common(params& p, request_plan& plan) {
       }
     }
   }
-  if (auto it = p.body.find("stop"); it != p.body.end() && !it->is_null()) {
-    if (it->is_string()) {
-      j.stop.push_back(it->get<std::string>());
-    } else if (it->is_array() && it->size() <= 16) {
-      for (const auto& x : *it) {
-        if (!x.is_string()) {
-          p.fail("stop", "must be a string or an array of up to 16 strings");
-          break;
-        }
-        j.stop.push_back(x.get<std::string>());
-      }
-    } else {
-      p.fail("stop", "must be a string or an array of up to 16 strings");
-    }
-  }
+  p.strings("stop", true, j.stop);
   if (auto it = p.body.find("stop_token_ids"); it != p.body.end() && !it->is_null()) {
     if (!it->is_array()) p.fail("stop_token_ids", "must be an array of token ids");
     else
@@ -537,17 +533,7 @@ void gateway_state::messages(const httplib::Request& req, httplib::Response& res
   j.sampling.seed = fresh_seed();
   bool stream = false;
   if (auto v = p.boolean("stream")) stream = *v;
-  if (auto it = body.find("stop_sequences"); it != body.end() && !it->is_null()) {
-    if (!it->is_array() || it->size() > 16) p.fail("stop_sequences", "an array of up to 16 strings");
-    else
-      for (const auto& x : *it) {
-        if (!x.is_string()) {
-          p.fail("stop_sequences", "an array of up to 16 strings");
-          break;
-        }
-        j.stop.push_back(x.get<std::string>());
-      }
-  }
+  p.strings("stop_sequences", false, j.stop);
   if (p.err) return refuse(400, p.err->message);
   // Text of a content value: a string, or text blocks (tool_use in an assistant turn becomes its JSON
   // call, tool_result its text); anything else (images, documents) is refused by name.
@@ -616,10 +602,9 @@ void gateway_state::messages(const httplib::Request& req, httplib::Response& res
   auto jb = std::make_shared<job>(std::move(*submitted));
   const std::string id = "msg_" + std::to_string(jb->id());
   const std::string model = j.model;
-  auto stop_reason = [](const std::string& finish, const std::string& text, const std::vector<std::string>& stops) {
+  auto stop_reason = [](const std::string& finish) {
     if (finish == "length" || finish == "capacity") return std::string("max_tokens");
     if (finish == "stop_string") return std::string("stop_sequence");
-    (void)text, (void)stops;
     return std::string("end_turn");
   };
   // The content blocks of a whole answer: text, then tool_use blocks when the answer is a call.
@@ -648,7 +633,7 @@ void gateway_state::messages(const httplib::Request& req, httplib::Response& res
       const auto e = from_transport(*r.error);
       return refuse(e.status, e.message);
     }
-    std::string reason = stop_reason(r.finish_reason, r.text, j.stop);
+    std::string reason = stop_reason(r.finish_reason);
     const auto blocks = blocks_of(r.text, reason);
     json out = {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", model}, {"content", blocks}, {"stop_reason", reason},
                 {"stop_sequence", nullptr},
@@ -671,7 +656,7 @@ void gateway_state::messages(const httplib::Request& req, httplib::Response& res
   };
   auto st = std::make_shared<state>();
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [this, jb, st, id, model, tools, stop_reason, blocks_of, stops = j.stop, t0](std::size_t, httplib::DataSink& sink) {
+  res.set_chunked_content_provider("text/event-stream", [this, jb, st, id, model, tools, stop_reason, blocks_of, t0](std::size_t, httplib::DataSink& sink) {
     auto send = [&](const char* event, const json& data) {
       const std::string line = std::string("event: ") + event + "\ndata: " + dump(data) + "\n\n";
       return sink.write(line.data(), line.size());
@@ -699,7 +684,7 @@ void gateway_state::messages(const httplib::Request& req, httplib::Response& res
         st->finished = true;
         return true;
       }
-      std::string reason = stop_reason(r.finish_reason, r.text, stops);
+      std::string reason = stop_reason(r.finish_reason);
       if (tools) {
         const auto blocks = blocks_of(st->held, reason);
         for (std::size_t i = 0; i < blocks.size(); ++i) {

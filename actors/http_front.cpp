@@ -45,7 +45,6 @@ struct http_front::impl {
   struct slot {
     int fd = -1;
     std::string peer;
-    clock_type::time_point since;  // accepted
     bool forwarded = false;        // a whole request went on to httplib: never evicted
     bool evicted = false;          // closed by the acceptor; its count already released
   };
@@ -358,7 +357,7 @@ void http_front::impl::accept_loop() {
     ++counters.open;
     ++open_of[peer];
     ++threads;
-    auto me = std::make_shared<slot>(slot{fd, peer, clock_type::now()});
+    auto me = std::make_shared<slot>(slot{fd, peer});
     const auto id = next_slot++;
     slots.emplace(id, me);
     lock.unlock();

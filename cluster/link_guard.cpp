@@ -82,6 +82,16 @@ result<std::shared_ptr<tls_context>, std::string> make_tls(const tls_files& f, b
 using transport::set_nonblocking;
 void no_delay(int fd) { transport::set_no_delay(fd); }
 
+// 127/8, ::1 or a v4-mapped 127/8 address.
+bool loopback_address(const sockaddr* a) {
+  if (a->sa_family == AF_INET) return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
+  if (a->sa_family == AF_INET6) {
+    const auto& v6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  }
+  return false;
+}
+
 std::string peer_of(const sockaddr_storage& a) {
   char buf[INET6_ADDRSTRLEN] = "?";
   if (a.ss_family == AF_INET) ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(a).sin_addr, buf, sizeof buf);
@@ -98,21 +108,25 @@ std::string subject_of(SSL* ssl) {
   return cn;
 }
 
-// Runs a TLS handshake (accept or connect) on a non-blocking socket until `until`. Empty on success,
-// otherwise why not ("timeout" first when the deadline passed).
-std::string handshake(SSL* ssl, int fd, bool accept, clock::time_point until) {
+// Why a TLS handshake failed: OpenSSL's reasons, or a peer that closed without one.
+std::string handshake_failure() {
+  const auto why = ssl_reason();
+  return why == "no reason given" ? std::string("the peer closed the connection") : why;
+}
+
+// Runs the client side of a TLS handshake on a non-blocking socket until `until` (the front runs the
+// server side in its event loop). Empty on success, otherwise why not ("timeout" when the deadline
+// passed).
+std::string connect_handshake(SSL* ssl, int fd, clock::time_point until) {
   for (;;) {
     ERR_clear_error();
-    const int r = accept ? SSL_accept(ssl) : SSL_connect(ssl);
+    const int r = SSL_connect(ssl);
     if (r == 1) return {};
     const int e = SSL_get_error(ssl, r);
     short events = 0;
     if (e == SSL_ERROR_WANT_READ) events = POLLIN;
     else if (e == SSL_ERROR_WANT_WRITE) events = POLLOUT;
-    else {
-      const auto why = ssl_reason();
-      return why == "no reason given" ? std::string("the peer closed the connection") : why;
-    }
+    else return handshake_failure();
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
     if (left <= 0) return "timeout";
     pollfd p{fd, events, 0};
@@ -312,11 +326,7 @@ bool is_loopback(const std::string& host) {
   addrinfo* res = nullptr;
   if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || !res) return false;
   bool all = true;
-  for (auto* a = res; a; a = a->ai_next) {
-    if (a->ai_family == AF_INET) all &= (ntohl(reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
-    else if (a->ai_family == AF_INET6) all &= IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr) != 0;
-    else all = false;
-  }
+  for (auto* a = res; a; a = a->ai_next) all &= loopback_address(a->ai_addr);
   ::freeaddrinfo(res);
   return all;
 }
@@ -380,16 +390,6 @@ struct link_front::impl {
 };
 
 namespace {
-
-bool loopback_address(const sockaddr_storage& a) {
-  if (a.ss_family == AF_INET) return (ntohl(reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr) >> 24) == 127;
-  if (a.ss_family == AF_INET6) {
-    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(a).sin6_addr;
-    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
-    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
-  }
-  return false;
-}
 
 using shared_ptr_t = std::shared_ptr<link_front::impl::shared>;
 
@@ -525,9 +525,7 @@ void link_front::impl::event_loop() {
       w.events = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
       return false;
     }
-    auto why = ssl_reason();
-    if (why == "no reason given") why = "the peer closed the connection";
-    sh->failed(w.peer, w.loopback, false, why);
+    sh->failed(w.peer, w.loopback, false, handshake_failure());
     close_waiting(w);
     return true;
   };
@@ -566,7 +564,7 @@ void link_front::impl::event_loop() {
   };
   auto admit = [&](int fd, const sockaddr_storage& a) {
     const std::string peer = peer_of(a);
-    const bool lb = loopback_address(a);
+    const bool lb = loopback_address(reinterpret_cast<const sockaddr*>(&a));
     const char* refused = nullptr;
     {
       std::lock_guard lock(sh->m);
@@ -741,7 +739,7 @@ result<int, std::string> dial_link(const std::string& host, int port, std::share
   if (tls) {
     net.ssl = SSL_new(tls->ctx);
     SSL_set_fd(net.ssl, fd);
-    if (auto w = handshake(net.ssl, fd, false, until); !w.empty()) {
+    if (auto w = connect_handshake(net.ssl, fd, until); !w.empty()) {
       net.close();
       return unexpected("the TLS handshake with " + host + ":" + service + " failed: " + w);
     }

@@ -857,7 +857,9 @@ TEST(multiprocess, a_restarted_coordinator_serves_the_deployments_it_had) {
   c.coordinator.stop();
   auto coordinator = [&] { return c.stateful_coordinator("coordinator2.log"); };
   c.coordinator = coordinator();
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Up when it says it listens (a fixed wait was too short on a loaded machine).
+  for (int i = 0; i < 200 && file_text(c.dir / "coordinator2.log").find("event=listening") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   auto s = two_nodes(c, "ra", "rb");
   ASSERT_TRUE(s) << describe(s.error());
   auto name = (*s)->deploy(model_path(), 2, driver_opts());
@@ -950,7 +952,8 @@ TEST(multiprocess, a_seeded_fault_schedule_loses_no_job_and_leaves_nothing_behin
   c.coordinator.stop();
   auto coordinator = [&] { return c.stateful_coordinator("coordinator-chaos.log"); };
   c.coordinator = coordinator();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (int i = 0; i < 200 && file_text(c.dir / "coordinator-chaos.log").find("event=listening") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const std::vector<std::string> ids{"c0", "c1", "c2"};
   for (const auto& id : ids) c.nodes.push_back(c.node(id, (c.dir / "secret").string()));
   std::unique_ptr<session> s;

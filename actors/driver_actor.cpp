@@ -148,6 +148,8 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
   st.drv.emplace(std::move(*prepared));
   self->send(coordinator, register_atom::value, replica_id, caf::actor_cast<caf::actor>(self), std::string());
 
+  static_assert(static_cast<int>(transport::last_guide_kind) == static_cast<int>(guide::guide_kind::choice),
+                "transport::guide_kind and guide::guide_kind are one list in one order");
   auto finish_job = [self](std::uint64_t job) { self->send(self->state.coordinator, done_atom::value, job); };
   auto refuse = [self, finish_job](std::uint64_t job, const client_actor_t& client, transport::error_code code, std::string why, transport::retry r) {
     ++self->state.refused;
@@ -186,6 +188,7 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
         r.stop = j->stop;
         r.inputs = std::move(*inputs);
         r.prior_output = j->prior_output;
+        r.guided = {static_cast<guide::guide_kind>(j->guide.kind), j->guide.text};
         const auto prompt_len = static_cast<std::int64_t>(r.prompt.size());
         auto id = st.drv->open(std::move(r));
         if (!id) return refuse(j->job_id, client, transport::error_code_named(driver::name(id.error().code)).value_or(transport::error_code::internal), id.error().message(), transport::retry::failed);

@@ -19,6 +19,7 @@
 #include <set>
 #include <thread>
 
+#include "engine/guide/guide.hpp"
 #include "engine/text/text_codec.hpp"
 
 namespace troupe::actors {
@@ -232,26 +233,80 @@ void read_common(params& p, request_plan& plan) {
   }
 }
 
-// Fields asking for what this server does not do yet are refused by name (400), never ignored: a
-// client that asked for JSON must not get free text with a 200.
+// A constrained output, in the shapes clients send it: OpenAI's response_format (json_object,
+// json_schema), vLLM's guided_json / guided_regex / guided_choice / guided_grammar, llama.cpp's grammar
+// and json_schema (and its response_format {type: json_object, schema}). One per request; compiled
+// here so that a schema or grammar the server cannot honour is a 400 naming the field, before any job.
+void read_guide(params& p, transport::job_submit& j) {
+  const json& b = p.body;
+  std::vector<std::pair<std::string, transport::guide>> asked;
+  auto schema_of = [&](const char* field, const json& v) {
+    if (v.is_object() || v.is_boolean()) {
+      asked.push_back({field, {transport::guide_kind::json_schema, v.dump()}});
+    } else if (v.is_string()) {
+      auto parsed = json::parse(v.get<std::string>(), nullptr, false);
+      if (parsed.is_discarded()) p.fail(field, "must be a JSON schema (an object, or a string holding one)");
+      else asked.push_back({field, {transport::guide_kind::json_schema, parsed.dump()}});
+    } else {
+      p.fail(field, "must be a JSON schema object");
+    }
+  };
+  auto text_of = [&](const char* field, transport::guide_kind kind) {
+    auto it = b.find(field);
+    if (it == b.end() || it->is_null()) return;
+    if (!it->is_string()) p.fail(field, "must be a string");
+    else asked.push_back({field, {kind, it->get<std::string>()}});
+  };
+  if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
+    if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string()) {
+      p.fail("response_format", "must be an object with a string type");
+    } else if (const auto type = (*it)["type"].get<std::string>(); type == "json_object") {
+      if (auto s = it->find("schema"); s != it->end() && !s->is_null()) schema_of("response_format.schema", *s);
+      else asked.push_back({"response_format", {transport::guide_kind::json_object, ""}});
+    } else if (type == "json_schema") {
+      auto js = it->find("json_schema");
+      if (js != it->end() && js->is_object() && js->contains("schema")) schema_of("response_format.json_schema.schema", (*js)["schema"]);
+      else if (auto s = it->find("schema"); s != it->end()) schema_of("response_format.schema", *s);
+      else p.fail("response_format.json_schema", "needs a schema");
+    } else if (type != "text") {
+      p.fail("response_format", "type must be 'text', 'json_object' or 'json_schema', not '" + type + "'");
+    }
+  }
+  if (auto it = b.find("guided_json"); it != b.end() && !it->is_null()) schema_of("guided_json", *it);
+  if (auto it = b.find("json_schema"); it != b.end() && !it->is_null()) schema_of("json_schema", *it);
+  text_of("guided_regex", transport::guide_kind::regex);
+  text_of("guided_grammar", transport::guide_kind::grammar);
+  text_of("grammar", transport::guide_kind::grammar);
+  if (auto it = b.find("guided_choice"); it != b.end() && !it->is_null()) {
+    if (!it->is_array() || it->empty() || !std::all_of(it->begin(), it->end(), [](const json& x) { return x.is_string(); }))
+      p.fail("guided_choice", "must be a non-empty array of strings");
+    else
+      asked.push_back({"guided_choice", {transport::guide_kind::choice, it->dump()}});
+  }
+  if (asked.empty()) return;
+  if (asked.size() > 1) {
+    p.fail(asked[1].first, "a request takes one constrained output; '" + asked[0].first + "' is already given");
+    return;
+  }
+  const auto& [field, g] = asked.front();
+  if (auto c = guide::compile({static_cast<guide::guide_kind>(g.kind), g.text}); !c) {
+    p.fail(field, c.error().message());
+    return;
+  }
+  j.guide = g;
+}
+
+// Fields asking for what this server does not do yet are refused by name (400), never ignored.
 void refuse_unhonoured(params& p, bool chat) {
   const json& b = p.body;
-  if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
-    if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string())
-      p.fail("response_format", "must be an object with a string type");
-    else if (const auto type = (*it)["type"].get<std::string>(); type != "text")
-      p.fail("response_format", "type '" + type + "' needs constrained decoding, which this server does not offer yet (only 'text')");
-  }
-  for (const char* f : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar", "json_schema"})
-    if (auto it = b.find(f); it != b.end() && !it->is_null()) p.fail(f, "constrained decoding is not offered by this server yet");
   if (!chat) return;
   if (auto it = b.find("tool_choice"); it != b.end() && !it->is_null()) {
     if (it->is_string()) {
       const auto c = it->get<std::string>();
-      if (c == "required") p.fail("tool_choice", "'required' needs constrained decoding to force a call, which this server does not offer yet");
+      if (c == "required") p.fail("tool_choice", "'required' (forcing a call in the model's tool-call format) is not offered by this server yet");
       else if (c != "auto" && c != "none") p.fail("tool_choice", "must be 'none', 'auto' or 'required'");
     } else {
-      p.fail("tool_choice", "naming a function needs constrained decoding to force the call, which this server does not offer yet");
+      p.fail("tool_choice", "naming a function (forcing the call in the model's tool-call format) is not offered by this server yet");
     }
   }
 }
@@ -852,6 +907,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
     if (auto v = p.number<std::int32_t>("best_of", 1, 16); v && *v > 1) p.fail("best_of", "best_of is not supported");
     if (auto it = body.find("suffix"); it != body.end() && !it->is_null()) p.fail("suffix", "suffix is not supported");
   }
+  read_guide(p, j);
   refuse_unhonoured(p, chat);
   // Left out: a chat answer may take what the context leaves after the prompt (0: the replica's driver
   // resolves it against its capacity); a completion's default is OpenAI's 16.

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -77,11 +79,42 @@ result<std::pair<std::vector<std::int32_t>, nlohmann::json>, std::string> host_g
   return std::make_pair(std::move(out), std::move(logprobs));
 }
 
+// The one constrained output the flags ask for (kind none when they ask for none).
+result<guide::guide_spec, std::string> guide_of(const generate_options& o) {
+  auto text_or_file = [](const std::string& v) -> result<std::string, std::string> {
+    if (!v.starts_with("@")) return v;
+    std::ifstream in(v.substr(1), std::ios::binary);
+    if (!in) return unexpected("cannot read " + v.substr(1));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  guide::guide_spec spec;
+  if (!o.json_schema.empty()) {
+    auto t = text_or_file(o.json_schema);
+    if (!t) return unexpected("--json-schema: " + t.error());
+    spec = {guide::guide_kind::json_schema, *t};
+  } else if (o.json_object) {
+    spec = {guide::guide_kind::json_object, ""};
+  } else if (!o.regex.empty()) {
+    spec = {guide::guide_kind::regex, o.regex};
+  } else if (!o.grammar.empty()) {
+    auto t = text_or_file(o.grammar);
+    if (!t) return unexpected("--grammar: " + t.error());
+    spec = {guide::guide_kind::grammar, *t};
+  } else if (!o.choices.empty()) {
+    spec = {guide::guide_kind::choice, nlohmann::json(o.choices).dump()};
+  }
+  return spec;
+}
+
 }  // namespace
 
 int run_generate(const generate_options& o) {
   if (o.backend != "oracle" && o.backend != "cpu" && o.backend != "cuda") {
     std::fprintf(stderr, "troupe generate: unknown backend '%s' (cpu, cuda or oracle)\n", o.backend.c_str());
+    return 2;
+  }
+  if (o.backend == "oracle" && (!o.json_schema.empty() || o.json_object || !o.regex.empty() || !o.grammar.empty() || !o.choices.empty())) {
+    std::fprintf(stderr, "troupe generate: a constrained output runs on the driver path (--backend cpu or cuda), not the oracle\n");
     return 2;
   }
   if (o.expert_parallel > 1 && o.tensor_parallel > 1 && o.expert_parallel != o.tensor_parallel) {
@@ -206,6 +239,12 @@ int run_generate(const generate_options& o) {
     req.sampling.top_p = static_cast<float>(o.top_p);
     req.sampling.seed = o.seed;
     req.sampling.top_logprobs = static_cast<std::int32_t>(o.logprobs);
+    auto guided = guide_of(o);
+    if (!guided) {
+      std::fprintf(stderr, "troupe generate: %s\n", guided.error().c_str());
+      return 2;
+    }
+    req.guided = std::move(*guided);
     auto g = prepared->generate(std::move(req));
     if (!g) {
       std::fprintf(stderr, "troupe generate: %s\n", g.error().message().c_str());

@@ -24,6 +24,13 @@ struct generate_options {
   int tensor_parallel = 1;  // ranks of one replica split over simulated CPU devices in this process
   int expert_parallel = 1;  // its ranks hold whole experts (the group is this many ranks; tensor_parallel 1 or equal)
   bool json = false;
+  // A constrained output (at most one; the driver path, --backend cpu or cuda): a JSON schema (text, or
+  // @path), any JSON object, a regular expression, a GBNF grammar (text, or @path), a list of choices.
+  std::string json_schema;
+  bool json_object = false;
+  std::string regex;
+  std::string grammar;
+  std::vector<std::string> choices;
 };
 int run_generate(const generate_options& opt);
 

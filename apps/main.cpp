@@ -75,6 +75,14 @@ int main(int argc, char** argv) {
                 "(attention split N ways as --tensor-parallel N; equal to it when both are given); composes with "
                 "--pipeline-parallel")->check(CLI::Range(1, 64));
   g->add_flag("--json", gen.json, "one JSON object: tokens, text, logprobs");
+  auto* gs = g->add_option("--json-schema", gen.json_schema, "constrain the output to JSON valid against this schema (text, or @file)");
+  auto* go = g->add_flag("--json-object", gen.json_object, "constrain the output to a JSON object");
+  auto* gr = g->add_option("--regex", gen.regex, "constrain the output to a full match of this regular expression");
+  auto* gg = g->add_option("--grammar", gen.grammar, "constrain the output to this GBNF grammar, llama.cpp's language (text, or @file)");
+  auto* gc = g->add_option("--choice", gen.choices, "constrain the output to one of these strings (repeat the flag)");
+  for (auto* a : {gs, go, gr, gg, gc})
+    for (auto* b : {gs, go, gr, gg, gc})
+      if (a != b) a->excludes(b);
   g->callback([&] {
     if (!ids->empty()) {
       gen.has_prompt_ids = true;

@@ -256,6 +256,11 @@ struct body_writer {
     b.setDeadlineMs(m.deadline_ms);
     b.setToolsJson(m.tools_json);
     set_list(b.initPriorOutput(static_cast<unsigned>(m.prior_output.size())), m.prior_output);
+    if (m.guide.kind != guide_kind::none) {
+      auto g = b.initGuide();
+      g.setKind(static_cast<GuideKind>(m.guide.kind));
+      g.setText(m.guide.text);
+    }
   }
   void operator()(const token_chunk& m) {
     auto b = body.initChunk();
@@ -490,6 +495,12 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       if (m.deadline_ms < 0) return bad("deadline_ms is negative");
       m.tools_json = text(r.getToolsJson());
       m.prior_output = get_list<std::int32_t>(r.getPriorOutput());
+      if (r.hasGuide()) {
+        const auto g = r.getGuide();
+        const auto k = static_cast<unsigned>(g.getKind());
+        if (k > static_cast<unsigned>(last_guide_kind)) return bad("an unknown guide kind " + std::to_string(k));
+        m.guide = {static_cast<guide_kind>(k), text(g.getText())};
+      }
       return m;
     }
     case Envelope::Body::CHUNK: {

@@ -45,6 +45,15 @@ struct request_input {
   friend bool operator==(const request_input&, const request_input&) = default;
 };
 
+// A constrained output (engine/guide/spec.hpp's kinds, in its order; the driver compiles it).
+enum class guide_kind : std::uint8_t { none, json_object, json_schema, regex, grammar, choice };
+inline constexpr auto last_guide_kind = guide_kind::choice;
+struct guide {
+  guide_kind kind = guide_kind::none;
+  std::string text;  // the schema, pattern, GBNF, or a JSON array of choices
+  friend bool operator==(const guide&, const guide&) = default;
+};
+
 // Exactly one prompt form.
 using prompt = std::variant<std::string, std::vector<std::int32_t>, std::vector<chat_message>>;
 
@@ -62,6 +71,7 @@ struct job_submit {
   std::int64_t deadline_ms = 0;
   std::string tools_json;
   std::vector<std::int32_t> prior_output;
+  transport::guide guide;
   friend bool operator==(const job_submit&, const job_submit&) = default;
 };
 

@@ -13,6 +13,7 @@
 
 #include "engine/driver/block_pool.hpp"
 #include "engine/driver/weight_source.hpp"
+#include "engine/guide/guide.hpp"
 #include "engine/text/detokenizer.hpp"
 
 namespace troupe::driver {
@@ -344,6 +345,7 @@ struct driver_state {
   std::int64_t block_size = 0, pool_blocks = 0, vocab = 0;
   std::optional<block_pool> pool;
   std::vector<std::int32_t> eos;
+  std::unique_ptr<guide::guide_cache> guides;  // built at the first guided request
 
   // serving
   std::map<seq_id, sequence> seqs;
@@ -937,6 +939,17 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
   if (auto c = exec::check(req.sampling); !c) return refuse(driver_error_code::bad_request, c.error().message());
   for (const auto& [id, b] : req.logit_bias)
     if (id < 0 || id >= st.vocab || !std::isfinite(b)) return refuse(driver_error_code::bad_request, "logit bias on id " + std::to_string(id) + " is out of range or not finite");
+  if (req.guided.kind != guide::guide_kind::none) {
+    if (req.guide) return refuse(driver_error_code::bad_request, "a request has a guide spec or a guide function, not both");
+    const auto* codec = st.handle->text();
+    if (!codec) return refuse(driver_error_code::bad_request, "guided decoding needs the model's tokenizer: " + st.handle->text_problem());
+    if (!st.guides)
+      st.guides = std::make_unique<guide::guide_cache>(
+          std::make_shared<const guide::vocabulary>(guide::vocabulary::of(codec->tokens(), static_cast<std::size_t>(st.vocab), st.eos)));
+    auto g = st.guides->get(req.guided);
+    if (!g) return refuse(driver_error_code::bad_request, std::string(guide::name(req.guided.kind)) + ": " + g.error().message());
+    req.guide = guide::hook(std::move(*g));
+  }
   // 0: as many tokens as the capacity (and the pool) leave after the prompt, for a client that named
   // no bound (the gateway's chat default).
   if (req.max_tokens == 0) {

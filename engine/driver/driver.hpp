@@ -33,6 +33,7 @@
 #include "engine/core/result.hpp"
 #include "engine/core/tensor.hpp"
 #include "engine/exec/executor.hpp"
+#include "engine/guide/spec.hpp"
 #include "engine/exec/sampling.hpp"
 #include "families/model_handle.hpp"
 #include "families/model_schema.hpp"
@@ -205,6 +206,9 @@ struct seq_request {
   bool ignore_eos = false;
   std::vector<std::string> stop;       // stop strings (needs the model's tokenizer)
   head_kind head = head_kind::sample;
+  // A constrained output (JSON schema, regex, grammar, choice): open() compiles it (cached per spec)
+  // against the model's vocabulary and sets `guide`; refused with bad_request when it does not compile.
+  guide::guide_spec guided;
   guide_fn guide;
   request_inputs inputs;
   // Features of the request that this driver checks against the compatibility table.

@@ -87,6 +87,15 @@ struct JobSubmit {
   deadlineMs @12 :Int64;      # milliseconds from submission; 0: none
   toolsJson @13 :Text;        # a JSON array of tool schemas for the chat template; empty: none
   priorOutput @14 :List(Int32);  # output already delivered (a job resumed after its replica was lost)
+  guide @15 :Guide;           # a constrained output; kind none: free text
+}
+
+# engine/guide/spec.hpp's kinds, in its order.
+enum GuideKind { none @0; jsonObject @1; jsonSchema @2; regex @3; grammar @4; choice @5; }
+
+struct Guide {
+  kind @0 :GuideKind;
+  text @1 :Text;              # the schema, pattern, GBNF or a JSON array of choices
 }
 
 struct TopLogprob {

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "engine/guide/guide.hpp"
+#include "engine/guide/tool_calls.hpp"
 #include "engine/text/text_codec.hpp"
 
 namespace troupe::actors {
@@ -237,14 +238,20 @@ void read_common(params& p, request_plan& plan) {
 // json_schema), vLLM's guided_json / guided_regex / guided_choice / guided_grammar, llama.cpp's grammar
 // and json_schema (and its response_format {type: json_object, schema}). One per request; compiled
 // here so that a schema or grammar the server cannot honour is a 400 naming the field, before any job.
-void read_guide(params& p, transport::job_submit& j) {
-  const json& b = p.body;
+void read_guide(params& p, transport::job_submit& j, std::string_view raw_body) {
+  using ojson = nlohmann::ordered_json;
+  static constexpr const char* fields[] = {"response_format", "guided_json", "json_schema", "guided_regex", "guided_grammar", "grammar", "guided_choice"};
+  if (std::none_of(std::begin(fields), std::end(fields), [&](const char* f) { return p.body.contains(f); })) return;
+  // Parsed again keeping the key order (the body passed the nesting bound already): a schema's
+  // properties are generated in the order the client wrote them, as OpenAI's strict mode does.
+  const ojson b = ojson::parse(raw_body, nullptr, false);
+  if (!b.is_object()) return;
   std::vector<std::pair<std::string, transport::guide>> asked;
-  auto schema_of = [&](const char* field, const json& v) {
+  auto schema_of = [&](const char* field, const ojson& v) {
     if (v.is_object() || v.is_boolean()) {
       asked.push_back({field, {transport::guide_kind::json_schema, v.dump()}});
     } else if (v.is_string()) {
-      auto parsed = json::parse(v.get<std::string>(), nullptr, false);
+      auto parsed = ojson::parse(v.get<std::string>(), nullptr, false);
       if (parsed.is_discarded()) p.fail(field, "must be a JSON schema (an object, or a string holding one)");
       else asked.push_back({field, {transport::guide_kind::json_schema, parsed.dump()}});
     } else {
@@ -278,7 +285,7 @@ void read_guide(params& p, transport::job_submit& j) {
   text_of("guided_grammar", transport::guide_kind::grammar);
   text_of("grammar", transport::guide_kind::grammar);
   if (auto it = b.find("guided_choice"); it != b.end() && !it->is_null()) {
-    if (!it->is_array() || it->empty() || !std::all_of(it->begin(), it->end(), [](const json& x) { return x.is_string(); }))
+    if (!it->is_array() || it->empty() || !std::all_of(it->begin(), it->end(), [](const ojson& x) { return x.is_string(); }))
       p.fail("guided_choice", "must be a non-empty array of strings");
     else
       asked.push_back({"guided_choice", {transport::guide_kind::choice, it->dump()}});
@@ -296,19 +303,35 @@ void read_guide(params& p, transport::job_submit& j) {
   j.guide = g;
 }
 
-// Fields asking for what this server does not do yet are refused by name (400), never ignored.
-void refuse_unhonoured(params& p, bool chat) {
+// tool_choice: "none" and "auto" (the default) leave the model free; "required" or a named function
+// force a call: a grammar of the offered tools' calls (their parameter schemas included) in the
+// model's own tool-call format, read from its chat template (engine/guide/tool_calls.hpp).
+void read_tool_choice(params& p, transport::job_submit& j, std::string_view chat_template) {
   const json& b = p.body;
-  if (!chat) return;
-  if (auto it = b.find("tool_choice"); it != b.end() && !it->is_null()) {
-    if (it->is_string()) {
-      const auto c = it->get<std::string>();
-      if (c == "required") p.fail("tool_choice", "'required' (forcing a call in the model's tool-call format) is not offered by this server yet");
-      else if (c != "auto" && c != "none") p.fail("tool_choice", "must be 'none', 'auto' or 'required'");
-    } else {
-      p.fail("tool_choice", "naming a function (forcing the call in the model's tool-call format) is not offered by this server yet");
-    }
+  auto it = b.find("tool_choice");
+  if (it == b.end() || it->is_null()) return;
+  std::string only;
+  if (it->is_string()) {
+    const auto c = it->get<std::string>();
+    if (c == "auto" || c == "none") return;
+    if (c != "required") return p.fail("tool_choice", "must be 'none', 'auto', 'required' or a named function");
+  } else if (it->is_object() && it->value("type", "") == "function" && it->contains("function") && (*it)["function"].is_object() &&
+             (*it)["function"].contains("name") && (*it)["function"]["name"].is_string()) {
+    only = (*it)["function"]["name"].get<std::string>();
+  } else {
+    return p.fail("tool_choice", "a named tool choice is {\"type\": \"function\", \"function\": {\"name\": ...}}");
   }
+  if (j.tools_json.empty()) return p.fail("tool_choice", "forcing a tool call needs tools");
+  if (j.guide.kind != transport::guide_kind::none) return p.fail("tool_choice", "a forced tool call constrains the output, which another field already does");
+  bool parallel = true;
+  if (auto pc = b.find("parallel_tool_calls"); pc != b.end() && !pc->is_null()) {
+    if (!pc->is_boolean()) return p.fail("parallel_tool_calls", "must be a boolean");
+    parallel = pc->get<bool>();
+  }
+  auto g = guide::tool_call_gbnf(j.tools_json, only, guide::tool_call_format_of(chat_template), parallel);
+  if (!g) return p.fail(only.empty() || g.error().where.starts_with("tools") ? "tools" : "tool_choice", g.error().message());
+  if (auto c = guide::compile({guide::guide_kind::grammar, *g}); !c) return p.fail("tools", c.error().message());
+  j.guide = {transport::guide_kind::grammar, std::move(*g)};
 }
 
 std::string finish_of(const std::string& r) {
@@ -642,9 +665,17 @@ void gateway_state::messages(const httplib::Request& req, httplib::Response& res
                     {"function", {{"name", x["name"]}, {"description", x.value("description", "")}, {"parameters", x.value("input_schema", json::object())}}}});
     }
     const auto choice = body.value("tool_choice", json::object());
-    if (choice.is_object() && (choice.value("type", "auto") == "any" || choice.value("type", "auto") == "tool"))
-      return refuse(400, "tool_choice: forcing a tool call needs constrained decoding, which this server does not offer yet");
-    if (!oa.empty() && !(choice.is_object() && choice.value("type", "auto") == "none")) j.tools_json = oa.dump(), tools = true;
+    const auto type = choice.is_object() ? choice.value("type", "auto") : std::string("auto");
+    if (!oa.empty() && type != "none") j.tools_json = oa.dump(), tools = true;
+    if (type == "any" || type == "tool") {  // a forced call, in the model's own tool-call format
+      const auto only = type == "tool" ? choice.value("name", "") : std::string();
+      if (type == "tool" && only.empty()) return refuse(400, "tool_choice: a tool choice names its tool");
+      if (oa.empty()) return refuse(400, "tool_choice: forcing a tool call needs tools");
+      const bool parallel = !choice.value("disable_parallel_tool_use", false);
+      auto g = guide::tool_call_gbnf(oa.dump(), only, guide::tool_call_format_of(codec && j.model == this->model ? codec->chat_template() : ""), parallel);
+      if (!g) return refuse(400, "tool_choice: " + g.error().message());
+      j.guide = {transport::guide_kind::grammar, std::move(*g)};
+    }
   }
   if (body.contains("thinking") && !body["thinking"].is_null()) return refuse(400, "thinking: not offered by this server");
 
@@ -907,8 +938,8 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
     if (auto v = p.number<std::int32_t>("best_of", 1, 16); v && *v > 1) p.fail("best_of", "best_of is not supported");
     if (auto it = body.find("suffix"); it != body.end() && !it->is_null()) p.fail("suffix", "suffix is not supported");
   }
-  read_guide(p, j);
-  refuse_unhonoured(p, chat);
+  read_guide(p, j, req.body);
+  if (chat) read_tool_choice(p, j, codec && j.model == this->model ? std::string_view(codec->chat_template()) : std::string_view());
   // Left out: a chat answer may take what the context leaves after the prompt (0: the replica's driver
   // resolves it against its capacity); a completion's default is OpenAI's 16.
   if (!body.contains("max_tokens") && !body.contains("max_completion_tokens")) j.max_tokens = chat ? 0 : 16;

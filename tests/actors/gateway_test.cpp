@@ -363,6 +363,75 @@ TEST(gateway, tool_calls_in_the_hermes_format_are_parsed) {
       json{{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "weather?"}}}}, {"max_tokens", 1}}.dump(), "application/json")->body)["usage"]["prompt_tokens"].get<int>());
 }
 
+
+// tool_choice "required" or a named function forces a call: the output is a call of an offered tool
+// with arguments valid against its parameters, in the model's format, so the answer carries tool_calls
+// (finish_reason "tool_calls"); the same through /v1/messages' tool_choice any / tool.
+TEST(gateway, forced_tool_calls_follow_the_tools_parameters) {
+  auto s = serve();
+  auto post = [&](const std::string& path, const json& body) { return s.http->Post(path, body.dump(), "application/json"); };
+  const json tools = json::array(
+      {json{{"type", "function"},
+            {"function", {{"name", "get_weather"},
+                          {"parameters", {{"type", "object"},
+                                          {"properties", {{"city", {{"type", "string"}, {"maxLength", 8}}}, {"unit", {{"enum", {"c", "f"}}}}}},
+                                          {"required", {"city", "unit"}}}}}}},
+       json{{"type", "function"},
+            {"function", {{"name", "get_time"},
+                          {"parameters", {{"type", "object"}, {"properties", {{"hour", {{"type", "integer"}, {"minimum", 0}, {"maximum", 23}}}}}, {"required", {"hour"}}}}}}}});
+  auto check_call = [](const json& call) {
+    const auto name = call["function"]["name"].get<std::string>();
+    const auto args = json::parse(call["function"]["arguments"].get<std::string>());
+    if (name == "get_weather") {
+      EXPECT_TRUE(args["city"].is_string()) << args;
+      EXPECT_TRUE(args["unit"] == "c" || args["unit"] == "f") << args;
+    } else {
+      EXPECT_EQ(name, "get_time");
+      EXPECT_TRUE(args["hour"].is_number_integer() && args["hour"].get<int>() >= 0 && args["hour"].get<int>() <= 23) << args;
+    }
+    return name;
+  };
+  for (int seed = 1; seed <= 4; ++seed) {
+    json req = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "weather?"}}}}, {"temperature", 1.0}, {"seed", seed},
+                {"max_tokens", 120}, {"tools", tools}, {"tool_choice", "required"}, {"parallel_tool_calls", false}};
+    auto r = post("/v1/chat/completions", req);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const auto out = json::parse(r->body)["choices"][0];
+    EXPECT_EQ(out["finish_reason"], "tool_calls") << out.dump();
+    ASSERT_EQ(out["message"]["tool_calls"].size(), 1u) << out.dump();
+    check_call(out["message"]["tool_calls"][0]);
+
+    req["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_time"}}}};
+    req.erase("parallel_tool_calls");
+    auto named = post("/v1/chat/completions", req);
+    ASSERT_EQ(named->status, 200) << named->body;
+    const auto n = json::parse(named->body)["choices"][0];
+    ASSERT_EQ(n["message"]["tool_calls"].size(), 1u) << n.dump();
+    EXPECT_EQ(check_call(n["message"]["tool_calls"][0]), "get_time");
+  }
+  json unknown = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {"tools", tools},
+                  {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}};
+  auto e = post("/v1/chat/completions", unknown);
+  EXPECT_EQ(e->status, 400);
+  EXPECT_EQ(json::parse(e->body)["error"]["param"], "tool_choice") << e->body;
+
+  json msg = {{"model", "tiny"}, {"max_tokens", 120}, {"temperature", 1.0},
+              {"messages", {{{"role", "user"}, {"content", "weather?"}}}},
+              {"tools", {{{"name", "get_weather"}, {"input_schema", tools[0]["function"]["parameters"]}}}},
+              {"tool_choice", {{"type", "tool"}, {"name", "get_weather"}}}};
+  auto m = s.http->Post("/v1/messages", {{"x-api-key", "test-key"}, {"anthropic-version", "2023-06-01"}}, msg.dump(), "application/json");
+  ASSERT_EQ(m->status, 200) << m->body;
+  const auto mj = json::parse(m->body);
+  EXPECT_EQ(mj["stop_reason"], "tool_use") << m->body;
+  bool used = false;
+  for (const auto& b : mj["content"])
+    if (b["type"] == "tool_use") {
+      used = true;
+      EXPECT_EQ(b["name"], "get_weather");
+      EXPECT_TRUE(b["input"]["unit"] == "c" || b["input"]["unit"] == "f") << m->body;
+    }
+  EXPECT_TRUE(used) << m->body;
+}
 }  // namespace
 }  // namespace troupe::actors
 

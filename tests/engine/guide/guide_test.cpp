@@ -7,6 +7,7 @@
 #include <random>
 
 #include "engine/guide/guide.hpp"
+#include "engine/guide/tool_calls.hpp"
 
 namespace troupe::guide {
 namespace {
@@ -215,6 +216,54 @@ TEST(guide_cache, compiles_once_per_spec) {
   ASSERT_TRUE(again);
   EXPECT_NE(again->get(), a->get());  // evicted past the capacity, compiled anew
   EXPECT_FALSE(cache.get({guide_kind::grammar, "root ::= \"a"}).has_value());
+}
+
+}  // namespace
+}  // namespace troupe::guide
+
+namespace troupe::guide {
+namespace {
+
+// Forced tool calls: the grammar of each format accepts calls of the offered tools with valid
+// arguments, and nothing else; the format follows the chat template.
+TEST(tool_calls, grammars_in_each_format_accept_only_valid_calls) {
+  const std::string tools = R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]}}},
+      {"type": "function", "function": {"name": "now"}}])";
+  const std::string call = R"({"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}})";
+  const std::string other = R"({"name": "now", "arguments": {}})";
+  auto grammar_of = [&](std::string_view only, tool_call_format f, bool parallel = true) {
+    auto g = tool_call_gbnf(tools, only, f, parallel);
+    EXPECT_TRUE(g) << g.error().message();
+    auto parsed = parse_gbnf(*g);
+    EXPECT_TRUE(parsed) << parsed.error().message() << "\n" << *g;
+    return *parsed;
+  };
+  auto hermes = grammar_of("", tool_call_format::hermes);
+  EXPECT_TRUE(matches(hermes, "<tool_call>\n" + call + "\n</tool_call>"));
+  EXPECT_TRUE(matches(hermes, "<tool_call>\n" + call + "\n</tool_call>\n<tool_call>\n" + other + "\n</tool_call>"));
+  EXPECT_FALSE(matches(hermes, "<tool_call>\n" + std::string(R"({"name": "get_weather", "arguments": {"city": "Paris", "unit": "k"}})") + "\n</tool_call>"));
+  EXPECT_FALSE(matches(hermes, "<tool_call>\n" + std::string(R"({"name": "nope", "arguments": {}})") + "\n</tool_call>"));
+  EXPECT_FALSE(matches(hermes, call));
+  auto one = grammar_of("", tool_call_format::hermes, false);
+  EXPECT_FALSE(matches(one, "<tool_call>\n" + call + "\n</tool_call>\n<tool_call>\n" + other + "\n</tool_call>"));
+  auto named = grammar_of("now", tool_call_format::json);
+  EXPECT_TRUE(matches(named, "[" + other + "]"));
+  EXPECT_FALSE(matches(named, "[" + call + "]"));
+  auto mistral = grammar_of("", tool_call_format::mistral);
+  EXPECT_TRUE(matches(mistral, "[TOOL_CALLS][" + call + ", " + other + "]"));
+  auto llama = grammar_of("", tool_call_format::llama3);
+  EXPECT_TRUE(matches(llama, R"({"name": "get_weather", "parameters": {"city": "Oslo", "unit": "f"}})"));
+  EXPECT_FALSE(matches(llama, call));  // Llama 3 names them "parameters"
+
+  EXPECT_EQ(tool_call_format_of("{% for t in tools %}<tool_call>{{ t }}</tool_call>{% endfor %}"), tool_call_format::hermes);
+  EXPECT_EQ(tool_call_format_of("[TOOL_CALLS]"), tool_call_format::mistral);
+  EXPECT_EQ(tool_call_format_of("<|start_header_id|>ipython<|end_header_id|>"), tool_call_format::llama3);
+  EXPECT_EQ(tool_call_format_of(""), tool_call_format::json);
+  EXPECT_FALSE(tool_call_gbnf(tools, "missing", tool_call_format::json));
+  EXPECT_FALSE(tool_call_gbnf("[]", "", tool_call_format::json));
+  EXPECT_FALSE(tool_call_gbnf(R"([{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}])", "", tool_call_format::json));
+  EXPECT_EQ(rename_rule("root ::= \"root\" [root] root-x root # root\nx ::= root", "root", "r"), "r ::= \"root\" [root] root-x r # root\nx ::= r");
 }
 
 }  // namespace

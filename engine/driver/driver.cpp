@@ -939,6 +939,7 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
   if (auto c = exec::check(req.sampling); !c) return refuse(driver_error_code::bad_request, c.error().message());
   for (const auto& [id, b] : req.logit_bias)
     if (id < 0 || id >= st.vocab || !std::isfinite(b)) return refuse(driver_error_code::bad_request, "logit bias on id " + std::to_string(id) + " is out of range or not finite");
+  std::shared_ptr<guide::guide> guided;  // hooked once max_tokens is known (the guide completes within it)
   if (req.guided.kind != guide::guide_kind::none) {
     if (req.guide) return refuse(driver_error_code::bad_request, "a request has a guide spec or a guide function, not both");
     const auto* codec = st.handle->text();
@@ -948,7 +949,7 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
           std::make_shared<const guide::vocabulary>(guide::vocabulary::of(codec->tokens(), static_cast<std::size_t>(st.vocab), st.eos)));
     auto g = st.guides->get(req.guided);
     if (!g) return refuse(driver_error_code::bad_request, std::string(guide::name(req.guided.kind)) + ": " + g.error().message());
-    req.guide = guide::hook(std::move(*g));
+    guided = std::move(*g);
   }
   // 0: as many tokens as the capacity (and the pool) leave after the prompt, for a client that named
   // no bound (the gateway's chat default).
@@ -974,6 +975,7 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
     return refuse(driver_error_code::no_head, "the request asks for logits and no Head::Logits entry is prepared");
   const auto* codec = st.handle->text();
   if (!req.stop.empty() && !codec) return refuse(driver_error_code::bad_request, "stop strings need the model's tokenizer: " + st.handle->text_problem());
+  if (guided) req.guide = guide::hook(std::move(guided), req.max_tokens);
 
   sequence s;
   s.id = st.next_id++;

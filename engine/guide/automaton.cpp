@@ -21,12 +21,55 @@ std::size_t automaton::hash_vec::operator()(const std::vector<std::uint32_t>& v)
   return static_cast<std::size_t>(h ^ (h >> 29));
 }
 
-automaton::automaton(std::shared_ptr<const grammar> g) : g_(std::move(g)), index_(std::make_unique<index>()) { init(); }
+namespace {
+std::uint32_t add_sat(std::uint32_t a, std::uint32_t b) {
+  return a >= automaton::unreachable - b ? automaton::unreachable : a + b;
+}
+}  // namespace
+
+automaton::automaton(std::shared_ptr<const grammar> g) : g_(std::move(g)), index_(std::make_unique<index>()) {
+  // The fewest bytes each rule derives (a fixpoint), then per position the fewest to its alternative's end.
+  const auto& gr = *g_;
+  std::vector<std::uint32_t> rule_min(gr.alts.size(), unreachable);
+  auto elem_min = [&](const element& e) { return e.k == element::kind::bytes ? 1u : e.k == element::kind::rule ? rule_min[e.index] : 0u; };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (std::size_t r = 0; r < gr.alts.size(); ++r)
+      for (auto a : gr.alts[r]) {
+        std::uint32_t sum = 0;
+        for (auto p = a; gr.flat[p].k != element::kind::end; ++p) sum = add_sat(sum, elem_min(gr.flat[p]));
+        if (sum < rule_min[r]) rule_min[r] = sum, changed = true;
+      }
+  }
+  rest_min_.assign(gr.flat.size(), 0);
+  for (std::size_t p = gr.flat.size(); p-- > 0;)
+    rest_min_[p] = gr.flat[p].k == element::kind::end ? 0 : add_sat(elem_min(gr.flat[p]), rest_min_[p + 1]);
+  init();
+}
+
+std::uint32_t automaton::node_cost(std::uint32_t n) {
+  if (n == 0) return 0;
+  if (node_cost_.size() < nodes_.size()) node_cost_.resize(nodes_.size(), unreachable - 1);
+  if (node_cost_[n] != unreachable - 1) return node_cost_[n];
+  const auto nd = nodes_[n];
+  return node_cost_[n] = add_sat(rest_min_[nd.pos], node_cost(nd.parent));
+}
+
+std::uint32_t automaton::cost(state s) {
+  if (s == dead) return unreachable;
+  if (state_cost_.size() < stacks_.size()) state_cost_.resize(stacks_.size(), unreachable - 1);
+  if (state_cost_[s] != unreachable - 1) return state_cost_[s];
+  std::uint32_t best = unreachable;
+  for (auto n : stacks_[s]) best = std::min(best, node_cost(n));
+  return state_cost_[s] = best;
+}
 automaton::~automaton() = default;
 automaton::automaton(automaton&&) noexcept = default;
 automaton& automaton::operator=(automaton&&) noexcept = default;
 
 void automaton::init() {
+  node_cost_.clear();
+  state_cost_.clear();
   nodes_.assign(1, node{0, 0});
   stacks_.assign(1, {});
   accepting_.assign(1, false);

@@ -30,6 +30,9 @@ class automaton {
   state next(state s, std::string_view bytes);
   // The grammar's sentence may end here.
   bool accepting(state s) const { return accepting_[s]; }
+  // The fewest bytes that complete a sentence from here (0 when accepting; `unreachable` when none can).
+  static constexpr std::uint32_t unreachable = 0xFFFFFFFFu;
+  std::uint32_t cost(state s);
   // Some byte continues from here.
   bool can_continue(state s) const { return !stacks_[s].empty() && !(stacks_[s].size() == 1 && accepting_[s]); }
 
@@ -57,6 +60,11 @@ class automaton {
   std::unique_ptr<index> index_;
   state start_ = dead;
   std::uint64_t generation_ = 0;
+  std::vector<std::uint32_t> rest_min_;   // flat position -> fewest bytes to the end of its alternative
+  std::vector<std::uint32_t> node_cost_;  // node -> fewest bytes to empty the stack (memo)
+  std::vector<std::uint32_t> state_cost_; // state -> min over its stacks (memo)
+
+  std::uint32_t node_cost(std::uint32_t n);
 
   void init();
   std::uint32_t intern_node(std::uint32_t pos, std::uint32_t parent);

@@ -169,11 +169,20 @@ void guide::advance(cursor& c, std::span<const std::int32_t> output) {
   }
 }
 
-std::vector<std::uint32_t> guide::compute_mask(automaton::state s, bool first) {
+guide::cached_mask guide::compute_mask(automaton::state s, bool first, std::uint32_t limit) {
   const auto& v = *vocab_;
-  std::vector<std::uint32_t> mask(v.words(), 0u);
+  cached_mask out;
+  auto& mask = out.words;
+  mask.assign(v.words(), 0u);
   auto allow = [&](std::int32_t id) { mask[static_cast<std::size_t>(id) >> 5] |= 1u << (id & 31); };
   auto disallow = [&](std::int32_t id) { mask[static_cast<std::size_t>(id) >> 5] &= ~(1u << (id & 31)); };
+  // Whether a token leading to `to` may be drawn, and the largest such cost seen.
+  auto fits = [&](automaton::state to) {
+    const auto c = a_.cost(to);
+    if (c > limit) return false;
+    out.max_next_cost = std::max(out.max_next_cost, c);
+    return true;
+  };
   if (s != automaton::dead) {
     const auto& nodes = v.nodes();
     const auto& edges = v.edges();
@@ -186,7 +195,8 @@ std::vector<std::uint32_t> guide::compute_mask(automaton::state s, bool first) {
         const auto to = a_.next(st, edges[e].byte);
         if (to == automaton::dead) continue;
         const auto& child = nodes[edges[e].child];
-        for (auto t = child.tokens_begin; t < child.tokens_end; ++t) allow(tokens[t]);
+        if (child.tokens_begin != child.tokens_end && fits(to))
+          for (auto t = child.tokens_begin; t < child.tokens_end; ++t) allow(tokens[t]);
         if (child.edges_begin != child.edges_end) stack.emplace_back(edges[e].child, to);
       }
     }
@@ -194,7 +204,9 @@ std::vector<std::uint32_t> guide::compute_mask(automaton::state s, bool first) {
       // Tokens that spell other bytes at the start of the output are judged by those bytes.
       for (const auto& [id, bytes] : v.first_pieces()) {
         disallow(id);
-        if (!bytes.empty() && a_.next(s, bytes) != automaton::dead) allow(id);
+        if (bytes.empty()) continue;
+        const auto to = a_.next(s, bytes);
+        if (to != automaton::dead && fits(to)) allow(id);
       }
     }
     if (a_.accepting(s))
@@ -203,10 +215,10 @@ std::vector<std::uint32_t> guide::compute_mask(automaton::state s, bool first) {
   // Nothing may follow (an output the guide cannot continue): end it rather than draw from nothing.
   if (std::all_of(mask.begin(), mask.end(), [](std::uint32_t w) { return w == 0; }))
     for (auto id : v.eos()) allow(id);
-  return mask;
+  return out;
 }
 
-void guide::fill_mask(cursor& c, std::span<const std::int32_t> output, std::span<std::uint32_t> mask) {
+void guide::fill_mask(cursor& c, std::span<const std::int32_t> output, std::span<std::uint32_t> mask, std::int64_t budget) {
   std::lock_guard lock(mu_);
   ++counters_.masks;
   if (a_.maybe_reset()) {
@@ -215,7 +227,7 @@ void guide::fill_mask(cursor& c, std::span<const std::int32_t> output, std::span
   }
   advance(c, output);
   const bool first = c.consumed == 0;
-  const std::vector<std::uint32_t>* m = nullptr;
+  const cached_mask* m = nullptr;
   if (first && first_mask_) {
     m = &*first_mask_;
     ++counters_.mask_hits;
@@ -226,7 +238,7 @@ void guide::fill_mask(cursor& c, std::span<const std::int32_t> output, std::span
     }
   }
   if (!m) {
-    auto fresh = compute_mask(c.state, first);
+    auto fresh = compute_mask(c.state, first, automaton::unreachable);
     if (first) {
       first_mask_ = std::move(fresh);
       m = &*first_mask_;
@@ -236,8 +248,26 @@ void guide::fill_mask(cursor& c, std::span<const std::int32_t> output, std::span
       m = &(masks_[c.state] = std::move(fresh));
     }
   }
-  const auto n = std::min(mask.size(), m->size());
-  std::copy(m->begin(), m->begin() + static_cast<std::ptrdiff_t>(n), mask.begin());
+  // Short of budget: after this token `budget - 1` remain; a token may leave at most that many bytes
+  // to complete. The full mask stands when every allowed token fits; otherwise the walk is redone with
+  // the limit (when the limit leaves nothing, the full mask stands: no completion fits anyway).
+  std::optional<cached_mask> tight;
+  if (c.state != automaton::dead && budget - 1 < static_cast<std::int64_t>(m->max_next_cost)) {
+    const auto limit = static_cast<std::uint32_t>(std::max<std::int64_t>(budget - 1, 0));
+    tight = compute_mask(c.state, first, limit);
+    // When nothing but the end fits and the output is not complete, no completion fits the budget:
+    // the full mask stands rather than an early end.
+    bool other = false;
+    for (std::size_t w = 0; w < tight->words.size() && !other; ++w) {
+      auto bits = tight->words[w];
+      for (auto id : vocab_->eos())
+        if (static_cast<std::size_t>(id) >> 5 == w) bits &= ~(1u << (id & 31));
+      other = bits != 0;
+    }
+    if (other || a_.accepting(c.state)) m = &*tight;
+  }
+  const auto n = std::min(mask.size(), m->words.size());
+  std::copy(m->words.begin(), m->words.begin() + static_cast<std::ptrdiff_t>(n), mask.begin());
   counters_.states = static_cast<std::int64_t>(a_.states());
 }
 
@@ -253,10 +283,10 @@ guide::counters guide::stats() const {
   return counters_;
 }
 
-std::function<void(std::span<const std::int32_t>, std::span<std::uint32_t>)> hook(std::shared_ptr<guide> g) {
+std::function<void(std::span<const std::int32_t>, std::span<std::uint32_t>)> hook(std::shared_ptr<guide> g, std::int64_t max_tokens) {
   auto c = std::make_shared<guide::cursor>();
-  return [g = std::move(g), c](std::span<const std::int32_t> output, std::span<std::uint32_t> mask) {
-    g->fill_mask(*c, output, mask);
+  return [g = std::move(g), c, max_tokens](std::span<const std::int32_t> output, std::span<std::uint32_t> mask) {
+    g->fill_mask(*c, output, mask, max_tokens - static_cast<std::int64_t>(output.size()));
   };
 }
 

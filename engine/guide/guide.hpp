@@ -12,6 +12,7 @@
 // the design follows llama.cpp's stacks and the published token-trie approach, code of our own.
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -94,8 +95,13 @@ class guide {
     std::vector<std::int32_t> seen;  // the tokens consumed: an output that differs (rolled back) restarts
   };
   // The mask of the next token after `output` (the tokens generated so far): ceil(size / 32) words,
-  // bit t % 32 of word t / 32 allows token t. Words past the vocabulary's stay as given.
-  void fill_mask(cursor& c, std::span<const std::int32_t> output, std::span<std::uint32_t> mask);
+  // bit t % 32 of word t / 32 allows token t. Words past the vocabulary's stay as given. `budget`: the
+  // tokens the sequence may still draw, this one included; when it runs short, only tokens after which
+  // the sentence can still be completed within the rest are allowed (counting a byte per token, which
+  // byte-level and byte-fallback vocabularies can always spell), so an output cut by max_tokens is
+  // still complete whenever the budget allows any completion.
+  void fill_mask(cursor& c, std::span<const std::int32_t> output, std::span<std::uint32_t> mask,
+                 std::int64_t budget = std::numeric_limits<std::int64_t>::max());
   // The output's text (eos ids aside) is a whole sentence of the grammar.
   bool accepts(std::span<const std::int32_t> output);
 
@@ -110,16 +116,23 @@ class guide {
   mutable std::mutex mu_;
   automaton a_;
   std::shared_ptr<const vocabulary> vocab_;
-  std::unordered_map<automaton::state, std::vector<std::uint32_t>> masks_;
-  std::optional<std::vector<std::uint32_t>> first_mask_;
+  struct cached_mask {
+    std::vector<std::uint32_t> words;
+    std::uint32_t max_next_cost = 0;  // the largest completion cost after any allowed token
+  };
+  std::unordered_map<automaton::state, cached_mask> masks_;
+  std::optional<cached_mask> first_mask_;
   counters counters_;
 
   void advance(cursor& c, std::span<const std::int32_t> output);
-  std::vector<std::uint32_t> compute_mask(automaton::state s, bool first);
+  // `limit`: the largest completion cost a token may leave (unreachable: no limit).
+  cached_mask compute_mask(automaton::state s, bool first, std::uint32_t limit);
 };
 
-// The driver's guided-decoding hook for one sequence (a fresh cursor over a shared guide).
-std::function<void(std::span<const std::int32_t>, std::span<std::uint32_t>)> hook(std::shared_ptr<guide> g);
+// The driver's guided-decoding hook for one sequence (a fresh cursor over a shared guide) that may
+// draw `max_tokens` tokens in all.
+std::function<void(std::span<const std::int32_t>, std::span<std::uint32_t>)> hook(
+    std::shared_ptr<guide> g, std::int64_t max_tokens = std::numeric_limits<std::int64_t>::max());
 
 // Guides of one vocabulary by spec, the least recently used dropped past `capacity`. Thread-safe.
 class guide_cache {

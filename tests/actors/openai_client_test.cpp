@@ -11,6 +11,7 @@
 #include "cluster/local_cluster.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "engine/text/chat_template.hpp"
+#include "apps/default_model.hpp"
 #include "families/fixtures/fixture.hpp"
 #include "tests/support/tiny_model.hpp"
 
@@ -129,6 +130,60 @@ TEST(openai_client, every_scenario_parses_and_matches_the_engine) {
   EXPECT_EQ(r["invalid_param"]["error"]["status"], 400);
   EXPECT_EQ(r["invalid_param"]["error"]["param"], "temperature");
   EXPECT_EQ(r["unknown_model"]["error"]["status"], 404);
+}
+
+// Structured outputs through the official client, checked by an independent validator (ajv): random
+// schemas the server never saw (strict json_schema, recursion through $defs), json_object, a GBNF
+// grammar and a regex, streamed and not, on every shipped family's fixture and on the embedded model.
+TEST(openai_client, structured_outputs_validate_on_every_family_and_the_embedded_model) {
+  const auto root = fs::path(TROUPE_SOURCE_DIR);
+  const auto dir = fs::temp_directory_path() / ("troupe-structured-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::vector<std::pair<std::string, fs::path>> models;
+  for (auto family : families::fixture_families()) {
+    families::fixture_dims d;
+    d.vocab = 512;
+    d.hidden = 64;
+    d.ffn = 128;
+    d.heads = 2;
+    d.kv_heads = 1;
+    d.head_dim = 32;
+    d.layers = 1;
+    d.expert_ffn = 32;
+    const auto path = dir / (std::string(family) + ".gguf");
+    auto w = families::write_fixture(family, d, path, true);
+    ASSERT_TRUE(w) << family << ": " << w.error().message();
+    models.emplace_back(std::string(family), path);
+  }
+  if (auto kjv = app::find_default_model()) models.emplace_back("troupe-kjv", *kjv);
+  else ADD_FAILURE() << "the embedded model: " << kjv.error();
+
+  std::uint64_t seed = 1;
+  for (const auto& [name, path] : models) {
+    SCOPED_TRACE(name);
+    auto o = test::tiny_cluster_options(1);
+    auto c = local_cluster::start(path, o);
+    ASSERT_TRUE(c) << c.error();
+    gateway_options g;
+    g.port = 0;
+    g.api_keys = {"sk-test"};
+    auto gw = gateway::start(**c, path, g);
+    ASSERT_TRUE(gw) << gw.error();
+    const auto served = (*c)->models();
+    ASSERT_FALSE(served.empty());
+    const auto out = dir / (name + ".json");
+    const std::string cmd = "node \"" + (root / "tests/reference/openai_structured.mjs").string() + "\" --base-url http://127.0.0.1:" +
+                            std::to_string((*gw)->port()) + "/v1 --api-key sk-test --model '" + served.front() + "' --seed " +
+                            std::to_string(seed++) + " --count 4 --max-tokens 120 > \"" + out.string() + "\"";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::ifstream f(out);
+    const json r = json::parse(f);
+    ASSERT_TRUE(r.contains("cases")) << r.dump();
+    EXPECT_EQ(r["cases"].size(), 10u);
+    for (const auto& k : r["cases"])
+      EXPECT_TRUE(k["valid"].get<bool>()) << k.dump();
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -268,3 +268,57 @@ TEST(tool_calls, grammars_in_each_format_accept_only_valid_calls) {
 
 }  // namespace
 }  // namespace troupe::guide
+
+namespace troupe::guide {
+namespace {
+
+// A budget of tokens: whatever the draws, the output completes within it whenever any completion fits
+// (random walks that never end by choice, only when the mask leaves the end alone).
+TEST(guide_mask, a_budget_makes_the_output_complete_within_max_tokens) {
+  auto v = test_vocab();
+  auto g = compile({guide_kind::grammar,
+                    "root ::= \"{\" ws \"\\\"k\\\":\" ws \"[\" (item (\",\" ws item)*)? \"]\" ws \"}\"\n"
+                    "item ::= \"\\\"\" [a-z\\u00e9]* \"\\\"\" | [0-9]+ | root\n"
+                    "ws ::= | \" \" | \"\\n\" \" \"{0,4}\n"});
+  ASSERT_TRUE(g) << g.error().message();
+  auto gd = std::make_shared<guide>(*g, v);
+  std::mt19937 rng(3);
+  for (std::int64_t budget : {9, 10, 12, 16, 25, 40}) {
+    for (int walk = 0; walk < 25; ++walk) {
+      guide::cursor c;
+      std::vector<std::int32_t> out;
+      bool ended = false;
+      while (static_cast<std::int64_t>(out.size()) < budget) {
+        std::vector<std::uint32_t> m(v->words(), 0u);
+        gd->fill_mask(c, out, m, budget - static_cast<std::int64_t>(out.size()));
+        std::vector<std::int32_t> ok;
+        for (std::int32_t id = 0; id < static_cast<std::int32_t>(v->size()); ++id)
+          if (allowed(m, id) && id != eos) ok.push_back(id);
+        if (ok.empty()) {
+          ASSERT_TRUE(allowed(m, eos));
+          ended = true;
+          break;
+        }
+        out.push_back(ok[rng() % ok.size()]);
+      }
+      EXPECT_TRUE(gd->accepts(out)) << "budget " << budget << ": '" << text_of(*v, out) << "'";
+      EXPECT_LE(static_cast<std::int64_t>(out.size()), budget);
+      (void)ended;
+    }
+  }
+  // Without a budget the same walks run on past any length (nothing forces the end).
+  guide::cursor c;
+  std::vector<std::int32_t> out;
+  for (int k = 0; k < 60; ++k) {
+    std::vector<std::uint32_t> m(v->words(), 0u);
+    gd->fill_mask(c, out, m);
+    std::vector<std::int32_t> ok;
+    for (std::int32_t id = 0; id < static_cast<std::int32_t>(v->size()); ++id)
+      if (allowed(m, id) && id != eos) ok.push_back(id);
+    ASSERT_FALSE(ok.empty());
+    out.push_back(ok[rng() % ok.size()]);
+  }
+}
+
+}  // namespace
+}  // namespace troupe::guide

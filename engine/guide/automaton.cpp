@@ -140,9 +140,7 @@ void automaton::expand(std::uint32_t pos, std::uint32_t parent, std::vector<std:
   }
 }
 
-automaton::state automaton::next(state s, std::uint8_t byte) {
-  auto& t = trans_[static_cast<std::size_t>(s) * 256 + byte];
-  if (t != unknown) return t;
+automaton::state automaton::compute_next(state s, std::uint8_t byte) {
   std::vector<std::uint32_t> out;
   index_->seen.clear();
   // stacks_[s] may move while nodes are interned below: copy the few ids first.

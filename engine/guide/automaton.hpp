@@ -26,7 +26,10 @@ class automaton {
   explicit automaton(std::shared_ptr<const grammar> g);
 
   state start() const { return start_; }
-  state next(state s, std::uint8_t byte);
+  state next(state s, std::uint8_t byte) {
+    const auto t = trans_[static_cast<std::size_t>(s) * 256 + byte];
+    return t != 0xFFFFFFFFu ? t : compute_next(s, byte);
+  }
   state next(state s, std::string_view bytes);
   // The grammar's sentence may end here.
   bool accepting(state s) const { return accepting_[s]; }
@@ -67,6 +70,7 @@ class automaton {
   std::uint32_t node_cost(std::uint32_t n);
 
   void init();
+  state compute_next(state s, std::uint8_t byte);
   std::uint32_t intern_node(std::uint32_t pos, std::uint32_t parent);
   state intern_state(std::vector<std::uint32_t> stacks);
   void expand(std::uint32_t pos, std::uint32_t parent, std::vector<std::uint32_t>& out);

@@ -75,6 +75,8 @@ vocabulary::vocabulary(std::size_t size, std::vector<std::optional<std::string>>
   for (std::size_t id = 0; id < pieces_.size(); ++id)
     if (pieces_[id] && !pieces_[id]->empty() && !is_eos(static_cast<std::int32_t>(id))) order.push_back(static_cast<std::int32_t>(id));
   std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return *pieces_[a] < *pieces_[b]; });
+  for (auto id : order) longest_ = std::max(longest_, pieces_[id]->size());
+  for (const auto& [id, bytes] : first_) longest_ = std::max(longest_, bytes.size());
   tokens_.reserve(order.size());
   nodes_.push_back({});
   // Work list of (node, range of order, depth); children of a node are contiguous in edges_.
@@ -251,8 +253,12 @@ void guide::fill_mask(cursor& c, std::span<const std::int32_t> output, std::span
   // Short of budget: after this token `budget - 1` remain; a token may leave at most that many bytes
   // to complete. The full mask stands when every allowed token fits; otherwise the walk is redone with
   // the limit (when the limit leaves nothing, the full mask stands: no completion fits anyway).
+  // No token can bring the cost within the budget (a token shortens it by at most its length): then
+  // no completion fits whatever is drawn, and the full mask stands without a second walk.
   std::optional<cached_mask> tight;
-  if (c.state != automaton::dead && budget - 1 < static_cast<std::int64_t>(m->max_next_cost)) {
+  const auto now = static_cast<std::int64_t>(c.state == automaton::dead ? 0 : a_.cost(c.state));
+  const bool reachable = now - static_cast<std::int64_t>(vocab_->longest_piece()) <= budget - 1;
+  if (c.state != automaton::dead && reachable && budget - 1 < static_cast<std::int64_t>(m->max_next_cost)) {
     const auto limit = static_cast<std::uint32_t>(std::max<std::int64_t>(budget - 1, 0));
     tight = compute_mask(c.state, first, limit);
     // When nothing but the end fits and the output is not complete, no completion fits the budget:

@@ -56,6 +56,7 @@ class vocabulary {
   const std::string* first_piece(std::int32_t id) const;  // nullptr: the same as piece(id)
   const std::vector<std::int32_t>& eos() const { return eos_; }
   bool is_eos(std::int32_t id) const;
+  std::size_t longest_piece() const { return longest_; }
   const std::vector<std::pair<std::int32_t, std::string>>& first_pieces() const { return first_; }
 
   // The trie of every allowed piece: node 0 is the root.
@@ -77,6 +78,7 @@ class vocabulary {
   std::vector<std::pair<std::int32_t, std::string>> first_;
   std::unordered_map<std::int32_t, std::size_t> first_index_;
   std::vector<std::int32_t> eos_;
+  std::size_t longest_ = 0;
   std::vector<trie_node> nodes_;
   std::vector<trie_edge> edges_;
   std::vector<std::int32_t> tokens_;

@@ -463,6 +463,22 @@ std::pair<std::string, json> parse_tool_calls_json(const std::string& text) {
 
 }  // namespace
 
+// Where, at or after `from`, `text` could begin a tool call in one of the formats above: a marker (or
+// the start of one, cut by the end of the text so far), or a reply whose first non-space is '{' or
+// '[' (a whole-reply JSON call). Text before it can be shown while the reply streams.
+std::size_t call_start(const std::string& text, std::size_t from) {
+  static const std::string markers[] = {"<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"};
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && first >= from && (text[first] == '{' || text[first] == '[')) return from;
+  if (first == std::string::npos) return from;  // only spaces so far: they may precede a JSON call
+  for (std::size_t i = from; i < text.size(); ++i)
+    for (const auto& m : markers) {
+      const auto n = std::min(m.size(), text.size() - i);
+      if (text.compare(i, n, m, 0, n) == 0) return i;
+    }
+  return text.size();
+}
+
 std::pair<std::string, std::string> parse_tool_calls(const std::string& text) {
   auto [rest, calls] = parse_tool_calls_json(text);
   return {rest, calls.empty() ? std::string() : dump(calls)};
@@ -1064,7 +1080,8 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
     bool done = false;
     std::int64_t prompt_tokens = 0, completion_tokens = 0;
     std::optional<double> first_token;
-    std::string held;  // with tools, the text is held to parse tool calls at the end
+    std::string held;       // with tools: the choice's text, parsed for tool calls at its end
+    std::size_t shown = 0;  // how much of `held` went out as content (text that cannot begin a call)
     std::set<std::uint64_t> replicas;  // for the access log
     std::size_t offset = 0;             // text_offset within the current choice
     std::int64_t cached_tokens = 0;     // prompt tokens the prefix cache supplied
@@ -1123,6 +1140,8 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
           }
           ++st->current;
           st->offset = 0;
+          st->held.clear();  // each choice's text is its own
+          st->shown = 0;
           return true;
         }
         if (!st->first_token && !c->ids.empty()) st->first_token = std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -1142,16 +1161,36 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
             st->role_sent = true;
           }
           if (plan.tools) {
+            // Text streams as it comes up to where a tool call could begin; from there it is held and
+            // parsed at the end, and each call goes out as OpenAI streams them: its index, id, type and
+            // name with empty arguments, then the arguments.
             st->held += c->text;
+            const auto from = last ? st->held.size() : call_start(st->held, st->shown);
+            if (!last && from > st->shown) delta["content"] = st->held.substr(st->shown, from - st->shown);
+            if (!last) st->shown = from;
             if (last) {
-              auto [rest, calls] = parse_tool_calls_json(st->held);
+              const auto tail = st->held.substr(st->shown);
+              auto [rest, calls] = parse_tool_calls_json(tail);
               if (!calls.empty()) {
-                for (std::size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
-                delta["tool_calls"] = calls;
-                finish = "tool_calls";
                 if (!rest.empty()) delta["content"] = rest;
-              } else {
-                delta["content"] = st->held;
+                for (std::size_t k = 0; k < calls.size(); ++k) {
+                  const auto& call = calls[k];
+                  json head = {{"index", k}, {"id", call["id"]}, {"type", "function"}, {"function", {{"name", call["function"]["name"]}, {"arguments", ""}}}};
+                  json args = {{"index", k}, {"function", {{"arguments", call["function"]["arguments"]}}}};
+                  for (auto* part : {&head, &args}) {
+                    delta["tool_calls"] = json::array({*part});
+                    json ev = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
+                               {"choices", json::array({{{"index", index}, {"delta", delta}, {"finish_reason", nullptr}, {"logprobs", nullptr}}})}};
+                    if (!send(ev)) {
+                      cancel_all();
+                      return false;
+                    }
+                    delta = json::object();
+                  }
+                }
+                finish = "tool_calls";
+              } else if (!tail.empty()) {
+                delta["content"] = tail;
               }
             }
           } else if (!c->text.empty()) {

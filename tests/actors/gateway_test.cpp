@@ -409,6 +409,56 @@ TEST(gateway, forced_tool_calls_follow_the_tools_parameters) {
     ASSERT_EQ(n["message"]["tool_calls"].size(), 1u) << n.dump();
     EXPECT_EQ(check_call(n["message"]["tool_calls"][0]), "get_time");
   }
+  // Streamed: the calls arrive as OpenAI streams them (index, id, type and name first with empty
+  // arguments, then the arguments), the same calls as the whole answer for the same seed.
+  for (const bool parallel : {false, true}) {
+    json req = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "weather?"}}}}, {"temperature", 1.0}, {"seed", 7},
+                {"max_tokens", 120}, {"tools", tools}, {"tool_choice", "required"}, {"parallel_tool_calls", parallel}};
+    auto whole = post("/v1/chat/completions", req);
+    ASSERT_EQ(whole->status, 200) << whole->body;
+    const auto expect = json::parse(whole->body)["choices"][0]["message"]["tool_calls"];
+    req["stream"] = true;
+    auto st = post("/v1/chat/completions", req);
+    ASSERT_EQ(st->status, 200);
+    json calls = json::array();
+    std::string finish;
+    std::istringstream lines(st->body);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("data: {", 0) != 0) continue;
+      const auto ev = json::parse(line.substr(6));
+      const auto& ch = ev["choices"][0];
+      if (ch["finish_reason"].is_string()) finish = ch["finish_reason"];
+      if (!ch["delta"].contains("tool_calls")) continue;
+      for (const auto& d : ch["delta"]["tool_calls"]) {
+        const auto k = d["index"].get<std::size_t>();
+        if (k == calls.size()) {
+          ASSERT_TRUE(d.contains("id") && d["type"] == "function" && d["function"]["arguments"] == "") << d.dump();
+          calls.push_back({{"id", d["id"]}, {"name", d["function"]["name"]}, {"arguments", ""}});
+        } else {
+          ASSERT_LT(k, calls.size()) << d.dump();
+          calls[k]["arguments"] = calls[k]["arguments"].get<std::string>() + d["function"]["arguments"].get<std::string>();
+        }
+      }
+    }
+    EXPECT_EQ(finish, "tool_calls") << st->body;
+    ASSERT_EQ(calls.size(), expect.size()) << st->body;
+    for (std::size_t k = 0; k < calls.size(); ++k) {
+      EXPECT_EQ(calls[k]["name"], expect[k]["function"]["name"]);
+      EXPECT_EQ(json::parse(calls[k]["arguments"].get<std::string>()), json::parse(expect[k]["function"]["arguments"].get<std::string>()));
+    }
+  }
+  // With tools on offer and no call in the reply, the text streams as it comes (not held to the end).
+  {
+    json req = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "w300"}}}}, {"temperature", 0}, {"max_tokens", 24},
+                {"ignore_eos", true}, {"tools", tools}, {"stream", true}};
+    auto st = post("/v1/chat/completions", req);
+    ASSERT_EQ(st->status, 200);
+    int content_events = 0;
+    std::istringstream lines(st->body);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind("data: {", 0) == 0 && json::parse(line.substr(6))["choices"][0]["delta"].contains("content")) ++content_events;
+    EXPECT_GT(content_events, 3) << st->body;
+  }
   json unknown = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {"tools", tools},
                   {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}};
   auto e = post("/v1/chat/completions", unknown);

@@ -1321,6 +1321,12 @@ void serve_routes(httplib::Server& srv, gateway_state* st, const gateway_options
     res.set_content(error_body(e), "application/json");
     st->count(req.path, res.status);
   });
+  // The chat page: public (it holds no data; its API calls carry the key the user types).
+  srv.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; frame-ancestors 'none'");
+    res.set_header("X-Content-Type-Options", "nosniff");
+    res.set_content(std::string(chat_page()), "text/html; charset=utf-8");
+  });
   srv.Get("/health", [st](const httplib::Request&, httplib::Response& res) {
     const bool up = st->cluster->healthy();
     res.status = up ? 200 : 503;

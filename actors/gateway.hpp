@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "actors/cluster.hpp"
@@ -40,6 +41,9 @@ std::pair<std::string, std::string> parse_tool_calls(const std::string& text);
 // Whether `host:port` can be listened on now (a port in use is refused by name): checked before
 // anything is loaded, so a second server on a used port exits at once.
 result<void, std::string> port_available(const std::string& host, int port);
+
+// The chat page served at `/` (actors/chat_page.cpp): one static HTML document over the public API.
+std::string_view chat_page();
 
 struct gateway_state;
 

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "actors/actor_internals.hpp"
+#include "engine/text/chat_prompt.hpp"
 #include "engine/text/chat_template.hpp"
 #include "families/model_handle.hpp"
 #include "transport/codec.hpp"
@@ -53,33 +54,20 @@ result<std::vector<std::int32_t>, std::string> prompt_ids(driver_actor_state& st
   if (const auto* ids = std::get_if<std::vector<std::int32_t>>(&j.prompt)) return *ids;
   const auto* codec = st.handle->text();
   if (!codec) return unexpected("a text prompt needs the model's tokenizer: " + st.handle->text_problem());
-  std::string text;
-  bool add_special = true;
   if (const auto* t = std::get_if<std::string>(&j.prompt)) {
-    text = *t;
-  } else {
-    if (!st.chat) {
-      if (codec->chat_template().empty()) return unexpected(std::string("the model ships no chat template"));
-      auto t = text::chat_template::parse(codec->chat_template());
-      if (!t) return unexpected("chat template: " + t.error().message);
-      st.chat.emplace(std::move(*t));
-    }
-    nlohmann::json msgs = nlohmann::json::array();
-    for (const auto& m : std::get<std::vector<transport::chat_message>>(j.prompt)) msgs.push_back({{"role", m.role}, {"content", m.content}});
-    text::chat_render_options o;
-    o.add_generation_prompt = true;
-    o.tools_json = j.tools_json;
-    const auto& sp = codec->specials();
-    if (sp.bos) o.bos_token = std::string(codec->token_string(*sp.bos).value_or(""));
-    if (sp.eos) o.eos_token = std::string(codec->token_string(*sp.eos).value_or(""));
-    auto r = st.chat->render(msgs.dump(), o);
-    if (!r) return unexpected("chat template: " + r.error().message);
-    text = std::move(*r);
-    add_special = false;  // the template wrote the special tokens it wants
+    auto ids = codec->encode(*t, true);
+    if (!ids) return unexpected(ids.error().message());
+    return std::vector<std::int32_t>(ids->begin(), ids->end());
   }
-  auto ids = codec->encode(text, add_special);
-  if (!ids) return unexpected(ids.error().message());
-  return std::vector<std::int32_t>(ids->begin(), ids->end());
+  if (!st.chat) {
+    if (codec->chat_template().empty()) return unexpected(std::string("the model ships no chat template"));
+    auto t = text::chat_template::parse(codec->chat_template());
+    if (!t) return unexpected("chat template: " + t.error().message);
+    st.chat.emplace(std::move(*t));
+  }
+  nlohmann::json msgs = nlohmann::json::array();
+  for (const auto& m : std::get<std::vector<transport::chat_message>>(j.prompt)) msgs.push_back({{"role", m.role}, {"content", m.content}});
+  return text::chat_prompt_ids(*codec, *st.chat, msgs.dump(), j.tools_json);
 }
 
 result<driver::request_inputs, std::string> request_inputs_of(const transport::job_submit& j) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -245,7 +246,31 @@ int run_generate(const generate_options& o) {
       return 2;
     }
     req.guided = std::move(*guided);
-    auto g = prepared->generate(std::move(req));
+    // Plain text streams as the driver's detokenizer releases it (what a server's stream sends), with
+    // the timing on stderr; --json prints one object at the end.
+    const bool stream_text = !o.json && codec;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::optional<double> first_ms;
+    std::int64_t drawn = 0;
+    auto sink = [&](const driver::seq_update& u) {
+      if (!u.tokens.empty() && !first_ms) first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      drawn += static_cast<std::int64_t>(u.tokens.size());
+      if (stream_text && !u.text.empty()) {
+        std::fwrite(u.text.data(), 1, u.text.size(), stdout);
+        std::fflush(stdout);
+      }
+    };
+    auto g = prepared->generate(std::move(req), sink);
+    if (g && stream_text) {
+      std::printf("\n");
+      const double total = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const double decode_ms = total - first_ms.value_or(total);
+      std::fprintf(stderr, "troupe generate: %zu prompt tokens, first token after %.1f ms, %lld tokens, %.1f tok/s after the first (%s)\n",
+                   prompt_ids.size(), first_ms.value_or(0.0), static_cast<long long>(drawn),
+                   drawn > 1 && decode_ms > 0 ? static_cast<double>(drawn - 1) * 1000.0 / decode_ms : 0.0,
+                   std::string(driver::name(g->finished)).c_str());
+      return 0;
+    }
     if (!g) {
       std::fprintf(stderr, "troupe generate: %s\n", g.error().message().c_str());
       return g.error().code == driver::driver_error_code::step_failed ? 1 : 2;

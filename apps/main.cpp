@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "apps/chat.hpp"
 #include "apps/chat_template_cmd.hpp"
 #include "apps/bench.hpp"
 #include "apps/generate.hpp"
@@ -47,6 +48,18 @@ int main(int argc, char** argv) {
   auto* sc = app.add_subcommand("selfcheck", "write, load, trace and evaluate a generated checkpoint in every storage form");
   sc->add_option("--dir", check.dir, "where to write the checkpoints (kept); a temporary directory otherwise");
   sc->callback([&] { rc = troupe::app::run_selfcheck(check); });
+
+  troupe::app::chat_options chat_opt;
+  auto* ch = app.add_subcommand("chat", "an interactive chat in the terminal, with the model's chat template");
+  ch->add_option("--model", chat_opt.model, "a GGUF file or a Hugging Face directory (default: the embedded model)");
+  ch->add_option("--system", chat_opt.system, "the system prompt");
+  ch->add_option("--temperature", chat_opt.temperature, "0 is greedy")->check(CLI::Range(0.0, 100.0));
+  ch->add_option("--top-p", chat_opt.top_p)->check(CLI::Range(0.0, 1.0));
+  ch->add_option("--max-tokens", chat_opt.max_tokens, "tokens per answer")->check(CLI::Range(1, 1 << 20));
+  ch->add_option("--context", chat_opt.context, "positions per conversation (at most the model's)")->check(CLI::Range(16, 1 << 20));
+  ch->add_option("--seed", chat_opt.seed, "0: a fresh seed per session");
+  ch->add_option("--threads", chat_opt.threads);
+  ch->callback([&] { rc = troupe::app::run_chat(chat_opt); });
 
   troupe::app::generate_options gen;
   std::string prompt_ids;

@@ -47,6 +47,7 @@ struct job_stream {
     acc.logprobs.insert(acc.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
     acc.usage = c.usage;
     if (c.replica != 0) acc.replica = c.replica;
+    if (!c.embedding.empty()) acc.embedding = c.embedding;
     ++acc.chunks;
     if (c.finish_reason != transport::finish_reason::running) {
       acc.finish_reason = std::string(transport::name(c.finish_reason));

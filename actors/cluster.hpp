@@ -30,6 +30,7 @@ struct job_result {
   std::int32_t resumes = 0;               // times the job moved to another replica after losing its own
   std::uint64_t replica = 0;              // the replica that produced its last chunk (0: not said)
   double longest_gap_s = 0;               // the longest wait between two chunks (a resumed job's recovery)
+  std::vector<float> embedding;           // an embed job's vector
 };
 
 struct job_stream;

@@ -163,6 +163,27 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
         if (st.by_job.contains(j->job_id)) return refuse(j->job_id, client, transport::error_code::invalid_request, "job id already running", transport::retry::failed);
         auto ids = prompt_ids(st, *j);
         if (!ids) return refuse(j->job_id, client, transport::error_code::invalid_request, ids.error(), transport::retry::failed);
+        if (j->embed) {
+          // An embedding: the encode program over the prompt, pooled as the model declares; answered
+          // at once (one step per chunk bucket, no sequence held).
+          if (!j->inputs.empty() || j->guide.kind != transport::guide_kind::none || !j->prior_output.empty())
+            return refuse(j->job_id, client, transport::error_code::invalid_request, "an embedding takes a prompt only", transport::retry::failed);
+          const std::vector<std::vector<std::int32_t>> rows{std::move(*ids)};
+          auto e = st.drv->embed(rows, st.handle->pooling());
+          if (!e)
+            return refuse(j->job_id, client, transport::error_code_named(driver::name(e.error().code)).value_or(transport::error_code::internal),
+                          e.error().message(), transport::retry::failed);
+          transport::token_chunk c;
+          c.job_id = j->job_id;
+          c.embedding = std::move(e->front());
+          c.finish_reason = transport::finish_reason::eos;
+          c.usage = {static_cast<std::int64_t>(rows.front().size()), 0, 0};
+          c.replica = st.replica_id;
+          ++st.done;
+          if (client) self->send(client, chunk_atom::value, transport::encode(c));
+          finish_job(j->job_id);
+          return;
+        }
         auto inputs = request_inputs_of(*j);
         if (!inputs) return refuse(j->job_id, client, transport::error_code::invalid_request, inputs.error(), transport::retry::failed);
         driver::seq_request r;

@@ -13,6 +13,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -164,6 +165,24 @@ struct request_plan {
   std::int32_t logprobs = -1;  // completions: top alternatives (-1: none); chat: top_logprobs when logprobs
   bool tools = false;
 };
+
+// RFC 4648 base64, for embeddings sent as bytes.
+std::string base64_of(const std::string& bytes) {
+  static constexpr char table[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (std::size_t i = 0; i < bytes.size(); i += 3) {
+    const std::uint32_t a = static_cast<unsigned char>(bytes[i]);
+    const std::uint32_t b = i + 1 < bytes.size() ? static_cast<unsigned char>(bytes[i + 1]) : 0;
+    const std::uint32_t c = i + 2 < bytes.size() ? static_cast<unsigned char>(bytes[i + 2]) : 0;
+    const std::uint32_t n = (a << 16) | (b << 8) | c;
+    out += table[(n >> 18) & 63];
+    out += table[(n >> 12) & 63];
+    out += i + 1 < bytes.size() ? table[(n >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? table[n & 63] : '=';
+  }
+  return out;
+}
 
 // A seed for a request that named none: 53 bits, so a JavaScript client (the openai npm package)
 // reads it back exactly.
@@ -558,6 +577,25 @@ struct gateway_state {
   }
 
   void completions(const httplib::Request& req, httplib::Response& res, bool chat);
+  void embeddings(const httplib::Request& req, httplib::Response& res);
+  // The model named (routed by the coordinator to its replicas only), or the only one served; false
+  // when the request was answered (404, 503).
+  bool choose_model(const std::string& endpoint, httplib::Response& res, params& p, std::string& model) {
+    const auto served = served_models();
+    const json& body = p.body;
+    if (auto it = body.find("model"); it != body.end() && !it->is_null() && !it->is_string()) {
+      p.fail("model", "model is a string");
+    } else if (it == body.end() || it->is_null() || it->get<std::string>().empty()) {
+      if (served.empty()) return reply_error(endpoint, res, {503, "no model is being served yet", "model", "model_not_ready"}), false;
+      if (served.size() > 1) p.fail("model", "this server serves several models: name one (GET /v1/models)");
+      else model = served.front();
+    } else {
+      model = it->get<std::string>();
+      if (std::find(served.begin(), served.end(), model) == served.end())
+        return reply_error(endpoint, res, {404, "The model '" + model + "' does not exist", "model", "model_not_found"}), false;
+    }
+    return true;
+  }
   // POST /v1/messages: Anthropic's Messages shape (text, streaming, tools) over the same jobs.
   void messages(const httplib::Request& req, httplib::Response& res);
   // POST /tokenize (prompt -> ids) and /detokenize (ids -> text), vLLM's shapes, with this gateway's
@@ -871,19 +909,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
   params p{body, std::nullopt};
   request_plan plan;
   auto& j = plan.job;
-  // The model named (routed by the coordinator to its replicas only), or the only one served.
-  const auto served = served_models();
-  if (auto it = body.find("model"); it != body.end() && !it->is_null() && !it->is_string()) {
-    p.fail("model", "model is a string");
-  } else if (it == body.end() || it->is_null() || it->get<std::string>().empty()) {
-    if (served.empty()) return reply_error(endpoint, res, {503, "no model is being served yet", "model", "model_not_ready"});
-    if (served.size() > 1) p.fail("model", "this server serves several models: name one (GET /v1/models)");
-    else j.model = served.front();
-  } else {
-    j.model = it->get<std::string>();
-    if (std::find(served.begin(), served.end(), j.model) == served.end())
-      return reply_error(endpoint, res, {404, "The model '" + j.model + "' does not exist", "model", "model_not_found"});
-  }
+  if (!choose_model(endpoint, res, p, j.model)) return;
   const std::string model = j.model;  // what the answer names
   read_common(p, plan);
   if (chat) {
@@ -1216,6 +1242,105 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
       });
 }
 
+// POST /v1/embeddings: OpenAI's shape. Each input (a string, or an array of token ids) is one embed job
+// routed like a completion to a replica of the model; the vector is the encode program's hidden
+// states pooled as the checkpoint declares (families/pooling.hpp). `dimensions` keeps the first N
+// components and normalizes them again (Matryoshka-style truncation); `encoding_format` base64 sends
+// the little-endian float32 bytes.
+void gateway_state::embeddings(const httplib::Request& req, httplib::Response& res) {
+  const std::string endpoint = "/v1/embeddings";
+  if (!authorized(req)) return reply_error(endpoint, res, {401, "Incorrect API key provided", "", "invalid_api_key"});
+  json body;
+  if (!read_body(endpoint, req, res, body)) return;
+  params p{body, std::nullopt};
+  std::string model;
+  if (!choose_model(endpoint, res, p, model)) return;
+  std::vector<transport::prompt> inputs;
+  auto it = body.find("input");
+  auto token_array = [](const json& x) { return x.is_array() && !x.empty() && std::all_of(x.begin(), x.end(), [](const json& t) { return t.is_number_integer(); }); };
+  if (it == body.end() || it->is_null()) {
+    p.fail("input", "an input is required");
+  } else if (it->is_string()) {
+    inputs.emplace_back(it->get<std::string>());
+  } else if (token_array(*it)) {
+    inputs.emplace_back(it->get<std::vector<std::int32_t>>());
+  } else if (it->is_array() && !it->empty() && it->size() <= 2048) {
+    for (const auto& x : *it) {
+      if (x.is_string()) inputs.emplace_back(x.get<std::string>());
+      else if (token_array(x)) inputs.emplace_back(x.get<std::vector<std::int32_t>>());
+      else {
+        p.fail("input", "each input is a string or an array of token ids");
+        break;
+      }
+    }
+  } else {
+    p.fail("input", "a string, an array of strings, or token ids (at most 2048 inputs)");
+  }
+  for (const auto& in : inputs)
+    if (const auto* t = std::get_if<std::string>(&in); t && t->empty()) p.fail("input", "an input is empty");
+  bool base64 = false;
+  if (auto f = body.find("encoding_format"); f != body.end() && !f->is_null()) {
+    if (!f->is_string() || (*f != "float" && *f != "base64")) p.fail("encoding_format", "'float' or 'base64'");
+    else base64 = *f == "base64";
+  }
+  std::optional<std::int64_t> dimensions;
+  if (auto d = body.find("dimensions"); d != body.end() && !d->is_null()) {
+    if (!d->is_number_integer() || d->get<std::int64_t>() < 1) p.fail("dimensions", "a positive integer");
+    else dimensions = d->get<std::int64_t>();
+  }
+  if (p.err) return reply_error(endpoint, res, *p.err);
+
+  const auto t0 = clock_type::now();
+  std::vector<std::shared_ptr<job>> jobs;
+  for (auto& in : inputs) {
+    transport::job_submit j;
+    j.model = model;
+    j.prompt = std::move(in);
+    j.embed = true;
+    j.max_tokens = 1;
+    auto r = cl->submit(j);
+    if (!r) {
+      for (auto& x : jobs) x->cancel();
+      return reply_error(endpoint, res, from_transport(r.error()));
+    }
+    jobs.push_back(std::make_shared<job>(std::move(*r)));
+  }
+  json data = json::array();
+  std::int64_t prompt_tokens = 0;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    auto r = jobs[i]->wait();
+    if (r.error) {
+      for (auto& x : jobs) x->cancel();
+      return reply_error(endpoint, res, from_transport(*r.error));
+    }
+    auto v = std::move(r.embedding);
+    if (dimensions) {
+      if (*dimensions > static_cast<std::int64_t>(v.size()))
+        return reply_error(endpoint, res, {400, "'dimensions': the model's embeddings have " + std::to_string(v.size()), "dimensions", "invalid_parameter"});
+      v.resize(static_cast<std::size_t>(*dimensions));
+      double n = 0;
+      for (float x : v) n += static_cast<double>(x) * x;
+      if (n > 0)
+        for (auto& x : v) x = static_cast<float>(x / std::sqrt(n));
+    }
+    prompt_tokens += r.usage.prompt_tokens;
+    json e = {{"object", "embedding"}, {"index", i}};
+    if (base64) {
+      std::string bytes(v.size() * 4, '\0');
+      std::memcpy(bytes.data(), v.data(), bytes.size());  // little-endian hosts only (x86-64, aarch64)
+      e["embedding"] = base64_of(bytes);
+    } else {
+      e["embedding"] = v;
+    }
+    data.push_back(std::move(e));
+  }
+  json out = {{"object", "list"}, {"data", data}, {"model", model}, {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens}}}};
+  res.set_content(dump(out), "application/json");
+  count(endpoint, 200);
+  spdlog::info("event=http_request endpoint={} status=200 model={} inputs={} prompt_tokens={} seconds={:.3f}", endpoint, model, jobs.size(),
+               prompt_tokens, std::chrono::duration<double>(clock_type::now() - t0).count());
+}
+
 namespace {
 
 // A Prometheus label value: backslash, quote and newline escaped.
@@ -1371,9 +1496,7 @@ void serve_routes(httplib::Server& srv, gateway_state* st, const gateway_options
   });
   srv.Post("/v1/completions", [st](const httplib::Request& req, httplib::Response& res) { st->completions(req, res, false); });
   srv.Post("/v1/chat/completions", [st](const httplib::Request& req, httplib::Response& res) { st->completions(req, res, true); });
-  srv.Post("/v1/embeddings", [st](const httplib::Request&, httplib::Response& res) {
-    st->reply_error("/v1/embeddings", res, {501, "embeddings are not served yet", "", "unsupported"});
-  });
+  srv.Post("/v1/embeddings", [st](const httplib::Request& req, httplib::Response& res) { st->embeddings(req, res); });
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "apps/chat.hpp"
 #include "apps/chat_template_cmd.hpp"
+#include "apps/embed.hpp"
 #include "apps/bench.hpp"
 #include "apps/generate.hpp"
 #include "apps/inspect.hpp"
@@ -60,6 +61,15 @@ int main(int argc, char** argv) {
   ch->add_option("--seed", chat_opt.seed, "0: a fresh seed per session");
   ch->add_option("--threads", chat_opt.threads);
   ch->callback([&] { rc = troupe::app::run_chat(chat_opt); });
+
+  troupe::app::embed_options embed_opt;
+  auto* em = app.add_subcommand("embed", "embeddings of texts through the encode program, pooled as the model declares");
+  em->add_option("--model", embed_opt.model, "a GGUF file or a Hugging Face directory (default: the embedded model)");
+  em->add_option("--input", embed_opt.inputs, "a text to embed (repeat the flag); none: each line of stdin");
+  em->add_option("--pooling", embed_opt.pooling, "mean, cls or last (default: what the checkpoint declares, else last)");
+  em->add_flag("--no-normalize", embed_opt.no_normalize, "raw pooled vectors, not L2-normalized");
+  em->add_option("--threads", embed_opt.threads);
+  em->callback([&] { rc = troupe::app::run_embed(embed_opt); });
 
   troupe::app::generate_options gen;
   std::string prompt_ids;

@@ -20,6 +20,7 @@ result<std::shared_ptr<const model_handle>, model_error> model_handle::load(cons
   auto m = (*family)->build(*cfg, *store);
   if (!m) return unexpected(m.error());
   auto h = std::shared_ptr<model_handle>(new model_handle(path, *family, std::move(*cfg), std::move(*store), std::move(*m)));
+  h->pooling_ = pooling_of(path, h->config_);
   // The text codec from the checkpoint's own files: tokenizer.json (and tokenizer_config.json) beside a
   // Hugging Face checkpoint, the tokenizer.ggml.* keys of a GGUF.
   std::error_code ec;
@@ -46,6 +47,7 @@ result<std::shared_ptr<const model_handle>, model_error> model_handle::over(resu
   std::shared_ptr<model_handle> h(new model_handle(path_, family_, config_, store_, std::move(*m)));
   h->text_ = text_;
   h->text_problem_ = text_problem_;
+  h->pooling_ = pooling_;
   return std::shared_ptr<const model_handle>(std::move(h));
 }
 

@@ -10,6 +10,7 @@
 #include "engine/load/raw_config.hpp"
 #include "engine/load/weight_store.hpp"
 #include "engine/text/text_codec.hpp"
+#include "families/pooling.hpp"
 #include "families/registry.hpp"
 
 namespace troupe::families {
@@ -26,6 +27,8 @@ class model_handle {
   const std::filesystem::path& path() const { return path_; }
   const text::text_codec* text() const { return text_ ? &*text_ : nullptr; }
   const std::string& text_problem() const { return text_problem_; }
+  // How embeddings pool the encode program's hidden states (families/pooling.hpp), as declared.
+  const families::pooling& pooling() const { return pooling_; }
 
   // Rank `rank` of a `size`-way tensor-parallel split of this model (model::shard), as a handle of its
   // own over the same checkpoint, configuration and tokenizer.
@@ -52,6 +55,7 @@ class model_handle {
   std::unique_ptr<families::model> model_;
   std::optional<text::text_codec> text_;
   std::string text_problem_;
+  families::pooling pooling_;
 };
 
 // The configuration of a checkpoint, read without its tensors.

@@ -256,6 +256,7 @@ struct body_writer {
     b.setDeadlineMs(m.deadline_ms);
     b.setToolsJson(m.tools_json);
     set_list(b.initPriorOutput(static_cast<unsigned>(m.prior_output.size())), m.prior_output);
+    b.setEmbed(m.embed);
     if (m.guide.kind != guide_kind::none) {
       auto g = b.initGuide();
       g.setKind(static_cast<GuideKind>(m.guide.kind));
@@ -275,6 +276,7 @@ struct body_writer {
     u.setCompletionTokens(m.usage.completion_tokens);
     u.setCachedTokens(m.usage.cached_tokens);
     b.setReplica(m.replica);
+    set_list(b.initEmbedding(static_cast<unsigned>(m.embedding.size())), m.embedding);
   }
   void operator()(const cancel_job& m) { body.initCancel().setJobId(m.job_id); }
   void operator()(const error& m) {
@@ -495,6 +497,7 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       if (m.deadline_ms < 0) return bad("deadline_ms is negative");
       m.tools_json = text(r.getToolsJson());
       m.prior_output = get_list<std::int32_t>(r.getPriorOutput());
+      m.embed = r.getEmbed();
       if (r.hasGuide()) {
         const auto g = r.getGuide();
         const auto k = static_cast<unsigned>(g.getKind());
@@ -516,6 +519,7 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       auto u = r.getUsage();
       m.usage = {u.getPromptTokens(), u.getCompletionTokens(), u.getCachedTokens()};
       m.replica = r.getReplica();
+      m.embedding = get_list<float>(r.getEmbedding());
       return m;
     }
     case Envelope::Body::CANCEL: return cancel_job{body.getCancel().getJobId()};

@@ -72,6 +72,7 @@ struct job_submit {
   std::string tools_json;
   std::vector<std::int32_t> prior_output;
   transport::guide guide;
+  bool embed = false;  // the prompt's embedding (the encode program, pooled as the model declares)
   friend bool operator==(const job_submit&, const job_submit&) = default;
 };
 
@@ -109,6 +110,7 @@ struct token_chunk {
   transport::finish_reason finish_reason = finish_reason::running;
   transport::usage usage;
   std::uint64_t replica = 0;  // the replica that produced it (0: not said)
+  std::vector<float> embedding;  // an embed job's vector, with its finish
   friend bool operator==(const token_chunk&, const token_chunk&) = default;
 };
 

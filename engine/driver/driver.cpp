@@ -363,10 +363,11 @@ struct driver_state {
     k.head = head;
     return k;
   }
-  entry_key encode_key() const {
+  entry_key encode_key(std::int64_t rows = 1, std::int64_t tokens = 0) const {
     entry_key k;
     k.program = families::program::encode;
-    k.shape = families::step_shape(1, options.prefill_chunk, options.prefill_chunk);
+    if (tokens == 0) tokens = options.prefill_chunk;
+    k.shape = families::step_shape(rows, tokens, tokens);
     return k;
   }
 
@@ -1046,40 +1047,93 @@ result<generation, driver_error> driver<serving>::generate(seq_request request, 
   }
 }
 
+// Rows are grouped by the chunk bucket that holds them and run up to encode_batch rows per step (an
+// entry per (rows, tokens) shape, added when first needed unless options.encode prepared the full-chunk
+// one); padded rows hold one token so that no query attends to nothing.
 result<std::vector<tensor>, driver_error> driver<serving>::encode(std::span<const std::vector<std::int32_t>> rows) {
   auto& st = *s_;
-  if (!st.options.encode) return unexpected(driver_error{driver_error_code::no_head, "no encode entry is prepared (options.encode)"});
-  const auto T = st.options.prefill_chunk;
-  const auto entry = st.entries.at(st.encode_key());
-  std::vector<tensor> out;
+  if (!st.handle->model().schema().offers(families::program::encode))
+    return unexpected(driver_error{driver_error_code::program_not_offered, "the model offers no encode program"});
+  const auto T_max = st.options.prefill_chunk;
   for (const auto& row : rows) {
     const auto n = static_cast<std::int64_t>(row.size());
-    if (n == 0 || n > T)
-      return unexpected(driver_error{driver_error_code::bad_request, "an encode row holds 1 to " + std::to_string(T) + " tokens"});
-    tensor ids(dtype::i32, {T}), pos(dtype::i32, {T}), mask(dtype::i32, {T});
-    for (std::int64_t t = 0; t < T; ++t) {
-      const bool real = t < n;
-      if (real && (row[static_cast<std::size_t>(t)] < 0 || row[static_cast<std::size_t>(t)] >= st.vocab))
+    if (n == 0 || n > T_max)
+      return unexpected(driver_error{driver_error_code::bad_request, "an encode row holds 1 to " + std::to_string(T_max) + " tokens"});
+    for (std::size_t t = 0; t < row.size(); ++t)
+      if (row[t] < 0 || row[t] >= st.vocab)
         return unexpected(driver_error{driver_error_code::bad_request, "encode token " + std::to_string(t) + " is outside the vocabulary"});
-      ids.as<std::int32_t>()[t] = real ? row[static_cast<std::size_t>(t)] : 0;
-      pos.as<std::int32_t>()[t] = real ? static_cast<std::int32_t>(t) : 0;
-      mask.as<std::int32_t>()[t] = real ? 1 : 0;
+  }
+  constexpr std::int64_t encode_batch = 4;
+  std::vector<tensor> out(rows.size());
+  std::map<std::int64_t, std::vector<std::size_t>> by_bucket;
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    by_bucket[*std::lower_bound(st.chunk_buckets.begin(), st.chunk_buckets.end(), static_cast<std::int64_t>(rows[i].size()))].push_back(i);
+  for (const auto& [T, members] : by_bucket)
+    for (std::size_t first = 0; first < members.size(); first += encode_batch) {
+      const auto take = std::min<std::size_t>(encode_batch, members.size() - first);
+      const std::int64_t R = take == 1 ? 1 : encode_batch;
+      const auto key = st.encode_key(R, T);
+      if (!st.entries.contains(key))
+        if (auto a = st.add(key); !a) return unexpected(a.error());
+      tensor ids(dtype::i32, {R * T}), pos(dtype::i32, {R * T}), mask(dtype::i32, {R * T});
+      for (std::int64_t r = 0; r < R; ++r) {
+        const std::vector<std::int32_t>* row = static_cast<std::size_t>(r) < take ? &rows[members[first + static_cast<std::size_t>(r)]] : nullptr;
+        const auto n = row ? static_cast<std::int64_t>(row->size()) : 1;
+        for (std::int64_t t = 0; t < T; ++t) {
+          const bool real = t < n;
+          ids.as<std::int32_t>()[r * T + t] = real && row ? (*row)[static_cast<std::size_t>(t)] : 0;
+          pos.as<std::int32_t>()[r * T + t] = real ? static_cast<std::int32_t>(t) : 0;
+          mask.as<std::int32_t>()[r * T + t] = real ? 1 : 0;
+        }
+      }
+      exec::step_inputs in;
+      in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"token_mask", mask.view()}};
+      std::optional<others_run> others;
+      if (!st.ranks.empty()) others.emplace(st.rank_threads(), key, in);
+      auto r = st.ex->step(st.entries.at(key), in);
+      if (others)
+        if (auto e = others->wait(); e && r) r = unexpected(*e);
+      if (!r) return unexpected(driver_error{driver_error_code::step_failed, "encode: " + r.error().message()});
+      auto it = r->outputs.find("hidden");
+      if (it == r->outputs.end()) return unexpected(driver_error{driver_error_code::step_failed, "encode returned no hidden states"});
+      const auto H = it->second.shape().back();
+      for (std::size_t k = 0; k < take; ++k) {
+        const auto i = members[first + k];
+        const auto n = static_cast<std::int64_t>(rows[i].size());
+        tensor h(dtype::f32, {n, H});
+        const float* src = it->second.as<float>() + static_cast<std::int64_t>(k) * T * H;
+        std::copy(src, src + n * H, h.as<float>());
+        out[i] = std::move(h);
+      }
+      ++st.counters.executor_steps;
     }
-    exec::step_inputs in;
-    in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"token_mask", mask.view()}};
-    std::optional<others_run> others;
-    if (!st.ranks.empty()) others.emplace(st.rank_threads(), st.encode_key(), in);
-    auto r = st.ex->step(entry, in);
-    if (others)
-      if (auto e = others->wait(); e && r) r = unexpected(*e);
-    if (!r) return unexpected(driver_error{driver_error_code::step_failed, "encode: " + r.error().message()});
-    auto it = r->outputs.find("hidden");
-    if (it == r->outputs.end()) return unexpected(driver_error{driver_error_code::step_failed, "encode returned no hidden states"});
-    const auto H = it->second.shape().back();
-    tensor h(dtype::f32, {n, H});
-    std::copy(it->second.as<float>(), it->second.as<float>() + n * H, h.as<float>());
-    out.push_back(std::move(h));
-    ++st.counters.executor_steps;
+  return out;
+}
+
+result<std::vector<std::vector<float>>, driver_error> driver<serving>::embed(std::span<const std::vector<std::int32_t>> rows,
+                                                                           const families::pooling& how) {
+  auto hidden = encode(rows);
+  if (!hidden) return unexpected(hidden.error());
+  std::vector<std::vector<float>> out;
+  out.reserve(hidden->size());
+  for (const auto& h : *hidden) {
+    const auto n = h.shape().dims()[0], H = h.shape().dims()[1];
+    const float* x = h.as<float>();
+    std::vector<double> acc(static_cast<std::size_t>(H), 0.0);
+    if (how.mode == families::pooling_mode::mean) {
+      for (std::int64_t t = 0; t < n; ++t)
+        for (std::int64_t c = 0; c < H; ++c) acc[static_cast<std::size_t>(c)] += x[t * H + c];
+      for (auto& v : acc) v /= static_cast<double>(n);
+    } else {
+      const std::int64_t t = how.mode == families::pooling_mode::cls ? 0 : n - 1;
+      for (std::int64_t c = 0; c < H; ++c) acc[static_cast<std::size_t>(c)] = x[t * H + c];
+    }
+    double norm = 0;
+    for (auto v : acc) norm += v * v;
+    norm = std::sqrt(norm);
+    std::vector<float> v(acc.size());
+    for (std::size_t c = 0; c < acc.size(); ++c) v[c] = static_cast<float>(how.normalize && norm > 0 ? acc[c] / norm : acc[c]);
+    out.push_back(std::move(v));
   }
   return out;
 }

@@ -315,8 +315,12 @@ class driver<serving> {
   // One sequence driven to its end through the same surface; `sink` sees every round's update.
   result<generation, driver_error> generate(seq_request request, const std::function<void(const seq_update&)>& sink = {});
   // The encode program over rows of tokens (each at most prefill_chunk long): hidden states [n, hidden]
-  // per row. Needs options.encode.
+  // per row. Rows of a chunk bucket run several to a step; an entry per shape is added when first
+  // needed (options.encode prepares the full-chunk one at prepare time).
   result<std::vector<tensor>, driver_error> encode(std::span<const std::vector<std::int32_t>> rows);
+  // One embedding per row: its encode hidden states pooled (mean, first token, last token) and
+  // L2-normalized when `how` says so (families/pooling.hpp: what the checkpoint declares).
+  result<std::vector<std::vector<float>>, driver_error> embed(std::span<const std::vector<std::int32_t>> rows, const families::pooling& how);
 
   driver_counters counters() const;
   std::vector<entry_key> entries() const;

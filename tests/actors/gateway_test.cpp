@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -898,6 +900,77 @@ TEST(gateway, unhonoured_fields_are_refused_seeds_replay_and_chat_length_follows
   ASSERT_TRUE(version);
   EXPECT_EQ(version->status, 200);
   EXPECT_FALSE(json::parse(version->body)["version"].get<std::string>().empty());
+}
+
+// POST /v1/embeddings in OpenAI's shape: each input (text or token ids) is an embed job through the
+// cluster; the vectors are the engine's pooled encode states (the fixture declares no pooling: the last
+// token's, normalized); base64 carries the same floats; dimensions truncates and renormalizes; bad
+// inputs are 400s naming the field.
+TEST(gateway, embeddings_are_the_engines_pooled_encode_states) {
+  auto s = serve();
+  auto post = [&](const json& body) { return s.http->Post("/v1/embeddings", body.dump(), "application/json"); };
+  auto h = families::model_handle::load(fixture_path(), families::registry::builtin());
+  ASSERT_TRUE(h);
+  exec::cpu::cpu_executor ex({1, std::nullopt});
+  auto d = driver::driver<driver::unprepared>(*h, ex, options().driver).prepare();
+  ASSERT_TRUE(d);
+  const std::vector<std::vector<std::int32_t>> rows{encode("w300 w301"), encode("w302"), {5, 6, 7}};
+  auto want = d->embed(rows, (*h)->pooling());
+  ASSERT_TRUE(want) << want.error().message();
+
+  auto r = post({{"model", "tiny"}, {"input", {"w300 w301", "w302"}}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "list");
+  EXPECT_EQ(j["model"], "tiny");
+  ASSERT_EQ(j["data"].size(), 2u);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], static_cast<std::int64_t>(rows[0].size() + rows[1].size()));
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(j["data"][i]["index"], i);
+    EXPECT_EQ(j["data"][i]["object"], "embedding");
+    const auto v = j["data"][i]["embedding"].get<std::vector<float>>();
+    ASSERT_EQ(v.size(), (*want)[i].size());
+    for (std::size_t c = 0; c < v.size(); ++c) EXPECT_NEAR(v[c], (*want)[i][c], 1e-4);
+  }
+  auto ids = post({{"model", "tiny"}, {"input", {5, 6, 7}}, {"encoding_format", "base64"}});
+  ASSERT_EQ(ids->status, 200) << ids->body;
+  const auto b64 = json::parse(ids->body)["data"][0]["embedding"].get<std::string>();
+  std::string bytes;
+  std::uint32_t acc = 0;
+  int bits = 0;
+  for (char ch : b64) {
+    if (ch == '=') break;
+    const auto at = std::string("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/").find(ch);
+    ASSERT_NE(at, std::string::npos);
+    acc = (acc << 6) | static_cast<std::uint32_t>(at);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      bytes += static_cast<char>((acc >> bits) & 0xFF);
+    }
+  }
+  ASSERT_EQ(bytes.size(), (*want)[2].size() * 4);
+  std::vector<float> decoded((*want)[2].size());
+  std::memcpy(decoded.data(), bytes.data(), bytes.size());
+  for (std::size_t c = 0; c < decoded.size(); ++c) EXPECT_NEAR(decoded[c], (*want)[2][c], 1e-4);
+
+  auto cut = post({{"input", "w300 w301"}, {"dimensions", 16}});
+  ASSERT_EQ(cut->status, 200) << cut->body;
+  const auto v16 = json::parse(cut->body)["data"][0]["embedding"].get<std::vector<float>>();
+  ASSERT_EQ(v16.size(), 16u);
+  double norm = 0, head = 0;
+  for (std::size_t c = 0; c < 16; ++c) norm += static_cast<double>(v16[c]) * v16[c], head += static_cast<double>((*want)[0][c]) * (*want)[0][c];
+  EXPECT_NEAR(norm, 1.0, 1e-5);
+  for (std::size_t c = 0; c < 16; ++c) EXPECT_NEAR(v16[c], (*want)[0][c] / std::sqrt(head), 1e-4);
+
+  for (const auto& [field, body] : std::vector<std::pair<std::string, json>>{
+           {"input", {{"input", ""}}}, {"input", {{"model", "tiny"}}}, {"input", {{"input", {{{"x", 1}}}}}},
+           {"encoding_format", {{"input", "w300"}, {"encoding_format", "hex"}}}, {"dimensions", {{"input", "w300"}, {"dimensions", 100000}}},
+           {"dimensions", {{"input", "w300"}, {"dimensions", 0}}}}) {
+    auto e = post(body);
+    EXPECT_EQ(e->status, 400) << body.dump() << " " << e->body;
+    EXPECT_EQ(json::parse(e->body)["error"]["param"], field) << e->body;
+  }
 }
 
 // Anthropic's Messages shape, as llama.cpp's server also offers it: x-api-key, a system prompt, text

@@ -2,6 +2,7 @@
 // response parses in the client and carries the engine's own output for the same seed.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <filesystem>
@@ -125,6 +126,23 @@ TEST(openai_client, every_scenario_parses_and_matches_the_engine) {
 
   EXPECT_FALSE(r["tools"].contains("error")) << r["tools"].dump();
   EXPECT_TRUE(r["tools"]["finish_reason"] == "length" || r["tools"]["finish_reason"] == "tool_calls");
+
+  // Embeddings: the engine's pooled encode states, through the client's base64 and float forms.
+  ASSERT_FALSE(r["embeddings"].contains("error")) << r["embeddings"].dump();
+  {
+    std::vector<std::vector<std::int32_t>> rows{e.text_ids("w300 w301"), e.text_ids("w302"), {5, 6, 7}};
+    auto want = e.d->embed(rows, e.h->pooling());
+    ASSERT_TRUE(want);
+    std::vector<json> got{r["embeddings"]["vectors"][0], r["embeddings"]["vectors"][1], r["embeddings"]["ids_vector"]};
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto v = got[i].get<std::vector<double>>();
+      ASSERT_EQ(v.size(), (*want)[i].size());
+      double dot = 0, a = 0, b = 0;
+      for (std::size_t c = 0; c < v.size(); ++c) dot += v[c] * (*want)[i][c], a += v[c] * v[c], b += static_cast<double>((*want)[i][c]) * (*want)[i][c];
+      EXPECT_GT(dot / std::sqrt(a * b), 0.9999) << i;
+    }
+    EXPECT_EQ(r["embeddings"]["prompt_tokens"], static_cast<std::int64_t>(rows[0].size() + rows[1].size()));
+  }
 
   EXPECT_EQ(r["bad_key"]["error"]["status"], 401);
   EXPECT_EQ(r["invalid_param"]["error"]["status"], 400);

@@ -4,6 +4,8 @@
 # model, streams an answer (its text seen growing) and answers in JSON mode with a JSON object. The
 # screenshot is kept as an artifact: BUILD_DIR/artifacts/chat-page.png.
 set -euo pipefail
+# shellcheck source=tests/apps/lib/serve.sh
+source "$(dirname "$0")/lib/serve.sh"
 troupe="$1"
 build="$2"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -13,14 +15,8 @@ cleanup() { [ -n "$server" ] && kill "$server" 2>/dev/null; wait 2>/dev/null || 
 trap cleanup EXIT
 "$troupe" fixture --family llama --gguf --out "$tmp/m.gguf" > /dev/null
 echo "sk-page" > "$tmp/keys"
-"$troupe" serve --model "$tmp/m.gguf" --host 127.0.0.1 --port 0 --api-key-file "$tmp/keys" > "$tmp/serve.out" 2> "$tmp/serve.err" &
-server=$!
-for _ in $(seq 1 300); do
-  grep -q "troupe serve: http://" "$tmp/serve.out" 2>/dev/null && break
-  kill -0 "$server" 2>/dev/null || { cat "$tmp/serve.err"; exit 1; }
-  sleep 0.1
-done
-url="$(grep -o 'http://[0-9.:]*' "$tmp/serve.out" | head -1)/"
+start_serve "$troupe" "$tmp" --model "$tmp/m.gguf" --api-key-file "$tmp/keys"
+url="$base/"
 mkdir -p "$build/artifacts"
 out="$(node "$root/tests/reference/chat_page.mjs" --url "$url" --api-key sk-page --screenshot "$build/artifacts/chat-page.png")"
 python3 - "$out" <<'PY'

@@ -18,6 +18,7 @@
 //   stop                 (only with --stop) greedy text completion with stop: [STRING]
 //   chat_logprobs        chat completion with logprobs: true, top_logprobs: 2
 //   tools                chat completion offering one function tool, tool_choice "auto"
+//   embeddings           embeddings.create of two texts (base64, the client's default) and of token ids (float)
 //   bad_key              models.list() with a wrong API key (expect 401)
 //   invalid_param        chat completion with temperature -1 (expect 400)
 //   unknown_model        text completion naming a model the server lacks (expect 404)
@@ -177,6 +178,13 @@ async function main() {
       const c = r.choices[0];
       return { content: c.message.content ?? null, tool_calls: c.message.tool_calls ?? null,
                finish_reason: c.finish_reason };
+    }],
+    ['embeddings', async () => {
+      // The client asks for base64 by default and decodes it; the float form too.
+      const r = await client.embeddings.create({ model, input: ['w300 w301', 'w302'] });
+      const f = await client.embeddings.create({ model, input: [5, 6, 7], encoding_format: 'float' });
+      return { vectors: r.data.map((d) => Array.from(d.embedding)), ids_vector: Array.from(f.data[0].embedding),
+               prompt_tokens: r.usage.prompt_tokens, object: r.object };
     }],
     ['bad_key', async () => {
       const page = await badClient.models.list();

@@ -88,6 +88,7 @@ struct JobSubmit {
   toolsJson @13 :Text;        # a JSON array of tool schemas for the chat template; empty: none
   priorOutput @14 :List(Int32);  # output already delivered (a job resumed after its replica was lost)
   guide @15 :Guide;           # a constrained output; kind none: free text
+  embed @16 :Bool;            # an embedding of the prompt (the encode program, pooled), not a generation
 }
 
 # engine/guide/spec.hpp's kinds, in its order.
@@ -135,6 +136,7 @@ struct TokenChunk {
   finishReason @4 :FinishReason;
   usage @5 :Usage;
   replica @6 :UInt64;         # the replica that produced it (0: not said)
+  embedding @7 :List(Float32);  # an embed job's vector (with its finish)
 }
 
 struct CancelJob {

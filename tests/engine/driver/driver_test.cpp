@@ -401,6 +401,52 @@ TEST(driver, guide_specs_shape_the_decoded_text_in_both_forms) {
   }
 }
 
+// Embeddings: rows of different lengths run several to a step (entries added on first use, no
+// options.encode) and equal each row alone; each pooling mode is its reduction of the row's encode
+// hidden states; normalized vectors have unit length.
+TEST(driver, embeddings_batch_rows_and_pool_as_declared) {
+  auto h = fixture();
+  exec::cpu::cpu_executor ex;
+  auto d = serve(h, ex, small_options());
+  const std::vector<std::vector<std::int32_t>> rows{prompt(5, 1), prompt(9, 2), prompt(3, 3), prompt(14, 4), prompt(32, 5), prompt(7, 6)};
+  auto together = d.embed(rows, {families::pooling_mode::last, true, "test"});
+  ASSERT_TRUE(together) << together.error().message();
+  ASSERT_EQ(together->size(), rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    auto alone = d.embed(std::span(&rows[i], 1), {families::pooling_mode::last, true, "test"});
+    ASSERT_TRUE(alone);
+    ASSERT_EQ((*alone)[0].size(), 128u);
+    double norm = 0;
+    for (std::size_t c = 0; c < 128; ++c) {
+      EXPECT_NEAR((*together)[i][c], (*alone)[0][c], 1e-4) << "row " << i << " component " << c;
+      norm += static_cast<double>((*alone)[0][c]) * (*alone)[0][c];
+    }
+    EXPECT_NEAR(norm, 1.0, 1e-5);
+  }
+  auto hidden = d.encode(rows);
+  ASSERT_TRUE(hidden);
+  for (auto mode : {families::pooling_mode::mean, families::pooling_mode::cls, families::pooling_mode::last}) {
+    auto e = d.embed(rows, {mode, false, "test"});
+    ASSERT_TRUE(e);
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const auto& hs = (*hidden)[i];
+      const auto n = hs.shape().dims()[0];
+      for (std::int64_t c = 0; c < 128; ++c) {
+        double want = 0;
+        if (mode == families::pooling_mode::mean) {
+          for (std::int64_t t = 0; t < n; ++t) want += hs.as<float>()[t * 128 + c];
+          want /= static_cast<double>(n);
+        } else {
+          want = hs.as<float>()[(mode == families::pooling_mode::cls ? 0 : n - 1) * 128 + c];
+        }
+        EXPECT_NEAR((*e)[i][static_cast<std::size_t>(c)], want, 1e-4);
+      }
+    }
+  }
+  std::vector<std::vector<std::int32_t>> too_long{prompt(33, 1)};
+  EXPECT_EQ(d.embed(too_long, {}).error().code, driver_error_code::bad_request);
+}
+
 TEST(driver, encode_pads_rows_without_changing_their_hidden_states) {
   auto h = fixture();
   exec::cpu::cpu_executor ex;

@@ -4,6 +4,7 @@
 
 #include <cctype>
 
+#include "engine/guide/grammar.hpp"
 #include "engine/guide/json_schema.hpp"
 
 namespace troupe::guide {
@@ -13,6 +14,7 @@ std::string_view name(tool_call_format f) {
     case tool_call_format::hermes: return "hermes";
     case tool_call_format::mistral: return "mistral";
     case tool_call_format::llama3: return "llama3";
+    case tool_call_format::deepseek: return "deepseek";
     case tool_call_format::json: return "json";
   }
   return "json";
@@ -21,6 +23,7 @@ std::string_view name(tool_call_format f) {
 tool_call_format tool_call_format_of(std::string_view t) {
   if (t.find("<tool_call>") != std::string_view::npos) return tool_call_format::hermes;
   if (t.find("[TOOL_CALLS]") != std::string_view::npos) return tool_call_format::mistral;
+  if (t.find("tool▁calls▁begin") != std::string_view::npos) return tool_call_format::deepseek;
   if (t.find("<|python_tag|>") != std::string_view::npos || t.find("ipython") != std::string_view::npos) return tool_call_format::llama3;
   return tool_call_format::json;
 }
@@ -40,13 +43,15 @@ std::string rename_rule(std::string_view g, std::string_view from, std::string_v
         out += g[i++];
       }
       if (i < g.size()) out += g[i++];
-    } else if (c == '#') {
-      while (i < g.size() && g[i] != '\n') out += g[i++];
+    } else if (c == '#' || c == '{') {  // a comment, or a repetition count
+      const char stop = c == '#' ? '\n' : '}';
+      while (i < g.size() && g[i] != stop) out += g[i++];
     } else if (name_char(c)) {
       std::size_t e = i;
       while (e < g.size() && name_char(g[e])) ++e;
       const auto word = g.substr(i, e - i);
-      out += word == from ? to : word;
+      if (from.empty()) out += std::string(to) + std::string(word);
+      else out += word == from ? to : word;
       i = e;
     } else {
       out += c;
@@ -78,6 +83,33 @@ result<std::string, guide_error> tool_call_gbnf(std::string_view tools_json, std
   }
   if (calls.empty())
     return unexpected(guide_error{guide_error_code::bad_schema, "tool_choice", "no tool named '" + std::string(only) + "' is offered"});
+  if (format == tool_call_format::deepseek) {
+    // The name and the arguments stand apart: one rule per tool, each tool's argument grammar under
+    // its own prefix so that their helper rules do not meet.
+    static const std::string begin_all = "<｜tool▁calls▁begin｜>",
+                             end_all = "<｜tool▁calls▁end｜>",
+                             begin = "<｜tool▁call▁begin｜>",
+                             sep = "<｜tool▁sep｜>",
+                             end = "<｜tool▁call▁end｜>";
+    std::string out, alts;
+    for (std::size_t k = 0; k < calls.size(); ++k) {
+      const auto& c = calls[k];
+      auto g = json_schema_to_gbnf(c["properties"][args].dump());
+      if (!g) {
+        auto e = g.error();
+        e.where = "tools" + (e.where.empty() ? "" : " " + e.where);
+        return unexpected(std::move(e));
+      }
+      const std::string prefix = "t" + std::to_string(k) + "-";
+      out += rename_rule(*g, "", prefix);
+      out += prefix + "call ::= " + gbnf_literal(begin + "function" + sep + c["properties"]["name"]["const"].get<std::string>() + "\n```json\n") +
+             " " + prefix + "root " + gbnf_literal("\n```" + end) + "\n";
+      alts += (k ? " | " : "") + prefix + "call";
+    }
+    out += "tool-call ::= " + alts + "\n";
+    out += "root ::= " + gbnf_literal(begin_all) + (only.empty() && parallel ? " tool-call (\"\\n\" tool-call)* " : " tool-call ") + gbnf_literal(end_all) + "\n";
+    return out;
+  }
   const json schema = calls.size() == 1 ? calls[0] : json{{"anyOf", calls}};
   auto g = json_schema_to_gbnf(schema.dump());
   if (!g) {
@@ -99,6 +131,8 @@ result<std::string, guide_error> tool_call_gbnf(std::string_view tools_json, std
       break;
     case tool_call_format::llama3:
       out += "root ::= tool-call\n";
+      break;
+    case tool_call_format::deepseek:  // built above
       break;
     case tool_call_format::json:
       out += many ? "root ::= \"[\" tool-call (\", \" tool-call)* \"]\"\n" : "root ::= \"[\" tool-call \"]\"\n";

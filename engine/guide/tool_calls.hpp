@@ -16,6 +16,7 @@ enum class tool_call_format : std::uint8_t {
   hermes,   // <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, one or more (Qwen, Hermes)
   mistral,  // [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
   llama3,   // {"name": ..., "parameters": {...}} (Llama 3.x JSON calls)
+  deepseek, // <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
   json,     // [{"name": ..., "arguments": {...}}, ...] (a template with no format of its own)
 };
 std::string_view name(tool_call_format f);
@@ -30,7 +31,8 @@ tool_call_format tool_call_format_of(std::string_view chat_template);
 result<std::string, guide_error> tool_call_gbnf(std::string_view tools_json, std::string_view only, tool_call_format format,
                                                 bool parallel = true);
 
-// `gbnf` with every reference to and definition of rule `from` renamed `to` (literals and classes left alone).
+// `gbnf` with every reference to and definition of rule `from` renamed `to` (literals and classes left
+// alone); with `from` empty, every rule name gets `to` as a prefix.
 std::string rename_rule(std::string_view gbnf, std::string_view from, std::string_view to);
 
 }  // namespace troupe::guide

@@ -256,6 +256,20 @@ TEST(tool_calls, grammars_in_each_format_accept_only_valid_calls) {
   EXPECT_TRUE(matches(llama, R"({"name": "get_weather", "parameters": {"city": "Oslo", "unit": "f"}})"));
   EXPECT_FALSE(matches(llama, call));  // Llama 3 names them "parameters"
 
+  // DeepSeek V3: name and arguments apart, each tool's argument grammar under its own prefix.
+  auto deepseek = grammar_of("", tool_call_format::deepseek);
+  const std::string ds_all = "<｜tool▁calls▁begin｜>",
+                    ds_end_all = "<｜tool▁calls▁end｜>",
+                    ds_begin = "<｜tool▁call▁begin｜>",
+                    ds_sep = "<｜tool▁sep｜>",
+                    ds_end = "<｜tool▁call▁end｜>";
+  const std::string ds_call = ds_begin + "function" + ds_sep + "get_weather\n```json\n{\"city\": \"Rome\", \"unit\": \"f\"}\n```" + ds_end;
+  const std::string ds_now = ds_begin + "function" + ds_sep + "now\n```json\n{}\n```" + ds_end;
+  EXPECT_TRUE(matches(deepseek, ds_all + ds_call + ds_end_all));
+  EXPECT_TRUE(matches(deepseek, ds_all + ds_call + "\n" + ds_now + ds_end_all));
+  EXPECT_FALSE(matches(deepseek, ds_all + ds_begin + "function" + ds_sep + "get_weather\n```json\n{\"city\": \"x\", \"unit\": \"k\"}\n```" + ds_end + ds_end_all));
+  EXPECT_FALSE(matches(deepseek, ds_all + ds_begin + "function" + ds_sep + "nope\n```json\n{}\n```" + ds_end + ds_end_all));
+  EXPECT_EQ(tool_call_format_of("{{'<｜tool▁calls▁begin｜>'}}"), tool_call_format::deepseek);
   EXPECT_EQ(tool_call_format_of("{% for t in tools %}<tool_call>{{ t }}</tool_call>{% endfor %}"), tool_call_format::hermes);
   EXPECT_EQ(tool_call_format_of("[TOOL_CALLS]"), tool_call_format::mistral);
   EXPECT_EQ(tool_call_format_of("<|start_header_id|>ipython<|end_header_id|>"), tool_call_format::llama3);
@@ -264,6 +278,7 @@ TEST(tool_calls, grammars_in_each_format_accept_only_valid_calls) {
   EXPECT_FALSE(tool_call_gbnf("[]", "", tool_call_format::json));
   EXPECT_FALSE(tool_call_gbnf(R"([{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}])", "", tool_call_format::json));
   EXPECT_EQ(rename_rule("root ::= \"root\" [root] root-x root # root\nx ::= root", "root", "r"), "r ::= \"root\" [root] root-x r # root\nx ::= r");
+  EXPECT_EQ(rename_rule("root ::= \"a\" x{2,3}\nx ::= [x]", "", "p-"), "p-root ::= \"a\" p-x{2,3}\np-x ::= [x]");
 }
 
 }  // namespace

@@ -41,8 +41,13 @@ class automaton {
 
   std::uint64_t generation() const { return generation_; }
   std::size_t states() const { return stacks_.size(); }
-  // Drops every table when they hold more than the bounds; true when it did (generation changed).
-  bool maybe_reset(std::size_t max_states = 1u << 16, std::size_t max_nodes = 1u << 22);
+  // Drops every table when they hold more than the bounds; true when it did (generation changed). The
+  // defaults hold a guide's tables near 20 MiB (a state's transitions are 1 KiB, a node ~40 bytes with
+  // its index), whatever grammar a client sends.
+  bool maybe_reset(std::size_t max_states = 1u << 13, std::size_t max_nodes = 1u << 18);
+  std::size_t nodes() const { return nodes_.size(); }
+  // The tables' size in bytes, roughly.
+  std::size_t approx_bytes() const { return stacks_.size() * (256 * 4 + 64) + nodes_.size() * 40; }
 
   const grammar& source() const { return *g_; }
 

@@ -246,7 +246,7 @@ void guide::fill_mask(cursor& c, std::span<const std::int32_t> output, std::span
       m = &*first_mask_;
     } else {
       // Bound the cache at about 64 MiB of masks.
-      if ((masks_.size() + 1) * vocab_->words() * 4 > (64u << 20)) masks_.clear();
+      if ((masks_.size() + 1) * vocab_->words() * 4 > max_mask_bytes) masks_.clear();
       m = &(masks_[c.state] = std::move(fresh));
     }
   }
@@ -284,6 +284,11 @@ bool guide::accepts(std::span<const std::int32_t> output) {
   return c.state != automaton::dead && a_.accepting(c.state);
 }
 
+std::size_t guide::approx_bytes() const {
+  std::lock_guard lock(mu_);
+  return a_.approx_bytes() + (masks_.size() + (first_mask_ ? 1 : 0)) * vocab_->words() * 4;
+}
+
 guide::counters guide::stats() const {
   std::lock_guard lock(mu_);
   return counters_;
@@ -298,8 +303,13 @@ std::function<void(std::span<const std::int32_t>, std::span<std::uint32_t>)> hoo
 
 // ---- cache --------------------------------------------------------------------------------------------
 
-guide_cache::guide_cache(std::shared_ptr<const vocabulary> vocab, std::size_t capacity)
-    : vocab_(std::move(vocab)), capacity_(std::max<std::size_t>(capacity, 1)) {}
+guide_cache::guide_cache(std::shared_ptr<const vocabulary> vocab, std::size_t capacity, std::size_t max_bytes)
+    : vocab_(std::move(vocab)), capacity_(std::max<std::size_t>(capacity, 1)), max_bytes_(max_bytes) {}
+
+std::size_t guide_cache::size() const {
+  std::lock_guard lock(mu_);
+  return lru_.size();
+}
 
 result<std::shared_ptr<guide>, guide_error> guide_cache::get(const guide_spec& spec) {
   {
@@ -315,7 +325,18 @@ result<std::shared_ptr<guide>, guide_error> guide_cache::get(const guide_spec& s
   auto made = std::make_shared<guide>(std::move(*g), vocab_);
   std::lock_guard lock(mu_);
   lru_.emplace_front(spec, made);
-  while (lru_.size() > capacity_) lru_.pop_back();
+  // Drop the least recently used guides that no sequence holds (use_count 1: only this list) while
+  // past either bound; the newest is kept whatever its size.
+  std::size_t bytes = 0;
+  for (const auto& e : lru_) bytes += e.second->approx_bytes();
+  auto it = lru_.end();
+  while (it != std::next(lru_.begin()) && (lru_.size() > capacity_ || bytes > max_bytes_)) {
+    --it;  // from the back toward the front, never the front itself
+    if (it->second.use_count() == 1) {
+      bytes -= std::min(bytes, it->second->approx_bytes());
+      it = lru_.erase(it);
+    }
+  }
   return made;
 }
 

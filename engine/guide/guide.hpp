@@ -113,6 +113,10 @@ class guide {
     std::int64_t states = 0;        // automaton states so far
   };
   counters stats() const;
+  // Memory held by the automaton's tables and the cached masks, roughly.
+  std::size_t approx_bytes() const;
+  // Bound on the cached masks of one guide.
+  static constexpr std::size_t max_mask_bytes = 16u << 20;
 
  private:
   mutable std::mutex mu_;
@@ -136,17 +140,22 @@ class guide {
 std::function<void(std::span<const std::int32_t>, std::span<std::uint32_t>)> hook(
     std::shared_ptr<guide> g, std::int64_t max_tokens = std::numeric_limits<std::int64_t>::max());
 
-// Guides of one vocabulary by spec, the least recently used dropped past `capacity`. Thread-safe.
+// Guides of one vocabulary by spec. The least recently used guide no sequence holds is dropped past
+// `capacity` guides or `max_bytes` of tables and masks in all, so clients sending many large grammars
+// cannot grow a driver's memory without bound (guides in use are bounded each by their own tables'
+// limits). Thread-safe.
 class guide_cache {
  public:
-  explicit guide_cache(std::shared_ptr<const vocabulary> vocab, std::size_t capacity = 64);
+  explicit guide_cache(std::shared_ptr<const vocabulary> vocab, std::size_t capacity = 32, std::size_t max_bytes = 256u << 20);
+  std::size_t size() const;
   result<std::shared_ptr<guide>, guide_error> get(const guide_spec& spec);
   const std::shared_ptr<const vocabulary>& vocab() const { return vocab_; }
 
  private:
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::shared_ptr<const vocabulary> vocab_;
   std::size_t capacity_;
+  std::size_t max_bytes_;
   std::list<std::pair<guide_spec, std::shared_ptr<guide>>> lru_;
 };
 

@@ -206,16 +206,30 @@ TEST(guide_spec, kinds_compile_and_refuse_by_name) {
 
 TEST(guide_cache, compiles_once_per_spec) {
   guide_cache cache(test_vocab(), 2);
-  auto a = cache.get({guide_kind::choice, R"(["a"])"});
-  auto b = cache.get({guide_kind::choice, R"(["a"])"});
-  ASSERT_TRUE(a && b);
-  EXPECT_EQ(a->get(), b->get());
+  std::weak_ptr<guide> first;
+  {
+    auto a = cache.get({guide_kind::choice, R"(["a"])"});
+    auto b = cache.get({guide_kind::choice, R"(["a"])"});
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(a->get(), b->get());
+    first = *a;
+  }
   ASSERT_TRUE(cache.get({guide_kind::choice, R"(["b"])"}));
   ASSERT_TRUE(cache.get({guide_kind::choice, R"(["c"])"}));
-  auto again = cache.get({guide_kind::choice, R"(["a"])"});
-  ASSERT_TRUE(again);
-  EXPECT_NE(again->get(), a->get());  // evicted past the capacity, compiled anew
+  EXPECT_TRUE(first.expired());  // evicted past the capacity (no sequence held it)
+  EXPECT_TRUE(cache.get({guide_kind::choice, R"(["a"])"}));
   EXPECT_FALSE(cache.get({guide_kind::grammar, "root ::= \"a"}).has_value());
+
+  // A guide a sequence holds stays; bytes bound the rest: under a 1-byte budget only the newest and
+  // the held ones remain.
+  guide_cache small(test_vocab(), 8, 1);
+  auto held = small.get({guide_kind::choice, R"(["held"])"});
+  ASSERT_TRUE(held);
+  for (const char* c : {R"(["x"])", R"(["y"])", R"(["z"])"}) ASSERT_TRUE(small.get({guide_kind::choice, c}));
+  EXPECT_EQ(small.size(), 2u);  // "held" (in use) and "z" (the newest)
+  auto again_held = small.get({guide_kind::choice, R"(["held"])"});
+  ASSERT_TRUE(again_held);
+  EXPECT_EQ(again_held->get(), held->get());
 }
 
 }  // namespace

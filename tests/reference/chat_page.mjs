@@ -29,12 +29,13 @@ async function ask(page, text) {
   // models answer faster than a poll could see).
   await page.evaluate(() => {
     window.__lengths = [];
-    const seen = new WeakSet();
+    // Each textContent assignment adds a fresh text node: its length is the text at that event (the
+    // observer's callback may run once for many of them).
     new MutationObserver((records) => {
       for (const r of records) {
-        const el = r.target.closest ? r.target.closest('.msg.assistant') : r.target.parentElement?.closest('.msg.assistant');
-        if (el && el === document.querySelector('.msg.assistant:last-of-type')) window.__lengths.push(el.firstChild ? el.firstChild.textContent.length : 0);
-        seen.add(r.target);
+        const el = r.target;
+        if (!(el instanceof Element) || !el.matches('.msg.assistant') || el !== document.querySelector('.msg.assistant:last-of-type')) continue;
+        for (const n of r.addedNodes) if (n.nodeType === Node.TEXT_NODE) window.__lengths.push(n.data.length);
       }
     }).observe(document.getElementById('messages'), { childList: true, subtree: true, characterData: true });
   });

@@ -392,6 +392,21 @@ TEST(driver, guide_specs_shape_the_decoded_text_in_both_forms) {
         EXPECT_TRUE(std::regex_match(g->text, std::regex(pattern))) << guide::name(spec.kind) << " " << (gguf ? "gguf" : "hf") << ": '" << g->text << "'";
         EXPECT_EQ(g->finished, finish_reason::eos) << g->text;
       }
+    // A guided job resumed elsewhere after k delivered tokens (prior_output) continues exactly as the
+    // uninterrupted run: the guide replays the delivered tokens before its next mask.
+    {
+      auto r = request(prompt(6, 9), 60, 1.0f, 77);
+      r.ignore_eos = false;
+      r.guided = cases[2].first;  // the JSON schema
+      auto whole = d.generate(r);
+      ASSERT_TRUE(whole);
+      ASSERT_GT(whole->tokens.size(), 4u);
+      auto resumed = r;
+      resumed.prior_output.assign(whole->tokens.begin(), whole->tokens.begin() + 4);
+      auto rest = d.generate(resumed);
+      ASSERT_TRUE(rest) << rest.error().message();
+      EXPECT_EQ(rest->tokens, std::vector<std::int32_t>(whole->tokens.begin() + 4, whole->tokens.end()));
+    }
     auto bad = request(prompt(6, 1), 4);
     bad.guided = {guide::guide_kind::grammar, "root ::= nothing"};
     auto e = d.open(bad);

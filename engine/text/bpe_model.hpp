@@ -1,5 +1,5 @@
 #pragma once
-// Byte-pair encoding, the model every tokenizer troupe reads uses: a word is split into characters (each
+// Byte-pair encoding, the model of every tokenizer but BERT's: a word is split into characters (each
 // looked up in the vocabulary, with byte fallback to <0xXX> tokens or an unknown token), then adjacent
 // pairs are merged, the pair of lowest rank first and the leftmost among equals, until no pair merges.
 // Ranks come from a merges list (tokenizer.json, GGUF "gpt2") or from SentencePiece scores (GGUF

@@ -1,5 +1,7 @@
 #include "engine/text/decoder.hpp"
 
+#include <utility>
+
 #include "engine/text/detail/byte_level.hpp"
 #include "engine/text/detail/unicode.hpp"
 
@@ -45,6 +47,39 @@ std::string strip(std::string_view token, const strip_decoder& d) {
        ++k)
     end -= d.content.size();
   return std::string(token.substr(begin, end - begin));
+}
+
+// Rust's str::replace: every non-overlapping match, left to right.
+void replace_all(std::string& s, std::string_view from, std::string_view to) {
+  std::size_t at = s.find(from);
+  if (at == std::string::npos) return;
+  std::string out;
+  std::size_t done = 0;
+  for (; at != std::string::npos; at = s.find(from, done)) {
+    out.append(s, done, at - done);
+    out += to;
+    done = at + from.size();
+  }
+  out.append(s, done);
+  s = std::move(out);
+}
+
+// Hugging Face's WordPiece decoder on the `index`-th token, cleanup rules in its order.
+std::string wordpiece(std::string token, const wordpiece_decoder& d, std::size_t index) {
+  if (index != 0) {
+    if (token.starts_with(d.prefix)) {
+      token.erase(0, d.prefix.size());
+    } else {
+      token.insert(0, 1, ' ');
+    }
+  }
+  if (d.cleanup) {
+    static constexpr std::pair<std::string_view, std::string_view> rules[] = {
+        {" .", "."},   {" ?", "?"},   {" !", "!"},   {" ,", ","},   {" ' ", "'"},   {" n't", "n't"},
+        {" 'm", "'m"}, {" do not", " don't"},        {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+    for (const auto& [from, to] : rules) replace_all(token, from, to);
+  }
+  return token;
 }
 
 void byte_level_join(const std::vector<std::string>& tokens, std::string& bytes) {
@@ -111,6 +146,9 @@ std::string decoder::decode(std::vector<std::string> tokens) const {
                    [&](const replace_decoder& d) {
                      for (auto& t : tokens) t = d.pattern.replace_all(t, d.content);
                    },
+                   [&](const wordpiece_decoder& d) {
+                     for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = wordpiece(std::move(tokens[i]), d, i);
+                   },
                },
                step);
   }
@@ -139,6 +177,7 @@ std::string decoder::stream_piece(std::string_view token, std::size_t index) con
                      if (!joined) t = strip(t, d);
                    },
                    [&](const replace_decoder& d) { t = d.pattern.replace_all(t, d.content); },
+                   [&](const wordpiece_decoder& d) { t = wordpiece(std::move(t), d, joined ? 0 : index); },
                },
                step);
   }

@@ -1,9 +1,10 @@
 #pragma once
 // A decoder turns token strings back into text: the byte-level alphabet back into bytes, SentencePiece's
-// metaspace back into spaces, <0xXX> byte tokens back into bytes, literal or regex replacements, joining
-// (Fuse) and stripping. Steps run in order over the list of token strings, as Hugging Face's decode_chain
-// does. For streaming, a token's piece can be decoded on its own (stream_piece), with the rules that
-// only hold at the start of the whole text reported separately.
+// metaspace back into spaces, <0xXX> byte tokens back into bytes, WordPiece's "##" pieces back onto their
+// words, literal or regex replacements, joining (Fuse) and stripping. Steps run in order over the list
+// of token strings, as Hugging Face's decode_chain does. For streaming, a token's piece can be decoded
+// on its own (stream_piece), with the rules that only hold at the start of the whole text reported
+// separately.
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -32,10 +33,17 @@ struct replace_decoder {
   text_pattern pattern;
   std::string content;
 };
+// Every token but the first: one starting with `prefix` loses it and joins the token before, any other
+// gets a space in front. With `cleanup`, each token then has Hugging Face's tokenization cleanup applied
+// (" ." -> ".", " n't" -> "n't", " do not" -> " don't", ...).
+struct wordpiece_decoder {
+  std::string prefix = "##";
+  bool cleanup = true;
+};
 
 using decoder_step =
     std::variant<byte_level_decoder, metaspace_decoder, byte_fallback_decoder, fuse_decoder, strip_decoder,
-                 replace_decoder>;
+                 replace_decoder, wordpiece_decoder>;
 
 // What a stream loses at its very start: up to `count` leading `content` characters (a Strip that runs
 // after the tokens are joined).

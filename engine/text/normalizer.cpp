@@ -1,7 +1,5 @@
 #include "engine/text/normalizer.hpp"
 
-#include <utf8proc.h>
-
 #include "engine/text/detail/unicode.hpp"
 
 namespace troupe::text {
@@ -23,6 +21,49 @@ struct overloaded : F... {
   using F::operator()...;
 };
 
+// The text without the characters `drop` holds for.
+template <class Pred>
+std::string without(std::string_view s, Pred drop) {
+  std::string out;
+  out.reserve(s.size());
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const std::size_t start = i;
+    if (!drop(detail::next_scalar(s, i))) out.append(s, start, i - start);
+  }
+  return out;
+}
+
+// The CJK Unified Ideographs blocks and their extensions and compatibility forms, as BERT counts them
+// (not kana or Hangul, which are written with spaces).
+bool is_chinese_char(char32_t c) {
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
+         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+std::string bert_clean(std::string_view s, const bert_normalizer& n) {
+  std::string out;
+  out.reserve(s.size() + s.size() / 2);
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const std::size_t start = i;
+    const char32_t c = detail::next_scalar(s, i);
+    const bool kept_control = c == '\t' || c == '\n' || c == '\r';
+    if (n.clean_text && (c == 0 || c == 0xFFFD || (!kept_control && detail::is_other(c)))) continue;
+    if (n.clean_text && (kept_control || detail::is_white_space(c))) {
+      out += ' ';
+    } else if (n.handle_chinese_chars && is_chinese_char(c)) {
+      out += ' ';
+      out.append(s, start, i - start);
+      out += ' ';
+    } else {
+      out.append(s, start, i - start);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string normalizer::apply(std::string_view text) const {
@@ -40,17 +81,12 @@ std::string normalizer::apply(std::string_view text) const {
                      const std::size_t trail = n.right && lead < s.size() ? detail::trailing_white_space(s) : 0;
                      s = s.substr(lead, s.size() - lead - trail);
                    },
-                   [&](const strip_accents_normalizer&) {
-                     std::string out;
-                     out.reserve(s.size());
-                     std::size_t i = 0;
-                     while (i < s.size()) {
-                       const std::size_t start = i;
-                       const char32_t c = detail::next_scalar(s, i);
-                       if (utf8proc_category(static_cast<utf8proc_int32_t>(c)) != UTF8PROC_CATEGORY_MN)
-                         out.append(s, start, i - start);
-                     }
-                     s = std::move(out);
+                   [&](const strip_accents_normalizer&) { s = without(s, detail::is_combining_mark); },
+                   [&](const bert_normalizer& n) {
+                     if (n.clean_text || n.handle_chinese_chars) s = bert_clean(s, n);
+                     if (n.strip_accents.value_or(n.lowercase))
+                       s = without(detail::normalize(s, detail::unicode_form::nfd), detail::is_nonspacing_mark);
+                     if (n.lowercase) s = detail::to_lower(s);
                    },
                },
                step);

@@ -109,7 +109,7 @@ result<text_codec, text_error> text_codec::from_tokenizer_json(const std::filesy
     chat_template = chat_template_of(c);
   }
   if (!ids.unk)
-    if (const auto& unk = tok->parts().model.options().unk_token) ids.unk = tok->token_to_id(*unk);
+    if (const auto unk = tok->parts().model.unk_token()) ids.unk = tok->token_to_id(*unk);
   // Without a config, the one token the post-processor puts first is the bos.
   if (!ids.bos)
     if (const auto prefix = tok->parts().post.prefix(); prefix.size() == 1) ids.bos = prefix.front();

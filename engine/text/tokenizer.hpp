@@ -1,6 +1,6 @@
 #pragma once
-// A tokenizer: Hugging Face's pipeline (added tokens cut out first, then normalizer, pre-tokenizer, BPE
-// model, post-processor; decoder for the way back), built from tokenizer.json or from a GGUF's
+// A tokenizer: Hugging Face's pipeline (added tokens cut out first, then normalizer, pre-tokenizer, model
+// (BPE or WordPiece), post-processor; decoder for the way back), built from tokenizer.json or from a GGUF's
 // tokenizer keys. Encoding gives the same ids as Hugging Face's tokenizers for the files troupe reads.
 // A tokenizer is an immutable value (copies share state) and safe to use from several threads.
 #include <cstddef>
@@ -13,18 +13,18 @@
 
 #include "engine/core/result.hpp"
 #include "engine/text/added_vocabulary.hpp"
-#include "engine/text/bpe_model.hpp"
 #include "engine/text/decoder.hpp"
 #include "engine/text/normalizer.hpp"
 #include "engine/text/post_processor.hpp"
 #include "engine/text/pre_tokenizer.hpp"
 #include "engine/text/text_error.hpp"
 #include "engine/text/token_id.hpp"
+#include "engine/text/token_model.hpp"
 
 namespace troupe::text {
 
 struct tokenizer_parts {
-  bpe_model model;
+  token_model model;
   normalizer norm;
   pre_tokenizer pre;
   added_vocabulary added;

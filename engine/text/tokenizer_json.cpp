@@ -196,6 +196,23 @@ result<void, text_error> read_normalizer(const reader& r, const json& j, const s
   if (t == "NFKD") return add_step(out, unicode_normalizer{normalization_form::nfkd});
   if (t == "Lowercase") return add_step(out, lowercase_normalizer{});
   if (t == "StripAccents") return add_step(out, strip_accents_normalizer{});
+  if (t == "BertNormalizer") {
+    bert_normalizer n;
+    for (auto [key, flag] : {std::pair{"clean_text", &n.clean_text},
+                             std::pair{"handle_chinese_chars", &n.handle_chinese_chars},
+                             std::pair{"lowercase", &n.lowercase}}) {
+      auto b = get_bool(r, j, key, path, *flag);
+      if (!b) return troupe::unexpected(b.error());
+      *flag = *b;
+    }
+    if (!member(j, "strip_accents").is_null()) {
+      auto strip = get_bool(r, j, "strip_accents", path, false);
+      if (!strip) return troupe::unexpected(strip.error());
+      n.strip_accents = *strip;
+    }
+    out.add(n);
+    return {};
+  }
   if (t == "Replace") {
     auto pattern = read_pattern(r, j, path);
     if (!pattern) return troupe::unexpected(pattern.error());
@@ -277,6 +294,12 @@ result<void, text_error> read_pre_tokenizer(const reader& r, const json& j, cons
   }
   if (t == "Whitespace") return add_step(out, whitespace_pre_tokenizer{});
   if (t == "WhitespaceSplit") return add_step(out, whitespace_split_pre_tokenizer{});
+  if (t == "BertPreTokenizer") {
+    // What Hugging Face's BertPreTokenizer is: a White_Space split, then each punctuation character alone.
+    out.add(whitespace_split_pre_tokenizer{});
+    out.add(punctuation_pre_tokenizer{split_behavior::isolated});
+    return {};
+  }
   return troupe::unexpected(unsupported(r, path, "pre-tokenizer", t));
 }
 
@@ -296,6 +319,14 @@ result<void, text_error> read_decoder(const reader& r, const json& j, const std:
   if (t == "ByteLevel") return add_step(out, byte_level_decoder{});
   if (t == "ByteFallback") return add_step(out, byte_fallback_decoder{});
   if (t == "Fuse") return add_step(out, fuse_decoder{});
+  if (t == "WordPiece") {
+    auto prefix = get_string(r, j, "prefix", path);
+    if (!prefix) return troupe::unexpected(prefix.error());
+    auto cleanup = get_bool(r, j, "cleanup", path, true);
+    if (!cleanup) return troupe::unexpected(cleanup.error());
+    out.add(wordpiece_decoder{prefix->value_or("##"), *cleanup});
+    return {};
+  }
   if (t == "Metaspace") {
     auto replacement = read_replacement(r, j, path);
     if (!replacement) return troupe::unexpected(replacement.error());
@@ -555,7 +586,55 @@ class tokenizer_sax {
   std::size_t merge_index_ = 0;
 };
 
-result<bpe_model, text_error> read_model(const reader& r, const json& j, tokenizer_sax& captured) {
+// The entries of model.vocab: captured by the SAX pass, or read from the document.
+result<std::vector<std::pair<std::string, token_id>>, text_error> read_vocab(const reader& r, const json& j,
+                                                                             tokenizer_sax& captured) {
+  const std::string path = "model";
+  std::vector<std::pair<std::string, token_id>> entries;
+  if (captured.vocab) {
+    entries = std::move(*captured.vocab);
+    // A key given twice: the last one counts, as in Hugging Face's map (the model keeps the first).
+    std::reverse(entries.begin(), entries.end());
+    return entries;
+  }
+  const json& vocab = member(j, "vocab");
+  if (vocab.is_null())
+    return troupe::unexpected(r.fail(text_error_code::missing_field, join(path, "vocab"), "is missing"));
+  if (!vocab.is_object())
+    return troupe::unexpected(r.fail(text_error_code::bad_json, join(path, "vocab"),
+                                     "is " + std::string(kind(vocab)) + ", not an object of token ids"));
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    auto id = to_token_id(r, it.value(), join(join(path, "vocab"), it.key()));
+    if (!id) return troupe::unexpected(id.error());
+    entries.emplace_back(it.key(), *id);
+  }
+  return entries;
+}
+
+result<token_model, text_error> read_wordpiece(const reader& r, const json& j, tokenizer_sax& captured) {
+  const std::string path = "model";
+  auto entries = read_vocab(r, j, captured);
+  if (!entries) return troupe::unexpected(entries.error());
+  wordpiece_options options;
+  auto unk = get_string(r, j, "unk_token", path);
+  if (!unk) return troupe::unexpected(unk.error());
+  if (*unk) options.unk_token = **unk;
+  auto prefix = get_string(r, j, "continuing_subword_prefix", path);
+  if (!prefix) return troupe::unexpected(prefix.error());
+  if (*prefix) options.continuing_subword_prefix = **prefix;
+  auto max_chars = get_int(r, j, "max_input_chars_per_word", path, 100);
+  if (!max_chars) return troupe::unexpected(max_chars.error());
+  if (*max_chars < 0)
+    return troupe::unexpected(r.fail(text_error_code::bad_value, join(path, "max_input_chars_per_word"),
+                                     "must not be negative"));
+  options.max_input_chars_per_word = static_cast<std::size_t>(*max_chars);
+  auto model = wordpiece_model::from_vocab(std::move(*entries), std::move(options),
+                                           wordpiece_source{r.file, join(path, "vocab")});
+  if (!model) return troupe::unexpected(model.error());
+  return token_model(std::move(*model));
+}
+
+result<token_model, text_error> read_model(const reader& r, const json& j, tokenizer_sax& captured) {
   const std::string path = "model";
   if (!j.is_object())
     return troupe::unexpected(r.fail(j.is_null() ? text_error_code::missing_field : text_error_code::bad_json, path,
@@ -565,28 +644,13 @@ result<bpe_model, text_error> read_model(const reader& r, const json& j, tokeniz
   // Older files leave the type out; a merges list says BPE.
   const bool has_merges = captured.merges || !member(j, "merges").is_null();
   const std::string t = type->value_or(has_merges ? "BPE" : "");
+  if (t == "WordPiece") return read_wordpiece(r, j, captured);
   if (t != "BPE") {
     if (t.empty()) return troupe::unexpected(r.fail(text_error_code::missing_field, join(path, "type"), "is missing"));
     return troupe::unexpected(unsupported(r, path, "model", t));
   }
-  std::vector<std::pair<std::string, token_id>> entries;
-  if (captured.vocab) {
-    entries = std::move(*captured.vocab);
-    // A key given twice: the last one counts, as in Hugging Face's map (the model keeps the first).
-    std::reverse(entries.begin(), entries.end());
-  } else {
-    const json& vocab = member(j, "vocab");
-    if (vocab.is_null())
-      return troupe::unexpected(r.fail(text_error_code::missing_field, join(path, "vocab"), "is missing"));
-    if (!vocab.is_object())
-      return troupe::unexpected(r.fail(text_error_code::bad_json, join(path, "vocab"),
-                                       "is " + std::string(kind(vocab)) + ", not an object of token ids"));
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      auto id = to_token_id(r, it.value(), join(join(path, "vocab"), it.key()));
-      if (!id) return troupe::unexpected(id.error());
-      entries.emplace_back(it.key(), *id);
-    }
-  }
+  auto entries = read_vocab(r, j, captured);
+  if (!entries) return troupe::unexpected(entries.error());
   const std::string merges_path = join(path, "merges");
   std::vector<bpe_merge> pairs;
   if (captured.merges) {
@@ -618,8 +682,10 @@ result<bpe_model, text_error> read_model(const reader& r, const json& j, tokeniz
       return troupe::unexpected(r.fail(text_error_code::unsupported, join(path, "dropout"),
                                        "BPE dropout is not supported for inference"));
   }
-  return bpe_model::from_merges(std::move(entries), pairs, std::move(options),
-                                bpe_source{r.file, join(path, "vocab"), merges_path});
+  auto model = bpe_model::from_merges(std::move(*entries), pairs, std::move(options),
+                                      bpe_source{r.file, join(path, "vocab"), merges_path});
+  if (!model) return troupe::unexpected(model.error());
+  return token_model(std::move(*model));
 }
 
 result<std::vector<added_token>, text_error> read_added_tokens(const reader& r, const json& j) {

@@ -170,15 +170,6 @@ bool is_word_char(char32_t c) {
 
 bool is_numeric(char32_t c) { return is_number(category(c)); }
 
-bool is_punctuation(char32_t c) {
-  if (c < 0x80) return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) ||
-                       (c >= 0x7B && c <= 0x7E);
-  const auto k = category(c);
-  return k == UTF8PROC_CATEGORY_PC || k == UTF8PROC_CATEGORY_PD || k == UTF8PROC_CATEGORY_PS ||
-         k == UTF8PROC_CATEGORY_PE || k == UTF8PROC_CATEGORY_PI || k == UTF8PROC_CATEGORY_PF ||
-         k == UTF8PROC_CATEGORY_PO;
-}
-
 namespace {
 
 // Characters that are their own NFC, combine with nothing before them and have canonical combining

@@ -35,8 +35,17 @@ bool is_white_space(char32_t c);
 bool is_word_char(char32_t c);
 // Rust's char::is_numeric: general categories Nd, Nl, No.
 bool is_numeric(char32_t c);
-// Hugging Face's is_punc: ASCII punctuation or a Unicode P* category.
+// The general categories Hugging Face's Rust code asks its Unicode crates for. Their tables are older
+// Unicode than utf8proc's (characters assigned since are in no category there), so these four read
+// tables taken from the pinned tokenizers (detail/unicode_categories.cpp), not utf8proc.
+// Hugging Face's is_punc: ASCII punctuation or a P* category.
 bool is_punctuation(char32_t c);
+// Categories Mn, Mc or Me (what StripAccents drops).
+bool is_combining_mark(char32_t c);
+// Category Mn (what BertNormalizer's strip_accents drops after NFD).
+bool is_nonspacing_mark(char32_t c);
+// Categories Cc, Cf or Co (what BertNormalizer's clean_text drops, but tab, newline and return).
+bool is_other(char32_t c);
 
 enum class unicode_form { nfc, nfd, nfkc, nfkd };
 std::string normalize(std::string_view s, unicode_form form);

@@ -1,9 +1,11 @@
 #pragma once
 // Shared by the tokenizer parity tests: the real tokenizer files the pinned references ship, the
-// corpus (made once per process), a scratch directory, and the printable forms a mismatch report needs.
+// corpus (made once per process), a scratch directory, the reference side (tests/reference/tokenize.mjs
+// over the corpus), the streaming decode, and the printable forms a mismatch report needs.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -12,6 +14,10 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
+#include "engine/text/detokenizer.hpp"
+#include "engine/text/text_codec.hpp"
 #include "tests/engine/text/text_corpus.hpp"
 
 namespace troupe::text::testing {
@@ -59,6 +65,49 @@ class scratch_dir {
 inline const scratch_dir& scratch() {
   static const scratch_dir d;
   return d;
+}
+
+struct reference_row {
+  std::vector<token_id> ids;
+  std::vector<token_id> plain;
+  std::string text;       // decode(plain, skip_special = false)
+  std::string text_skip;  // decode(ids, skip_special = true)
+};
+
+inline std::filesystem::path corpus_file() {
+  static const std::filesystem::path p = [] {
+    const auto path = scratch().path() / "corpus.jsonl";
+    std::ofstream out(path, std::ios::binary);
+    for (const auto& s : corpus()) out << nlohmann::json(s).dump() << '\n';
+    return path;
+  }();
+  return p;
+}
+
+// Runs tests/reference/tokenize.mjs over the corpus.
+inline std::vector<reference_row> run_reference(const std::filesystem::path& tokenizer, std::string_view name) {
+  const auto out = scratch().path() / ("reference-" + std::string(name) + ".jsonl");
+  const std::string cmd = "node '" + (source_dir() / "tests/reference/tokenize.mjs").string() + "' '" +
+                          tokenizer.string() + "' '" + corpus_file().string() + "' '" + out.string() + "'";
+  if (std::system(cmd.c_str()) != 0) return {};
+  std::vector<reference_row> rows;
+  std::ifstream in(out, std::ios::binary);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    rows.push_back({j["ids"].get<std::vector<token_id>>(), j["plain"].get<std::vector<token_id>>(),
+                    j["text"].get<std::string>(), j["text_skip"].get<std::string>()});
+  }
+  return rows;
+}
+
+// The ids fed one at a time through the streaming detokenizer.
+inline std::string stream(const text_codec& codec, const std::vector<token_id>& ids, bool skip_special) {
+  detokenizer d(codec, {.skip_special = skip_special, .stop = {}});
+  std::string out;
+  for (const auto id : ids) out += d.push(id).text;
+  out += d.finish().text;
+  return out;
 }
 
 // The text with every byte outside printable ASCII escaped, so a report shows exactly what was encoded.

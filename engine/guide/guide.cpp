@@ -245,20 +245,18 @@ void guide::fill_mask(cursor& c, std::span<const std::int32_t> output, std::span
       first_mask_ = std::move(fresh);
       m = &*first_mask_;
     } else {
-      // Bound the cache at about 64 MiB of masks.
+      // Bound the cache (max_mask_bytes).
       if ((masks_.size() + 1) * vocab_->words() * 4 > max_mask_bytes) masks_.clear();
       m = &(masks_[c.state] = std::move(fresh));
     }
   }
-  // Short of budget: after this token `budget - 1` remain; a token may leave at most that many bytes
-  // to complete. The full mask stands when every allowed token fits; otherwise the walk is redone with
-  // the limit (when the limit leaves nothing, the full mask stands: no completion fits anyway).
-  // No token can bring the cost within the budget (a token shortens it by at most its length): then
-  // no completion fits whatever is drawn, and the full mask stands without a second walk.
+  // Short of budget: after this token `budget - 1` remain, and a token may leave at most that many
+  // bytes to complete. The full mask stands when every allowed token fits, or when no token can bring
+  // the cost within the budget (a token shortens it by at most its length: no completion fits
+  // whatever is drawn); otherwise the walk is redone with the limit.
   std::optional<cached_mask> tight;
-  const auto now = static_cast<std::int64_t>(c.state == automaton::dead ? 0 : a_.cost(c.state));
-  const bool reachable = now - static_cast<std::int64_t>(vocab_->longest_piece()) <= budget - 1;
-  if (c.state != automaton::dead && reachable && budget - 1 < static_cast<std::int64_t>(m->max_next_cost)) {
+  if (c.state != automaton::dead && budget - 1 < static_cast<std::int64_t>(m->max_next_cost) &&
+      static_cast<std::int64_t>(a_.cost(c.state)) - static_cast<std::int64_t>(vocab_->longest_piece()) <= budget - 1) {
     const auto limit = static_cast<std::uint32_t>(std::max<std::int64_t>(budget - 1, 0));
     tight = compute_mask(c.state, first, limit);
     // When nothing but the end fits and the output is not complete, no completion fits the budget:

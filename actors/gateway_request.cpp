@@ -45,6 +45,10 @@ api_error from_transport(const transport::error& e) {
     case error_code::no_head:
     case error_code::pool_too_small:
     case error_code::bad_message: a.status = 400; break;
+    case error_code::program_not_offered:  // a completion asked of an encoder (BERT), which only embeds
+      a.status = 400;
+      a.param = "model";
+      break;
     default:
       a.status = 500;
       a.type = "server_error";

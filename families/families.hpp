@@ -18,5 +18,7 @@ extern const family_entry deepseek_v2_entry;
 extern const family_entry deepseek_v3_entry;
 extern const family_entry olmoe_entry;
 extern const family_entry gpt_oss_entry;
+extern const family_entry bert_entry;
+extern const family_entry nomic_bert_entry;
 
 }  // namespace troupe::families

@@ -21,6 +21,12 @@ result<std::shared_ptr<const model_handle>, model_error> model_handle::load(cons
   if (!m) return unexpected(m.error());
   auto h = std::shared_ptr<model_handle>(new model_handle(path, *family, std::move(*cfg), std::move(*store), std::move(*m)));
   h->pooling_ = pooling_of(path, h->config_);
+  if (h->pooling_.declared_by == "default" && !h->model_->schema().offers(program::step)) {
+    // An encoder that declares no pooling: the mean of its states, as sentence-transformers builds for a
+    // BERT checkpoint without modules.json (the decoder default, the last token, means little there).
+    h->pooling_.mode = pooling_mode::mean;
+    h->pooling_.declared_by = "encoder default";
+  }
   // The text codec from the checkpoint's own files: tokenizer.json (and tokenizer_config.json) beside a
   // Hugging Face checkpoint, the tokenizer.ggml.* keys of a GGUF.
   std::error_code ec;

@@ -483,14 +483,18 @@ result<void, driver_error> driver_state::prepare() {
   chunk_buckets = buckets(std::min<std::int64_t>(16, options.prefill_chunk), options.prefill_chunk);
   std::vector<head_kind> heads{head_kind::sample};
   if (options.logits_head) heads.push_back(head_kind::logits);
+  // An encoder (BERT) offers the encode program only: the driver serves embeddings and refuses generation.
+  const auto& schema = handle->model().schema();
+  const bool generates = schema.offers(families::program::step);
+  if (!generates) heads.clear();
   std::vector<entry_key> keys;
   for (auto h : heads) {
     for (auto r : row_buckets) keys.push_back(step_key(r, 1, h));
     for (auto t : chunk_buckets)
       if (t > 1) keys.push_back(step_key(1, t, h));
   }
-  if (options.encode) {
-    if (!handle->model().schema().offers(families::program::encode))
+  if (options.encode || !generates) {
+    if (!schema.offers(families::program::encode))
       return unexpected(driver_error{driver_error_code::program_not_offered, "the model offers no encode program"});
     keys.push_back(encode_key());
   }
@@ -915,6 +919,9 @@ driver_counters driver<serving>::counters() const {
 result<seq_id, driver_error> driver<serving>::open(seq_request req) {
   auto& st = *s_;
   auto refuse = [](driver_error_code c, std::string why) { return unexpected(driver_error{c, std::move(why)}); };
+  if (!st.handle->model().schema().offers(families::program::step))
+    return refuse(driver_error_code::program_not_offered,
+                  "the model (" + st.handle->model().config().family + ") is an encoder: it embeds and does not generate");
   // Features first: the request's against the driver's, through the one table.
   std::vector<feature> active;
   if (st.options.paged) active.push_back(feature::paged_pool);

@@ -1,6 +1,7 @@
 #include "engine/text/gguf_tokenizer.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <span>
 
 #include "engine/text/end_of_generation.hpp"
@@ -130,9 +131,9 @@ result<gguf_text, text_error> read_gguf_tokenizer(const load::gguf_file& file) {
   if (!*model_name)
     return troupe::unexpected(g.fail(text_error_code::missing_field, "tokenizer.ggml.model", "is missing"));
   const std::string kind = **model_name;
-  if (kind != "gpt2" && kind != "llama")
+  if (kind != "gpt2" && kind != "llama" && kind != "bert")
     return troupe::unexpected(g.fail(text_error_code::unsupported, "tokenizer.ggml.model",
-                                     "tokenizer model '" + kind + "' is not supported (gpt2 and llama are)"));
+                                     "tokenizer model '" + kind + "' is not supported (gpt2, llama and bert are)"));
 
   auto tokens_array = g.array("tokenizer.ggml.tokens", load::gguf_type::string, true);
   if (!tokens_array) return troupe::unexpected(tokens_array.error());
@@ -167,7 +168,7 @@ result<gguf_text, text_error> read_gguf_tokenizer(const load::gguf_file& file) {
     if (*id) ids.end_ids.push_back(**id);
   }
 
-  const bool spm = kind == "llama";
+  const bool spm = kind == "llama", wpm = kind == "bert";
   auto add_bos = g.boolean("tokenizer.ggml.add_bos_token");
   if (!add_bos) return troupe::unexpected(add_bos.error());
   auto add_eos = g.boolean("tokenizer.ggml.add_eos_token");
@@ -177,11 +178,48 @@ result<gguf_text, text_error> read_gguf_tokenizer(const load::gguf_file& file) {
 
   bpe_options options;
   const bpe_source source{file.name(), "tokenizer.ggml.tokens", spm ? "tokenizer.ggml.scores" : "tokenizer.ggml.merges"};
-  std::optional<bpe_model> model;
+  std::optional<token_model> model;
   normalizer norm;
   pre_tokenizer pre;
   decoder dec;
-  if (spm) {
+  if (wpm) {
+    // llama.cpp's WPM vocabulary is WordPiece's with a phantom space: its converter keeps control
+    // tokens ([CLS]) as they are, writes a continuation "##x" as "x" and a word start "x" as "\u2581x".
+    // Undone here, the text runs through the same WordPiece pipeline as tokenizer.json's BERT: the
+    // BertNormalizer (lowercase and strip_accents as tokenizer.ggml.normalizer.* say, both on by
+    // default, as llama.cpp reads them), a White_Space and punctuation split, the greedy longest match
+    // in which a word with an uncovered stretch is one [UNK] (llama.cpp sets no word length limit).
+    std::vector<std::pair<std::string, token_id>> vocab;
+    vocab.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::string& t = tokens[i];
+      std::string piece;
+      if (types[i] == gguf_token_type::control) piece = t;
+      else if (t.starts_with("\xE2\x96\x81")) piece = t.substr(3);
+      else piece = "##" + t;
+      vocab.emplace_back(std::move(piece), static_cast<token_id>(i));
+    }
+    if (!ids.unk && n > 100) ids.unk = 100;  // llama.cpp's defaults for a WPM vocabulary
+    if (!ids.unk)
+      return troupe::unexpected(g.fail(text_error_code::missing_field, "tokenizer.ggml.unknown_token_id", "is missing (WordPiece needs it)"));
+    wordpiece_options wo;
+    wo.unk_token = vocab[static_cast<std::size_t>(*ids.unk)].first;
+    wo.max_input_chars_per_word = std::numeric_limits<std::size_t>::max();
+    auto m = wordpiece_model::from_vocab(std::move(vocab), wo, wordpiece_source{file.name(), "tokenizer.ggml.tokens"});
+    if (!m) return troupe::unexpected(m.error());
+    model = token_model(std::move(*m));
+    auto lower = g.boolean("tokenizer.ggml.normalizer.lowercase");
+    if (!lower) return troupe::unexpected(lower.error());
+    auto strip = g.boolean("tokenizer.ggml.normalizer.strip_accents");
+    if (!strip) return troupe::unexpected(strip.error());
+    bert_normalizer bn;
+    bn.lowercase = lower->value_or(true);
+    bn.strip_accents = strip->value_or(bn.lowercase);
+    norm.add(bn);
+    pre.add(whitespace_split_pre_tokenizer{});
+    pre.add(punctuation_pre_tokenizer{split_behavior::isolated});
+    dec.add(wordpiece_decoder{"##", true});
+  } else if (spm) {
     auto scores_array = g.array("tokenizer.ggml.scores", load::gguf_type::f32, true);
     if (!scores_array) return troupe::unexpected(scores_array.error());
     std::vector<float> scores;
@@ -196,7 +234,7 @@ result<gguf_text, text_error> read_gguf_tokenizer(const load::gguf_file& file) {
     if (ids.unk) options.unk_token = tokens[static_cast<std::size_t>(*ids.unk)];
     auto m = bpe_model::from_scores(tokens, scores, mergeable, options, source);
     if (!m) return troupe::unexpected(m.error());
-    model = std::move(*m);
+    model = token_model(std::move(*m));
     const bool prefix = space_prefix->value_or(true);
     if (prefix) norm.add(prepend_normalizer{"\xE2\x96\x81"});
     norm.add(replace_normalizer{text_pattern::literal(" "), "\xE2\x96\x81"});
@@ -231,7 +269,7 @@ result<gguf_text, text_error> read_gguf_tokenizer(const load::gguf_file& file) {
     for (std::size_t i = 0; i < n; ++i) vocab.emplace_back(tokens[i], static_cast<token_id>(i));
     auto m = bpe_model::from_merges(std::move(vocab), merges, options, source);
     if (!m) return troupe::unexpected(m.error());
-    model = std::move(*m);
+    model = token_model(std::move(*m));
     if (recipe->nfc) norm.add(unicode_normalizer{normalization_form::nfc});
     for (const auto p : recipe->patterns) {
       auto re = text_pattern::regex(p);
@@ -256,8 +294,27 @@ result<gguf_text, text_error> read_gguf_tokenizer(const load::gguf_file& file) {
   av.set_tokens(std::move(added), patterns);
 
   post_processor post;
-  const bool bos = add_bos->value_or(spm) && ids.bos;
-  const bool eos = add_eos->value_or(false) && ids.eos;
+  if (wpm) {
+    // [CLS] text [SEP], as llama.cpp's WPM adds them: its bos (101 unless named) and its separator.
+    auto cls = g.id("tokenizer.ggml.cls_token_id", n);
+    if (!cls) return troupe::unexpected(cls.error());
+    auto sep = g.id("tokenizer.ggml.seperator_token_id", n);  // llama.cpp's spelling
+    if (!sep) return troupe::unexpected(sep.error());
+    auto add_sep = g.boolean("tokenizer.ggml.add_sep_token");
+    if (!add_sep) return troupe::unexpected(add_sep.error());
+    if (!ids.bos) ids.bos = *cls ? *cls : (n > 101 ? std::optional<token_id>(101) : std::nullopt);
+    if (!*sep && n > 102) *sep = 102;
+    const bool b = add_bos->value_or(true) && ids.bos, s = add_sep->value_or(true) && *sep;
+    if (b || s) {
+      token_template t;
+      if (b) t.push_back({false, {*ids.bos}});
+      t.push_back({true, {}});
+      if (s) t.push_back({false, {**sep}});
+      post.add(std::move(t));
+    }
+  }
+  const bool bos = !wpm && add_bos->value_or(spm) && ids.bos;
+  const bool eos = !wpm && add_eos->value_or(false) && ids.eos;
   if (bos || eos) {
     token_template t;
     if (bos) t.push_back({false, {*ids.bos}});

@@ -35,8 +35,8 @@ value_id decoder_trace::read_index() {
 
 // allow[r, t, j]: may token t of row r attend to key j? In a step, key j is the row's position j,
 // held at read_map[r, j] (-1: nothing there); in encode, key j is token j of the row itself.
-value_id decoder_trace::allow_mask(std::int64_t window) {
-  if (auto it = masks_.find(window); it != masks_.end()) return it->second;
+value_id decoder_trace::allow_mask(std::int64_t window, bool causal) {
+  if (auto it = masks_.find({window, causal}); it != masks_.end()) return it->second;
   auto& b = ctx_.b;
   const auto& s = ctx_.shape();
   const std::int64_t rows = s.rows(), T = s.tokens();
@@ -52,6 +52,16 @@ value_id decoder_trace::allow_mask(std::int64_t window) {
     kpos = b.reshape(ctx_.positions(), {rows, 1, T});
     valid = b.reshape(b.binary(op::less, b.scalar(0, dtype::i32), ctx_.token_mask()), {rows, 1, T});
   }
+  if (!causal) {
+    // An encoder: every present key of the row, whatever its position.
+    if (ctx_.stateful()) {
+      b.fail(graph::bad_declaration{"bidirectional attention runs in the encode program only"});
+      return valid;
+    }
+    auto allow = b.broadcast(valid, {rows, T, T});
+    b.label(allow, "mask.bidirectional");
+    return masks_[{window, causal}] = allow;
+  }
   auto allow = b.binary(op::minimum, b.binary(op::less_equal, kpos, qpos), valid);  // causal and present
   if (window > 0) {
     // key j is visible to position p when p - j < window
@@ -59,7 +69,7 @@ value_id decoder_trace::allow_mask(std::int64_t window) {
     allow = b.binary(op::minimum, allow, b.binary(op::greater, kpos, lo));
   }
   b.label(allow, window > 0 ? "mask.window" + std::to_string(window) : "mask.causal");
-  return masks_[window] = allow;
+  return masks_[{window, causal}] = allow;
 }
 
 value_id decoder_trace::rope_freqs(const rope_config& r) {
@@ -82,7 +92,7 @@ value_id decoder_trace::rope_table(const rope_config& r, double& scale) {
 }
 
 value_id decoder_trace::attend(value_id q, value_id k, value_id v, std::int32_t layer, std::int64_t window, double scale,
-                               double softcap, value_id sinks) {
+                               double softcap, value_id sinks, bool causal) {
   auto& b = ctx_.b;
   value_id keys, values, index;
   if (ctx_.stateful()) {
@@ -100,7 +110,7 @@ value_id decoder_trace::attend(value_id q, value_id k, value_id v, std::int32_t 
     values = v;
     index = encode_index();
   }
-  return b.attention(q, keys, values, index, allow_mask(window), scale, softcap, sinks);
+  return b.attention(q, keys, values, index, allow_mask(window, causal), scale, softcap, sinks);
 }
 
 value_id decoder_trace::attention(value_id x, std::int32_t layer, const attention_params& p) {
@@ -139,26 +149,34 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
   b.label(q, "q");
   b.label(k, "k");
 
-  auto att = attend(q, k, v, layer, p.sliding_window, p.scale, p.softcap, p.sinks ? ctx_.vector_f32("attn_sinks", layer) : value_id{});
+  auto att = attend(q, k, v, layer, p.sliding_window, p.scale, p.softcap, p.sinks ? ctx_.vector_f32("attn_sinks", layer) : value_id{},
+                    p.causal);
   att = b.reshape(att, {N, p.heads * D});
   const auto out = projection(att, "attn_output", layer, p.reduce_output);
   b.label(out, "attn_out");
   return out;
 }
 
+value_id decoder_trace::activate(value_id x, activation act) {
+  auto& b = ctx_.b;
+  if (act == activation::silu) return b.unary(op::silu, x);
+  if (act != activation::gelu) return b.unary(op::gelu_tanh, x);
+  const auto phi = b.add(b.scalar(1.0), b.unary(op::erf, b.mul(x, b.scalar(0.70710678118654752440))));
+  return b.mul(b.mul(x, phi), b.scalar(0.5));
+}
+
 value_id decoder_trace::feed_forward(value_id x, std::int32_t layer, const ffn_params& p) {
   auto& b = ctx_.b;
-  const op act = p.act == activation::silu ? op::silu : op::gelu_tanh;
   value_id h;
   if (!p.gated) {
-    h = b.unary(act, projection(x, "ffn_up", layer));
+    h = activate(projection(x, "ffn_up", layer), p.act);
   } else if (ctx_.has("ffn_gate_up", layer)) {
     const auto gu = projection(x, "ffn_gate_up", layer);
     const auto width = b.type_of(gu).dims.back() / 2;
     const auto last = static_cast<std::int64_t>(b.type_of(gu).dims.rank()) - 1;
-    h = b.mul(b.unary(act, b.slice(gu, last, 0, width)), b.slice(gu, last, width, 2 * width));
+    h = b.mul(activate(b.slice(gu, last, 0, width), p.act), b.slice(gu, last, width, 2 * width));
   } else {
-    h = b.mul(b.unary(act, projection(x, "ffn_gate", layer)), projection(x, "ffn_up", layer));
+    h = b.mul(activate(projection(x, "ffn_gate", layer), p.act), projection(x, "ffn_up", layer));
   }
   const auto out = projection(h, "ffn_down", layer, p.reduce_output);
   b.label(out, "ffn_out");

@@ -28,6 +28,7 @@ struct attention_params {
   bool qk_norm = false;             // RMSNorm over each head of q and k (attn_q_norm, attn_k_norm)
   bool qk_norm_full = false;        // with qk_norm: over all of q and all of k instead (OLMoE, OLMo 2)
   bool sinks = false;               // a learned sink logit per head in the softmax (attn_sinks, gpt-oss)
+  bool causal = true;               // false: every token sees every token of its row (an encoder; encode only)
   double norm_eps = 1e-6;
   bool reduce_output = false;       // a tensor-parallel shard: all_reduce the output projection's partial sums
   // Multi-head latent attention (DeepSeek-V2/V3; components/mla.hpp) when kv_lora_rank > 0: head_dim
@@ -41,7 +42,8 @@ struct attention_params {
 };
 
 // swiglu_oai: gpt-oss's clamped SwiGLU, min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, -7, 7) + 1).
-enum class activation : std::uint8_t { silu, gelu_tanh, swiglu_oai };
+// gelu: the exact x Phi(x) = x (1 + erf(x / sqrt 2)) / 2 (BERT's "gelu"); gelu_tanh its tanh approximation.
+enum class activation : std::uint8_t { silu, gelu_tanh, swiglu_oai, gelu };
 
 struct ffn_params {
   std::int64_t width = 0;  // the intermediate size
@@ -75,14 +77,17 @@ class decoder_trace {
   graph::value_id attention(graph::value_id x, std::int32_t layer, const attention_params& p);
   // Attention of q [N, Hq, D] over this step's k [N, Hkv, D] and v [N, Hkv, Dv]: in a step, written into
   // the layer's KV states (kv.k.L, kv.v.L) and read through the KV map; in encode, over the row itself.
+  // `causal` false (encode only): every present token of the row, before or after.
   graph::value_id attend(graph::value_id q, graph::value_id k, graph::value_id v, std::int32_t layer, std::int64_t window,
-                         double scale, double softcap = 0.0, graph::value_id sinks = {});
+                         double scale, double softcap = 0.0, graph::value_id sinks = {}, bool causal = true);
   // x W^T (+ bias). With `reduce`, the product is a tensor-parallel partial sum: it is all-reduced over
   // the group before the bias, which every rank holds whole, is added once.
   graph::value_id projection(graph::value_id x, const std::string& role, std::int32_t layer, bool reduce = false);
   // The rotary inverse frequencies for `r` (declared once per step) and, in `scale`, its cos/sin scale.
   graph::value_id rope_table(const rope_config& r, double& scale);
   graph::value_id feed_forward(graph::value_id x, std::int32_t layer, const ffn_params& p);
+  // `act` applied elementwise (silu, gelu_tanh or gelu; swiglu_oai is the routed experts' own).
+  graph::value_id activate(graph::value_id x, activation act);
 
   using block_fn = std::function<graph::value_id(decoder_trace&, graph::value_id, std::int32_t)>;
   graph::value_id standard_layer(graph::value_id x, std::int32_t layer, const stack_params& p, const block_fn& mixer,
@@ -92,13 +97,13 @@ class decoder_trace {
   void standard_stack(const stack_params& p, const block_fn& mixer, const block_fn& ffn);
 
  private:
-  graph::value_id allow_mask(std::int64_t window);
+  graph::value_id allow_mask(std::int64_t window, bool causal);
   graph::value_id rope_freqs(const rope_config& r);
   graph::value_id read_index();
   graph::value_id encode_index();
 
   trace_context& ctx_;
-  std::map<std::int64_t, graph::value_id> masks_;
+  std::map<std::pair<std::int64_t, bool>, graph::value_id> masks_;
   std::map<std::pair<double, std::int64_t>, std::pair<graph::value_id, double>> ropes_;
   graph::value_id read_index_;
   graph::value_id encode_index_;

@@ -137,9 +137,22 @@ void expect_gguf_error(const std::vector<load::gguf_kv>& kvs, text_error_code co
 
 TEST(malformed_gguf_tokenizer, missing_or_unknown_model) {
   expect_gguf_error({}, text_error_code::missing_field, "tokenizer.ggml.model");
-  expect_gguf_error({{"tokenizer.ggml.model", "bert"}}, text_error_code::unsupported, "tokenizer.ggml.model");
+  expect_gguf_error({{"tokenizer.ggml.model", "t5"}}, text_error_code::unsupported, "tokenizer.ggml.model");
+  expect_gguf_error({{"tokenizer.ggml.model", "bert"}}, text_error_code::missing_field, "tokenizer.ggml.tokens");
   expect_gguf_error({{"tokenizer.ggml.model", std::uint32_t{3}}}, text_error_code::bad_gguf, "tokenizer.ggml.model");
   expect_gguf_error({{"tokenizer.ggml.model", "gpt2"}}, text_error_code::missing_field, "tokenizer.ggml.tokens");
+}
+
+TEST(malformed_gguf_tokenizer, a_wpm_vocabulary_without_its_unknown_token_or_with_a_bad_separator) {
+  const load::gguf_kv model{"tokenizer.ggml.model", "bert"};
+  const load::gguf_kv tokens{"tokenizer.ggml.tokens", strings({"[UNK]", "[CLS]", "[SEP]", "\xE2\x96\x81" "a", "b"})};
+  // Too few tokens for llama.cpp's default unknown id (100), and none named.
+  expect_gguf_error({model, tokens}, text_error_code::missing_field, "tokenizer.ggml.unknown_token_id");
+  expect_gguf_error({model, tokens, {"tokenizer.ggml.unknown_token_id", std::uint32_t{0}}, {"tokenizer.ggml.seperator_token_id", std::uint32_t{9}}},
+                    text_error_code::bad_value, "tokenizer.ggml.seperator_token_id");
+  auto ok = read_keys({model, tokens, {"tokenizer.ggml.unknown_token_id", std::uint32_t{0}}, {"tokenizer.ggml.cls_token_id", std::uint32_t{1}},
+                       {"tokenizer.ggml.seperator_token_id", std::uint32_t{2}}});
+  ASSERT_TRUE(ok) << ok.error().message();
 }
 
 TEST(malformed_gguf_tokenizer, unknown_pre_tokenizer_and_bad_merges) {

@@ -558,6 +558,7 @@ class interpreter {
     const auto& ks = type_of(e.inputs[1]).dims;
     const auto& ms = type_of(e.inputs[4]).dims;
     const std::int64_t Hq = qs[1], D = qs[2], S = ks[0], Hkv = ks[1], R = ms[0], T = ms[1], C = ms[2], Dv = ot.dims[2];
+    const std::int64_t Vw = type_of(e.inputs[2]).dims[2];  // a v row's width; the values are its first Dv
     const auto q = doubles(e.inputs[0]), k = doubles(e.inputs[1]), v = doubles(e.inputs[2]);
     const auto index = doubles(e.inputs[3]), allow = doubles(e.inputs[4]);
     std::vector<double> out(ot.dims.numel(), 0.0), score(static_cast<std::size_t>(C));
@@ -601,7 +602,7 @@ class interpreter {
           for (std::int64_t c = 0; c < C; ++c) {
             if (a[c] == 0) continue;
             const double p = std::exp(score[c] - m) / sum;
-            const double* vv = v.data() + (static_cast<std::int64_t>(index[r * C + c]) * Hkv + kh) * Dv;
+            const double* vv = v.data() + (static_cast<std::int64_t>(index[r * C + c]) * Hkv + kh) * Vw;
             for (std::int64_t d = 0; d < Dv; ++d) o[d] += p * vv[d];
           }
         }

@@ -364,10 +364,11 @@ value_id builder::rope(value_id x, value_id pos, value_id inv_freq, bool neox, d
 }
 
 value_id builder::attention(value_id q, value_id k, value_id v, value_id index, value_id allow, double scale, double softcap,
-                            value_id sinks) {
+                            value_id sinks, std::int64_t value_dims) {
   op_attrs a;
   a.scale = scale;
   a.softcap = softcap;
+  if (value_dims > 0) a.ints = {value_dims};
   if (sinks.valid()) return apply(op::attention, {q, k, v, index, allow, sinks}, a);
   return apply(op::attention, {q, k, v, index, allow}, a);
 }

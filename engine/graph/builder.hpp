@@ -83,8 +83,9 @@ class builder {
   value_id rms_norm(value_id x, value_id w, double eps);
   value_id layer_norm(value_id x, value_id w, value_id b, double eps);
   value_id rope(value_id x, value_id pos, value_id inv_freq, bool neox, double scale = 1.0);
+  // `value_dims` > 0: the values are the first value_dims of each v row (op::attention's attrs.ints).
   value_id attention(value_id q, value_id k, value_id v, value_id index, value_id allow, double scale, double softcap = 0.0,
-                     value_id sinks = {});
+                     value_id sinks = {}, std::int64_t value_dims = 0);
   value_id all_reduce(value_id x);
   value_id all_gather(value_id x, std::int64_t ranks);
   value_id pipe_send(value_id x, std::int64_t to_stage);

@@ -244,7 +244,9 @@ infer_result infer_checked(op o, std::span<const tensor_type> in, const op_attrs
       if (in[4].type != dtype::boolean || m.rank() != 3 || m[0] != ix[0] || m[2] != ix[1]) return refuse("allow must be boolean [R, T, C]");
       if (m[0] * m[1] != q[0]) return refuse("q must hold R x T tokens");
       if (a.softcap < 0) return refuse("softcap must be non-negative");
-      return tensor_type{in[0].type, troupe::shape{q[0], q[1], v[2]}};
+      if (a.ints.size() > 1 || (a.ints.size() == 1 && (a.ints[0] < 1 || a.ints[0] > v[2])))
+        return refuse("ints, when given, must hold the value width, in [1, v's last dimension]");
+      return tensor_type{in[0].type, troupe::shape{q[0], q[1], a.ints.empty() ? v[2] : a.ints[0]}};
     }
     case op::all_reduce:
       if (in[0].type != dtype::f32) return refuse("x must be f32");

@@ -92,25 +92,30 @@ value_id decoder_trace::rope_table(const rope_config& r, double& scale) {
 }
 
 value_id decoder_trace::attend(value_id q, value_id k, value_id v, std::int32_t layer, std::int64_t window, double scale,
-                               double softcap, value_id sinks, bool causal) {
+                               double softcap, value_id sinks, bool causal, std::int64_t value_dims) {
   auto& b = ctx_.b;
+  const bool shared = value_dims > 0;  // the values are a prefix of each key: no state of their own
   value_id keys, values, index;
   if (ctx_.stateful()) {
     const std::int64_t S = ctx_.shape().kv_slots();
     const auto kt = b.type_of(k).dims;  // copies: declaring values below may move the type table
-    const auto vt = b.type_of(v).dims;
     const std::string kname = "kv.k." + std::to_string(layer), vname = "kv.v." + std::to_string(layer);
     keys = b.scatter_rows(b.state_input(kname, {dtype::f32, {S, kt[1], kt[2]}}), ctx_.write_map(), k);
-    values = b.scatter_rows(b.state_input(vname, {dtype::f32, {S, vt[1], vt[2]}}), ctx_.write_map(), v);
     b.state_output(kname, keys);
-    b.state_output(vname, values);
+    if (shared) {
+      values = keys;
+    } else {
+      const auto vt = b.type_of(v).dims;
+      values = b.scatter_rows(b.state_input(vname, {dtype::f32, {S, vt[1], vt[2]}}), ctx_.write_map(), v);
+      b.state_output(vname, values);
+    }
     index = read_index();
   } else {
     keys = k;  // encode: each row attends to its own tokens
-    values = v;
+    values = shared ? k : v;
     index = encode_index();
   }
-  return b.attention(q, keys, values, index, allow_mask(window, causal), scale, softcap, sinks);
+  return b.attention(q, keys, values, index, allow_mask(window, causal), scale, softcap, sinks, value_dims);
 }
 
 value_id decoder_trace::attention(value_id x, std::int32_t layer, const attention_params& p) {

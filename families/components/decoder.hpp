@@ -77,9 +77,12 @@ class decoder_trace {
   graph::value_id attention(graph::value_id x, std::int32_t layer, const attention_params& p);
   // Attention of q [N, Hq, D] over this step's k [N, Hkv, D] and v [N, Hkv, Dv]: in a step, written into
   // the layer's KV states (kv.k.L, kv.v.L) and read through the KV map; in encode, over the row itself.
-  // `causal` false (encode only): every present token of the row, before or after.
+  // `causal` false (encode only): every present token of the row, before or after. `v` invalid and
+  // `value_dims` > 0: the values are the first value_dims of each key (latent attention's c), and the
+  // layer keeps one state, kv.k.L.
   graph::value_id attend(graph::value_id q, graph::value_id k, graph::value_id v, std::int32_t layer, std::int64_t window,
-                         double scale, double softcap = 0.0, graph::value_id sinks = {}, bool causal = true);
+                         double scale, double softcap = 0.0, graph::value_id sinks = {}, bool causal = true,
+                         std::int64_t value_dims = 0);
   // x W^T (+ bias). With `reduce`, the product is a tensor-parallel partial sum: it is all-reduced over
   // the group before the bias, which every rank holds whole, is added once.
   graph::value_id projection(graph::value_id x, const std::string& role, std::int32_t layer, bool reduce = false);

@@ -12,9 +12,8 @@ dense_decoder::dense_decoder(dense_decoder_spec spec, families::weight_map weigh
   std::vector<state_decl> kv;
   for (std::int64_t l = 0; l < spec_.stack.layers; ++l) {
     const auto& a = spec_.attention[l];
-    if (a.mla.kv_lora_rank > 0) {  // latent: one shared [c, k_pe] key and c as the value per token
+    if (a.mla.kv_lora_rank > 0) {  // latent: one shared [c, k_pe] per token, whose c is the value too
       kv.push_back({"kv.k." + std::to_string(l), dtype::f32, {1, a.mla.kv_lora_rank + a.head_dim}});
-      kv.push_back({"kv.v." + std::to_string(l), dtype::f32, {1, a.mla.kv_lora_rank}});
       continue;
     }
     kv.push_back({"kv.k." + std::to_string(l), dtype::f32, {a.kv_heads, a.head_dim}});

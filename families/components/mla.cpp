@@ -35,7 +35,8 @@ value_id mla_attention(decoder_trace& d, value_id x, std::int32_t layer, const a
   const auto K = b.concat({c, k_pe}, 2);
   b.label(Q, "q");
   b.label(K, "k");
-  const auto att = d.attend(Q, K, c, layer, p.sliding_window, p.scale, p.softcap);  // [N, H, L]
+  // The cache holds each token's [c, k_pe] once: c, its first L dims, is the value too.
+  const auto att = d.attend(Q, K, {}, layer, p.sliding_window, p.scale, p.softcap, {}, true, L);  // [N, H, L]
   const auto o = b.linear_id(att, ctx.weight("attn_v_b", layer), per_head);         // [N, H, V]
   const auto out = d.projection(b.reshape(o, {N, H * V}), "attn_output", layer, p.reduce_output);
   b.label(out, "attn_out");

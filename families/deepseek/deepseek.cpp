@@ -136,7 +136,7 @@ result<std::unique_ptr<model>, model_error> build_as(const load::raw_config& cfg
     a.mla = mla;
     a.scale = mscale * mscale / std::sqrt(static_cast<double>(nope + *rope));
   }
-  spec.config.kv_elems_per_token_per_layer = 2 * *kv_lora + *rope;
+  spec.config.kv_elems_per_token_per_layer = *kv_lora + *rope;  // [c, k_pe] once: c is the value too
   spec.moe = std::move(*moe);
   name_table_options names;
   names.gguf = r.gguf();

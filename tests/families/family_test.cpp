@@ -191,6 +191,29 @@ TEST_P(family_test, bad_config_field_is_a_typed_error_naming_it) {
   }
 }
 
+// Every layer carries a key and a value state of kv_elems_per_token_per_layer floats a token between
+// them; latent attention (DeepSeek) carries its [c, k_pe] once, c being the value too.
+TEST_P(family_test, the_cache_states_are_what_the_config_counts) {
+  const auto d = small_dims(GetParam());
+  auto h = load_fixture(GetParam(), true, d);
+  ASSERT_TRUE(h);
+  const auto& cfg = h->model().config();
+  const bool latent = GetParam().starts_with("deepseek");
+  for (std::int64_t l = 0; l < cfg.layers; ++l) {
+    std::int64_t elems = 0;
+    int states = 0;
+    for (const auto& s : h->model().schema().states(program::step)) {
+      if (s.name != "kv.k." + std::to_string(l) && s.name != "kv.v." + std::to_string(l)) continue;
+      std::int64_t n = 1;
+      for (auto x : s.slot_shape) n *= x;
+      elems += n;
+      ++states;
+    }
+    EXPECT_EQ(states, latent ? 1 : 2) << "layer " << l;
+    EXPECT_EQ(elems, cfg.kv_elems_per_token_per_layer) << "layer " << l;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(shipped, family_test, ::testing::ValuesIn(fixture_families()),
                          [](const auto& info) { return std::string(info.param); });
 

@@ -821,7 +821,8 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
       a.Hq = qs[1];
       a.D = qs[2];
       a.Hkv = ks[1];
-      a.Dv = T(e.inputs[2]).dims[2];
+      a.Dv = ot.dims[2];
+      a.Vw = T(e.inputs[2]).dims[2];
       a.R = ms[0];
       a.T = ms[1];
       a.C = ms[2];

@@ -20,6 +20,7 @@ struct attention_args {
   const std::uint8_t* allow = nullptr;
   float* out = nullptr;
   std::int64_t R = 0, T = 0, C = 0, Hq = 0, Hkv = 0, D = 0, Dv = 0;
+  std::int64_t Vw = 0;  // floats between a v row's heads (0: Dv); the values are each head's first Dv
   float scale = 1.0f;
   float softcap = 0.0f;
   const float* sinks = nullptr;  // [Hq]: each head's sink logit in the softmax denominator (null: none)

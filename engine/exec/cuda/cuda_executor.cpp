@@ -951,7 +951,8 @@ std::optional<exec_error> cuda_executor::lower_eqn(entry& en, std::size_t i, con
       a.D = qs[2];
       a.Hkv = ks[1];
       a.S = ks[0];
-      a.Dv = T(e.inputs[2]).dims[2];
+      a.Dv = ot.dims[2];
+      a.Vw = T(e.inputs[2]).dims[2];
       a.R = ms[0];
       a.T = ms[1];
       a.C = ms[2];

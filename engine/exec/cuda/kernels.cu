@@ -434,7 +434,7 @@ __global__ void attention_kernel(attention_launch a, int keys_per_tile) {
     }
     for (std::int64_t e = threadIdx.x; e < static_cast<std::int64_t>(tile) * a.Dv; e += blockDim.x) {
       const std::int64_t j = e / a.Dv, d = e % a.Dv;
-      vs[e] = a.v[(static_cast<std::int64_t>(a.ix32[r * a.C + c0 + j]) * a.Hkv + kvh) * a.Dv + d];
+      vs[e] = a.v[(static_cast<std::int64_t>(a.ix32[r * a.C + c0 + j]) * a.Hkv + kvh) * (a.Vw > 0 ? a.Vw : a.Dv) + d];
     }
     __syncthreads();
     if (!live) continue;

@@ -110,6 +110,7 @@ struct attention_launch {
   std::int32_t* ix32 = nullptr;  // scratch [R, C]
   float* out = nullptr;
   std::int64_t Hq = 0, Hkv = 0, D = 0, Dv = 0, S = 0, R = 0, T = 0, C = 0;
+  std::int64_t Vw = 0;  // floats between a v row's heads (0: Dv); the values are each head's first Dv
   float scale = 1.0f, softcap = 0.0f;
   const float* sinks = nullptr;  // [Hq] or null: head h's sink joins its softmax's denominator
 };

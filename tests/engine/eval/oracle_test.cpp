@@ -250,6 +250,22 @@ TEST(oracle, attention_gqa_mask_and_softcap) {
   expect_near(masked.run(attend(0)), {10, 10});
 }
 
+TEST(oracle, attention_values_may_be_a_prefix_of_each_row) {
+  // q = (1, 0); key rows (0, 5) and (1, 7): scores 0 and 1. With ints {1} the values are each row's
+  // first dim, 0 and 1: the output is softmax([0, 1])[1] = 0.7310586 and has one dim.
+  one_op t{{f32({1, 1, 2}, {1, 0}), f32({2, 1, 2}, {0, 5, 1, 7}), i32({1, 2}, {0, 1}), make(dtype::boolean, {1, 1, 2}, {1, 1})}};
+  expect_near(t.run([](builder& b, std::vector<value_id>& v) { return b.attention(v[0], v[1], v[1], v[2], v[3], 1.0, 0.0, {}, 1); }),
+              {0.7310585786});
+  // A width past the row is refused when the graph is built.
+  builder b;
+  const auto q = b.slot(slot_kind::request_input, {dtype::f32, {1, 1, 2}}, "q");
+  const auto k = b.slot(slot_kind::request_input, {dtype::f32, {2, 1, 2}}, "k");
+  const auto ix = b.slot(slot_kind::kv_read_map, {dtype::i32, {1, 2}});
+  const auto allow = b.slot(slot_kind::token_mask, {dtype::boolean, {1, 1, 2}});
+  b.output("o", b.attention(q, k, k, ix, allow, 1.0, 0.0, {}, 3));
+  EXPECT_FALSE(std::move(b).finish());
+}
+
 TEST(oracle, attention_refuses_an_allowed_index_outside_the_rows) {
   builder b;
   const auto q = b.slot(slot_kind::request_input, {dtype::f32, {1, 1, 1}}, "q");

@@ -477,7 +477,7 @@ void attention_task_run(const attention_args& a, const attention_task& tk) {
   using R = typename V::reg;
   const std::int64_t G = a.Hq / a.Hkv, heads = tk.kh1 - tk.kh0, gq = heads * G;
   const std::int64_t tokens = tk.t1 - tk.t0, nq = tokens * gq;
-  const std::int64_t D = a.D, Dv = a.Dv, C = a.C;
+  const std::int64_t D = a.D, Dv = a.Dv, C = a.C, Vw = a.Vw > 0 ? a.Vw : a.Dv;
   const std::int32_t* index = a.index + tk.r * C;
   const std::uint8_t* allow0 = a.allow + (tk.r * a.T + tk.t0) * C;
   // Query i is token i / gq, query head kh0 G + i % gq, kv head kh0 + i % gq / G.
@@ -542,7 +542,7 @@ void attention_task_run(const attention_args& a, const attention_task& tk) {
     for (std::int64_t j = 0; j < n; ++j) {
       const std::int64_t row = index[keys[from + j]];
       kr[j] = a.k + (row * a.Hkv + tk.kh0) * D;
-      vr[j] = a.v + (row * a.Hkv + tk.kh0) * Dv;
+      vr[j] = a.v + (row * a.Hkv + tk.kh0) * Vw;
     }
     return n;
   };
@@ -636,7 +636,7 @@ void attention_task_run(const attention_args& a, const attention_task& tk) {
       prefetch(rows[cur ^ 1][1], jb < next ? jb : next, jb + kb < next ? jb + kb : next, v_lines);
       for (std::int64_t i = 0; i < nq; ++i)
         if (allowed[i / gq] == static_cast<float>(n))
-          accumulate_pv<V>(acc + i * Dv, sp + i * tile + jb, vp + jb, i % gq / G * Dv, kb, Dv);
+          accumulate_pv<V>(acc + i * Dv, sp + i * tile + jb, vp + jb, i % gq / G * Vw, kb, Dv);
     }
     for (std::int64_t i = 0; i < nq; ++i) {
       const float cnt = allowed[i / gq];
@@ -648,7 +648,7 @@ void attention_task_run(const attention_args& a, const attention_task& tk) {
         vc[m] = vp[j];
         m += pi[j] != 0.0f;
       }
-      accumulate_pv<V>(acc + i * Dv, pc, vc, i % gq / G * Dv, m, Dv);
+      accumulate_pv<V>(acc + i * Dv, pc, vc, i % gq / G * Vw, m, Dv);
     }
   }
 

@@ -252,6 +252,49 @@ INSTANTIATE_TEST_SUITE_P(cases, attention_test,
                            return std::string(isa_name(std::get<0>(info.param))) + "_" + case_name(std::get<1>(info.param));
                          });
 
+// Latent attention's shared cache: the values are the first Dv dims of each key row (attrs.ints), the
+// kernel reading them in place from the keys (a.v = a.k, a.Vw = D). Decode and a chunked prefill, one
+// kv head for eight query heads, as DeepSeek runs absorbed.
+TEST_P(kernels, attention_values_as_a_prefix_of_the_keys_match_oracle) {
+  const isa level = GetParam();
+  for (const auto& [R, T, C] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{2, 1, 300}, {1, 19, 40}}) {
+    const std::int64_t Hq = 8, Hkv = 1, D = 72, Dv = 64, S = C + 5, N = R * T;
+    std::mt19937 rng(static_cast<std::uint32_t>(R * 7 + T * 131 + C));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> q(static_cast<std::size_t>(N * Hq * D)), k(static_cast<std::size_t>(S * Hkv * D));
+    for (auto& x : q) x = normal(rng);
+    for (auto& x : k) x = normal(rng);
+    std::vector<std::uint8_t> allow(static_cast<std::size_t>(N * C));
+    std::vector<std::int32_t> index(static_cast<std::size_t>(R * C));
+    for (std::int64_t r = 0; r < R; ++r)
+      for (std::int64_t j = 0; j < C; ++j) {
+        index[r * C + j] = static_cast<std::int32_t>((j * 7 + r) % S);
+        for (std::int64_t t = 0; t < T; ++t) allow[(r * T + t) * C + j] = j <= C - T + t;
+      }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const auto want = oracle({f32s({N, Hq, D}, q), f32s({S, Hkv, D}, k), i32s({R, C}, index), bools({R, T, C}, allow)},
+                             [&](builder& b, const std::vector<value_id>& in) {
+                               return b.attention(in[0], in[1], in[1], in[2], in[3], scale, 0.0, {}, Dv);
+                             });
+    ASSERT_EQ(want.size(), static_cast<std::size_t>(N * Hq * Dv));
+    // Every |k| entry is a few units; the output is a convex combination of value rows.
+    const std::vector<double> tol(want.size(), 2e-5 * 5.0 * static_cast<double>(D));
+    thread_pool pool(2);
+    std::vector<float> out(want.size(), std::numeric_limits<float>::quiet_NaN());
+    attention_args a;
+    a.q = q.data();
+    a.k = k.data();
+    a.v = k.data();
+    a.index = index.data();
+    a.allow = allow.data();
+    a.out = out.data();
+    a.R = R, a.T = T, a.C = C, a.Hq = Hq, a.Hkv = Hkv, a.D = D, a.Dv = Dv, a.Vw = D;
+    a.scale = scale;
+    attention(a, pool, level);
+    expect_close(out, want, tol, "value prefix R" + std::to_string(R) + " T" + std::to_string(T) + " @" + std::string(isa_name(level)));
+  }
+}
+
 // ---- norms ----------------------------------------------------------------------------------------
 
 TEST_P(kernels, rms_norm_matches_oracle) {

@@ -164,6 +164,21 @@ void pack_q32(const source_panel& s, std::int64_t k, std::byte* dst) {
   }
 }
 
+// MXFP4 block: one E8M0 exponent byte, 16 bytes of E2M1 nibbles in q4_0's order.
+void pack_mxfp4(const source_panel& s, std::int64_t k, std::byte* dst) {
+  const std::int64_t blocks = k / 32;
+  for (int r = 0; r < panel_rows; ++r) {
+    const std::byte* src = s.row(r);
+    if (!src) continue;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::byte* blk = src + b * 17;
+      dst[detail::block_scales(b, detail::q4_0_unit) + r] = blk[0];
+      std::byte* q = dst + detail::block_codes(b, detail::q4_0_unit);
+      for (int g = 0; g < 4; ++g) std::memcpy(q + (g * panel_rows + r) * 4, blk + 1 + 4 * g, 4);
+    }
+  }
+}
+
 // q4_k superblock: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles.
 void pack_q4_k(const source_panel& s, std::int64_t k, std::byte* dst) {
   const std::int64_t blocks = k / 256;
@@ -227,7 +242,8 @@ std::size_t panel_bytes(dtype t, std::int64_t k) {
     case dtype::f16: return uk * panel_rows * 2;
     case dtype::bf16: return (uk + 1) / 2 * panel_rows * 4;
     case dtype::q8_0: return detail::paired_panel_bytes(k / 32, detail::q8_0_unit);
-    case dtype::q4_0: return detail::paired_panel_bytes(k / 32, detail::q4_0_unit);
+    case dtype::q4_0:
+    case dtype::mxfp4: return detail::paired_panel_bytes(k / 32, detail::q4_0_unit);
     case dtype::q4_k: return uk / 256 * detail::q4_k_unit;
     case dtype::q6_k: return detail::scale_run(k / 256) + uk / 256 * detail::q6_k_unit;
     default: return 0;
@@ -249,6 +265,7 @@ const detail::format_kernel& kernel_for(const detail::kernel_table& t, dtype typ
     case dtype::bf16: return t.bf16;
     case dtype::q8_0: return t.q8_0;
     case dtype::q4_0: return t.q4_0;
+    case dtype::mxfp4: return t.mxfp4;
     case dtype::q4_k: return t.q4_k;
     case dtype::q6_k: return t.q6_k;
     default: return t.f32;
@@ -278,6 +295,7 @@ bool packable(dtype t) {
     case dtype::bf16:
     case dtype::q8_0:
     case dtype::q4_0:
+    case dtype::mxfp4:
     case dtype::q4_k:
     case dtype::q6_k: return true;
     default: return false;
@@ -286,18 +304,6 @@ bool packable(dtype t) {
 
 result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w) {
   const dtype t = w.type();
-  if (t == dtype::mxfp4 && w.shape().rank() == 2 && w.data() != nullptr && w.shape()[1] % 32 == 0) {
-    // MXFP4 (gpt-oss's experts) is q8_0 with 4-bit codes and power-of-two scales: rewritten exactly as
-    // q8_0 blocks (2x its bytes, against 3.8x as f16) and run by the q8_0 kernel, activations in 8 bits.
-    // A scale f16 cannot hold (outside 2^-24 .. 2^15) is decoded to f32 instead, exact as well.
-    const std::int64_t n = w.shape()[0], k = w.shape()[1];
-    std::vector<std::byte> q8(static_cast<std::size_t>(n * (k / 32) * 34));
-    if (n == 0 || k == 0 || mxfp4_as_q8_0(w.data(), q8.data(), n * (k / 32)))
-      return pack(tensor_view(dtype::q8_0, w.shape(), q8.data()));
-    std::vector<float> f(static_cast<std::size_t>(n * k));
-    if (auto d = dequantize_row(t, w.data(), f.data(), n * k); !d) return unexpected("matmul: " + d.error().message());
-    return pack(tensor_view(dtype::f32, w.shape(), reinterpret_cast<const std::byte*>(f.data())));
-  }
   if (!packable(t) && supports_dequantize(t) && w.shape().rank() == 2 && w.data() != nullptr) {
     // A block format without its own kernel (q4_1, q5_0, q5_1, ...): decoded once to f16 and run by the
     // f16 kernel. f16 keeps every decoded value to 2^-11 relative, far inside the error of the 8-bit
@@ -346,6 +352,7 @@ result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w) {
       case dtype::bf16: pack_bf16(s, k, dst); break;
       case dtype::q8_0: pack_q32<detail::q8_0_unit, 8>(s, k, dst); break;
       case dtype::q4_0: pack_q32<detail::q4_0_unit, 4>(s, k, dst); break;
+      case dtype::mxfp4: pack_mxfp4(s, k, dst); break;
       case dtype::q4_k: pack_q4_k(s, k, dst); break;
       case dtype::q6_k: pack_q6_k(s, k, dst); break;
       default: break;

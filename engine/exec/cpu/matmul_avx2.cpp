@@ -68,6 +68,10 @@ struct v256 {
   template <int N>
   static vi slli32(vi v) { return _mm256_slli_epi32(v, N); }
   static vf cvt_f(vi v) { return _mm256_cvtepi32_ps(v); }
+  static vf as_f(vi v) { return _mm256_castsi256_ps(v); }
+  // The 16 bytes at p in both 128-bit lanes, and a byte table lookup within lanes (idx in 0..15).
+  static vi bcast16(const std::int8_t* p) { return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static vi shuffle_i8(vi table, vi idx) { return _mm256_shuffle_epi8(table, idx); }
   static vi cvt_u8_i32(const std::byte* p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
@@ -97,6 +101,7 @@ const kernel_table& avx2_kernels() {
       .q4_0 = {bytes32, prepare_q8_32<v256, 8>, compute_q4_0<v256, 4>},
       .q4_k = {bytes256, prepare_q4_k<v256>, compute_q4_k<v256, 4>},
       .q6_k = {bytes256, prepare_q6_k<v256>, compute_q6_k<v256, 4>},
+      .mxfp4 = {bytes32, prepare_q8_32<v256, mxfp4_offset>, compute_mxfp4<v256, 4>},
   };
   return t;
 }

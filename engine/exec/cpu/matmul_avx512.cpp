@@ -69,6 +69,10 @@ struct v512 {
   template <int N>
   static vi slli32(vi v) { return _mm512_slli_epi32(v, N); }
   static vf cvt_f(vi v) { return _mm512_cvtepi32_ps(v); }
+  static vf as_f(vi v) { return _mm512_castsi512_ps(v); }
+  // The 16 bytes at p in every 128-bit lane, and a byte table lookup within lanes (idx in 0..15).
+  static vi bcast16(const std::int8_t* p) { return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static vi shuffle_i8(vi table, vi idx) { return _mm512_shuffle_epi8(table, idx); }
   static vi cvt_u8_i32(const std::byte* p) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
@@ -144,6 +148,7 @@ kernel_table make_table() {
       .q4_0 = {bytes32, prepare_q8_32<v512, 8>, compute_q4_0<v512, 8>},
       .q4_k = {bytes256, prepare_q4_k<v512>, compute_q4_k<v512, 8>},
       .q6_k = {bytes256, prepare_q6_k<v512>, compute_q6_k<v512, 10>},
+      .mxfp4 = {bytes32, prepare_q8_32<v512, mxfp4_offset>, compute_mxfp4<v512, 8>},
   };
   if (has_bf16_dot()) t.bf16 = {bf16_act_bytes, prepare_bf16, compute_bf16_dot<8, 2>};
   return t;

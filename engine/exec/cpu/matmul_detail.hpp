@@ -13,6 +13,8 @@
 //         elements 4g..4g+3 of each row
 //   q4_0  per pair of 32-blocks: d[2][16] f16, then per block q[4 g][16 rows][4] u8: ggml's bytes
 //         4g..4g+3 of each row, whose low nibbles are elements 4g.. and high nibbles 16+4g..
+//   mxfp4 q4_0's layout with each block's E8M0 exponents e[16] u8 where q4_0 keeps its f16 scales
+//         (the other 16 bytes of the block's 32 unused); the codes are E2M1, read through a table
 //   q4_k  per 256-superblock: d[16] f16, dmin[16] f16, scale[8 sub][16 rows] u8, min[2 h][16 rows][4]
 //         u8 (the min of sub-block 4h+t at [h][row][t]), q[4 c][8 g][16 rows][4] u8: ggml's bytes
 //         32c+4g.. of each row, low nibbles elements 64c+4g.., high nibbles 64c+32+4g..
@@ -109,7 +111,7 @@ struct format_kernel {
 };
 
 struct kernel_table {
-  format_kernel f32, f16, bf16, q8_0, q4_0, q4_k, q6_k;
+  format_kernel f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, mxfp4;
 };
 
 const kernel_table& scalar_kernels();

@@ -313,7 +313,14 @@ void compute_bf16(const gemm_args& a) {
 // 32-block formats. Per block and panel half: the weight scales (f16), then per activation row an
 // integer dot over the block, corrected for the weights' bias, scaled once.
 
-template <class V, int MR>
+// MXFP4's E2M1 codes as ggml keeps them (doubled: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives), plus
+// 12 so that every value is an unsigned byte for the u8 x s8 dot; the activations' sums carry 12 times
+// the block's sum to take it back, as q4_0's carry 8.
+inline constexpr std::int8_t e2m1_doubled_plus_12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+inline constexpr int mxfp4_offset = 12;
+
+// q4_0 and, with Fp4, MXFP4 (the same nibble layout; codes through a table, power-of-two scales).
+template <class V, int MR, bool Fp4 = false>
 void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   const bool stream = m == a.m0;  // see prefetch_ahead
   constexpr int H = halves_of(V::lanes);
@@ -323,11 +330,16 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   for (int i = 0; i < MR; ++i) x[i] = acts32(a, m + i);
   const typename V::vi low4 = V::set1_i8(0x0f);
   const typename V::vi high4 = V::set1_i8(0xf0);
+  [[maybe_unused]] const typename V::vi lut = V::bcast16(e2m1_doubled_plus_12);
   for (int h = 0; h < H; ++h) {
     typename V::vf f[MR];
     for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const typename V::vf dw = V::load_f16(panel + block_scales(b, q4_0_unit) + h * V::lanes * 2);
+      // MXFP4: 2^(e - 127) from the exponent byte's bits (e = 0, 2^-127, reads as 0); the table's
+      // doubling is undone with the activation scale below.
+      typename V::vf dw;
+      if constexpr (Fp4) dw = V::as_f(V::template slli32<23>(V::cvt_u8_i32(panel + block_scales(b, q4_0_unit) + h * V::lanes)));
+      else dw = V::load_f16(panel + block_scales(b, q4_0_unit) + h * V::lanes * 2);
       const std::byte* u = panel + block_codes(b, q4_0_unit) + h * V::lanes * 4;
       if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + block_scales(b, q4_0_unit), pair_bytes(q4_0_unit));
       // Small row tiles are latency-bound: they run low and high nibbles as two chains of dot
@@ -335,13 +347,14 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
       // their value) with their sum shifted back at the end. Large tiles have parallelism to spare and
       // spend one shift per weight vector instead of two operations per row.
       constexpr bool split = MR <= 2;
-      constexpr bool in_place = split && V::full_u8_dot;
+      constexpr bool in_place = split && V::full_u8_dot && !Fp4;
       typename V::vi acc[MR], acc_hi[MR];
       for (int i = 0; i < MR; ++i) acc[i] = acc_hi[i] = V::zero_i();
       for (int g = 0; g < 4; ++g) {
         const typename V::vi v = V::load_i(u + g * 64);
-        const typename V::vi lo = V::and_i(v, low4);
-        const typename V::vi hi = in_place ? V::and_i(v, high4) : V::and_i(V::template srli16<4>(v), low4);
+        typename V::vi lo = V::and_i(v, low4);
+        typename V::vi hi = in_place ? V::and_i(v, high4) : V::and_i(V::template srli16<4>(v), low4);
+        if constexpr (Fp4) lo = V::shuffle_i8(lut, lo), hi = V::shuffle_i8(lut, hi);
         for (int i = 0; i < MR; ++i) {
           acc[i] = V::dot_u8s8(acc[i], lo, V::bcast4(x[i].q + 32 * b + 4 * g));
           typename V::vi& target = split ? acc_hi[i] : acc[i];
@@ -356,7 +369,7 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
           dot = V::add_i32(dot, acc_hi[i]);
         }
         const typename V::vi c = V::sub_i32(dot, V::set1_i32(x[i].s[b]));
-        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x[i].d[b])), f[i]);
+        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(Fp4 ? 0.5f * x[i].d[b] : x[i].d[b])), f[i]);
       }
     }
     for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
@@ -522,6 +535,10 @@ void quant_compute(const gemm_args& a, Tile&& tile) {
 template <class V, int MR>
 void compute_q4_0(const gemm_args& a) {
   quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q4_0_tile<V, R>(a, p, m); });
+}
+template <class V, int MR>
+void compute_mxfp4(const gemm_args& a) {
+  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q4_0_tile<V, R, true>(a, p, m); });
 }
 template <class V, int MR>
 void compute_q8_0(const gemm_args& a) {

@@ -211,6 +211,37 @@ void compute_q4_0(const gemm_args& a) {
   }
 }
 
+// MXFP4: q4_0's walk with the E2M1 codes (doubled, as ggml keeps them) read through a table and each
+// block's scale 2^(e - 128) (the doubling undone); the activations' sums are not used.
+void compute_mxfp4(const gemm_args& a) {
+  static constexpr int e2m1_doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  const std::int64_t blocks = a.w->cols / 32;
+  for (std::int64_t p = a.p0; p < a.p1; ++p) {
+    const std::byte* panel = a.w->panel(p);
+    for (std::int64_t m = a.m0; m < a.m1; ++m) {
+      const act_row x = acts32(a, m);
+      float acc[panel_rows] = {};
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const std::byte* scales = panel + block_scales(b, q4_0_unit);
+        const std::byte* u = panel + block_codes(b, q4_0_unit);
+        const std::int8_t* xq = x.q + 32 * b;
+        for (int r = 0; r < panel_rows; ++r) {
+          int dot = 0;
+          for (int g = 0; g < 4; ++g) {
+            for (int t = 0; t < 4; ++t) {
+              const int v = u8_at(u, (g * panel_rows + r) * 4 + t);
+              dot += e2m1_doubled[v & 15] * xq[4 * g + t] + e2m1_doubled[v >> 4] * xq[16 + 4 * g + t];
+            }
+          }
+          const auto d = static_cast<float>(std::ldexp(1.0, static_cast<int>(u8_at(scales, static_cast<std::size_t>(r))) - 128));
+          acc[r] += d * x.d[b] * static_cast<float>(dot);
+        }
+      }
+      store(a, m, p, acc);
+    }
+  }
+}
+
 void compute_q4_k(const gemm_args& a) {
   const std::int64_t blocks = a.w->cols / 256;
   for (std::int64_t p = a.p0; p < a.p1; ++p) {
@@ -287,6 +318,7 @@ const kernel_table& scalar_kernels() {
       .q4_0 = {bytes32, prepare_q8_32<8>, compute_q4_0},
       .q4_k = {bytes256, prepare_q4_k, compute_q4_k},
       .q6_k = {bytes256, prepare_q6_k, compute_q6_k},
+      .mxfp4 = {bytes32, prepare_q8_32<0>, compute_mxfp4},
   };
   return t;
 }

@@ -333,10 +333,12 @@ TEST(matmul, a_batch_equals_its_products_one_by_one) {
   }
 }
 
-// MXFP4 runs as the q8_0 kernel over an exact rewrite of its blocks: the rewrite decodes to the same
-// values, the packed product equals q8_0's over those blocks bit for bit, and the packed bytes are
-// q8_0's (2x the stored MXFP4); a scale f16 cannot hold falls back to an f32 decode, still exact.
-TEST(matmul, mxfp4_runs_as_an_exact_q8_0_rewrite) {
+// MXFP4 is packed as stored (q4_0's panel layout, its E8M0 exponents for scales, 4.5 bits a weight) and
+// its kernel reads the E2M1 codes through a table: the product equals the q8_0 kernel's over the exact
+// q8_0 rewrite of the same blocks bit for bit (the same integer dots, the same power-of-two scales), at
+// every isa level, in q4_0's bytes (half of q8_0's). Scales f16 cannot hold are as exact: every block's
+// exponent raised by 72 multiplies the product by exactly 2^72.
+TEST(matmul, mxfp4_is_packed_as_stored_and_equals_its_q8_0_rewrite) {
   std::mt19937 rng(5);
   constexpr std::int64_t n = 40, k = 256;
   const weights w = make_weights(dtype::mxfp4, n, k, rng);
@@ -346,26 +348,32 @@ TEST(matmul, mxfp4_runs_as_an_exact_q8_0_rewrite) {
   ASSERT_TRUE(dequantize_row(dtype::mxfp4, w.stored.data(), a.data(), n * k).has_value());
   ASSERT_TRUE(dequantize_row(dtype::q8_0, q8.data(), b.data(), n * k).has_value());
   EXPECT_EQ(a, b);
+  std::vector<std::byte> big(w.stored.begin(), w.stored.end());
+  for (std::int64_t blk = 0; blk < n * k / 32; ++blk) big[static_cast<std::size_t>(blk * 17)] = std::byte{static_cast<std::uint8_t>(std::to_integer<int>(big[static_cast<std::size_t>(blk * 17)]) + 72)};
+  EXPECT_FALSE(mxfp4_as_q8_0(big.data(), q8.data(), n * k / 32)) << "2^72 is no f16 scale";
+  ASSERT_TRUE(mxfp4_as_q8_0(w.stored.data(), q8.data(), n * k / 32));
   auto pm = packed_matrix::pack(w.view());
   auto pq = packed_matrix::pack(tensor_view(dtype::q8_0, shape{n, k}, q8.data()));
-  ASSERT_TRUE(pm && pq);
-  EXPECT_EQ(pm->type(), dtype::q8_0);
-  EXPECT_EQ(pm->bytes(), pq->bytes());
+  auto pb = packed_matrix::pack(tensor_view(dtype::mxfp4, shape{n, k}, big.data()));
+  const weights q4 = make_weights(dtype::q4_0, n, k, rng);
+  auto p4 = packed_matrix::pack(q4.view());
+  ASSERT_TRUE(pm && pq && pb && p4);
+  EXPECT_EQ(pm->type(), dtype::mxfp4);
+  EXPECT_EQ(pm->bytes(), p4->bytes());
+  EXPECT_LT(pm->bytes() * 100, pq->bytes() * 55);  // 4.5 bits a weight against q8_0's 8.5
   for (const isa level : all_levels) {
     if (!usable(level)) continue;
-    const std::vector<float> x = make_activations(3, k, k, rng);
-    std::vector<float> y1(static_cast<std::size_t>(3 * n)), y2(y1.size());
-    matmul(*pm, x.data(), k, 3, y1.data(), n, shared_pool(), level);
-    matmul(*pq, x.data(), k, 3, y2.data(), n, shared_pool(), level);
-    EXPECT_EQ(y1, y2) << isa_name(level);
+    for (const std::int64_t m : {1, 3, 9}) {
+      const std::vector<float> x = make_activations(m, k, k, rng);
+      std::vector<float> y1(static_cast<std::size_t>(m * n)), y2(y1.size()), y3(y1.size());
+      matmul(*pm, x.data(), k, m, y1.data(), n, shared_pool(), level);
+      matmul(*pq, x.data(), k, m, y2.data(), n, shared_pool(), level);
+      matmul(*pb, x.data(), k, m, y3.data(), n, shared_pool(), level);
+      EXPECT_EQ(y1, y2) << isa_name(level) << " m=" << m;
+      for (auto& v : y1) v = std::ldexp(v, 72);
+      EXPECT_EQ(y1, y3) << isa_name(level) << " m=" << m;
+    }
   }
-  // A block scaled 2^72: outside f16, so the rewrite refuses and the weight runs decoded to f32.
-  std::vector<std::byte> big(w.stored.begin(), w.stored.end());
-  big[0] = std::byte{200};
-  EXPECT_FALSE(mxfp4_as_q8_0(big.data(), q8.data(), n * k / 32));
-  auto pf = packed_matrix::pack(tensor_view(dtype::mxfp4, shape{n, k}, big.data()));
-  ASSERT_TRUE(pf);
-  EXPECT_EQ(pf->type(), dtype::f32);
 }
 
 TEST(matmul, zero_k_gives_zeros) {

@@ -1,0 +1,90 @@
+// The KV cache and attention: scatter_rows (state writes) and attention over a KV map.
+#include "engine/exec/cpu/lowering/lower.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace troupe::exec::cpu::lowering {
+
+instr lower_attention(lower_ctx& c) {
+  TROUPE_CPU_LOWERING_LOCALS(c);
+  switch (e.code) {
+    case op::scatter_rows: {
+      const auto& dt = T(e.inputs[0]);
+      const auto* dst = P(e.inputs[0]);
+      const auto* ids = P(e.inputs[1]);
+      const auto* src = P(e.inputs[2]);
+      const auto id_type = T(e.inputs[1]).type;
+      const std::int64_t count = T(e.inputs[1]).dims.numel(), R = dt.dims[0];
+      const std::size_t total = *storage_bytes(dt.type, static_cast<std::uint64_t>(dt.dims.numel()));
+      const std::size_t row_bytes = R ? total / static_cast<std::size_t>(R) : 0;
+      const bool in_place = dst == out;
+      std::vector<char> seen(static_cast<std::size_t>(R), 0);
+      return [=]() mutable -> std::optional<exec_error> {
+        // Check every id before writing, so a refused step leaves the state as it was.
+        std::fill(seen.begin(), seen.end(), 0);
+        for (std::int64_t j = 0; j < count; ++j) {
+          const double id = load_any(id_type, ids, j);
+          if (id < 0) continue;
+          if (id >= static_cast<double>(R))
+            return fail(exec_error_code::index_out_of_range, where, "slot " + std::to_string(static_cast<std::int64_t>(id)) + " outside [0, " + std::to_string(R) + ")");
+          if (seen[static_cast<std::size_t>(id)]++)
+            return fail(exec_error_code::index_out_of_range, where, "slot " + std::to_string(static_cast<std::int64_t>(id)) + " written twice");
+        }
+        if (!in_place) std::memcpy(out, dst, total);
+        for (std::int64_t j = 0; j < count; ++j) {
+          const double id = load_any(id_type, ids, j);
+          if (id >= 0) std::memcpy(out + static_cast<std::int64_t>(id) * row_bytes, src + j * row_bytes, row_bytes);
+        }
+        return std::nullopt;
+      };
+    }
+    case op::attention: {
+      attention_args a;
+      a.q = reinterpret_cast<const float*>(P(e.inputs[0]));
+      a.k = reinterpret_cast<const float*>(P(e.inputs[1]));
+      a.v = reinterpret_cast<const float*>(P(e.inputs[2]));
+      a.out = reinterpret_cast<float*>(out);
+      const auto& qs = T(e.inputs[0]).dims;
+      const auto& ks = T(e.inputs[1]).dims;
+      const auto& ms = T(e.inputs[4]).dims;
+      a.Hq = qs[1];
+      a.D = qs[2];
+      a.Hkv = ks[1];
+      a.Dv = ot.dims[2];
+      a.Vw = T(e.inputs[2]).dims[2];
+      a.R = ms[0];
+      a.T = ms[1];
+      a.C = ms[2];
+      a.scale = static_cast<float>(e.attrs.scale);
+      a.softcap = static_cast<float>(e.attrs.softcap);
+      const std::int64_t S = ks[0];
+      const auto* index = P(e.inputs[3]);
+      const auto index_type = T(e.inputs[3]).type;
+      a.allow = reinterpret_cast<const std::uint8_t*>(P(e.inputs[4]));
+      if (e.inputs.size() > 5) a.sinks = reinterpret_cast<const float*>(P(e.inputs[5]));
+      std::vector<std::int32_t> ix(static_cast<std::size_t>(a.R * a.C));
+      return [=]() mutable -> std::optional<exec_error> {
+        // An index is checked where some query may read it; elsewhere it is replaced by row 0.
+        for (std::int64_t r = 0; r < a.R; ++r)
+          for (std::int64_t c = 0; c < a.C; ++c) {
+            const double v = load_any(index_type, index, r * a.C + c);
+            bool used = false;
+            for (std::int64_t t = 0; t < a.T && !used; ++t) used = a.allow[(r * a.T + t) * a.C + c] != 0;
+            if (used && (v < 0 || v >= static_cast<double>(S)))
+              return fail(exec_error_code::index_out_of_range, where, "kv row " + std::to_string(static_cast<std::int64_t>(v)) + " outside [0, " + std::to_string(S) + ")");
+            ix[static_cast<std::size_t>(r * a.C + c)] = used ? static_cast<std::int32_t>(v) : 0;
+          }
+        attention_args b = a;
+        b.index = ix.data();
+        attention(b, *pool_ptr, lv);
+        return std::nullopt;
+      };
+    }
+    default: break;
+  }
+  err = exec_error{exec_error_code::unsupported, where, "no CPU lowering"};
+  return nullptr;
+}
+
+}  // namespace troupe::exec::cpu::lowering

@@ -1,0 +1,138 @@
+// Elementwise: unary and binary arithmetic, comparisons, where, cast (the fused residual and gated epilogues of a linear start here).
+#include "engine/exec/cpu/lowering/lower.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace troupe::exec::cpu::lowering {
+
+instr lower_elementwise(lower_ctx& c) {
+  TROUPE_CPU_LOWERING_LOCALS(c);
+  auto lower_linear = [&c](const graph::equation& le, float* y, const float* r) { return lower_linear_into(c, le, y, r); };
+  switch (e.code) {
+    case op::neg: case op::abs: case op::exp: case op::log: case op::sqrt: case op::rsqrt: case op::recip: case op::tanh:
+    case op::erf: case op::sigmoid: case op::silu: case op::gelu_tanh: {
+      const auto* x = P(e.inputs[0]);
+      if (ot.type == dtype::f32) {
+        const auto k = to_unary(e.code);
+        return [=]() -> std::optional<exec_error> {
+          unary(k, reinterpret_cast<const float*>(x), n, reinterpret_cast<float*>(out), lv);
+          return std::nullopt;
+        };
+      }
+      const auto code = e.code;
+      const auto t = ot.type;
+      return [=]() -> std::optional<exec_error> {
+        for (std::int64_t j = 0; j < n; ++j) {
+          const double v = load_any(t, x, j);
+          store_element(t, out, j, code == op::neg ? -v : std::fabs(v));
+        }
+        return std::nullopt;
+      };
+    }
+    case op::add: case op::sub: case op::mul: case op::div: case op::maximum: case op::minimum: case op::pow:
+    case op::equal: case op::less: case op::less_equal: case op::greater: {
+      const auto& at = T(e.inputs[0]);
+      const auto& bt = T(e.inputs[1]);
+      if (residual_of[i] >= 0) {
+        const auto side = static_cast<std::size_t>(residual_of[i]);
+        const auto& le = g.equations()[static_cast<std::size_t>(en.tp.residual_linear[i])];
+        return lower_linear(le, reinterpret_cast<float*>(out), reinterpret_cast<const float*>(P(e.inputs[1 - side])));
+      }
+      // A gated feed-forward's middle: act(g) * u in one pass.
+      if (gated_of[i] >= 0) {
+        const auto& ae = g.equations()[static_cast<std::size_t>(gated_of[i])];
+        const auto* gp = reinterpret_cast<const float*>(P(ae.inputs[0]));
+        const auto* up = reinterpret_cast<const float*>(P(e.inputs[0] == ae.out ? e.inputs[1] : e.inputs[0]));
+        const auto k = to_unary(ae.code);
+        return [=]() -> std::optional<exec_error> {
+          gated(k, gp, up, n, reinterpret_cast<float*>(out), lv);
+          return std::nullopt;
+        };
+      }
+      const auto* a = P(e.inputs[0]);
+      const auto* b = P(e.inputs[1]);
+      const auto code = e.code;
+      if (at.type == dtype::f32 && ot.type == dtype::f32 && code != op::pow) {
+        const auto* fa = reinterpret_cast<const float*>(a);
+        const auto* fb = reinterpret_cast<const float*>(b);
+        auto* fo = reinterpret_cast<float*>(out);
+        if (at.dims == ot.dims && bt.dims == ot.dims)
+          return [=]() -> std::optional<exec_error> {
+            for (std::int64_t j = 0; j < n; ++j) fo[j] = apply_binary(code, fa[j], fb[j]);
+            return std::nullopt;
+          };
+        if (at.dims == ot.dims && bt.dims.numel() == 1)
+          return [=]() -> std::optional<exec_error> {
+            const float s = fb[0];
+            for (std::int64_t j = 0; j < n; ++j) fo[j] = apply_binary(code, fa[j], s);
+            return std::nullopt;
+          };
+        if (at.dims == ot.dims && bt.dims.rank() >= 1 && ot.dims.rank() >= 1 && bt.dims.numel() == ot.dims.back() &&
+            bt.dims.back() == ot.dims.back()) {
+          const std::int64_t row = ot.dims.back();
+          return [=]() -> std::optional<exec_error> {
+            for (std::int64_t r = 0; r < n / std::max<std::int64_t>(row, 1); ++r)
+              for (std::int64_t j = 0; j < row; ++j) fo[r * row + j] = apply_binary(code, fa[r * row + j], fb[j]);
+            return std::nullopt;
+          };
+        }
+      }
+      const std::array<std::vector<std::int64_t>, 2> st = {broadcast_strides(at.dims, ot.dims), broadcast_strides(bt.dims, ot.dims)};
+      const auto ta = at.type, tout = ot.type;
+      const auto odims = ot.dims;
+      return [=]() -> std::optional<exec_error> {
+        std::optional<exec_error> bad;
+        for_each_broadcast<2>(odims, st, [&](std::int64_t j, const std::array<std::int64_t, 2>& off) {
+          const double x = load_any(ta, a, off[0]), y = load_any(ta, b, off[1]);
+          double r;
+          switch (code) {
+            case op::equal: r = x == y; break;
+            case op::less: r = x < y; break;
+            case op::less_equal: r = x <= y; break;
+            case op::greater: r = x > y; break;
+            case op::pow: r = std::pow(x, y); break;
+            case op::div:
+              if (is_integer(ta)) {
+                if (y == 0) { bad = exec_error{exec_error_code::index_out_of_range, where, "integer division by zero"}; r = 0; break; }
+                r = std::trunc(x / y);
+              } else {
+                r = x / y;
+              }
+              break;
+            default: r = apply_binary(code, x, y);
+          }
+          store_element(tout, out, j, r);
+        });
+        return bad;
+      };
+    }
+    case op::where: {
+      const std::array<std::vector<std::int64_t>, 3> st = {broadcast_strides(T(e.inputs[0]).dims, ot.dims),
+                                                           broadcast_strides(T(e.inputs[1]).dims, ot.dims),
+                                                           broadcast_strides(T(e.inputs[2]).dims, ot.dims)};
+      const auto *c = P(e.inputs[0]), *a = P(e.inputs[1]), *b = P(e.inputs[2]);
+      const auto t = ot.type;
+      const auto odims = ot.dims;
+      return [=]() -> std::optional<exec_error> {
+        for_each_broadcast<3>(odims, st, [&](std::int64_t j, const std::array<std::int64_t, 3>& off) {
+          store_element(t, out, j, c[off[0]] != std::byte{0} ? load_any(t, a, off[1]) : load_any(t, b, off[2]));
+        });
+        return std::nullopt;
+      };
+    }
+    case op::cast: {
+      const auto* x = P(e.inputs[0]);
+      const auto from = T(e.inputs[0]).type, to = ot.type;
+      return [=]() -> std::optional<exec_error> {
+        for (std::int64_t j = 0; j < n; ++j) store_element(to, out, j, load_any(from, x, j));
+        return std::nullopt;
+      };
+    }
+    default: break;
+  }
+  err = exec_error{exec_error_code::unsupported, where, "no CPU lowering"};
+  return nullptr;
+}
+
+}  // namespace troupe::exec::cpu::lowering

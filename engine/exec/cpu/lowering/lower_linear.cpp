@@ -1,0 +1,105 @@
+// Products over weights: matmul, linear (packed, with the residual epilogue) and the embedding lookup.
+#include "engine/exec/cpu/lowering/lower.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace troupe::exec::cpu::lowering {
+
+instr lower_linear_into(lower_ctx& c, const graph::equation& le, float* y, const float* r) {
+  TROUPE_CPU_LOWERING_LOCALS(c);
+  const auto wv = le.inputs[1];
+  const auto& wt = T(wv);
+  const packed_matrix* pm = nullptr;
+  const auto wb = std::find_if(g.weights().begin(), g.weights().end(), [&](const auto& w) { return w.value == wv; });
+  auto pack = [&](const tensor_view& view) -> std::optional<packed_matrix> {
+    auto pk = packed_matrix::pack(view);
+    if (!pk) {
+      err = exec_error{exec_error_code::unsupported, where, "cannot pack the weight: " + pk.error()};
+      return std::nullopt;
+    }
+    return std::move(*pk);
+  };
+  if (wb != g.weights().end()) {
+    const auto key = wb->role.str();
+    auto it = ex.packed.find(key);
+    if (it == ex.packed.end()) {
+      auto pk = pack(*ex.weights->find(wb->role));
+      if (!pk) return nullptr;
+      it = ex.packed.emplace(key, std::move(*pk)).first;
+    }
+    pm = &it->second;
+  } else if (en.tp.pruned.constant[wv.index]) {
+    auto pk = pack(tensor_view(wt.type, wt.dims, P(wv)));
+    if (!pk) return nullptr;
+    en.own_packed.push_back(std::move(*pk));
+    pm = &en.own_packed.back();
+  } else {
+    err = exec_error{exec_error_code::unsupported, where, "a linear weight must be known at prepare"};
+    return nullptr;
+  }
+  const std::int64_t K = wt.dims[1], N = wt.dims[0];
+  const std::int64_t M = K == 0 ? 0 : T(le.inputs[0]).dims.numel() / K;
+  const auto* x = reinterpret_cast<const float*>(P(le.inputs[0]));
+  return [=]() -> std::optional<exec_error> {
+    matmul(*pm, x, K, M, y, N, *pool_ptr, lv, r, N);
+    return std::nullopt;
+  };
+}
+
+instr lower_linear(lower_ctx& c) {
+  TROUPE_CPU_LOWERING_LOCALS(c);
+  auto lower_linear = [&c](const graph::equation& le, float* y, const float* r) { return lower_linear_into(c, le, y, r); };
+  switch (e.code) {
+    case op::matmul: {
+      const auto& as = T(e.inputs[0]).dims;
+      const auto& bs = T(e.inputs[1]).dims;
+      const std::int64_t M = as[as.rank() - 2], K = as.back(), N = bs.back();
+      const std::int64_t batch = n / std::max<std::int64_t>(M * N, 1);
+      const auto* a = reinterpret_cast<const float*>(P(e.inputs[0]));
+      const auto* b = reinterpret_cast<const float*>(P(e.inputs[1]));
+      auto* y = reinterpret_cast<float*>(out);
+      return [=]() -> std::optional<exec_error> {
+        for (std::int64_t z = 0; z < batch; ++z)
+          for (std::int64_t r = 0; r < M; ++r)
+            for (std::int64_t c = 0; c < N; ++c) {
+              float s = 0;
+              for (std::int64_t k = 0; k < K; ++k) s += a[(z * M + r) * K + k] * b[(z * K + k) * N + c];
+              y[(z * M + r) * N + c] = s;
+            }
+        return std::nullopt;
+      };
+    }
+    case op::linear:
+      return lower_linear(e, reinterpret_cast<float*>(out), nullptr);
+    case op::gather_rows: {
+      const auto& tt = T(e.inputs[0]);
+      const tensor_view table(tt.type, tt.dims, P(e.inputs[0]));
+      const auto* ids = P(e.inputs[1]);
+      const auto id_type = T(e.inputs[1]).type;
+      const std::int64_t count = T(e.inputs[1]).dims.numel(), R = tt.dims[0];
+      const std::size_t row_bytes = table.row_bytes();
+      const bool plain = ot.type == tt.type;
+      std::vector<std::int32_t> scratch(static_cast<std::size_t>(count));
+      return [=]() mutable -> std::optional<exec_error> {
+        for (std::int64_t j = 0; j < count; ++j) {
+          const double id = load_any(id_type, ids, j);
+          if (id < 0 || id >= static_cast<double>(R))
+            return fail(exec_error_code::index_out_of_range, where, "row " + std::to_string(static_cast<std::int64_t>(id)) + " outside [0, " + std::to_string(R) + ")");
+          scratch[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(id);
+        }
+        if (plain) {
+          for (std::int64_t j = 0; j < count; ++j) std::memcpy(out + j * row_bytes, table.data() + scratch[j] * row_bytes, row_bytes);
+        } else {
+          cpu::gather_rows(table, scratch.data(), count, reinterpret_cast<float*>(out));
+        }
+        return std::nullopt;
+      };
+    }
+    default: break;
+  }
+  err = exec_error{exec_error_code::unsupported, where, "no CPU lowering"};
+  return nullptr;
+}
+
+}  // namespace troupe::exec::cpu::lowering

@@ -6,6 +6,65 @@
 
 namespace troupe::exec {
 
+lowering_family lowering_family_of(graph::op code) {
+  using graph::op;
+  using enum lowering_family;
+  switch (code) {
+    case op::reduce_sum:
+    case op::reduce_max:
+    case op::reduce_mean:
+    case op::arg_max:
+    case op::softmax:
+    case op::log_softmax: return reduce;
+    case op::reshape:
+    case op::transpose:
+    case op::slice:
+    case op::concat:
+    case op::broadcast: return movement;
+    case op::matmul:
+    case op::linear:
+    case op::gather_rows: return linear;
+    case op::top_k:
+    case op::take_along:
+    case op::linear_id: return moe;
+    case op::all_reduce:
+    case op::all_gather:
+    case op::pipe_send:
+    case op::pipe_recv: return collective;
+    case op::rms_norm:
+    case op::layer_norm:
+    case op::rope: return norm_rope;
+    case op::scatter_rows:
+    case op::attention: return attention;
+    case op::neg:
+    case op::abs:
+    case op::exp:
+    case op::log:
+    case op::sqrt:
+    case op::rsqrt:
+    case op::recip:
+    case op::tanh:
+    case op::erf:
+    case op::sigmoid:
+    case op::silu:
+    case op::gelu_tanh:
+    case op::add:
+    case op::sub:
+    case op::mul:
+    case op::div:
+    case op::maximum:
+    case op::minimum:
+    case op::pow:
+    case op::equal:
+    case op::less:
+    case op::less_equal:
+    case op::greater:
+    case op::where:
+    case op::cast: return elementwise;
+  }
+  return elementwise;  // not reached: the switch names every op, and -Wswitch holds it so
+}
+
 bool computable_type(dtype t) { return t == dtype::f32 || t == dtype::i32 || t == dtype::i64 || t == dtype::boolean; }
 
 std::optional<exec_error> check_value_types(const graph::graph& g, const std::vector<bool>& runs, std::string_view target) {
@@ -51,6 +110,25 @@ std::optional<exec_error> check_witnesses(const graph::graph& g, const std::func
     if (auto why = graph::witness_fails(w, t.type, p, n)) return exec_error{exec_error_code::invalid_witness, "witness " + w.output, *why};
   }
   return std::nullopt;
+}
+
+attention_geometry attention_geometry_of(const graph::graph& g, const graph::equation& e) {
+  const auto& qs = g.info(e.inputs[0]).type.dims;
+  const auto& ks = g.info(e.inputs[1]).type.dims;
+  const auto& ms = g.info(e.inputs[4]).type.dims;
+  attention_geometry a;
+  a.Hq = qs[1];
+  a.D = qs[2];
+  a.Hkv = ks[1];
+  a.S = ks[0];
+  a.Dv = g.info(e.out).type.dims[2];
+  a.Vw = g.info(e.inputs[2]).type.dims[2];
+  a.R = ms[0];
+  a.T = ms[1];
+  a.C = ms[2];
+  a.scale = static_cast<float>(e.attrs.scale);
+  a.softcap = static_cast<float>(e.attrs.softcap);
+  return a;
 }
 
 std::vector<std::int64_t> broadcast_strides(const troupe::shape& in, const troupe::shape& out) {

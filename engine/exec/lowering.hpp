@@ -27,6 +27,20 @@ std::optional<exec_error> check_slots(const graph::graph& g, const step_inputs& 
 // invalid_witness error naming it. Run after a step's program and before any output is read back.
 std::optional<exec_error> check_witnesses(const graph::graph& g, const std::function<const std::byte*(graph::value_id)>& bytes_of);
 
+// The operand geometry of op::attention (engine/graph/ops.hpp), as every target's kernel takes it: q
+// [R T, Hq, D], keys [S, Hkv, D], value rows Vw wide of which the first Dv are the values, a KV map
+// [R, C], an allow mask [R, T, C].
+struct attention_geometry {
+  std::int64_t Hq = 0, D = 0, Hkv = 0, S = 0, Dv = 0, Vw = 0, R = 0, T = 0, C = 0;
+  float scale = 1.0f, softcap = 0.0f;
+};
+attention_geometry attention_geometry_of(const graph::graph& g, const graph::equation& e);
+
+// The lowering file each op belongs to (engine/exec/<target>/lowering/lower_<family>.cpp): every
+// target dispatches an equation by this, so an op added to the graph is classified in one place.
+enum class lowering_family { elementwise, reduce, movement, linear, moe, collective, norm_rope, attention };
+lowering_family lowering_family_of(graph::op code);
+
 // Element strides of `in` over the output shape `out` under NumPy broadcasting (0 where broadcast).
 std::vector<std::int64_t> broadcast_strides(const troupe::shape& in, const troupe::shape& out);
 // Row-major element strides of `s`.

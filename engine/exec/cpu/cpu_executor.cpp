@@ -170,58 +170,16 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
                                     const std::vector<std::int64_t>& residual_of, const std::vector<std::int64_t>& gated_of,
                                     std::optional<exec_error>& err) {
   lowering::lower_ctx c{en, ex, i, residual_of, gated_of, err, level, &pool, opt};
-  switch (en.g.equations()[i].code) {
-    case op::neg:
-    case op::abs:
-    case op::exp:
-    case op::log:
-    case op::sqrt:
-    case op::rsqrt:
-    case op::recip:
-    case op::tanh:
-    case op::erf:
-    case op::sigmoid:
-    case op::silu:
-    case op::gelu_tanh:
-    case op::add:
-    case op::sub:
-    case op::mul:
-    case op::div:
-    case op::maximum:
-    case op::minimum:
-    case op::pow:
-    case op::equal:
-    case op::less:
-    case op::less_equal:
-    case op::greater:
-    case op::where:
-    case op::cast: return lowering::lower_elementwise(c);
-    case op::reduce_sum:
-    case op::reduce_max:
-    case op::reduce_mean:
-    case op::arg_max:
-    case op::softmax:
-    case op::log_softmax: return lowering::lower_reduce(c);
-    case op::reshape:
-    case op::transpose:
-    case op::slice:
-    case op::concat:
-    case op::broadcast: return lowering::lower_movement(c);
-    case op::matmul:
-    case op::linear:
-    case op::gather_rows: return lowering::lower_linear(c);
-    case op::top_k:
-    case op::take_along:
-    case op::linear_id: return lowering::lower_moe(c);
-    case op::all_reduce:
-    case op::all_gather:
-    case op::pipe_send:
-    case op::pipe_recv: return lowering::lower_collective(c);
-    case op::rms_norm:
-    case op::layer_norm:
-    case op::rope: return lowering::lower_norm_rope(c);
-    case op::scatter_rows:
-    case op::attention: return lowering::lower_attention(c);
+  switch (lowering_family_of(en.g.equations()[i].code)) {
+    using enum lowering_family;
+    case elementwise: return lowering::lower_elementwise(c);
+    case reduce: return lowering::lower_reduce(c);
+    case movement: return lowering::lower_movement(c);
+    case linear: return lowering::lower_linear(c);
+    case moe: return lowering::lower_moe(c);
+    case collective: return lowering::lower_collective(c);
+    case norm_rope: return lowering::lower_norm_rope(c);
+    case attention: return lowering::lower_attention(c);
   }
   err = exec_error{exec_error_code::unsupported, "eqn " + std::to_string(i), "no CPU lowering"};
   return nullptr;

@@ -22,10 +22,10 @@ result<placement::requirements, std::string> requirements_of(const families::mod
     if (e.role.layer >= 0) {
       per_layer[e.role.layer] += bytes;
       // Routed experts, stacked [E, ...] (biases [E, F] included): expert parallelism splits them whole.
-      if (e.role.name.find("_exps") != std::string::npos) expert_per_layer[e.role.layer] += bytes;
-    } else if (e.role.name == "token_embd") embedding += bytes;
-    else if (e.role.name == "output") tied = false, r.head_bytes += bytes;
-    else if (e.role.name == "output_norm") r.head_bytes += bytes;
+      if (graph::is_expert_stack(e.role.kind)) expert_per_layer[e.role.layer] += bytes;
+    } else if (e.role.kind == graph::tensor_role::token_embd) embedding += bytes;
+    else if (e.role.kind == graph::tensor_role::output) tied = false, r.head_bytes += bytes;
+    else if (e.role.kind == graph::tensor_role::output_norm) r.head_bytes += bytes;
     else r.embedding_bytes += bytes;  // rope tables and the like: with the first stage
   }
   r.embedding_bytes += embedding;

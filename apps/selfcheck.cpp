@@ -68,7 +68,7 @@ tensor quantized(const tensor& t, dtype to) {
 class store_source final : public eval::const_source {
  public:
   explicit store_source(const load::weight_store& s) : store_(s) {}
-  std::optional<tensor_view> find(const graph::weight_role& role) const override { return store_.find(role.name + ".weight"); }
+  std::optional<tensor_view> find(const graph::weight_role& role) const override { return store_.find(std::string(graph::role_name(role.kind)) + ".weight"); }
 
  private:
   const load::weight_store& store_;
@@ -77,17 +77,17 @@ class store_source final : public eval::const_source {
 result<graph::graph, graph::trace_error> trace(const load::weight_store& store, std::int64_t tokens) {
   graph::builder b;
   b.admit_tokens(tokens);
-  auto weight = [&](const char* role) {
-    const auto v = store.find(std::string(role) + ".weight");
+  auto weight = [&](graph::tensor_role role) {
+    const auto v = store.find(std::string(graph::role_name(role)) + ".weight");
     return b.weight({role}, v ? graph::tensor_type{v->type(), v->shape()} : graph::tensor_type{});
   };
   const auto ids = b.slot(graph::slot_kind::token_ids, {dtype::i32, {tokens}});
-  auto x = b.gather_rows(weight("token_embd"), ids);
+  auto x = b.gather_rows(weight(graph::tensor_role::token_embd), ids);
   if (b.type_of(x).type != dtype::f32) x = b.cast(x, dtype::f32);  // the residual stream is f32
-  const auto n = b.rms_norm(x, weight("ffn_norm"), 1e-5);
-  const auto gate = b.unary(graph::op::silu, b.linear(n, weight("ffn_gate")));
-  const auto h = b.add(x, b.linear(b.mul(gate, b.linear(n, weight("ffn_up"))), weight("ffn_down")));
-  const auto logits = b.linear(b.rms_norm(h, weight("output_norm"), 1e-5), weight("output"));
+  const auto n = b.rms_norm(x, weight(graph::tensor_role::ffn_norm), 1e-5);
+  const auto gate = b.unary(graph::op::silu, b.linear(n, weight(graph::tensor_role::ffn_gate)));
+  const auto h = b.add(x, b.linear(b.mul(gate, b.linear(n, weight(graph::tensor_role::ffn_up))), weight(graph::tensor_role::ffn_down)));
+  const auto logits = b.linear(b.rms_norm(h, weight(graph::tensor_role::output_norm), 1e-5), weight(graph::tensor_role::output));
   b.output("logits", logits);
   b.output("next", b.arg_max(logits));
   return std::move(b).finish();

@@ -117,13 +117,13 @@ result<std::unique_ptr<model>, model_error> model::stage(int, int) const {
 weight_footprint footprint(const model& m) {
   weight_footprint f;
   const auto& c = m.config();
-  const bool own_head = m.weights().has({"output", -1});
+  const bool own_head = m.weights().has({role::output, -1});
   for (const auto& e : m.weights().entries()) {
     const double n = static_cast<double>(e.view.numel()), b = static_cast<double>(e.view.bytes());
-    const bool routed = e.role.name.ends_with("_exps") && c.experts > 0;
+    const bool routed = graph::is_expert_stack(e.role.kind) && c.experts > 0;
     double share = routed ? static_cast<double>(c.experts_per_token) / static_cast<double>(c.experts) : 1.0;
     // A token reads one row of an embedding table that is not also the head.
-    if (e.role.name == "token_embd" && own_head && e.view.shape().rank() == 2 && e.view.shape()[0] > 0)
+    if (e.role.kind == role::token_embd && own_head && e.view.shape().rank() == 2 && e.view.shape()[0] > 0)
       share = 1.0 / static_cast<double>(e.view.shape()[0]);
     f.params += n;
     f.bytes += b;

@@ -30,12 +30,17 @@ enum class stored_as : std::uint8_t {
   rope_interleaved,  // llama.cpp's converter permuted Q/K rows so RoPE rotates adjacent pairs
 };
 
+// Roles by value (engine/graph/weight_roles.hpp): role::attn_q.
+using role = graph::tensor_role;
+using graph::bias_of;
+using graph::role_name;
+
 struct name_rule {
-  std::string role;      // "attn_q"
+  families::role role = families::role::none;  // attn_q
   bool per_layer = true;
   std::string key;       // "model.layers.{L}.self_attn.q_proj.weight"; {L} is the layer
   families::presence presence = families::presence::required;
-  std::string tied_to;   // for presence::tied: the role whose tensor stands in
+  families::role tied_to = families::role::none;  // for presence::tied: the role whose tensor stands in
   stored_as stored = stored_as::as_is;
   // A role stacked from one tensor per expert (HF's ...experts.{E}.gate_proj.weight): `experts` tensors
   // of one type and shape become the role's [experts, ...] view, without a copy when they lie in order
@@ -44,7 +49,7 @@ struct name_rule {
 };
 
 // The shape a role must have (outermost first), or nullopt when the family does not know it ahead.
-using expected_shape_fn = std::function<std::optional<troupe::shape>(const std::string& role, std::int32_t layer)>;
+using expected_shape_fn = std::function<std::optional<troupe::shape>(role r, std::int32_t layer)>;
 
 struct weight_entry {
   graph::weight_role role;

@@ -124,8 +124,8 @@ value_id builder::slot(slot_kind kind, const tensor_type& type, std::string name
 
 value_id builder::weight(const weight_role& role, const tensor_type& type) {
   if (!ok()) return {};
-  if (role.name.empty()) {
-    fail(bad_declaration{"a weight needs a role name"});
+  if (role.kind == tensor_role::none) {
+    fail(bad_declaration{"a weight needs a role"});
     return {};
   }
   for (const auto& w : g_.weights_) {

@@ -22,6 +22,7 @@ std::string_view slot_kind_name(slot_kind k) {
 }
 
 std::string weight_role::str() const {
+  const std::string name{role_name(kind)};
   return layer >= 0 ? "layers." + std::to_string(layer) + "." + name : name;
 }
 
@@ -126,7 +127,7 @@ result<void, verify_error> verify(const graph& g) {
   }
   for (const auto& w : g.weights()) {
     const std::string where = "weight " + w.role.str();
-    if (w.role.name.empty()) return bad(where, "weight without a role");
+    if (w.role.kind == tensor_role::none) return bad(where, "weight without a role");
     if (auto r = define(w.value, value_kind::weight, where); !r) return r;
   }
   for (const auto& l : g.literals()) {

@@ -11,6 +11,7 @@
 
 #include "engine/core/tensor.hpp"
 #include "engine/graph/ops.hpp"
+#include "engine/graph/weight_roles.hpp"
 
 namespace troupe::graph {
 
@@ -37,9 +38,9 @@ struct slot {
   friend bool operator==(const slot&, const slot&) = default;
 };
 
-// A typed weight role: "attn_q" of layer 3, "token_embd" (layer -1: not per layer).
+// A typed weight role: attn_q of layer 3, token_embd (layer -1: not per layer).
 struct weight_role {
-  std::string name;
+  tensor_role kind = tensor_role::none;
   std::int32_t layer = -1;
   std::string str() const;  // "blk.3.attn_q" style: "layers.3.attn_q" or "token_embd"
   friend bool operator==(const weight_role&, const weight_role&) = default;

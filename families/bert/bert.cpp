@@ -23,60 +23,60 @@ enum class variant : std::uint8_t { bert, nomic };
 // parameter names ("weight"/"bias" or the old "gamma"/"beta").
 std::vector<name_rule> name_table(variant v, bool gguf, const std::string& p, const std::string& w, const std::string& bias) {
   std::vector<name_rule> t;
-  auto global = [&](const char* role, std::string key, presence pr = presence::required) { t.push_back({role, false, std::move(key), pr}); };
-  auto layer = [&](const char* role, std::string key, presence pr = presence::required) { t.push_back({role, true, std::move(key), pr}); };
+  auto global = [&](role r, std::string key, presence pr = presence::required) { t.push_back({r, false, std::move(key), pr}); };
+  auto layer = [&](role r, std::string key, presence pr = presence::required) { t.push_back({r, true, std::move(key), pr}); };
   if (gguf) {
-    global("token_embd", "token_embd.weight");
-    global("token_types", "token_types.weight", presence::optional);
-    if (v == variant::bert) global("position_embd", "position_embd.weight");
-    global("token_embd_norm", "token_embd_norm.weight");
-    global("token_embd_norm_bias", "token_embd_norm.bias");
-    for (const char* r : {"attn_q", "attn_k", "attn_v", "attn_qkv"}) {
-      layer(r, std::string("blk.{L}.") + r + ".weight", presence::optional);
-      t.push_back({std::string(r) + "_bias", true, std::string("blk.{L}.") + r + ".bias", presence::optional});
+    global(role::token_embd, "token_embd.weight");
+    global(role::token_types, "token_types.weight", presence::optional);
+    if (v == variant::bert) global(role::position_embd, "position_embd.weight");
+    global(role::token_embd_norm, "token_embd_norm.weight");
+    global(role::token_embd_norm_bias, "token_embd_norm.bias");
+    const auto gguf_key = [](role r, const char* suffix) { return "blk.{L}." + std::string(role_name(r)) + suffix; };
+    for (const role r : {role::attn_q, role::attn_k, role::attn_v, role::attn_qkv}) {
+      layer(r, gguf_key(r, ".weight"), presence::optional);
+      t.push_back({bias_of(r), true, gguf_key(r, ".bias"), presence::optional});
     }
-    for (const char* r : {"attn_output", "attn_output_norm", "ffn_up", "ffn_down", "layer_output_norm"}) {
-      layer(r, std::string("blk.{L}.") + r + ".weight");
-      t.push_back({std::string(r) + "_bias", true, std::string("blk.{L}.") + r + ".bias",
-                   std::string_view(r).ends_with("norm") ? presence::required : presence::optional});
+    for (const role r : {role::attn_output, role::attn_output_norm, role::ffn_up, role::ffn_down, role::layer_output_norm}) {
+      layer(r, gguf_key(r, ".weight"));
+      t.push_back({bias_of(r), true, gguf_key(r, ".bias"), role_name(r).ends_with("norm") ? presence::required : presence::optional});
     }
-    layer("ffn_gate", "blk.{L}.ffn_gate.weight", presence::optional);
+    layer(role::ffn_gate, "blk.{L}.ffn_gate.weight", presence::optional);
     return t;
   }
   if (v == variant::bert) {
-    global("token_embd", p + "embeddings.word_embeddings.weight");
-    global("token_types", p + "embeddings.token_type_embeddings.weight", presence::optional);
-    global("position_embd", p + "embeddings.position_embeddings.weight");
-    global("token_embd_norm", p + "embeddings.LayerNorm." + w);
-    global("token_embd_norm_bias", p + "embeddings.LayerNorm." + bias);
+    global(role::token_embd, p + "embeddings.word_embeddings.weight");
+    global(role::token_types, p + "embeddings.token_type_embeddings.weight", presence::optional);
+    global(role::position_embd, p + "embeddings.position_embeddings.weight");
+    global(role::token_embd_norm, p + "embeddings.LayerNorm." + w);
+    global(role::token_embd_norm_bias, p + "embeddings.LayerNorm." + bias);
     const std::string l = p + "encoder.layer.{L}.";
-    for (auto [role, key] : {std::pair{"attn_q", "attention.self.query"}, {"attn_k", "attention.self.key"}, {"attn_v", "attention.self.value"},
-                             {"attn_output", "attention.output.dense"}, {"ffn_up", "intermediate.dense"}, {"ffn_down", "output.dense"}}) {
-      layer(role, l + key + ".weight");
-      t.push_back({std::string(role) + "_bias", true, l + key + ".bias", presence::optional});
+    for (auto [r, key] : {std::pair{role::attn_q, "attention.self.query"}, {role::attn_k, "attention.self.key"}, {role::attn_v, "attention.self.value"},
+                             {role::attn_output, "attention.output.dense"}, {role::ffn_up, "intermediate.dense"}, {role::ffn_down, "output.dense"}}) {
+      layer(r, l + key + ".weight");
+      t.push_back({bias_of(r), true, l + key + ".bias", presence::optional});
     }
-    layer("attn_output_norm", l + "attention.output.LayerNorm." + w);
-    layer("attn_output_norm_bias", l + "attention.output.LayerNorm." + bias);
-    layer("layer_output_norm", l + "output.LayerNorm." + w);
-    layer("layer_output_norm_bias", l + "output.LayerNorm." + bias);
+    layer(role::attn_output_norm, l + "attention.output.LayerNorm." + w);
+    layer(role::attn_output_norm_bias, l + "attention.output.LayerNorm." + bias);
+    layer(role::layer_output_norm, l + "output.LayerNorm." + w);
+    layer(role::layer_output_norm_bias, l + "output.LayerNorm." + bias);
     return t;
   }
-  global("token_embd", p + "embeddings.word_embeddings.weight");
-  global("token_types", p + "embeddings.token_type_embeddings.weight", presence::optional);
-  global("token_embd_norm", p + "emb_ln.weight");
-  global("token_embd_norm_bias", p + "emb_ln.bias");
+  global(role::token_embd, p + "embeddings.word_embeddings.weight");
+  global(role::token_types, p + "embeddings.token_type_embeddings.weight", presence::optional);
+  global(role::token_embd_norm, p + "emb_ln.weight");
+  global(role::token_embd_norm_bias, p + "emb_ln.bias");
   const std::string l = p + "encoder.layers.{L}.";
-  layer("attn_qkv", l + "attn.Wqkv.weight");
-  layer("attn_qkv_bias", l + "attn.Wqkv.bias", presence::optional);
-  layer("attn_output", l + "attn.out_proj.weight");
-  layer("attn_output_bias", l + "attn.out_proj.bias", presence::optional);
-  layer("ffn_up", l + "mlp.fc11.weight");
-  layer("ffn_gate", l + "mlp.fc12.weight");
-  layer("ffn_down", l + "mlp.fc2.weight");
-  layer("attn_output_norm", l + "norm1.weight");
-  layer("attn_output_norm_bias", l + "norm1.bias");
-  layer("layer_output_norm", l + "norm2.weight");
-  layer("layer_output_norm_bias", l + "norm2.bias");
+  layer(role::attn_qkv, l + "attn.Wqkv.weight");
+  layer(role::attn_qkv_bias, l + "attn.Wqkv.bias", presence::optional);
+  layer(role::attn_output, l + "attn.out_proj.weight");
+  layer(role::attn_output_bias, l + "attn.out_proj.bias", presence::optional);
+  layer(role::ffn_up, l + "mlp.fc11.weight");
+  layer(role::ffn_gate, l + "mlp.fc12.weight");
+  layer(role::ffn_down, l + "mlp.fc2.weight");
+  layer(role::attn_output_norm, l + "norm1.weight");
+  layer(role::attn_output_norm_bias, l + "norm1.bias");
+  layer(role::layer_output_norm, l + "norm2.weight");
+  layer(role::layer_output_norm_bias, l + "norm2.bias");
   return t;
 }
 

@@ -8,11 +8,43 @@ namespace troupe::families {
 using graph::op;
 using graph::value_id;
 
-value_id decoder_trace::projection(value_id x, const std::string& role, std::int32_t layer, bool reduce) {
+std::optional<troupe::shape> attention_shape(role r, const attention_params& a, std::int64_t H) {
+  const std::int64_t q = a.heads * a.head_dim, kv = a.kv_heads * a.head_dim;
+  switch (r) {
+    case role::attn_q: return troupe::shape{q, H};
+    case role::attn_k:
+    case role::attn_v: return troupe::shape{kv, H};
+    case role::attn_qkv: return troupe::shape{q + 2 * kv, H};
+    case role::attn_q_bias: return troupe::shape{q};
+    case role::attn_k_bias:
+    case role::attn_v_bias: return troupe::shape{kv};
+    case role::attn_qkv_bias: return troupe::shape{q + 2 * kv};
+    case role::attn_output: return troupe::shape{H, q};
+    case role::attn_output_bias: return troupe::shape{H};
+    case role::attn_q_norm:
+    case role::attn_k_norm: return troupe::shape{!a.qk_norm_full ? a.head_dim : r == role::attn_q_norm ? q : kv};
+    default: return std::nullopt;
+  }
+}
+
+std::optional<troupe::shape> ffn_shape(role r, std::int64_t F, std::int64_t H) {
+  switch (r) {
+    case role::ffn_gate:
+    case role::ffn_up: return troupe::shape{F, H};
+    case role::ffn_gate_up: return troupe::shape{2 * F, H};
+    case role::ffn_down: return troupe::shape{H, F};
+    case role::ffn_gate_bias:
+    case role::ffn_up_bias: return troupe::shape{F};
+    case role::ffn_down_bias: return troupe::shape{H};
+    default: return std::nullopt;
+  }
+}
+
+value_id decoder_trace::projection(value_id x, role r, std::int32_t layer, bool reduce) {
   auto& b = ctx_.b;
-  auto y = b.linear(x, ctx_.weight(role, layer));
+  auto y = b.linear(x, ctx_.weight(r, layer));
   if (reduce) y = b.all_reduce(y);
-  if (ctx_.has(role + "_bias", layer)) y = b.add(y, ctx_.vector_f32(role + "_bias", layer));
+  if (const auto bias = bias_of(r); ctx_.has(bias, layer)) y = b.add(y, ctx_.vector_f32(bias, layer));
   return y;
 }
 
@@ -80,7 +112,7 @@ value_id decoder_trace::rope_freqs(const rope_config& r) {
   tensor t(dtype::f32, {static_cast<std::int64_t>(table.inv_freq.size())});
   std::memcpy(t.data(), table.inv_freq.data(), t.bytes());
   auto inv = b.literal(std::move(t), "rope.inv_freq");
-  if (ctx_.has("rope_freqs")) inv = b.div(inv, ctx_.vector_f32("rope_freqs"));
+  if (ctx_.has(role::rope_freqs)) inv = b.div(inv, ctx_.vector_f32(role::rope_freqs));
   ropes_[key] = {inv, table.scale};
   return inv;
 }
@@ -123,41 +155,41 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
   const auto& s = ctx_.shape();
   const std::int64_t rows = s.rows(), T = s.tokens(), N = rows * T, D = p.head_dim;
   value_id q, k, v;
-  if (ctx_.has("attn_qkv", layer)) {
-    const auto qkv = projection(x, "attn_qkv", layer);
+  if (ctx_.has(role::attn_qkv, layer)) {
+    const auto qkv = projection(x, role::attn_qkv, layer);
     q = b.slice(qkv, 1, 0, p.heads * D);
     k = b.slice(qkv, 1, p.heads * D, (p.heads + p.kv_heads) * D);
     v = b.slice(qkv, 1, (p.heads + p.kv_heads) * D, (p.heads + 2 * p.kv_heads) * D);
   } else {
-    q = projection(x, "attn_q", layer);
-    k = projection(x, "attn_k", layer);
-    v = projection(x, "attn_v", layer);
+    q = projection(x, role::attn_q, layer);
+    k = projection(x, role::attn_k, layer);
+    v = projection(x, role::attn_v, layer);
   }
   if (p.qk_norm && p.qk_norm_full) {  // one norm over every head's dims together, before the split
-    q = b.rms_norm(q, ctx_.vector_f32("attn_q_norm", layer), p.norm_eps);
-    k = b.rms_norm(k, ctx_.vector_f32("attn_k_norm", layer), p.norm_eps);
+    q = b.rms_norm(q, ctx_.vector_f32(role::attn_q_norm, layer), p.norm_eps);
+    k = b.rms_norm(k, ctx_.vector_f32(role::attn_k_norm, layer), p.norm_eps);
   }
   q = b.reshape(q, {N, p.heads, D});
   k = b.reshape(k, {N, p.kv_heads, D});
   v = b.reshape(v, {N, p.kv_heads, D});
   if (p.qk_norm && !p.qk_norm_full) {
-    q = b.rms_norm(q, ctx_.vector_f32("attn_q_norm", layer), p.norm_eps);
-    k = b.rms_norm(k, ctx_.vector_f32("attn_k_norm", layer), p.norm_eps);
+    q = b.rms_norm(q, ctx_.vector_f32(role::attn_q_norm, layer), p.norm_eps);
+    k = b.rms_norm(k, ctx_.vector_f32(role::attn_k_norm, layer), p.norm_eps);
   }
   if (p.rope.dims > 0) {
     double scale = 1.0;
     const auto inv = rope_table(p.rope, scale);
-    const bool interleaved = ctx_.stored(ctx_.has("attn_q", layer) ? "attn_q" : "attn_qkv", layer) == stored_as::rope_interleaved;
+    const bool interleaved = ctx_.stored(ctx_.has(role::attn_q, layer) ? role::attn_q : role::attn_qkv, layer) == stored_as::rope_interleaved;
     q = b.rope(q, ctx_.positions(), inv, !interleaved, scale);
     k = b.rope(k, ctx_.positions(), inv, !interleaved, scale);
   }
   b.label(q, "q");
   b.label(k, "k");
 
-  auto att = attend(q, k, v, layer, p.sliding_window, p.scale, p.softcap, p.sinks ? ctx_.vector_f32("attn_sinks", layer) : value_id{},
+  auto att = attend(q, k, v, layer, p.sliding_window, p.scale, p.softcap, p.sinks ? ctx_.vector_f32(role::attn_sinks, layer) : value_id{},
                     p.causal);
   att = b.reshape(att, {N, p.heads * D});
-  const auto out = projection(att, "attn_output", layer, p.reduce_output);
+  const auto out = projection(att, role::attn_output, layer, p.reduce_output);
   b.label(out, "attn_out");
   return out;
 }
@@ -174,16 +206,16 @@ value_id decoder_trace::feed_forward(value_id x, std::int32_t layer, const ffn_p
   auto& b = ctx_.b;
   value_id h;
   if (!p.gated) {
-    h = activate(projection(x, "ffn_up", layer), p.act);
-  } else if (ctx_.has("ffn_gate_up", layer)) {
-    const auto gu = projection(x, "ffn_gate_up", layer);
+    h = activate(projection(x, role::ffn_up, layer), p.act);
+  } else if (ctx_.has(role::ffn_gate_up, layer)) {
+    const auto gu = projection(x, role::ffn_gate_up, layer);
     const auto width = b.type_of(gu).dims.back() / 2;
     const auto last = static_cast<std::int64_t>(b.type_of(gu).dims.rank()) - 1;
     h = b.mul(activate(b.slice(gu, last, 0, width), p.act), b.slice(gu, last, width, 2 * width));
   } else {
-    h = b.mul(activate(projection(x, "ffn_gate", layer), p.act), projection(x, "ffn_up", layer));
+    h = b.mul(activate(projection(x, role::ffn_gate, layer), p.act), projection(x, role::ffn_up, layer));
   }
-  const auto out = projection(h, "ffn_down", layer, p.reduce_output);
+  const auto out = projection(h, role::ffn_down, layer, p.reduce_output);
   b.label(out, "ffn_out");
   return out;
 }
@@ -192,11 +224,11 @@ value_id decoder_trace::standard_layer(value_id x, std::int32_t layer, const sta
                                        const block_fn& ffn) {
   auto& b = ctx_.b;
   b.push_scope("layers." + std::to_string(layer));
-  auto a = mixer(*this, b.rms_norm(x, ctx_.vector_f32("attn_norm", layer), p.norm_eps), layer);
-  if (p.sandwich_norms) a = b.rms_norm(a, ctx_.vector_f32("post_attention_norm", layer), p.norm_eps);
+  auto a = mixer(*this, b.rms_norm(x, ctx_.vector_f32(role::attn_norm, layer), p.norm_eps), layer);
+  if (p.sandwich_norms) a = b.rms_norm(a, ctx_.vector_f32(role::post_attention_norm, layer), p.norm_eps);
   const auto h = b.add(x, a);
-  auto f = ffn(*this, b.rms_norm(h, ctx_.vector_f32("ffn_norm", layer), p.norm_eps), layer);
-  if (p.sandwich_norms) f = b.rms_norm(f, ctx_.vector_f32("post_ffw_norm", layer), p.norm_eps);
+  auto f = ffn(*this, b.rms_norm(h, ctx_.vector_f32(role::ffn_norm, layer), p.norm_eps), layer);
+  if (p.sandwich_norms) f = b.rms_norm(f, ctx_.vector_f32(role::post_ffw_norm, layer), p.norm_eps);
   const auto out = b.add(h, f);
   b.label(out, "out");
   b.pop_scope();
@@ -218,7 +250,7 @@ void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer,
     x = b.pipe_recv(troupe::shape{N, p.hidden}, p.stage - 1);
     b.label(x, "stage_in");
   } else {
-    x = b.gather_rows(ctx_.weight("token_embd"), ctx_.token_ids());
+    x = b.gather_rows(ctx_.weight(role::token_embd), ctx_.token_ids());
     if (b.type_of(x).type != dtype::f32) x = b.cast(x, dtype::f32);
     if (p.embed_scale != 1.0) x = b.mul(x, b.scalar(p.embed_scale));
     b.label(x, "embed");
@@ -233,7 +265,7 @@ void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer,
     b.output("stage_out", x);
     return;
   }
-  auto h = b.rms_norm(x, ctx_.vector_f32("output_norm"), p.norm_eps);
+  auto h = b.rms_norm(x, ctx_.vector_f32(role::output_norm), p.norm_eps);
   b.label(h, "output_norm");
   if (!ctx_.stateful()) {
     b.output("hidden", h);
@@ -242,7 +274,7 @@ void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer,
   if (s.hidden_carry()) b.output("hidden", h);
   if (s.logits() == logit_rows::last) h = b.reshape(b.slice(b.reshape(h, {rows, T, p.hidden}), 1, T - 1, T), {rows, p.hidden});
   (void)N;
-  auto logits = b.linear(h, ctx_.weight(ctx_.has("output") ? "output" : "token_embd"));
+  auto logits = b.linear(h, ctx_.weight(ctx_.has(role::output) ? role::output : role::token_embd));
   if (p.vocab_split > 1) logits = b.all_gather(logits, p.vocab_split);  // each rank computed its rows of the head
   if (p.final_softcap > 0) {
     const auto cap = b.scalar(p.final_softcap);

@@ -52,6 +52,11 @@ struct ffn_params {
   bool reduce_output = false;  // a tensor-parallel shard: all_reduce ffn_down's partial sums
 };
 
+// The shapes the attention's and the feed-forward's projections and biases must have (outermost
+// first), for hidden size H; nullopt for a role that is not theirs. Shared by every family's shape rule.
+std::optional<troupe::shape> attention_shape(role r, const attention_params& a, std::int64_t H);
+std::optional<troupe::shape> ffn_shape(role r, std::int64_t F, std::int64_t H);
+
 struct stack_params {
   std::int64_t vocab = 0;
   std::int64_t hidden = 0;
@@ -85,7 +90,7 @@ class decoder_trace {
                          std::int64_t value_dims = 0);
   // x W^T (+ bias). With `reduce`, the product is a tensor-parallel partial sum: it is all-reduced over
   // the group before the bias, which every rank holds whole, is added once.
-  graph::value_id projection(graph::value_id x, const std::string& role, std::int32_t layer, bool reduce = false);
+  graph::value_id projection(graph::value_id x, role r, std::int32_t layer, bool reduce = false);
   // The rotary inverse frequencies for `r` (declared once per step) and, in `scale`, its cos/sin scale.
   graph::value_id rope_table(const rope_config& r, double& scale);
   graph::value_id feed_forward(graph::value_id x, std::int32_t layer, const ffn_params& p);

@@ -39,27 +39,17 @@ void dense_decoder::trace_into(const step_spec& spec, graph::builder& b) const {
 }
 
 expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& s) {
-  return [s](const std::string& role, std::int32_t layer) -> std::optional<troupe::shape> {
+  return [s](role r, std::int32_t layer) -> std::optional<troupe::shape> {
     const std::int64_t H = s.stack.hidden, V = s.stack.vocab;
-    if (role == "token_embd" || role == "output") return troupe::shape{V, H};
-    if (role == "output_norm") return troupe::shape{H};
-    if (role == "rope_freqs") return troupe::shape{s.attention.empty() ? 0 : s.attention[0].rope.dims / 2};
+    if (r == role::token_embd || r == role::output) return troupe::shape{V, H};
+    if (r == role::output_norm) return troupe::shape{H};
+    if (r == role::rope_freqs) return troupe::shape{s.attention.empty() ? 0 : s.attention[0].rope.dims / 2};
     if (layer < 0 || layer >= static_cast<std::int32_t>(s.attention.size())) return std::nullopt;
     const auto& a = s.attention[layer];
     if (a.mla.kv_lora_rank > 0)
-      if (auto m = mla_shape(role, a, H)) return m;
-    const std::int64_t q = a.heads * a.head_dim, kv = a.kv_heads * a.head_dim;
-    if (role == "attn_norm" || role == "ffn_norm" || role == "post_attention_norm" || role == "post_ffw_norm") return troupe::shape{H};
-    if (role == "attn_q") return troupe::shape{q, H};
-    if (role == "attn_k" || role == "attn_v") return troupe::shape{kv, H};
-    if (role == "attn_qkv") return troupe::shape{q + 2 * kv, H};
-    if (role == "attn_q_bias") return troupe::shape{q};
-    if (role == "attn_k_bias" || role == "attn_v_bias") return troupe::shape{kv};
-    if (role == "attn_qkv_bias") return troupe::shape{q + 2 * kv};
-    if (role == "attn_output") return troupe::shape{H, q};
-    if (role == "attn_output_bias") return troupe::shape{H};
-    if (role == "attn_q_norm" || role == "attn_k_norm") return troupe::shape{!a.qk_norm_full ? a.head_dim : role == "attn_q_norm" ? q : kv};
-    return std::nullopt;  // feed-forward roles: checked by the family (their width is its config)
+      if (auto m = mla_shape(r, a, H)) return m;
+    if (r == role::attn_norm || r == role::ffn_norm || r == role::post_attention_norm || r == role::post_ffw_norm) return troupe::shape{H};
+    return attention_shape(r, a, H);  // feed-forward roles: checked by the family (their width is its config)
   };
 }
 
@@ -68,15 +58,11 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
   const auto base = dense_decoder_shapes(spec);
   const std::int64_t H = spec.stack.hidden;
   const std::int64_t F = spec.ffn.width;
-  auto shapes = [&](const std::string& role, std::int32_t layer) -> std::optional<troupe::shape> {
+  auto shapes = [&](role r, std::int32_t layer) -> std::optional<troupe::shape> {
     if (const auto* m = spec.routed(layer))
-      if (auto s = moe_shape(role, *m, H)) return s;
-    if (role == "ffn_gate" || role == "ffn_up") return troupe::shape{F, H};
-    if (role == "ffn_gate_up") return troupe::shape{2 * F, H};
-    if (role == "ffn_down") return troupe::shape{H, F};
-    if (role == "ffn_gate_bias" || role == "ffn_up_bias") return troupe::shape{F};
-    if (role == "ffn_down_bias") return troupe::shape{H};
-    return base(role, layer);
+      if (auto s = moe_shape(r, *m, H)) return s;
+    if (auto s = ffn_shape(r, F, H)) return s;
+    return base(r, layer);
   };
   auto map = weight_map::build(store, rules, static_cast<std::int32_t>(spec.stack.layers), shapes);
   if (!map) return unexpected(model_error{map.error()});
@@ -90,9 +76,9 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
     if (!absorbed) return unexpected(model_error{absorbed.error()});
     map = std::move(absorbed);
     for (std::int32_t l = 0; l < static_cast<std::int32_t>(spec.stack.layers); ++l)
-      for (const char* role : {"attn_k_b", "attn_v_b"})
-        if (!map->has({role, l}))
-          return unexpected(model_error{weight_error{weight_error_code::missing, {role, l}, "(or attn_kv_b)", shapes(role, l)->str(), ""}});
+      for (const role r : {role::attn_k_b, role::attn_v_b})
+        if (!map->has({r, l}))
+          return unexpected(model_error{weight_error{weight_error_code::missing, {r, l}, "(or attn_kv_b)", shapes(r, l)->str(), ""}});
   }
   // A routed model's name table holds both feed-forwards as optional: each layer must have its own.
   for (const auto& m : spec.moe)
@@ -100,14 +86,14 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
   if (!spec.moe.empty()) {
     for (std::int32_t l = 0; l < static_cast<std::int32_t>(spec.stack.layers); ++l) {
       const auto* m = spec.routed(l);
-      std::vector<std::string> need = m ? std::vector<std::string>{"ffn_gate_inp", "ffn_up_exps", "ffn_down_exps"}
-                                        : std::vector<std::string>{"ffn_up", "ffn_down"};
-      if (m && m->shared_width > 0) need.insert(need.end(), {"ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"});
-      for (const auto& role : need) {
-        const bool fused_dense = !m && map->has({"ffn_gate_up", l});
-        if (!map->has({role, l}) && !fused_dense) {
-          const auto want = shapes(role, l);
-          return unexpected(model_error{weight_error{weight_error_code::missing, {role, l}, "(layer " + std::to_string(l) + ")",
+      std::vector<role> need = m ? std::vector<role>{role::ffn_gate_inp, role::ffn_up_exps, role::ffn_down_exps}
+                                 : std::vector<role>{role::ffn_up, role::ffn_down};
+      if (m && m->shared_width > 0) need.insert(need.end(), {role::ffn_gate_shexp, role::ffn_up_shexp, role::ffn_down_shexp});
+      for (const auto r : need) {
+        const bool fused_dense = !m && map->has({role::ffn_gate_up, l});
+        if (!map->has({r, l}) && !fused_dense) {
+          const auto want = shapes(r, l);
+          return unexpected(model_error{weight_error{weight_error_code::missing, {r, l}, "(layer " + std::to_string(l) + ")",
                                                      want ? want->str() : "any", ""}});
         }
       }
@@ -209,15 +195,15 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
   std::vector<std::shared_ptr<const tensor>> owned;
   for (const auto& e : weights_.entries()) {
     weight_entry w = e;
-    const auto& role = e.role.name;
+    const auto r = e.role.kind;
     const std::int32_t l = e.role.layer;
     if (l < 0 || l >= static_cast<std::int32_t>(spec_.attention.size())) {
-      if (role == "output" && split_head) {
+      if (r == role::output && split_head) {
         w.view = rows_of(e.view, rank * V / size, (rank + 1) * V / size);
-      } else if (role == "token_embd" && split_head && !weights_.has({"output", -1})) {
+      } else if (r == role::token_embd && split_head && !weights_.has({role::output, -1})) {
         // Tied: the embedding stays whole for the lookup; the head is a role of its own over its rows.
         weight_entry head = e;
-        head.role = {"output", -1};
+        head.role = {role::output, -1};
         head.view = rows_of(e.view, rank * V / size, (rank + 1) * V / size);
         out.push_back(std::move(head));
       }
@@ -232,12 +218,12 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
     const std::pair<std::int64_t, std::int64_t> kv_rows{kv0 * D, (kv0 + kv_l) * D};
     const std::int64_t f = F / size;
     const std::pair<std::int64_t, std::int64_t> f_rows{rank * f, (rank + 1) * f};
-    if (a.mla.kv_lora_rank > 0 && (role == "attn_q" || role == "attn_q_b" || role == "attn_k_b" || role == "attn_v_b" || role == "attn_output")) {
+    if (a.mla.kv_lora_rank > 0 && (r == role::attn_q || r == role::attn_q_b || r == role::attn_k_b || r == role::attn_v_b || r == role::attn_output)) {
       // Latent attention splits by query head; the latent projection and the cache stay whole.
       const std::int64_t qh = a.mla.nope + a.head_dim;
-      if (role == "attn_q" || role == "attn_q_b") {
+      if (r == role::attn_q || r == role::attn_q_b) {
         w.view = rows_of(e.view, rank * hq * qh, (rank + 1) * hq * qh);
-      } else if (role == "attn_output") {
+      } else if (r == role::attn_output) {
         auto t = columns_of(e.view, rank * hq * a.mla.v_dim, (rank + 1) * hq * a.mla.v_dim);
         if (!t) return refuse(e.key + ": " + t.error());
         w.view = (*t)->view();
@@ -247,15 +233,15 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
         const auto per = *storage_bytes(e.view.type(), static_cast<std::uint64_t>(d3[1] * d3[2]));
         w.view = tensor_view(e.view.type(), troupe::shape{hq, d3[1], d3[2]}, e.view.data() + static_cast<std::size_t>(rank * hq) * per);
       }
-    } else if (role == "attn_sinks") {
+    } else if (r == role::attn_sinks) {
       w.view = rows_of(e.view, rank * hq, (rank + 1) * hq);  // each query head's own sink
-    } else if (const auto* mb = spec_.routed(l); mb && role.ends_with("_exps_bias")) {
+    } else if (const auto* mb = spec_.routed(l); mb && (r == role::ffn_gate_exps_bias || r == role::ffn_up_exps_bias || r == role::ffn_down_exps_bias)) {
       const std::int64_t E = mb->experts;
       if (spec_.expert_parallel) {  // this rank's experts' rows
         const std::int64_t local = E / size;
         const auto per = e.view.row_bytes();
         w.view = tensor_view(e.view.type(), troupe::shape{local, e.view.shape()[1]}, e.view.data() + static_cast<std::size_t>(rank * local) * per);
-      } else if (role == "ffn_down_exps_bias") {
+      } else if (r == role::ffn_down_exps_bias) {
         // Added after the products, before the all_reduce: on one rank only, zeros elsewhere.
         if (rank != 0) {
           auto z = std::make_shared<tensor>(e.view.type(), e.view.shape());
@@ -269,24 +255,24 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
         w.view = (*t)->view();
         owned.push_back(std::move(*t));
       }
-    } else if (role == "attn_q" || role == "attn_q_bias") {
+    } else if (r == role::attn_q || r == role::attn_q_bias) {
       w.view = rows_of(e.view, q_rows.first, q_rows.second);
-    } else if (role == "attn_k" || role == "attn_v" || role == "attn_k_bias" || role == "attn_v_bias") {
+    } else if (r == role::attn_k || r == role::attn_v || r == role::attn_k_bias || r == role::attn_v_bias) {
       w.view = rows_of(e.view, kv_rows.first, kv_rows.second);
-    } else if (role == "attn_qkv" || role == "attn_qkv_bias") {
+    } else if (r == role::attn_qkv || r == role::attn_qkv_bias) {
       const std::int64_t q = a.heads * D, kv = a.kv_heads * D;
       auto t = stack_rows(e.view, {q_rows, {q + kv_rows.first, q + kv_rows.second}, {q + kv + kv_rows.first, q + kv + kv_rows.second}});
       w.view = t->view();
       owned.push_back(std::move(t));
-    } else if (role == "ffn_gate" || role == "ffn_up" || role == "ffn_gate_bias" || role == "ffn_up_bias") {
+    } else if (r == role::ffn_gate || r == role::ffn_up || r == role::ffn_gate_bias || r == role::ffn_up_bias) {
       w.view = rows_of(e.view, f_rows.first, f_rows.second);
-    } else if (role == "ffn_gate_up" || role == "ffn_gate_up_bias") {
+    } else if (r == role::ffn_gate_up || r == role::ffn_gate_up_bias) {
       auto t = stack_rows(e.view, {f_rows, {F + f_rows.first, F + f_rows.second}});
       w.view = t->view();
       owned.push_back(std::move(t));
-    } else if (const auto* m = spec_.routed(l); m && (role == "ffn_gate_exps" || role == "ffn_up_exps" || role == "ffn_down_exps" ||
-                                                       role == "ffn_gate_shexp" || role == "ffn_up_shexp" || role == "ffn_down_shexp")) {
-      const bool shexp = role.ends_with("_shexp");
+    } else if (const auto* m = spec_.routed(l); m && (r == role::ffn_gate_exps || r == role::ffn_up_exps || r == role::ffn_down_exps ||
+                                                       r == role::ffn_gate_shexp || r == role::ffn_up_shexp || r == role::ffn_down_shexp)) {
+      const bool shexp = r == role::ffn_gate_shexp || r == role::ffn_up_shexp || r == role::ffn_down_shexp;
       if (spec_.expert_parallel && !shexp) {
         // Whole experts: this rank's [rank E / size, (rank + 1) E / size), a view of their bytes.
         const auto& d3 = e.view.shape();
@@ -299,7 +285,7 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
       // Every expert keeps its rows (or columns) [rank w / size, (rank + 1) w / size) of its width w.
       const std::int64_t Wd = shexp ? m->shared_width : m->width, cut = Wd / size, E = shexp ? 1 : m->experts;
       const auto& d3 = e.view.shape();
-      if (role == "ffn_down_exps" || role == "ffn_down_shexp") {
+      if (r == role::ffn_down_exps || r == role::ffn_down_shexp) {
         const std::int64_t Hh = shexp ? d3[0] : d3[1];
         const tensor_view flat(e.view.type(), troupe::shape{E * Hh, Wd}, e.view.data());
         auto t = columns_of(flat, rank * cut, (rank + 1) * cut);
@@ -315,8 +301,8 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
         w.view = shexp ? t->view() : tensor_view(e.view.type(), troupe::shape{E, cut, Hh}, t->data());
         owned.push_back(std::move(t));
       }
-    } else if (role == "attn_output" || role == "ffn_down") {
-      const auto cols = role == "attn_output" ? q_rows : f_rows;
+    } else if (r == role::attn_output || r == role::ffn_down) {
+      const auto cols = r == role::attn_output ? q_rows : f_rows;
       auto t = columns_of(e.view, cols.first, cols.second);
       if (!t) return refuse(e.key + ": " + t.error());
       w.view = (*t)->view();
@@ -357,14 +343,14 @@ result<std::unique_ptr<model>, model_error> dense_decoder::stage(int stage, int 
   if (!spec_.moe.empty()) s.moe.assign(spec_.moe.begin() + first, spec_.moe.begin() + last);
 
   std::vector<weight_entry> out;
-  const bool has_output = weights_.has({"output", -1});
+  const bool has_output = weights_.has({role::output, -1});
   for (const auto& e : weights_.entries()) {
-    const auto& role = e.role.name;
+    const auto r = e.role.kind;
     const std::int32_t l = e.role.layer;
     if (l < 0) {
-      const bool keep = role == "token_embd"    ? stage == 0 || (head && !has_output)
-                        : role == "output"      ? head
-                        : role == "output_norm" ? head
+      const bool keep = r == role::token_embd    ? stage == 0 || (head && !has_output)
+                        : r == role::output      ? head
+                        : r == role::output_norm ? head
                                                 : true;  // rope_freqs and the like: every stage
       if (keep) out.push_back(e);
       continue;

@@ -21,7 +21,7 @@ namespace troupe::families {
 graph::value_id mla_attention(decoder_trace& d, graph::value_id x, std::int32_t layer, const attention_params& p);
 
 // The expected shape of an MLA role of a layer with `p` (hidden size H), or nullopt for others.
-std::optional<troupe::shape> mla_shape(const std::string& role, const attention_params& p, std::int64_t H);
+std::optional<troupe::shape> mla_shape(role r, const attention_params& p, std::int64_t H);
 
 // The map with every layer's attn_kv_b replaced by attn_k_b (transposed per head, as f32) and attn_v_b
 // (its value rows per head, as stored); a map without attn_kv_b comes back as it is.

@@ -100,13 +100,13 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
   const op act = p.act == activation::gelu_tanh ? op::gelu_tanh : op::silu;
 
   // The router: scores over the experts, the k best, their weights.
-  auto logits = b.linear(x, ctx.weight("ffn_gate_inp", layer));
-  if (ctx.has("ffn_gate_inp_bias", layer)) logits = b.add(logits, ctx.vector_f32("ffn_gate_inp_bias", layer));
+  auto logits = b.linear(x, ctx.weight(role::ffn_gate_inp, layer));
+  if (ctx.has(role::ffn_gate_inp_bias, layer)) logits = b.add(logits, ctx.vector_f32(role::ffn_gate_inp_bias, layer));
   const auto scores = p.gate == gating::softmax    ? b.softmax(logits, -1)
                       : p.gate == gating::sigmoid ? b.unary(op::sigmoid, logits)
                                                   : logits;
   auto select = scores;
-  if (ctx.has("exp_probs_b", layer)) select = b.add(scores, ctx.vector_f32("exp_probs_b", layer));
+  if (ctx.has(role::exp_probs_b, layer)) select = b.add(scores, ctx.vector_f32(role::exp_probs_b, layer));
   if (p.groups > 1) select = limit_to_groups(b, select, N, E, p);
   const auto ids = b.top_k(select, k);
   auto w = b.take_along(scores, ids);
@@ -129,9 +129,9 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
   }
   // Each pick's row of an expert bias table [E, C] as [N, k, C] (zeros for another rank's expert).
   value_id gather_ids, keep;  // the bias rows' ids (others' picks read row 0) and the mask that zeros them
-  auto expert_bias = [&](value_id prod, const char* role) {
-    if (!ctx.has(role, layer)) return prod;
-    const auto table = ctx.vector_f32(role, layer);
+  auto expert_bias = [&](value_id prod, role r) {
+    if (!ctx.has(r, layer)) return prod;
+    const auto table = ctx.vector_f32(r, layer);
     if (!here.valid()) return b.add(prod, b.gather_rows(table, ids));
     if (!keep.valid()) {
       gather_ids = b.where(here, mine, b.scalar(0, dtype::i32));
@@ -140,10 +140,10 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
     return b.add(prod, b.mul(b.gather_rows(table, gather_ids), keep));
   };
   // The selected experts only: [N, k, F] then [N, k, H], weighted and summed over the k picks.
-  const auto up = expert_bias(b.linear_id(x, ctx.weight("ffn_up_exps", layer), mine), "ffn_up_exps_bias");
+  const auto up = expert_bias(b.linear_id(x, ctx.weight(role::ffn_up_exps, layer), mine), role::ffn_up_exps_bias);
   value_id h;
-  if (ctx.has("ffn_gate_exps", layer)) {
-    const auto g = expert_bias(b.linear_id(x, ctx.weight("ffn_gate_exps", layer), mine), "ffn_gate_exps_bias");
+  if (ctx.has(role::ffn_gate_exps, layer)) {
+    const auto g = expert_bias(b.linear_id(x, ctx.weight(role::ffn_gate_exps, layer), mine), role::ffn_gate_exps_bias);
     if (p.act == activation::swiglu_oai) {
       const auto limit = b.scalar(7.0);
       const auto gc = b.binary(op::minimum, g, limit);
@@ -155,16 +155,16 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
   } else {
     h = b.unary(act, up);
   }
-  const auto down = expert_bias(b.linear_id(h, ctx.weight("ffn_down_exps", layer), mine), "ffn_down_exps_bias");
+  const auto down = expert_bias(b.linear_id(h, ctx.weight(role::ffn_down_exps, layer), mine), role::ffn_down_exps_bias);
   const std::int64_t H = b.type_of(down).dims[2];
   auto out = b.reduce(op::reduce_sum, b.mul(down, b.reshape(w, {N, k, 1})), 1);
   b.label(out, "moe_out");
 
   if (p.shared_width > 0) {
-    auto sh = b.mul(b.unary(act, b.linear(x, ctx.weight("ffn_gate_shexp", layer))), b.linear(x, ctx.weight("ffn_up_shexp", layer)));
-    sh = b.linear(sh, ctx.weight("ffn_down_shexp", layer));
-    if (p.shared_gated && ctx.has("ffn_gate_inp_shexp", layer)) {
-      const auto g = b.linear(x, b.reshape(ctx.vector_f32("ffn_gate_inp_shexp", layer), {1, H}));  // [N, 1]
+    auto sh = b.mul(b.unary(act, b.linear(x, ctx.weight(role::ffn_gate_shexp, layer))), b.linear(x, ctx.weight(role::ffn_up_shexp, layer)));
+    sh = b.linear(sh, ctx.weight(role::ffn_down_shexp, layer));
+    if (p.shared_gated && ctx.has(role::ffn_gate_inp_shexp, layer)) {
+      const auto g = b.linear(x, b.reshape(ctx.vector_f32(role::ffn_gate_inp_shexp, layer), {1, H}));  // [N, 1]
       sh = b.mul(sh, b.unary(op::sigmoid, g));
     }
     out = b.add(out, sh);
@@ -174,18 +174,18 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
   return out;
 }
 
-std::optional<troupe::shape> moe_shape(const std::string& role, const moe_params& p, std::int64_t H) {
+std::optional<troupe::shape> moe_shape(role r, const moe_params& p, std::int64_t H) {
   const std::int64_t E = p.experts, F = p.width, S = p.shared_width;
   if (E == 0) return std::nullopt;
-  if (role == "ffn_gate_inp") return troupe::shape{E, H};
-  if (role == "exp_probs_b" || role == "ffn_gate_inp_bias") return troupe::shape{E};
-  if (role == "ffn_gate_exps_bias" || role == "ffn_up_exps_bias") return troupe::shape{E, F};
-  if (role == "ffn_down_exps_bias") return troupe::shape{E, H};
-  if (role == "ffn_gate_exps" || role == "ffn_up_exps") return troupe::shape{E, F, H};
-  if (role == "ffn_down_exps") return troupe::shape{E, H, F};
+  if (r == role::ffn_gate_inp) return troupe::shape{E, H};
+  if (r == role::exp_probs_b || r == role::ffn_gate_inp_bias) return troupe::shape{E};
+  if (r == role::ffn_gate_exps_bias || r == role::ffn_up_exps_bias) return troupe::shape{E, F};
+  if (r == role::ffn_down_exps_bias) return troupe::shape{E, H};
+  if (r == role::ffn_gate_exps || r == role::ffn_up_exps) return troupe::shape{E, F, H};
+  if (r == role::ffn_down_exps) return troupe::shape{E, H, F};
   if (S > 0) {
-    if (role == "ffn_gate_shexp" || role == "ffn_up_shexp") return troupe::shape{S, H};
-    if (role == "ffn_down_shexp") return troupe::shape{H, S};
+    if (r == role::ffn_gate_shexp || r == role::ffn_up_shexp) return troupe::shape{S, H};
+    if (r == role::ffn_down_shexp) return troupe::shape{H, S};
     // ffn_gate_inp_shexp: [H] in GGUF, [1, H] in HF; not checked here (the trace reads it as [1, H]).
   }
   return std::nullopt;

@@ -71,6 +71,6 @@ std::int64_t routed_experts(const std::vector<moe_params>& layers);
 graph::value_id moe_feed_forward(decoder_trace& d, graph::value_id x, std::int32_t layer, const moe_params& p);
 
 // The expected shape of each routed role of a layer with `p` (hidden size H), or nullopt for others.
-std::optional<troupe::shape> moe_shape(const std::string& role, const moe_params& p, std::int64_t H);
+std::optional<troupe::shape> moe_shape(role r, const moe_params& p, std::int64_t H);
 
 }  // namespace troupe::families

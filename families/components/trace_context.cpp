@@ -7,26 +7,26 @@ namespace troupe::families {
 trace_context::trace_context(graph::builder& builder, const weight_map& weights, const step_spec& s)
     : b(builder), spec(s), weights_(weights) {}
 
-stored_as trace_context::stored(const std::string& role, std::int32_t layer) const {
-  const auto* e = weights_.find({role, layer});
+stored_as trace_context::stored(role r, std::int32_t layer) const {
+  const auto* e = weights_.find({r, layer});
   return e ? e->stored : stored_as::as_is;
 }
 
-graph::value_id trace_context::weight(const std::string& role, std::int32_t layer) {
-  const graph::weight_role r{role, layer};
-  const auto* e = weights_.find(r);
+graph::value_id trace_context::weight(role r, std::int32_t layer) {
+  const graph::weight_role w{r, layer};
+  const auto* e = weights_.find(w);
   if (!e) {
-    b.fail(graph::bad_declaration{"the weight map has no role " + r.str()});
+    b.fail(graph::bad_declaration{"the weight map has no role " + w.str()});
     return {};
   }
-  return b.weight(r, {e->view.type(), e->view.shape()});
+  return b.weight(w, {e->view.type(), e->view.shape()});
 }
 
-graph::value_id trace_context::vector_f32(const std::string& role, std::int32_t layer) {
-  auto w = weight(role, layer);
+graph::value_id trace_context::vector_f32(role r, std::int32_t layer) {
+  auto w = weight(r, layer);
   if (!b.ok()) return {};
   if (b.type_of(w).type != dtype::f32) w = b.cast(w, dtype::f32);
-  if (stored(role, layer) == stored_as::minus_one) w = b.add(w, b.scalar(1.0));
+  if (stored(r, layer) == stored_as::minus_one) w = b.add(w, b.scalar(1.0));
   return w;
 }
 

@@ -19,12 +19,12 @@ class trace_context {
   const step_shape& shape() const { return spec.shape; }
   bool stateful() const { return spec.program == program::step; }
 
-  bool has(const std::string& role, std::int32_t layer = -1) const { return weights_.has({role, layer}); }
-  stored_as stored(const std::string& role, std::int32_t layer = -1) const;
+  bool has(role r, std::int32_t layer = -1) const { return weights_.has({r, layer}); }
+  stored_as stored(role r, std::int32_t layer = -1) const;
   // The role's weight as stored (any dtype, for linear and gather_rows); a missing role fails the trace.
-  graph::value_id weight(const std::string& role, std::int32_t layer = -1);
+  graph::value_id weight(role r, std::int32_t layer = -1);
   // A vector weight (norm scale, bias) as f32, with a stored `minus_one` undone.
-  graph::value_id vector_f32(const std::string& role, std::int32_t layer = -1);
+  graph::value_id vector_f32(role r, std::int32_t layer = -1);
 
   // Step inputs (see model_schema.hpp), declared on first use.
   graph::value_id token_ids();

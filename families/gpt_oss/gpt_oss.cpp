@@ -20,8 +20,8 @@ result<weight_map, weight_error> split_experts(const weight_map& m) {
   std::vector<weight_entry> out;
   std::vector<std::shared_ptr<const tensor>> owned;
   for (const auto& e : m.entries()) {
-    const auto& r = e.role.name;
-    if (r != "hf_gate_up_exps" && r != "hf_gate_up_exps_bias" && r != "hf_down_exps") {
+    const auto& r = e.role.kind;
+    if (r != role::hf_gate_up_exps && r != role::hf_gate_up_exps_bias && r != role::hf_down_exps) {
       out.push_back(e);
       continue;
     }
@@ -31,33 +31,33 @@ result<weight_map, weight_error> split_experts(const weight_map& m) {
                                      std::string(name(v.type()))});
     const auto& s = v.shape();
     const std::int32_t l = e.role.layer;
-    auto put = [&](const char* role, troupe::shape sh, auto&& index_of) {
+    auto put = [&](role r, troupe::shape sh, auto&& index_of) {
       auto t = std::make_shared<tensor>(v.type(), sh);
       const std::int64_t n = t->numel();
       for (std::int64_t i = 0; i < n; ++i) store_element(v.type(), t->data(), i, load_element(v.type(), v.data(), index_of(i)));
-      out.push_back({{role, l}, e.key, t->view(), stored_as::as_is});
+      out.push_back({{r, l}, e.key, t->view(), stored_as::as_is});
       owned.push_back(std::move(t));
     };
-    if (r == "hf_gate_up_exps") {  // [E, H, 2F] -> gate [E, F, H] (even columns), up (odd)
+    if (r == role::hf_gate_up_exps) {  // [E, H, 2F] -> gate [E, F, H] (even columns), up (odd)
       if (s.rank() != 3 || s[2] % 2 != 0)
         return unexpected(weight_error{weight_error_code::shape_mismatch, e.role, e.key, "[E, H, 2F]", s.str()});
       const std::int64_t E = s[0], H = s[1], F = s[2] / 2;
       for (int odd = 0; odd < 2; ++odd)
-        put(odd ? "ffn_up_exps" : "ffn_gate_exps", troupe::shape{E, F, H}, [=](std::int64_t i) {
+        put(odd ? role::ffn_up_exps : role::ffn_gate_exps, troupe::shape{E, F, H}, [=](std::int64_t i) {
           const std::int64_t x = i / (F * H), f = i / H % F, h = i % H;
           return (x * H + h) * 2 * F + 2 * f + odd;
         });
-    } else if (r == "hf_gate_up_exps_bias") {  // [E, 2F] -> [E, F] twice
+    } else if (r == role::hf_gate_up_exps_bias) {  // [E, 2F] -> [E, F] twice
       if (s.rank() != 2 || s[1] % 2 != 0)
         return unexpected(weight_error{weight_error_code::shape_mismatch, e.role, e.key, "[E, 2F]", s.str()});
       const std::int64_t E = s[0], F = s[1] / 2;
       for (int odd = 0; odd < 2; ++odd)
-        put(odd ? "ffn_up_exps_bias" : "ffn_gate_exps_bias", troupe::shape{E, F},
+        put(odd ? role::ffn_up_exps_bias : role::ffn_gate_exps_bias, troupe::shape{E, F},
             [=](std::int64_t i) { return i / F * 2 * F + 2 * (i % F) + odd; });
     } else {  // down [E, F, H] -> [E, H, F]
       if (s.rank() != 3) return unexpected(weight_error{weight_error_code::shape_mismatch, e.role, e.key, "[E, F, H]", s.str()});
       const std::int64_t E = s[0], F = s[1], H = s[2];
-      put("ffn_down_exps", troupe::shape{E, H, F}, [=](std::int64_t i) {
+      put(role::ffn_down_exps, troupe::shape{E, H, F}, [=](std::int64_t i) {
         const std::int64_t x = i / (H * F), h = i / F % H, f = i % F;
         return (x * F + f) * H + h;
       });

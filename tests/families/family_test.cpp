@@ -151,7 +151,7 @@ TEST_P(family_test, missing_weight_is_named_before_any_trace) {
   const auto* e = std::get_if<weight_error>(&h.error());
   ASSERT_NE(e, nullptr) << message(h.error());
   EXPECT_EQ(e->code, weight_error_code::missing);
-  EXPECT_EQ(e->role, (graph::weight_role{routed ? "ffn_down_exps" : "ffn_down", 1}));
+  EXPECT_EQ(e->role, (graph::weight_role{routed ? troupe::graph::tensor_role::ffn_down_exps : troupe::graph::tensor_role::ffn_down, 1}));
   EXPECT_EQ(e->key, gone);
   EXPECT_NE(e->message().find("[64, 96]"), std::string::npos) << e->message();
 }

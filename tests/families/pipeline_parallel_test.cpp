@@ -208,12 +208,12 @@ TEST(pipeline_parallel_refusals, stages_that_cannot_be_made_are_typed_refusals) 
   const auto& w0 = (*first)->model().weights();
   const auto& w1 = (*last)->model().weights();
   EXPECT_EQ((*first)->model().config().layers, 2);
-  EXPECT_TRUE(w0.has({"token_embd", -1}));
-  EXPECT_FALSE(w0.has({"output_norm", -1}));
-  EXPECT_FALSE(w0.has({"attn_q", 2}));
-  EXPECT_TRUE(w1.has({"output_norm", -1}));
-  EXPECT_FALSE(w1.has({"attn_q", 2}));
-  EXPECT_EQ(w1.view({"attn_q", 0})->data(), whole->model().weights().view({"attn_q", 2})->data());  // layer 2, a view
+  EXPECT_TRUE(w0.has({troupe::graph::tensor_role::token_embd, -1}));
+  EXPECT_FALSE(w0.has({troupe::graph::tensor_role::output_norm, -1}));
+  EXPECT_FALSE(w0.has({troupe::graph::tensor_role::attn_q, 2}));
+  EXPECT_TRUE(w1.has({troupe::graph::tensor_role::output_norm, -1}));
+  EXPECT_FALSE(w1.has({troupe::graph::tensor_role::attn_q, 2}));
+  EXPECT_EQ(w1.view({troupe::graph::tensor_role::attn_q, 0})->data(), whole->model().weights().view({troupe::graph::tensor_role::attn_q, 2})->data());  // layer 2, a view
   EXPECT_EQ((*last)->model().schema().states(program::step).size(), 4u);  // k and v of its 2 layers
   // A stage is not split further (shard first, then stage the shard).
   EXPECT_FALSE((*first)->shard(0, 2));

@@ -205,14 +205,14 @@ TEST(tensor_parallel_refusals, splits_that_do_not_divide_are_typed_refusals) {
   auto shard = whole->shard(1, 2);
   ASSERT_TRUE(shard);
   const auto& w = (*shard)->model().weights();
-  EXPECT_EQ(w.view({"attn_q", 0})->shape(), (troupe::shape{64, 128}));
-  EXPECT_EQ(w.view({"attn_k", 0})->shape(), (troupe::shape{32, 128}));
-  EXPECT_EQ(w.view({"attn_output", 1})->shape(), (troupe::shape{128, 64}));
-  EXPECT_EQ(w.view({"ffn_down", 1})->shape(), (troupe::shape{128, 128}));
-  EXPECT_EQ(w.view({"output", -1})->shape(), (troupe::shape{192, 128}));
-  EXPECT_EQ(w.view({"token_embd", -1})->shape(), (troupe::shape{384, 128}));
+  EXPECT_EQ(w.view({troupe::graph::tensor_role::attn_q, 0})->shape(), (troupe::shape{64, 128}));
+  EXPECT_EQ(w.view({troupe::graph::tensor_role::attn_k, 0})->shape(), (troupe::shape{32, 128}));
+  EXPECT_EQ(w.view({troupe::graph::tensor_role::attn_output, 1})->shape(), (troupe::shape{128, 64}));
+  EXPECT_EQ(w.view({troupe::graph::tensor_role::ffn_down, 1})->shape(), (troupe::shape{128, 128}));
+  EXPECT_EQ(w.view({troupe::graph::tensor_role::output, -1})->shape(), (troupe::shape{192, 128}));
+  EXPECT_EQ(w.view({troupe::graph::tensor_role::token_embd, -1})->shape(), (troupe::shape{384, 128}));
   // Row slices are views into the checkpoint's bytes, not copies.
-  EXPECT_EQ(w.view({"attn_q", 0})->data(), whole->model().weights().view({"attn_q", 0})->data() + 64 * 128 * sizeof(float));
+  EXPECT_EQ(w.view({troupe::graph::tensor_role::attn_q, 0})->data(), whole->model().weights().view({troupe::graph::tensor_role::attn_q, 0})->data() + 64 * 128 * sizeof(float));
   // A shard's graph on an executor with no group is refused when its entry is compiled, not run.
   exec::cpu::cpu_executor ex({1, std::nullopt});
   auto run = app::exec_runner::create(*shard, ex, 32);

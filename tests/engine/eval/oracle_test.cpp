@@ -147,13 +147,13 @@ TEST(oracle, linear_over_q8_0_weights) {
   tensor x = f32({1, 32}, std::vector<double>(32, 1.0));
   builder b;
   const auto xv = b.slot(slot_kind::request_input, {dtype::f32, {1, 32}}, "x");
-  const auto wv = b.weight({"w", 0}, {dtype::q8_0, {1, 32}});
+  const auto wv = b.weight({troupe::graph::tensor_role::ffn_up, 0}, {dtype::q8_0, {1, 32}});
   b.output("y", b.linear(xv, wv));
   b.output("row", b.gather_rows(wv, b.slot(slot_kind::token_ids, {dtype::i32, {1}})));
   auto g = std::move(b).finish();
   ASSERT_TRUE(g) << g.error().message();
   map_const_source weights;
-  weights.add({"w", 0}, w);
+  weights.add({troupe::graph::tensor_role::ffn_up, 0}, w);
   eval_inputs in;
   in.weights = &weights;
   tensor ids = i32({1}, {0});
@@ -288,7 +288,7 @@ TEST(oracle, binds_states_and_refuses_bad_inputs) {
   const auto cache = b.state_input("kv", {dtype::f32, {3, 2}});
   const auto ids = b.slot(slot_kind::kv_write_map, {dtype::i32, {1}});
   const auto row = b.slot(slot_kind::request_input, {dtype::f32, {1, 2}}, "row");
-  const auto w = b.weight({"scale"}, {dtype::f32, {2}});
+  const auto w = b.weight({troupe::graph::tensor_role::ffn_norm}, {dtype::f32, {2}});
   const auto next = b.scatter_rows(cache, ids, row);
   b.state_output("kv", next);
   b.output("sum", b.reduce(op::reduce_sum, b.mul(next, w), 0));
@@ -297,7 +297,7 @@ TEST(oracle, binds_states_and_refuses_bad_inputs) {
 
   tensor kv = f32({3, 2}, {1, 1, 1, 1, 1, 1}), id = i32({1}, {1}), r = f32({1, 2}, {5, 7});
   map_const_source weights;
-  weights.add({"scale"}, f32({2}, {1, 10}));
+  weights.add({troupe::graph::tensor_role::ffn_norm}, f32({2}, {1, 10}));
   eval_inputs in;
   in.weights = &weights;
   in.states.emplace("kv", kv.view());

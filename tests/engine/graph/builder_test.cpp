@@ -20,8 +20,8 @@ result<graph, trace_error> tiny_step(trace_limits limits = {}) {
   builder b(limits);
   b.admit_tokens(3);
   const auto ids = b.slot(slot_kind::token_ids, i32({3}));
-  const auto emb = b.weight({"token_embd"}, {dtype::q8_0, troupe::shape{16, 32}});
-  const auto norm_w = b.weight({"attn_norm", 0}, f32({32}));
+  const auto emb = b.weight({troupe::graph::tensor_role::token_embd}, {dtype::q8_0, troupe::shape{16, 32}});
+  const auto norm_w = b.weight({troupe::graph::tensor_role::attn_norm, 0}, f32({32}));
   const auto cache = b.state_input("kv.k.0", f32({8, 32}));
   const auto pos = b.slot(slot_kind::kv_write_map, i32({3}));
   b.push_scope("layers.0");
@@ -51,10 +51,10 @@ TEST(builder, traces_and_verifies_a_step) {
 
 TEST(builder, same_weight_role_is_one_const) {
   builder b;
-  const auto w1 = b.weight({"w", 2}, f32({4, 4}));
-  const auto w2 = b.weight({"w", 2}, f32({4, 4}));
+  const auto w1 = b.weight({troupe::graph::tensor_role::ffn_up, 2}, f32({4, 4}));
+  const auto w2 = b.weight({troupe::graph::tensor_role::ffn_up, 2}, f32({4, 4}));
   EXPECT_EQ(w1, w2);
-  b.weight({"w", 2}, f32({4, 5}));
+  b.weight({troupe::graph::tensor_role::ffn_up, 2}, f32({4, 5}));
   EXPECT_FALSE(b.ok());
   EXPECT_TRUE(std::holds_alternative<bad_declaration>(b.error()->kind));
 }

@@ -185,8 +185,8 @@ TEST(cpu_executor, routing_ops_match_the_oracle_and_refuse_bad_selections) {
     graph::builder b;
     const auto x = b.slot(graph::slot_kind::request_input, {dtype::f32, {T, K}}, "x");
     const auto s = b.slot(graph::slot_kind::request_input, {dtype::f32, {T, E}}, "scores");
-    const auto w = b.weight({"w", 0}, {wt, {E, N, K}});
-    const auto w2 = b.weight({"w2", 0}, {wt, {E, K, N * 4}});
+    const auto w = b.weight({troupe::graph::tensor_role::ffn_up, 0}, {wt, {E, N, K}});
+    const auto w2 = b.weight({troupe::graph::tensor_role::ffn_down, 0}, {wt, {E, K, N * 4}});
     const auto ids = b.top_k(s, k);
     const auto picked = b.take_along(s, ids);
     const auto y = b.linear_id(x, w, ids);                         // [T, k, N]
@@ -218,8 +218,8 @@ TEST(cpu_executor, routing_ops_match_the_oracle_and_refuse_bad_selections) {
       return q;
     };
     eval::map_const_source src;
-    src.add({"w", 0}, make(N, K));
-    src.add({"w2", 0}, make(K, N * 4));
+    src.add({troupe::graph::tensor_role::ffn_up, 0}, make(N, K));
+    src.add({troupe::graph::tensor_role::ffn_down, 0}, make(K, N * 4));
     const map_weights ws(src);
     eval::eval_inputs ei;
     ei.slots = {{"x", xt.view()}, {"scores", st.view()}};
@@ -282,13 +282,13 @@ TEST(cpu_executor, routing_ops_match_the_oracle_and_refuse_bad_selections) {
   graph::builder b;
   const auto x = b.slot(graph::slot_kind::request_input, {dtype::f32, {2, 32}}, "x");
   const auto ids = b.slot(graph::slot_kind::request_input, {dtype::i32, {2, 1}}, "ids");
-  b.output("y", b.linear_id(x, b.weight({"w", 0}, {dtype::f32, {3, 8, 32}}), ids));
+  b.output("y", b.linear_id(x, b.weight({troupe::graph::tensor_role::ffn_up, 0}, {dtype::f32, {3, 8, 32}}), ids));
   auto g = std::move(b).finish();
   ASSERT_TRUE(g);
   eval::map_const_source src;
   tensor w3(dtype::f32, {3, 8, 32});
   for (std::int64_t i = 0; i < w3.numel(); ++i) w3.as<float>()[i] = 0.5f;
-  src.add({"w", 0}, std::move(w3));
+  src.add({troupe::graph::tensor_role::ffn_up, 0}, std::move(w3));
   const map_weights ws(src);
   tensor xt(dtype::f32, {2, 32}), it(dtype::i32, {2, 1});
   for (std::int64_t i = 0; i < xt.numel(); ++i) xt.as<float>()[i] = 1.0f;
@@ -345,7 +345,7 @@ TEST(cpu_executor, fuses_a_residual_add_into_the_preceding_linear) {
   struct one : weight_source {
     const tensor* t;
     std::optional<tensor_view> find(const graph::weight_role& r) const override {
-      return r.name == "w" ? std::optional<tensor_view>(t->view()) : std::nullopt;
+      return r.kind == troupe::graph::tensor_role::ffn_up ? std::optional<tensor_view>(t->view()) : std::nullopt;
     }
   } ws;
   ws.t = &w;
@@ -357,7 +357,7 @@ TEST(cpu_executor, fuses_a_residual_add_into_the_preceding_linear) {
     graph::builder b;
     const auto xv = b.slot(graph::slot_kind::request_input, {dtype::f32, {M, K}}, "x");
     const auto rv = b.slot(graph::slot_kind::request_input, {dtype::f32, {M, N}}, "r");
-    const auto l = b.linear(xv, b.weight({"w"}, {dtype::f32, {N, K}}));
+    const auto l = b.linear(xv, b.weight({troupe::graph::tensor_role::ffn_up}, {dtype::f32, {N, K}}));
     b.output("y", form == 1 ? b.add(rv, l) : b.add(l, rv));
     if (form == 2) b.output("l", l);
     return std::move(b).finish();

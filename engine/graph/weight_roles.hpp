@@ -1,0 +1,48 @@
+#pragma once
+// The weight roles of every family, as one enum with one name table (llama.cpp's llm_tensor and
+// LLM_TENSOR_NAMES): a family's name rules, its trace and its sharding rules name roles by value, so
+// a misspelled role is a compile error rather than a tensor reported missing at load. A role's name
+// is its GGUF base name where GGUF has one ("attn_q" for blk.N.attn_q.weight).
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace troupe::graph {
+
+// X(name): one entry per role, in the order of the enum.
+#define TROUPE_WEIGHT_ROLES(X)                                                                             \
+  /* whole-model */                                                                                        \
+  X(token_embd) X(token_embd_norm) X(token_embd_norm_bias) X(token_types) X(position_embd) X(rope_freqs)    \
+  X(output) X(output_norm)                                                                                 \
+  /* attention */                                                                                          \
+  X(attn_norm) X(attn_q) X(attn_k) X(attn_v) X(attn_qkv) X(attn_q_bias) X(attn_k_bias) X(attn_v_bias)       \
+  X(attn_qkv_bias) X(attn_q_norm) X(attn_k_norm) X(attn_output) X(attn_output_bias) X(attn_output_norm)    \
+  X(attn_output_norm_bias) X(attn_sinks) X(post_attention_norm)                                            \
+  /* latent attention (MLA) */                                                                             \
+  X(attn_q_a) X(attn_q_a_norm) X(attn_q_b) X(attn_kv_a_mqa) X(attn_kv_a_norm) X(attn_kv_b) X(attn_k_b)     \
+  X(attn_v_b)                                                                                              \
+  /* feed-forward */                                                                                       \
+  X(ffn_norm) X(ffn_gate) X(ffn_up) X(ffn_down) X(ffn_gate_up) X(ffn_gate_up_bias) X(ffn_gate_bias) X(ffn_up_bias)              \
+  X(ffn_down_bias) X(post_ffw_norm) X(layer_output_norm) X(layer_output_norm_bias)                         \
+  /* routed experts */                                                                                     \
+  X(ffn_gate_inp) X(ffn_gate_inp_bias) X(exp_probs_b) X(ffn_gate_exps) X(ffn_up_exps) X(ffn_down_exps)      \
+  X(ffn_gate_exps_bias) X(ffn_up_exps_bias) X(ffn_down_exps_bias) X(hf_gate_up_exps) X(hf_gate_up_exps_bias) \
+  X(hf_down_exps) X(ffn_gate_shexp) X(ffn_up_shexp) X(ffn_down_shexp) X(ffn_gate_inp_shexp)
+
+enum class tensor_role : std::uint8_t {
+  none,  // no role: a weight binding without one is refused by the builder and by validate
+#define TROUPE_ROLE_ENUM(n) n,
+  TROUPE_WEIGHT_ROLES(TROUPE_ROLE_ENUM)
+#undef TROUPE_ROLE_ENUM
+};
+
+// "attn_q"; "none" for tensor_role::none.
+std::string_view role_name(tensor_role r);
+// The role spelled `name`, or nullopt.
+std::optional<tensor_role> role_from_name(std::string_view name);
+// The bias beside `r` (the role named r's name + "_bias": attn_q -> attn_q_bias), or none.
+tensor_role bias_of(tensor_role r);
+// Routed-expert tensors: [experts, ...] stacks that expert parallelism splits by expert.
+bool is_expert_stack(tensor_role r);
+
+}  // namespace troupe::graph

@@ -1,0 +1,114 @@
+#pragma once
+// The driver's state, shared by the files that make it up (private to engine/driver):
+//   entries.cpp     the entries ledger: options checked, weights loaded, entries traced and added;
+//   scheduler.cpp   a round of continuous batching over the serving surface (decode, verify, prefill);
+//   speculation.cpp draft policies and the verify window;
+//   driver.cpp      the public surface (open, step, commit, release, generate, encode, embed).
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine/driver/block_pool.hpp"
+#include "engine/driver/driver.hpp"
+#include "engine/driver/rank_fanout.hpp"
+#include "engine/driver/weight_source.hpp"
+#include "engine/guide/guide.hpp"
+#include "engine/text/detokenizer.hpp"
+
+namespace troupe::driver {
+
+enum class seq_phase : std::uint8_t { waiting, running, finished };
+
+struct sequence {
+  seq_id id = 0;
+  seq_request req;
+  std::vector<std::int32_t> tokens;  // prompt, then output
+  std::int64_t prompt_len = 0;
+  std::int64_t computed = 0;         // positions whose KV is in the pool
+  std::vector<block_id> blocks;      // block table
+  std::vector<std::uint64_t> chain;  // chain hash of each full block so far (published or not)
+  std::int64_t cached = -1;          // prompt positions its first admission took from the prefix cache (-1: not admitted yet)
+  std::int64_t generated = 0;
+  seq_phase phase = seq_phase::waiting;
+  std::optional<finish_reason> finished;
+  bool reported = false;             // its finish was reported by a round
+  bool cancel = false;
+  bool cacheable = true;             // no request inputs: may use and fill the prefix cache
+  std::optional<text::detokenizer> detok;
+  std::int64_t admitted = 0;         // admission order (latest is preempted first)
+  std::vector<std::int32_t> stop_ids;
+};
+
+inline std::vector<std::int64_t> buckets(std::int64_t first, std::int64_t last) {
+  std::vector<std::int64_t> b;
+  for (std::int64_t v = first; v < last; v *= 2) b.push_back(v);
+  b.push_back(last);
+  return b;
+}
+
+
+struct driver_state {
+  std::shared_ptr<const families::model_handle> handle;
+  exec::executor* ex = nullptr;
+  driver_options options;
+  std::vector<rank_state> ranks;  // tensor-parallel ranks 1.. (options.other_ranks, prepared)
+  std::unique_ptr<rank_workers> workers;  // their threads, once the first step runs
+  rank_workers& rank_threads() {
+    if (!workers) workers = std::make_unique<rank_workers>(ranks);
+    return *workers;
+  }
+
+  // prepared
+  std::unique_ptr<weight_map_source> weights;
+  exec::executable_id exe{};
+  std::map<entry_key, exec::entry_id, key_less> entries;
+  std::vector<entry_key> entry_order;
+  std::vector<std::int64_t> row_buckets, chunk_buckets;
+  std::int64_t block_size = 0, pool_blocks = 0, vocab = 0;
+  std::optional<block_pool> pool;
+  std::vector<std::int32_t> eos;
+  std::unique_ptr<guide::guide_cache> guides;  // built at the first guided request
+
+  // serving
+  std::map<seq_id, sequence> seqs;
+  std::deque<seq_id> waiting;
+  std::vector<seq_id> running;  // admission order
+  seq_id next_id = 1;
+  std::int64_t next_admission = 0;
+  driver_counters counters;
+
+  families::kv_layout layout() const { return families::kv_layout::paged(block_size, pool_blocks); }
+  entry_key step_key(std::int64_t rows, std::int64_t tokens, head_kind head) const {
+    entry_key k;
+    k.program = families::program::step;
+    k.shape = families::step_shape(rows, tokens, options.capacity).with_kv(layout());
+    k.head = head;
+    return k;
+  }
+  entry_key encode_key(std::int64_t rows = 1, std::int64_t tokens = 0) const {
+    entry_key k;
+    k.program = families::program::encode;
+    if (tokens == 0) tokens = options.prefill_chunk;
+    k.shape = families::step_shape(rows, tokens, tokens);
+    return k;
+  }
+
+  result<void, driver_error> validate();
+  result<void, driver_error> add(const entry_key& k);
+  result<void, driver_error> prepare();
+
+  result<void, driver_error> admit(sequence& s);
+  void free_blocks(sequence& s);
+  bool ensure_blocks(sequence& s, std::int64_t upto, step_report& report);
+  void publish_full_blocks(sequence& s);
+  void finish(sequence& s, finish_reason r);
+  void accept(sequence& s, const exec::sampled_row& row, seq_update& u);
+  result<void, driver_error> run_decode(std::vector<sequence*>& rows, step_report& report, std::map<seq_id, seq_update>& updates);
+  result<void, driver_error> run_prefill(sequence& s, std::int64_t n, step_report& report, std::map<seq_id, seq_update>& updates);
+  result<step_report, driver_error> round();
+  exec::mask_hook mask_hook_for(const std::vector<sequence*>& rows) const;
+};
+
+}  // namespace troupe::driver

@@ -1,0 +1,166 @@
+// The entries ledger: a driver's options checked, its weights loaded once, and every entry it serves
+// traced and added before the first request (driver.hpp).
+#include <algorithm>
+#include <limits>
+
+#include "engine/driver/driver_state.hpp"
+
+namespace troupe::driver {
+
+result<void, driver_error> driver_state::validate() {
+  auto bad = [](std::string why) { return unexpected(driver_error{driver_error_code::bad_options, std::move(why)}); };
+  const auto& o = options;
+  if (o.max_rows < 1) return bad("max_rows must be at least 1");
+  if (o.capacity < 1) return bad("capacity must be at least 1");
+  const auto max_pos = handle->model().config().max_positions;
+  if (max_pos > 0 && o.capacity > max_pos)
+    return bad("capacity " + std::to_string(o.capacity) + " exceeds the model's " + std::to_string(max_pos) + " positions");
+  if (o.prefill_chunk < 1 || o.prefill_chunk > o.capacity) return bad("prefill_chunk must lie in [1, capacity]");
+  if (o.token_budget < o.max_rows) return bad("token_budget must cover a decode row per sequence (at least max_rows)");
+  if (o.max_entries < 1) return bad("max_entries must be at least 1");
+  if (o.paged) {
+    if (o.block_size < 1 || o.block_size > o.capacity) return bad("block_size must lie in [1, capacity]");
+    block_size = o.block_size;
+    pool_blocks = o.pool_blocks > 0 ? o.pool_blocks : (o.max_rows * o.capacity + o.block_size - 1) / o.block_size;
+  } else {
+    if (o.pool_blocks != 0) return bad("pool_blocks applies to a paged pool only");
+    block_size = o.capacity;
+    pool_blocks = o.max_rows;
+  }
+  if (pool_blocks > std::numeric_limits<std::int32_t>::max() / std::max<std::int64_t>(block_size, 1))
+    return bad("the pool holds more slots than a 32-bit KV map can address");
+  std::vector<feature> active;
+  if (o.paged) active.push_back(feature::paged_pool);
+  if (o.prefix_cache) active.push_back(feature::prefix_cache);
+  if (auto c = check_compatible(active))
+    return unexpected(driver_error{driver_error_code::incompatible, "the driver's options do not compose", std::nullopt, *c});
+  return {};
+}
+
+result<void, driver_error> driver_state::add(const entry_key& k) {
+  if (entries.contains(k)) return {};
+  // The head is an executor stage over the step's logits, not part of the traced graph: a key that
+  // differs from a compiled one only in its head shares that entry instead of compiling a copy.
+  entry_key twin = k;
+  twin.head = k.head == head_kind::logits ? head_kind::sample : head_kind::logits;
+  if (const auto it = entries.find(twin); it != entries.end()) {
+    entries.emplace(k, it->second);
+    for (auto& r : ranks)
+      if (!r.remote) r.entries.emplace(k, r.entries.at(twin));  // a remote rank keys entries without the head
+    entry_order.push_back(k);
+    return {};
+  }
+  if (static_cast<std::int64_t>(entries.size()) >= options.max_entries)
+    return unexpected(driver_error{driver_error_code::entry_limit,
+                                   "entry " + k.str() + " would pass the limit of " + std::to_string(options.max_entries) + " entries"});
+  families::step_spec spec;
+  spec.program = k.program;
+  spec.shape = k.shape;
+  spec.carried_inputs = k.carried;
+  auto g = handle->model().trace(spec, options.limits);
+  if (!g) return unexpected(driver_error{driver_error_code::prepare_failed, "trace of " + k.str() + ": " + g.error().message()});
+  auto e = ex->add_entry(exe, *g);
+  if (!e) return unexpected(driver_error{driver_error_code::prepare_failed, "entry " + k.str() + ": " + e.error().message()});
+  if (options.max_retained_bytes > 0) {
+    const auto m = ex->memory();
+    const auto total = m.weight_bytes + m.state_bytes + m.scratch_bytes;
+    if (total > options.max_retained_bytes) {
+      // Not published: the driver never steps it. The executor keeps its compiled form until the
+      // executable goes (the contract has no removal).
+      return unexpected(driver_error{driver_error_code::byte_limit, "entry " + k.str() + " would retain " + std::to_string(total) +
+                                                                        " bytes, past the bound of " + std::to_string(options.max_retained_bytes)});
+    }
+  }
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    auto& r = ranks[i];
+    if (r.remote) {
+      if (auto a = r.remote->add(k); !a)
+        return unexpected(driver_error{driver_error_code::prepare_failed, "entry " + k.str() + " on remote rank " + std::to_string(i + 1) + ": " + a.error()});
+      continue;
+    }
+    auto rg = r.handle->model().trace(spec, options.limits);
+    if (!rg) return unexpected(driver_error{driver_error_code::prepare_failed, "trace of " + k.str() + " on rank " + std::to_string(i + 1) + ": " + rg.error().message()});
+    auto re = r.ex->add_entry(r.exe, *rg);
+    if (!re) return unexpected(driver_error{driver_error_code::prepare_failed, "entry " + k.str() + " on rank " + std::to_string(i + 1) + ": " + re.error().message()});
+    r.entries.emplace(k, *re);
+  }
+  entries.emplace(k, *e);
+  entry_order.push_back(k);
+  return {};
+}
+
+result<void, driver_error> driver_state::prepare() {
+  if (auto v = validate(); !v) return v;
+  const auto& cfg = handle->model().config();
+  vocab = cfg.vocab;
+  eos.assign(cfg.eos_ids.begin(), cfg.eos_ids.end());
+  if (const auto* t = handle->text())
+    for (auto id : t->specials().end_ids) eos.push_back(static_cast<std::int32_t>(id));
+  std::sort(eos.begin(), eos.end());
+  eos.erase(std::unique(eos.begin(), eos.end()), eos.end());
+
+  row_buckets = buckets(1, options.max_rows);
+  chunk_buckets = buckets(std::min<std::int64_t>(16, options.prefill_chunk), options.prefill_chunk);
+  std::vector<head_kind> heads{head_kind::sample};
+  if (options.logits_head) heads.push_back(head_kind::logits);
+  // An encoder (BERT) offers the encode program only: the driver serves embeddings and refuses generation.
+  const auto& schema = handle->model().schema();
+  const bool generates = schema.offers(families::program::step);
+  if (!generates) heads.clear();
+  std::vector<entry_key> keys;
+  for (auto h : heads) {
+    for (auto r : row_buckets) keys.push_back(step_key(r, 1, h));
+    for (auto t : chunk_buckets)
+      if (t > 1) keys.push_back(step_key(1, t, h));
+  }
+  if (options.encode || !generates) {
+    if (!schema.offers(families::program::encode))
+      return unexpected(driver_error{driver_error_code::program_not_offered, "the model offers no encode program"});
+    keys.push_back(encode_key());
+  }
+  const auto total = static_cast<std::int64_t>(keys.size()) + 1;
+  std::int64_t done = 0;
+  auto progress = [&] {
+    if (options.on_prepare) options.on_prepare(done, total);
+  };
+  progress();
+
+  if (options.connect)
+    if (auto c = options.connect(); !c) return unexpected(driver_error{driver_error_code::prepare_failed, "joining the replica's ranks: " + c.error()});
+  weights = std::make_unique<weight_map_source>(handle->model().weights());
+  auto exe_or = ex->load(*weights);
+  if (!exe_or) return unexpected(driver_error{driver_error_code::prepare_failed, "load: " + exe_or.error().message()});
+  exe = *exe_or;
+  for (std::size_t i = 0; i < options.other_ranks.size(); ++i) {
+    const auto& o = options.other_ranks[i];
+    if (!o.remote && (!o.shard || o.ex == nullptr))
+      return unexpected(driver_error{driver_error_code::bad_options, "tensor-parallel rank " + std::to_string(i + 1) + " has no shard or executor"});
+    rank_state r;
+    if (o.remote) {
+      r.remote = o.remote;
+      if (auto l = r.remote->load(); !l)
+        return unexpected(driver_error{driver_error_code::prepare_failed, "load on remote rank " + std::to_string(i + 1) + ": " + l.error()});
+      ranks.push_back(std::move(r));
+      continue;
+    }
+    r.handle = o.shard;
+    r.ex = o.ex;
+    r.weights = std::make_unique<weight_map_source>(r.handle->model().weights());
+    auto re = r.ex->load(*r.weights);
+    if (!re) return unexpected(driver_error{driver_error_code::prepare_failed, "load on rank " + std::to_string(i + 1) + ": " + re.error().message()});
+    r.exe = *re;
+    ranks.push_back(std::move(r));
+  }
+  ++done;
+  progress();
+  for (const auto& k : keys) {
+    if (auto a = add(k); !a) return a;
+    ++done;
+    progress();
+  }
+  pool.emplace(static_cast<std::int32_t>(pool_blocks), static_cast<std::int32_t>(block_size));
+  counters.pool_blocks = pool_blocks;
+  return {};
+}
+
+}  // namespace troupe::driver

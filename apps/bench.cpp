@@ -511,6 +511,99 @@ int run_replica_bench(const bench_options& o, const std::shared_ptr<const famili
 
 }  // namespace
 
+// One sequence through the driver with and without speculation, alternating within each run so both
+// see the same machine; decode is timed from the first token to the last.
+int run_spec_bench(const bench_options& o, const std::shared_ptr<const families::model_handle>& h) {
+  auto spec = speculation_of(o.speculation);
+  if (!spec) {
+    std::fprintf(stderr, "troupe bench: %s\n", spec.error().c_str());
+    return 2;
+  }
+  exec::cpu::cpu_executor ex({o.threads, std::nullopt});
+  driver::driver_options opt;
+  opt.max_rows = 1;
+  opt.block_size = 16;
+  opt.capacity = (o.prompt_len + o.gen + spec->tokens + 1 + 15) / 16 * 16;
+  opt.prefill_chunk = std::min<std::int64_t>(o.prompt_len, 512);
+  opt.token_budget = opt.prefill_chunk + 1;
+  opt.prefix_cache = false;
+  auto plain = driver::driver<driver::unprepared>(h, ex, opt).prepare();
+  if (!plain) {
+    std::fprintf(stderr, "troupe bench: %s\n", plain.error().second.message().c_str());
+    return 1;
+  }
+  opt.speculation = *spec;
+  auto fast = driver::driver<driver::unprepared>(h, ex, opt).prepare();
+  if (!fast) {
+    std::fprintf(stderr, "troupe bench: %s\n", fast.error().second.message().c_str());
+    return 1;
+  }
+  const auto vocab = h->model().config().vocab;
+  std::vector<std::int32_t> prompt;
+  for (std::int64_t i = 0; i < o.prompt_len; ++i) {
+    const std::int64_t j = o.prompt == "repetitive" ? i % 8 : i;
+    prompt.push_back(static_cast<std::int32_t>(3 + (j * 7919) % (vocab - 3)));
+  }
+  struct figures {
+    std::vector<double> tok_s;
+    std::vector<std::int32_t> tokens;
+  } off, on;
+  auto once = [&](driver::driver<driver::serving>& d, figures& f, bool keep) -> result<void, std::string> {
+    driver::seq_request r;
+    r.prompt = prompt;
+    r.max_tokens = o.gen;
+    r.ignore_eos = true;
+    std::vector<std::int32_t> toks;
+    std::optional<std::chrono::steady_clock::time_point> first;
+    auto g = d.generate(std::move(r), [&](const driver::seq_update& u) {
+      if (!u.tokens.empty() && !first) first = std::chrono::steady_clock::now();
+    });
+    if (!g) return unexpected(g.error().message());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - *first).count();
+    if (keep) f.tok_s.push_back(static_cast<double>(g->tokens.size() - 1) / s);
+    f.tokens = g->tokens;
+    return {};
+  };
+  const auto before = fast->counters();
+  for (int rep = 0; rep < o.runs + 1; ++rep)
+    for (auto* m : {&off, &on})
+      if (auto r = once(m == &off ? *plain : *fast, *m, rep > 0); !r) {
+        std::fprintf(stderr, "troupe bench: %s\n", r.error().c_str());
+        return 1;
+      }
+  const auto c = fast->counters();
+  const double drafted = static_cast<double>(c.draft_tokens - before.draft_tokens);
+  const double accepted = static_cast<double>(c.accepted_tokens - before.accepted_tokens);
+  const double verifies = static_cast<double>(c.verify_steps - before.verify_steps);
+  const double t_off = median_of(off.tok_s), t_on = median_of(on.tok_s);
+  const bool same = off.tokens == on.tokens;
+  const std::string policy = std::string(driver::name(spec->kind)) + " K=" + std::to_string(spec->tokens) +
+                             (spec->kind == driver::draft_kind::model ? " (" + o.speculation.draft_model + ")" : "");
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = o.model;
+    j["policy"] = policy;
+    j["prompt"] = o.prompt;
+    j["prompt_len"] = o.prompt_len;
+    j["gen"] = o.gen;
+    j["threads"] = ex.threads();
+    j["decode_tok_s_off"] = t_off;
+    j["decode_tok_s_on"] = t_on;
+    j["speedup"] = t_on / t_off;
+    j["acceptance"] = drafted > 0 ? accepted / drafted : 0.0;
+    j["tokens_per_verify"] = verifies > 0 ? (accepted + verifies) / verifies : 0.0;
+    j["identical_tokens"] = same;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("model %s, %s prompt of %lld tokens, %lld generated, %d threads, speculation %s\n", o.model.c_str(), o.prompt.c_str(),
+                static_cast<long long>(o.prompt_len), static_cast<long long>(o.gen), ex.threads(), policy.c_str());
+    std::printf("decode without drafts %.1f tok/s, with drafts %.1f tok/s: %.2fx\n", t_off, t_on, t_on / t_off);
+    std::printf("drafts accepted %.0f of %.0f (%.1f%%), %.2f tokens per verify step, tokens identical: %s\n", accepted, drafted,
+                drafted > 0 ? 100.0 * accepted / drafted : 0.0, verifies > 0 ? (accepted + verifies) / verifies : 0.0, same ? "yes" : "NO");
+  }
+  return same ? 0 : 1;
+}
+
 int run_bench(const bench_options& o) {
   if (o.batch < 1) {
     std::fprintf(stderr, "troupe bench: --batch must be at least 1\n");
@@ -522,6 +615,7 @@ int run_bench(const bench_options& o) {
     return 2;
   }
   if (o.backend == "cuda") return run_cuda_bench(o, *h);
+  if (o.speculation.any()) return run_spec_bench(o, *h);
   if (o.pipeline_parallel > 1) return run_replica_bench(o, *h);
   if (o.tensor_parallel > 1) return run_tp_bench(o, *h);
   if (o.actors) return run_actor_bench(o, *h);

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "apps/speculation_flags.hpp"
+
 namespace troupe::app {
 
 struct bench_options {
@@ -19,6 +21,12 @@ struct bench_options {
   int pipeline_parallel = 0;  // > 1: one sequence through the driver on 1 x 1 and on N x M ranks (cpu_replica)
   std::string backend = "cpu";  // cpu or cuda (single sequence and --batch N)
   int device = 0;
+  // Speculative decoding: one sequence decoded with and without the policy, same prompt, same driver
+  // options, both in this run: tokens/s of each, the speedup, the acceptance, and whether the tokens
+  // are identical. `prompt` repetitive: a phrase of 8 tokens over and over; random: what the other
+  // modes use.
+  speculation_flags speculation;
+  std::string prompt = "random";
 
 };
 int run_bench(const bench_options& opt);

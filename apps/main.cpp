@@ -174,6 +174,10 @@ int main(int argc, char** argv) {
   bn->add_option("--pipeline-parallel", bench.pipeline_parallel,
                  "one sequence through the driver on 1 x 1 and on (--tensor-parallel) x M stages: tokens/s")
       ->check(CLI::Range(2, 64));
+  bn->add_option("--speculative", bench.speculation.speculative, "ngram[:K]: one sequence with prompt-lookup drafts against none");
+  bn->add_option("--draft-model", bench.speculation.draft_model, "a smaller checkpoint with the same vocabulary drafting for the target");
+  bn->add_option("--draft-tokens", bench.speculation.draft_tokens, "drafts per verify window")->check(CLI::Range(1, 16));
+  bn->add_option("--prompt", bench.prompt, "random or repetitive (a phrase of 8 tokens over and over)")->check(CLI::IsMember({"random", "repetitive"}));
   bn->callback([&] { rc = troupe::app::run_bench(bench); });
 
   troupe::app::serve_options serve;

@@ -35,6 +35,7 @@ struct refused_pair {
 constexpr refused_pair compatibility_table[] = {
     {feature::request_inputs, feature::resume, "a resumed sequence does not keep the request inputs its cached state was computed with"},
     {feature::beam_search, feature::draft_policy, "drafts are verified per sequence, not per beam"},
+    {feature::request_inputs, feature::draft_policy, "a draft (and a verify window) cannot read the target's request inputs"},
     {feature::beam_search, feature::request_inputs, "beams would have to copy per-row request inputs on every fork"},
     {feature::recurrent_state, feature::prefix_cache, "recurrent state is not a function of a block of tokens, so it cannot be shared by prefix"},
     {feature::recurrent_state, feature::draft_policy, "rejected draft tokens cannot be rolled back out of recurrent state"},
@@ -57,6 +58,7 @@ bool implemented(feature f) {
     case feature::paged_pool:
     case feature::prefix_cache:
     case feature::request_inputs:
+    case feature::draft_policy:
       return true;
     default:
       return false;

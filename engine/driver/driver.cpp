@@ -96,6 +96,7 @@ driver_counters driver<serving>::counters() const {
   c.pool_available = s_->pool->available();
   c.waiting = static_cast<std::int64_t>(s_->waiting.size());
   c.running = static_cast<std::int64_t>(s_->running.size());
+  if (s_->drafts) c.draft_steps = s_->drafts->steps();
   return c;
 }
 
@@ -113,6 +114,7 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
   if (req.beams > 1) active.push_back(feature::beam_search);
   if (!req.adapter.empty()) active.push_back(feature::adapter);
   if (req.resume) active.push_back(feature::resume);
+  if (st.speculates() && req.speculate) active.push_back(feature::draft_policy);
   if (auto c = check_compatible(active))
     return unexpected(driver_error{driver_error_code::incompatible, "the request's features do not compose", std::nullopt, *c});
   for (auto f : active)

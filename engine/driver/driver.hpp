@@ -152,6 +152,31 @@ struct tp_rank {
   std::shared_ptr<remote_rank> remote;  // set: the rank is elsewhere (shard and ex unused)
 };
 
+// Speculative decoding (docs/speculative-decoding.md): a draft policy proposes up to `tokens` next
+// tokens of a decoding sequence; one verify step of the target computes the logits of the pending
+// token and every draft (an entry of rows x (tokens + 1) tokens with all-token logits), and the
+// sampling rules pick each position's token with the draw the sequence would use without drafts
+// (same seed, same draw index). A draft is accepted while it equals that pick; the first pick that
+// differs (or the pick after the last draft) is committed too. Drafts are point proposals, for which
+// this is the rejection rule (a draft d is accepted with probability p(d)), realised with the draw
+// of the non-speculative run: output is token for token what it would be without speculation.
+enum class draft_kind : std::uint8_t {
+  none,
+  ngram,  // prompt lookup: the tokens that followed the latest earlier occurrence of the last n tokens
+  model,  // a smaller checkpoint with the same vocabulary, drafting greedily on its own entries
+};
+std::string_view name(draft_kind k);
+
+struct speculation_options {
+  draft_kind kind = draft_kind::none;
+  std::int64_t tokens = 4;        // drafts per verify window at most (K)
+  std::int64_t ngram_min = 1;     // ngram: the shortest suffix matched
+  std::int64_t ngram_max = 3;     // ngram: the longest suffix matched (tried first)
+  bool adaptive = true;           // the window follows each sequence's acceptance (grow on a full accept)
+  std::shared_ptr<const families::model_handle> draft_model;  // model: the draft checkpoint
+  exec::executor* draft_executor = nullptr;                    // model: its executor (null: the target's)
+};
+
 struct driver_options {
   std::int64_t max_rows = 16;         // sequences decoding together
   std::int64_t capacity = 1024;       // positions per sequence (prompt and output)
@@ -159,6 +184,7 @@ struct driver_options {
   std::int64_t block_size = 16;       // paged: slots per block
   std::int64_t pool_blocks = 0;       // paged: blocks in the pool; 0 = max_rows * capacity / block_size
   std::int64_t prefill_chunk = 256;   // tokens of one prefill step
+  std::int64_t smallest_chunk = 16;   // the smallest prefill entry (chunks run in 16, 32, .. prefill_chunk)
   std::int64_t token_budget = 512;    // tokens of one scheduler round (decode rows + prefill chunks)
   bool prefix_cache = true;
   bool preempt = true;                // recompute preemption when the pool runs dry
@@ -176,6 +202,7 @@ struct driver_options {
   // Called first by prepare(): joins the replica's cross-process groups (remote ranks' pipes); an error
   // fails the preparation.
   std::function<result<void, std::string>()> connect;
+  speculation_options speculation;
 };
 
 enum class finish_reason : std::uint8_t {
@@ -215,13 +242,14 @@ struct seq_request {
   std::int32_t beams = 1;
   std::string adapter;
   bool resume = false;
+  bool speculate = true;  // false: this request opts out of the driver's draft policy
 };
 
 using seq_id = std::uint64_t;
 
 struct seq_update {
   seq_id id = 0;
-  std::vector<std::int32_t> tokens;        // drawn this round (zero or one)
+  std::vector<std::int32_t> tokens;        // committed this round (zero, one, or several after a verify window)
   std::vector<exec::sample_pick> picks;    // their logprob records
   std::vector<std::vector<float>> logits;  // Head::Logits rows
   std::string text;                        // new final text (when the model has a tokenizer)
@@ -235,6 +263,8 @@ struct step_report {
   std::int64_t prefill_tokens = 0;   // prompt tokens computed
   std::int64_t executor_steps = 0;
   std::int64_t preempted = 0;
+  std::int64_t draft_tokens = 0;     // drafts verified this round
+  std::int64_t accepted_tokens = 0;  // of which accepted
 };
 
 struct driver_counters {
@@ -248,6 +278,10 @@ struct driver_counters {
   std::int64_t pool_available = 0;
   std::int64_t waiting = 0;             // sequences opened and not yet admitted
   std::int64_t running = 0;             // sequences holding a row
+  std::int64_t verify_steps = 0;        // target steps that verified drafts
+  std::int64_t draft_tokens = 0;        // drafts proposed and verified
+  std::int64_t accepted_tokens = 0;     // drafts accepted (acceptance rate: accepted / draft)
+  std::int64_t draft_steps = 0;         // steps of the draft model
 };
 
 struct entry_key {

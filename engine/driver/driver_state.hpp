@@ -13,6 +13,7 @@
 #include "engine/driver/block_pool.hpp"
 #include "engine/driver/driver.hpp"
 #include "engine/driver/rank_fanout.hpp"
+#include "engine/driver/speculation.hpp"
 #include "engine/driver/weight_source.hpp"
 #include "engine/guide/guide.hpp"
 #include "engine/text/detokenizer.hpp"
@@ -39,6 +40,8 @@ struct sequence {
   std::optional<text::detokenizer> detok;
   std::int64_t admitted = 0;         // admission order (latest is preempted first)
   std::vector<std::int32_t> stop_ids;
+  std::int64_t window = 0;           // speculation: drafts asked next (adaptive; 0: options.speculation.tokens)
+  std::int64_t limit = -1;           // a draft model's mirror: does not grow past this many tokens (-1: no bound)
 };
 
 inline std::vector<std::int64_t> buckets(std::int64_t first, std::int64_t last) {
@@ -87,6 +90,18 @@ struct driver_state {
     k.head = head;
     return k;
   }
+  // A verify window: rows of the pending token and up to tokens - 1 drafts, with every token's logits.
+  // Windows come in a few widths (verify_widths: 2, 3, 5, 9, 17 below K + 1, and K + 1) so that a
+  // short draft does not pay for K.
+  entry_key verify_key(std::int64_t rows, std::int64_t tokens) const {
+    entry_key k = step_key(rows, tokens, head_kind::sample);
+    k.shape.with_logits(families::logit_rows::all);
+    return k;
+  }
+  std::vector<std::int64_t> verify_widths;
+  std::unique_ptr<drafter> drafts;  // options.speculation's policy (prepared), or null
+  exec::sample_scratch verify_scratch;
+  bool speculates() const { return drafts != nullptr; }
   entry_key encode_key(std::int64_t rows = 1, std::int64_t tokens = 0) const {
     entry_key k;
     k.program = families::program::encode;
@@ -106,6 +121,14 @@ struct driver_state {
   void finish(sequence& s, finish_reason r);
   void accept(sequence& s, const exec::sampled_row& row, seq_update& u);
   result<void, driver_error> run_decode(std::vector<sequence*>& rows, step_report& report, std::map<seq_id, seq_update>& updates);
+  // Decode rows with drafts: one verify step, then each row commits its accepted prefix and one pick.
+  result<void, driver_error> run_verify(std::vector<sequence*>& rows, const std::vector<std::vector<std::int32_t>>& drafts,
+                                        step_report& report, std::map<seq_id, seq_update>& updates);
+  // Drafts for the decode rows that speculate (empty where a row does not), or none at all.
+  result<std::vector<std::vector<std::int32_t>>, driver_error> draft_for(const std::vector<sequence*>& rows);
+  // Cuts a sequence back to its first `length` tokens (a draft model's mirror): KV past them is
+  // overwritten by the next step, full blocks past them leave its chain.
+  void truncate(sequence& s, std::int64_t length);
   result<void, driver_error> run_prefill(sequence& s, std::int64_t n, step_report& report, std::map<seq_id, seq_update>& updates);
   result<step_report, driver_error> round();
   exec::mask_hook mask_hook_for(const std::vector<sequence*>& rows) const;

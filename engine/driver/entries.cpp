@@ -18,6 +18,7 @@ result<void, driver_error> driver_state::validate() {
   if (o.prefill_chunk < 1 || o.prefill_chunk > o.capacity) return bad("prefill_chunk must lie in [1, capacity]");
   if (o.token_budget < o.max_rows) return bad("token_budget must cover a decode row per sequence (at least max_rows)");
   if (o.max_entries < 1) return bad("max_entries must be at least 1");
+  if (o.smallest_chunk < 2) return bad("smallest_chunk must be at least 2");
   if (o.paged) {
     if (o.block_size < 1 || o.block_size > o.capacity) return bad("block_size must lie in [1, capacity]");
     block_size = o.block_size;
@@ -29,7 +30,16 @@ result<void, driver_error> driver_state::validate() {
   }
   if (pool_blocks > std::numeric_limits<std::int32_t>::max() / std::max<std::int64_t>(block_size, 1))
     return bad("the pool holds more slots than a 32-bit KV map can address");
+  const auto& sp = o.speculation;
+  if (sp.kind != draft_kind::none) {
+    if (sp.tokens < 1 || sp.tokens > 16) return bad("speculation.tokens must lie in [1, 16]");
+    if (sp.tokens + 1 > o.capacity) return bad("a verify window of speculation.tokens + 1 must fit the capacity");
+    if (sp.kind == draft_kind::ngram && (sp.ngram_min < 1 || sp.ngram_max < sp.ngram_min))
+      return bad("speculation n-gram lengths must satisfy 1 <= ngram_min <= ngram_max");
+    if (sp.kind == draft_kind::model && !sp.draft_model) return bad("a draft-model policy needs its checkpoint");
+  }
   std::vector<feature> active;
+  if (sp.kind != draft_kind::none) active.push_back(feature::draft_policy);
   if (o.paged) active.push_back(feature::paged_pool);
   if (o.prefix_cache) active.push_back(feature::prefix_cache);
   if (auto c = check_compatible(active))
@@ -100,7 +110,7 @@ result<void, driver_error> driver_state::prepare() {
   eos.erase(std::unique(eos.begin(), eos.end()), eos.end());
 
   row_buckets = buckets(1, options.max_rows);
-  chunk_buckets = buckets(std::min<std::int64_t>(16, options.prefill_chunk), options.prefill_chunk);
+  chunk_buckets = buckets(std::min<std::int64_t>(options.smallest_chunk, options.prefill_chunk), options.prefill_chunk);
   std::vector<head_kind> heads{head_kind::sample};
   if (options.logits_head) heads.push_back(head_kind::logits);
   // An encoder (BERT) offers the encode program only: the driver serves embeddings and refuses generation.
@@ -112,6 +122,15 @@ result<void, driver_error> driver_state::prepare() {
     for (auto r : row_buckets) keys.push_back(step_key(r, 1, h));
     for (auto t : chunk_buckets)
       if (t > 1) keys.push_back(step_key(1, t, h));
+  }
+  const bool speculate = generates && options.speculation.kind != draft_kind::none;
+  if (speculate) {
+    const auto K1 = options.speculation.tokens + 1;
+    for (std::int64_t w : {2, 3, 5, 9, 17})
+      if (w < K1) verify_widths.push_back(w);
+    verify_widths.push_back(K1);
+    for (auto w : verify_widths)
+      for (auto r : row_buckets) keys.push_back(verify_key(r, w));
   }
   if (options.encode || !generates) {
     if (!schema.offers(families::program::encode))
@@ -160,6 +179,17 @@ result<void, driver_error> driver_state::prepare() {
   }
   pool.emplace(static_cast<std::int32_t>(pool_blocks), static_cast<std::int32_t>(block_size));
   counters.pool_blocks = pool_blocks;
+  if (speculate) {
+    if (options.speculation.kind == draft_kind::ngram) {
+      drafts = make_ngram_drafter(options.speculation);
+    } else {
+      auto o = options;
+      if (!o.speculation.draft_executor) o.speculation.draft_executor = ex;
+      auto d = make_model_drafter(o, vocab);
+      if (!d) return unexpected(d.error());
+      drafts = std::move(*d);
+    }
+  }
   return {};
 }
 

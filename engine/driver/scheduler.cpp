@@ -24,6 +24,16 @@ void driver_state::finish(sequence& s, finish_reason r) {
   running.erase(std::remove(running.begin(), running.end(), s.id), running.end());
   waiting.erase(std::remove(waiting.begin(), waiting.end(), s.id), waiting.end());
   ex->close_history(s.id);
+  if (drafts) drafts->forget(s.id);
+}
+
+void driver_state::truncate(sequence& s, std::int64_t length) {
+  if (length >= static_cast<std::int64_t>(s.tokens.size())) return;
+  s.tokens.resize(static_cast<std::size_t>(length));
+  s.computed = std::min(s.computed, length);
+  s.chain.resize(std::min(s.chain.size(), static_cast<std::size_t>(s.computed / block_size)));
+  s.prompt_len = std::min(s.prompt_len, length);
+  s.generated = std::max<std::int64_t>(0, length - s.prompt_len);
 }
 
 result<void, driver_error> driver_state::admit(sequence& s) {
@@ -193,6 +203,144 @@ result<void, driver_error> driver_state::run_decode(std::vector<sequence*>& rows
   return {};
 }
 
+result<std::vector<std::vector<std::int32_t>>, driver_error> driver_state::draft_for(const std::vector<sequence*>& rows) {
+  if (!drafts) return std::vector<std::vector<std::int32_t>>{};
+  const auto K = options.speculation.tokens;
+  std::vector<draft_row> asks;
+  std::vector<std::size_t> which;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& s = *rows[i];
+    // Guided rows need a mask per position and logits rows every row's logits: they decode one token.
+    if (!s.req.speculate || s.req.guide || s.req.head != head_kind::sample) continue;
+    const auto n = static_cast<std::int64_t>(s.tokens.size());
+    const std::int64_t want = std::min({s.window > 0 ? s.window : K, s.req.max_tokens - s.generated - 1, options.capacity - n});
+    if (want < 1) continue;
+    asks.push_back({s.id, s.tokens, want});
+    which.push_back(i);
+  }
+  if (asks.empty()) return std::vector<std::vector<std::int32_t>>{};
+  auto got = drafts->propose(asks);
+  counters.draft_steps = drafts->steps();
+  if (!got) return unexpected(got.error());
+  std::vector<std::vector<std::int32_t>> out(rows.size());
+  bool any = false;
+  for (std::size_t j = 0; j < which.size(); ++j) {
+    auto& d = (*got)[j];
+    for (auto t : d)
+      if (t < 0 || t >= vocab) d.clear();  // a draft outside the vocabulary is no draft
+    any = any || !d.empty();
+    out[which[j]] = std::move(d);
+  }
+  if (!any) out.clear();
+  return out;
+}
+
+result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows, const std::vector<std::vector<std::int32_t>>& drafts_of,
+                                                    step_report& report, std::map<seq_id, seq_update>& updates) {
+  // Blocks for every draft position; a row whose drafts cannot have them verifies none.
+  std::vector<std::vector<std::int32_t>> drafted = drafts_of;
+  for (std::size_t r = 0; r < rows.size(); ++r)
+    if (!drafted[r].empty() && !ensure_blocks(*rows[r], rows[r]->computed + 1 + static_cast<std::int64_t>(drafted[r].size()), report))
+      drafted[r].clear();
+  for (std::size_t r = rows.size(); r-- > 0;)  // a preemption may have taken rows already chosen
+    if (rows[r]->phase != seq_phase::running || rows[r]->blocks.empty()) {
+      rows.erase(rows.begin() + static_cast<std::ptrdiff_t>(r));
+      drafted.erase(drafted.begin() + static_cast<std::ptrdiff_t>(r));
+    }
+  if (rows.empty()) return {};
+  const auto D = static_cast<std::int64_t>(rows.size());
+  const auto R = *std::lower_bound(row_buckets.begin(), row_buckets.end(), D);
+  std::size_t longest = 0;
+  for (const auto& d : drafted) longest = std::max(longest, d.size());
+  const auto T = *std::lower_bound(verify_widths.begin(), verify_widths.end(), static_cast<std::int64_t>(longest) + 1), C = options.capacity;
+  const auto key = verify_key(R, T);
+  const auto entry = entries.at(key);
+  tensor ids(dtype::i32, {R * T}), pos(dtype::i32, {R * T}), write(dtype::i32, {R * T}), read(dtype::i32, {R, C});
+  auto* idp = ids.as<std::int32_t>();
+  auto* pp = pos.as<std::int32_t>();
+  auto* wp = write.as<std::int32_t>();
+  auto* rp = read.as<std::int32_t>();
+  std::fill(idp, idp + R * T, 0);
+  std::fill(pp, pp + R * T, 0);
+  std::fill(wp, wp + R * T, -1);
+  std::fill(rp, rp + R * C, -1);
+  for (std::int64_t r = 0; r < D; ++r) {
+    const auto& s = *rows[static_cast<std::size_t>(r)];
+    const auto& d = drafted[static_cast<std::size_t>(r)];
+    const std::int64_t p = s.computed, k = static_cast<std::int64_t>(d.size());
+    auto slot = [&](std::int64_t q) { return static_cast<std::int32_t>(s.blocks[static_cast<std::size_t>(q / block_size)] * block_size + q % block_size); };
+    for (std::int64_t t = 0; t < T; ++t) {
+      const bool real = t <= k;  // the pending token, then the drafts; padding repeats the last position and writes nothing
+      idp[r * T + t] = !real ? 0 : t == 0 ? s.tokens[static_cast<std::size_t>(p)] : d[static_cast<std::size_t>(t - 1)];
+      pp[r * T + t] = static_cast<std::int32_t>(p + std::min(t, k));
+      wp[r * T + t] = real ? slot(p + t) : -1;
+    }
+    for (std::int64_t j = 0; j <= p + k; ++j) rp[r * C + j] = slot(j);
+  }
+  exec::step_inputs in;
+  in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", write.view()}, {"kv_read_map", read.view()}};
+  std::optional<others_run> others;
+  if (!ranks.empty()) others.emplace(rank_threads(), key, in);
+  auto out = ex->step(entry, in);
+  if (others)
+    if (auto e = others->wait(); e && out) out = unexpected(*e);
+  ++report.executor_steps;
+  ++counters.verify_steps;
+  auto fail = [&](const std::string& why) {
+    for (auto* s : rows) {
+      finish(*s, finish_reason::error);
+      updates[s->id].id = s->id;
+      updates[s->id].finished = finish_reason::error;
+    }
+    return unexpected(driver_error{driver_error_code::step_failed, "verify step " + key.str() + ": " + why});
+  };
+  if (!out) return fail(out.error().message());
+  const auto it = out->outputs.find("logits");
+  if (it == out->outputs.end() || it->second.shape().rank() != 2 || it->second.shape()[0] != R * T) return fail("no logits for every token of the window");
+  const auto V = it->second.shape()[1];
+  const float* logits = it->second.as<float>();
+  const auto K = options.speculation.tokens;
+  for (std::int64_t r = 0; r < D; ++r) {
+    auto& s = *rows[static_cast<std::size_t>(r)];
+    const auto& d = drafted[static_cast<std::size_t>(r)];
+    const auto k = static_cast<std::int64_t>(d.size());
+    // Each position's pick as the sequence would draw it without drafts: its rules, its history with
+    // the tokens accepted before it, its draw index.
+    std::optional<exec::token_history> hist;
+    if (const auto* h = ex->history(s.id)) hist = *h;
+    std::vector<exec::sample_pick> picks;
+    std::int64_t m = 0;
+    for (std::int64_t i = 0; i <= k; ++i) {
+      const std::span<const float> row(logits + (r * T + i) * V, static_cast<std::size_t>(V));
+      auto pick = exec::sample_row(row, s.req.sampling, hist ? &*hist : nullptr, static_cast<std::uint64_t>(s.generated + i), {}, verify_scratch);
+      if (!pick) return fail("row " + std::to_string(r) + ": " + pick.error().message());
+      if (hist) hist->record(pick->token);
+      const bool agrees = i < k && pick->token == d[static_cast<std::size_t>(i)];
+      picks.push_back(std::move(*pick));
+      if (!agrees) break;
+      ++m;
+    }
+    report.draft_tokens += k;
+    report.accepted_tokens += m;
+    counters.draft_tokens += k;
+    counters.accepted_tokens += m;
+    counters.decode_tokens += m + 1;
+    if (options.speculation.adaptive) s.window = m == k ? std::min(K, k + 1) : std::max<std::int64_t>(1, m + 1);
+    // Commit: the pending token's and the accepted drafts' KV is in place; the rest is overwritten later.
+    s.computed += 1 + m;
+    auto& u = updates[s.id];
+    u.id = s.id;
+    for (const auto& p : picks) {
+      ex->record_history(s.id, std::span(&p.token, 1));
+      accept(s, exec::sampled_row{p, {}}, u);
+      if (s.finished) break;
+    }
+    if (!s.finished) publish_full_blocks(s);
+  }
+  report.decode_rows += D;
+  return {};
+}
+
 result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n, step_report& report, std::map<seq_id, seq_update>& updates) {
   const auto T = *std::lower_bound(chunk_buckets.begin(), chunk_buckets.end(), n);
   const auto C = options.capacity;
@@ -282,6 +430,7 @@ result<step_report, driver_error> driver_state::round() {
     auto& s = seqs.at(id);
     if (s.phase != seq_phase::running) continue;
     if (static_cast<std::int64_t>(s.tokens.size()) - s.computed != 1) continue;
+    if (s.limit >= 0 && static_cast<std::int64_t>(s.tokens.size()) >= s.limit) continue;  // a mirror holding its drafts
     if (!ensure_blocks(s, s.computed + 1, report)) {
       finish(s, finish_reason::pool_exhausted);
       continue;
@@ -291,7 +440,27 @@ result<step_report, driver_error> driver_state::round() {
   // A preemption may have taken rows already chosen.
   std::erase_if(decode, [](sequence* s) { return s->phase != seq_phase::running || s->blocks.empty(); });
   result<void, driver_error> failure{};
-  if (!decode.empty()) failure = run_decode(decode, report, updates);
+  if (!decode.empty()) {
+    // A draft policy that fails (its model's step) costs the round its drafts, never its tokens.
+    // Rows with drafts verify them in one step; the others (no draft, guided, logits) decode as ever.
+    auto drafted = draft_for(decode);
+    if (!drafted || drafted->empty()) {
+      failure = run_decode(decode, report, updates);
+    } else {
+      std::vector<sequence*> verify, plain;
+      std::vector<std::vector<std::int32_t>> of;
+      for (std::size_t i = 0; i < decode.size(); ++i) {
+        if ((*drafted)[i].empty()) {
+          plain.push_back(decode[i]);
+        } else {
+          verify.push_back(decode[i]);
+          of.push_back(std::move((*drafted)[i]));
+        }
+      }
+      failure = run_verify(verify, of, report, updates);
+      if (failure && !plain.empty()) failure = run_decode(plain, report, updates);
+    }
+  }
 
   // Prefill chunks while the budget lasts.
   std::int64_t budget = options.token_budget - static_cast<std::int64_t>(decode.size());

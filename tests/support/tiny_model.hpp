@@ -10,6 +10,7 @@
 
 #include "cluster/local_cluster.hpp"
 #include "families/fixtures/fixture.hpp"
+#include "tests/support/driver_fixture.hpp"
 
 namespace troupe::test {
 
@@ -18,16 +19,8 @@ inline std::filesystem::path tiny_llama_gguf(const std::string& file = "tiny.ggu
   const auto dir = fs::temp_directory_path() / ("troupe-tiny-" + std::to_string(::getpid()));
   const auto path = dir / file;
   if (fs::exists(path)) return path;
-  families::fixture_dims d;
-  d.vocab = 512;
-  d.hidden = 128;
-  d.ffn = 256;
-  d.heads = 4;
-  d.kv_heads = 2;
-  d.head_dim = 32;
-  d.layers = 2;
   fs::create_directories(dir);
-  auto w = families::write_fixture("llama", d, path, true);
+  auto w = families::write_fixture("llama", small_dims(), path, true);
   EXPECT_TRUE(w) << (w ? "" : w.error().message());
   return path;
 }

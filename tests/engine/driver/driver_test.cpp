@@ -13,6 +13,7 @@
 #include "apps/exec_runner.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "families/fixtures/fixture.hpp"
+#include "tests/support/driver_fixture.hpp"
 
 namespace troupe::driver {
 namespace {
@@ -20,25 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::shared_ptr<const families::model_handle> fixture(std::string_view family = "llama", dtype format = dtype::f32) {
-  families::fixture_dims d;
-  d.vocab = 512;
-  d.hidden = 128;
-  d.ffn = 256;
-  d.heads = 4;
-  d.kv_heads = 2;
-  d.head_dim = 32;
-  d.layers = 2;
-  d.matrix_type = format;
-  const auto dir = fs::temp_directory_path() / ("troupe-driver-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const auto path = dir / (std::string(family) + "_" + std::string(troupe::name(format)) + ".gguf");
-  if (!fs::exists(path)) {
-    auto w = families::write_fixture(family, d, path, true);
-    EXPECT_TRUE(w) << (w ? "" : w.error().message());
-  }
-  auto h = families::model_handle::load(path, families::registry::builtin());
-  EXPECT_TRUE(h) << (h ? "" : families::message(h.error()));
-  return h ? *h : nullptr;
+  return test::small_fixture(family, format);
 }
 
 driver_options small_options() {
@@ -51,11 +34,7 @@ driver_options small_options() {
   return o;
 }
 
-driver<serving> serve(std::shared_ptr<const families::model_handle> h, exec::executor& ex, driver_options o) {
-  auto d = driver<unprepared>(std::move(h), ex, o).prepare();
-  if (!d) ADD_FAILURE() << d.error().second.message();
-  return std::move(*d);
-}
+using test::serve;
 
 std::vector<std::int32_t> prompt(std::int64_t n, std::int32_t salt) {
   std::vector<std::int32_t> p(static_cast<std::size_t>(n));
@@ -63,50 +42,10 @@ std::vector<std::int32_t> prompt(std::int64_t n, std::int32_t salt) {
   return p;
 }
 
-seq_request request(std::vector<std::int32_t> p, std::int64_t max_tokens, float temperature = 0.0f, std::uint64_t seed = 0) {
-  seq_request r;
-  r.prompt = std::move(p);
-  r.max_tokens = max_tokens;
-  r.ignore_eos = true;
-  r.sampling.temperature = temperature;
-  r.sampling.seed = seed;
-  if (temperature > 0) r.sampling.top_p = 0.95f;
-  return r;
-}
+using test::request;
 
-struct run_result {
-  std::vector<std::int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-  std::optional<finish_reason> finished;
-};
-
-// Opens every request at once and steps until all finish.
-std::vector<run_result> run_all(driver<serving>& d, const std::vector<seq_request>& reqs) {
-  std::vector<seq_id> ids;
-  for (const auto& r : reqs) {
-    auto id = d.open(r);
-    EXPECT_TRUE(id) << (id ? "" : id.error().message());
-    ids.push_back(id ? *id : 0);
-  }
-  std::map<seq_id, run_result> out;
-  for (int round = 0; round < 10000 && !d.idle(); ++round) {
-    auto r = d.step();
-    EXPECT_TRUE(r) << (r ? "" : r.error().message());
-    if (!r) break;
-    for (const auto& u : r->updates) {
-      auto& o = out[u.id];
-      o.tokens.insert(o.tokens.end(), u.tokens.begin(), u.tokens.end());
-      o.logits.insert(o.logits.end(), u.logits.begin(), u.logits.end());
-      if (u.finished) o.finished = u.finished;
-    }
-  }
-  std::vector<run_result> res;
-  for (auto id : ids) {
-    res.push_back(out[id]);
-    (void)d.release(id);
-  }
-  return res;
-}
+using test::run_all;
+using test::run_result;
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());

@@ -103,6 +103,8 @@ transport::stats driver_stats(const driver_actor_state& st) {
   s.jobs_refused = st.refused;
   s.prompt_tokens = c.prefill_tokens + c.prefix_hit_tokens;
   s.prefix_hit_tokens = c.prefix_hit_tokens;
+  s.draft_tokens = c.draft_tokens;
+  s.accepted_tokens = c.accepted_tokens;
   return s;
 }
 
@@ -194,6 +196,7 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
         r.max_tokens = j->max_tokens;
         r.stop_ids = j->stop_ids;
         r.ignore_eos = j->ignore_eos;
+        r.speculate = !j->no_speculation;
         r.stop = j->stop;
         r.inputs = std::move(*inputs);
         r.prior_output = j->prior_output;

@@ -949,6 +949,10 @@ std::string gateway_state::metrics_text() {
         [](const transport::stats& s) { return s.kv_blocks_total ? static_cast<double>(s.kv_blocks_used) / static_cast<double>(s.kv_blocks_total) : 0.0; });
   gauge("troupe_prefix_cache_hit_ratio", "Share of prompt tokens served from the prefix cache.",
         [](const transport::stats& s) { return s.prompt_tokens ? static_cast<double>(s.prefix_hit_tokens) / static_cast<double>(s.prompt_tokens) : 0.0; });
+  gauge("troupe_draft_tokens", "Speculative decoding: drafts verified.", [](const transport::stats& s) { return s.draft_tokens; });
+  gauge("troupe_accepted_draft_tokens", "Speculative decoding: drafts accepted.", [](const transport::stats& s) { return s.accepted_tokens; });
+  gauge("troupe_draft_acceptance_ratio", "Speculative decoding: share of drafts accepted.",
+        [](const transport::stats& s) { return s.draft_tokens ? static_cast<double>(s.accepted_tokens) / static_cast<double>(s.draft_tokens) : 0.0; });
   gauge("troupe_decode_tokens_per_second", "Recent decode throughput.", [](const transport::stats& s) { return s.tokens_per_second; });
   gauge("troupe_jobs_done", "Jobs finished.", [](const transport::stats& s) { return s.jobs_done; });
   return out;

@@ -109,6 +109,8 @@ void read_common(params& p, request_plan& plan) {
   if (auto v = p.number<std::int32_t>("n", 1, 16)) plan.n = *v;
   if (auto v = p.boolean("stream")) plan.stream = *v;
   if (auto v = p.boolean("ignore_eos")) j.ignore_eos = *v;
+  // troupe's extension: false opts this request out of the deployment's speculative decoding.
+  if (auto v = p.boolean("speculative")) j.no_speculation = !*v;
   if (auto it = p.body.find("stream_options"); it != p.body.end() && !it->is_null()) {
     if (!it->is_object()) p.fail("stream_options", "must be an object");
     else if (auto u = it->find("include_usage"); u != it->end()) {

@@ -110,6 +110,14 @@ std::string served_name(const std::filesystem::path& checkpoint) {
   return name;
 }
 
+void put_speculation(transport::load_request& l, const driver::speculation_options& s) {
+  if (s.kind == driver::draft_kind::none) return;
+  l.speculative = std::string(driver::name(s.kind));
+  l.draft_tokens = static_cast<std::int32_t>(s.tokens);
+  if (!s.draft_path.empty()) l.draft_model = s.draft_path;
+  else if (s.draft_model) l.draft_model = std::filesystem::absolute(s.draft_model->path()).lexically_normal().string();
+}
+
 driver::driver_options replica_options(const transport::load_request& l, std::int64_t max_positions) {
   driver::driver_options o;
   if (l.max_rows > 0) o.max_rows = l.max_rows;
@@ -125,6 +133,9 @@ driver::driver_options replica_options(const transport::load_request& l, std::in
   o.token_budget = l.token_budget > 0 ? l.token_budget : o.prefill_chunk + o.max_rows;
   o.prefix_cache = !l.no_prefix_cache;
   o.preempt = !l.no_preempt;
+  if (l.speculative == "ngram") o.speculation.kind = driver::draft_kind::ngram;
+  if (l.speculative == "model") o.speculation.kind = driver::draft_kind::model;  // the node loads draft_model
+  if (l.draft_tokens > 0) o.speculation.tokens = l.draft_tokens;
   return o;
 }
 

@@ -38,5 +38,8 @@ std::string served_name(const std::filesystem::path& checkpoint);
 // model's positions (the capacity, at most default_capacity, in whole KV blocks) and from the capacity
 // (the prefill chunk and the token budget).
 driver::driver_options replica_options(const transport::load_request& l, std::int64_t max_positions);
+// A driver's speculation as a load request carries it: the policy's name, its window, and the draft
+// checkpoint's absolute path (the node loads it).
+void put_speculation(transport::load_request& l, const driver::speculation_options& s);
 
 }  // namespace troupe::actors

@@ -70,6 +70,24 @@ result<std::shared_ptr<const families::model_handle>, std::string> handle_for(no
   return h;
 }
 
+// The replica's options with the draft model of its load request (speculative "model") loaded here.
+result<driver::driver_options, std::string> options_for(node_state& st, const transport::load_request& l, std::int64_t max_positions) {
+  auto o = replica_options(l, max_positions);
+  if (o.speculation.kind != driver::draft_kind::model) return o;
+  if (l.draft_model.empty()) return unexpected(std::string("speculative decoding with a draft model needs its checkpoint"));
+  auto& h = st.handles[l.draft_model];
+  if (!h) {
+    auto loaded = families::model_handle::load(l.draft_model, families::registry::builtin());
+    if (!loaded) {
+      st.handles.erase(l.draft_model);
+      return unexpected("draft model: " + families::message(loaded.error()));
+    }
+    h = *loaded;
+  }
+  o.speculation.draft_model = h;
+  return o;
+}
+
 void keep(node_self* self, const caf::actor& a) {
   self->monitor(a);
   self->state.spawned->push_back(a);
@@ -175,7 +193,9 @@ node_answer deploy_here(node_self* self, const std::string& bytes, const caf::ac
   auto handle = handle_for(st, *d);
   if (!handle) return refused(handle.error());
   const auto& h = *handle;
-  const driver::driver_options o = replica_options(d->load, h->model().config().max_positions);
+  const auto opts = options_for(st, d->load, h->model().config().max_positions);
+  if (!opts) return refused(opts.error());
+  const driver::driver_options& o = *opts;
   const int tp = std::max(1, d->load.tensor_parallel), pp = std::max(1, d->load.pipeline_parallel);
   if (!st.cuda_devices.empty()) {
     if (pp > 1) return refused("a GPU node splits a replica tensor-parallel over its GPUs (pipeline stages on GPUs are not built)");
@@ -247,7 +267,9 @@ node_actor_t::behavior_type node_actor(node_self* self, int executor_threads, st
         auto head = make_cross_node_head(self->system(), *h, d->load, caf::actor_cast<coordinator_actor>(coordinator), ranks, st.executor_threads,
                                          st.collective_host);
         if (!head) return refused(head.error());
-        driver::driver_options o = replica_options(d->load, (*h)->model().config().max_positions);
+        auto opts = options_for(self->state, d->load, (*h)->model().config().max_positions);
+        if (!opts) return refused(opts.error());
+        driver::driver_options o = std::move(*opts);
         o.other_ranks = head->other_ranks;
         o.connect = head->connect;
         return {spawn_replica(self, head->part, head->executor, o, coordinator, *d, head->keep), std::string()};

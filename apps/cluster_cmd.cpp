@@ -362,6 +362,14 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     d.capacity = e.capacity;
     d.prefill_chunk = 0;  // the node derives the chunk and the budget from the capacity
     d.token_budget = 0;
+    if (o.speculation.any()) {
+      auto sp = speculation_of(o.speculation, false);  // the nodes load the draft checkpoint
+      if (!sp) {
+        std::fprintf(stderr, "troupe deploy: %s\n", sp.error().c_str());
+        return 2;
+      }
+      d.speculation = *sp;
+    }
     if (o.expert_parallel > 1 && o.tensor_parallel > 1 && o.expert_parallel != o.tensor_parallel) {
       std::fprintf(stderr, "troupe deploy: --expert-parallel spans the tensor-parallel group: give it %d, or leave --tensor-parallel out\n",
                    o.tensor_parallel);

@@ -1,4 +1,5 @@
 #pragma once
+#include "apps/speculation_flags.hpp"
 // The cluster's command line: troupe coordinator, node, deploy, submit, status.
 #include <cstdint>
 #include <optional>
@@ -35,6 +36,7 @@ struct cluster_cmd_options {
   std::string name;           // deploy: the served name (default: the checkpoint's stem); submit: the model
   std::string collective_host;  // node: where its cross-node collectives listen (empty: toward the coordinator)
   int expert_parallel = 1;  // deploy: ranks per replica holding whole experts (sets tensor_parallel)
+  speculation_flags speculation;  // deploy: the replicas' draft policy (--draft-model: a path every node can read)
   int tensor_parallel = 1;  // deploy: ranks per replica, on one node    // deploy: draw the replicas' preparation as a progress bar on stderr
   // top
   int interval_ms = 500;

@@ -218,6 +218,17 @@ int run_generate(const generate_options& o) {
     opt.prefill_chunk = std::min<std::int64_t>(256, capacity);
     opt.token_budget = opt.prefill_chunk + 1;
     opt.prefix_cache = false;
+    if (o.speculation.any()) {
+      auto sp = speculation_of(o.speculation);
+      if (!sp) {
+        std::fprintf(stderr, "troupe generate: %s\n", sp.error().c_str());
+        return 2;
+      }
+      opt.speculation = *sp;
+      // A window never longer than the sequence's whole capacity.
+      opt.speculation.tokens = std::min(opt.speculation.tokens, opt.capacity - 1);
+      if (opt.speculation.tokens < 1) opt.speculation.kind = driver::draft_kind::none;
+    }
     auto prepared = driver::driver<driver::unprepared>(rank0, *ex, opt).prepare();
     if (!prepared) {
       std::fprintf(stderr, "troupe generate: %s\n", prepared.error().second.message().c_str());
@@ -260,6 +271,10 @@ int run_generate(const generate_options& o) {
                    prompt_ids.size(), first_ms.value_or(0.0), static_cast<long long>(drawn),
                    drawn > 1 && decode_ms > 0 ? static_cast<double>(drawn - 1) * 1000.0 / decode_ms : 0.0,
                    std::string(driver::name(g->finished)).c_str());
+      if (const auto c = prepared->counters(); c.draft_tokens > 0)
+        std::fprintf(stderr, "troupe generate: speculation %s: %lld of %lld drafts accepted over %lld verify steps\n",
+                     std::string(driver::name(opt.speculation.kind)).c_str(), static_cast<long long>(c.accepted_tokens),
+                     static_cast<long long>(c.draft_tokens), static_cast<long long>(c.verify_steps));
       return 0;
     }
     if (!g) {

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "apps/speculation_flags.hpp"
+
 namespace troupe::app {
 
 struct generate_options {
@@ -31,6 +33,7 @@ struct generate_options {
   std::string regex;
   std::string grammar;
   std::vector<std::string> choices;
+  speculation_flags speculation;  // the driver path: --speculative ngram[:K] | --draft-model PATH
 };
 int run_generate(const generate_options& opt);
 

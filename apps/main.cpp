@@ -16,6 +16,17 @@
 #include "apps/cluster_cmd.hpp"
 #include "apps/tokenize.hpp"
 
+namespace {
+
+// --speculative, --draft-model and --draft-tokens, as generate, bench, serve and deploy take them.
+void add_speculation_flags(CLI::App* cmd, troupe::app::speculation_flags& f) {
+  cmd->add_option("--speculative", f.speculative, "speculative decoding with prompt-lookup drafts: ngram or ngram:K (K drafts per verify step)");
+  cmd->add_option("--draft-model", f.draft_model, "speculative decoding with a smaller checkpoint of the same vocabulary drafting greedily");
+  cmd->add_option("--draft-tokens", f.draft_tokens, "drafts per verify step (K, default 4)")->check(CLI::Range(1, 16));
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"troupe: an LLM inference cluster"};
   app.require_subcommand(1);
@@ -84,6 +95,7 @@ int main(int argc, char** argv) {
   g->add_option("--top-p", gen.top_p)->check(CLI::Range(0.0, 1.0));
   g->add_option("--seed", gen.seed);
   g->add_option("--logprobs", gen.logprobs, "the top K log-probabilities per generated position")->check(CLI::Range(0, 1 << 20));
+  add_speculation_flags(g, gen.speculation);
   g->add_option("--backend", gen.backend, "cpu, oracle or cuda");
   g->add_option("--device", gen.device, "--backend cuda: the GPU to run on")->check(CLI::Range(0, 1024));
   g->add_option("--threads", gen.threads);
@@ -174,9 +186,7 @@ int main(int argc, char** argv) {
   bn->add_option("--pipeline-parallel", bench.pipeline_parallel,
                  "one sequence through the driver on 1 x 1 and on (--tensor-parallel) x M stages: tokens/s")
       ->check(CLI::Range(2, 64));
-  bn->add_option("--speculative", bench.speculation.speculative, "ngram[:K]: one sequence with prompt-lookup drafts against none");
-  bn->add_option("--draft-model", bench.speculation.draft_model, "a smaller checkpoint with the same vocabulary drafting for the target");
-  bn->add_option("--draft-tokens", bench.speculation.draft_tokens, "drafts per verify window")->check(CLI::Range(1, 16));
+  add_speculation_flags(bn, bench.speculation);
   bn->add_option("--prompt", bench.prompt, "random or repetitive (a phrase of 8 tokens over and over)")->check(CLI::IsMember({"random", "repetitive"}));
   bn->callback([&] { rc = troupe::app::run_bench(bench); });
 
@@ -198,6 +208,7 @@ int main(int argc, char** argv) {
   sv->add_option("--pipeline-parallel", serve.pipeline_parallel, "split each replica's layers into M stages (simulated devices), each passing its activations on")
       ->check(CLI::Range(1, 64));
   sv->add_option("--max-outstanding", serve.max_outstanding, "jobs admitted and not finished; more get 429")->check(CLI::Range(1, 1 << 20));
+  add_speculation_flags(sv, serve.speculation);
   sv->callback([&] { rc = troupe::app::run_serve(serve); });
 
   troupe::cluster::sim_options sim;
@@ -297,6 +308,7 @@ int main(int argc, char** argv) {
   dp->add_flag("--across-nodes", cc.across_nodes,
                "put each pipeline stage on a node of its own (the stages pass activations over Gloo, meeting through the coordinator)");
   dp->add_flag("--progress", cc.progress, "show the replicas' preparation (weights, then each compiled entry) as a progress bar");
+  add_speculation_flags(dp, cc.speculation);
   dp->callback([&] { rc = troupe::app::run_deploy_cmd(cc); });
   auto* sb = app.add_subcommand("submit", "submit a job to a running cluster and stream its answer");
   common(sb, "--coordinator", "the coordinator's HOST:PORT");

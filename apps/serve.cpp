@@ -60,6 +60,14 @@ int run_serve(const serve_options& o) {
   c.expert_parallel = o.expert_parallel > 1;
   c.pipeline_parallel = o.pipeline_parallel;
   c.max_outstanding = o.max_outstanding;
+  if (o.speculation.any()) {
+    auto sp = speculation_of(o.speculation, false);  // the node loads the draft checkpoint
+    if (!sp) {
+      std::fprintf(stderr, "troupe serve: %s\n", sp.error().c_str());
+      return 2;
+    }
+    c.driver.speculation = *sp;
+  }
   std::fprintf(stderr, "troupe serve: loading %s on %d replica(s)...\n", model.c_str(), o.replicas);
   auto cluster = actors::local_cluster::start(model, c);
   if (!cluster) {

@@ -1,4 +1,5 @@
 #pragma once
+#include "apps/speculation_flags.hpp"
 #include <cstdint>
 #include <string>
 
@@ -17,6 +18,7 @@ struct serve_options {
   int tensor_parallel = 1;  // ranks per replica (simulated devices: executors of this process)  // 0: the model's positions, at most 2048
   int threads = 0;  // per executor; 0: one per core
   std::int64_t max_outstanding = 1024;
+  speculation_flags speculation;  // every replica's draft policy
 };
 int run_serve(const serve_options& o);
 

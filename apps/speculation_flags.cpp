@@ -1,12 +1,13 @@
 #include "apps/speculation_flags.hpp"
 
 #include <charconv>
+#include <filesystem>
 
 #include "families/registry.hpp"
 
 namespace troupe::app {
 
-result<driver::speculation_options, std::string> speculation_of(const speculation_flags& f) {
+result<driver::speculation_options, std::string> speculation_of(const speculation_flags& f, bool load_draft) {
   driver::speculation_options o;
   if (!f.speculative.empty() && !f.draft_model.empty()) return unexpected(std::string("--speculative and --draft-model are one policy or the other"));
   o.tokens = f.draft_tokens;
@@ -23,7 +24,10 @@ result<driver::speculation_options, std::string> speculation_of(const speculatio
       o.tokens = v;
     }
   }
-  if (!f.draft_model.empty()) {
+  if (!f.draft_model.empty() && !load_draft) {
+    o.kind = driver::draft_kind::model;
+    o.draft_path = std::filesystem::absolute(f.draft_model).lexically_normal().string();
+  } else if (!f.draft_model.empty()) {
     auto h = families::model_handle::load(f.draft_model, families::registry::builtin());
     if (!h) return unexpected("--draft-model: " + families::message(h.error()));
     o.kind = driver::draft_kind::model;

@@ -17,6 +17,8 @@ struct speculation_flags {
   bool any() const { return !speculative.empty() || !draft_model.empty(); }
 };
 
-result<driver::speculation_options, std::string> speculation_of(const speculation_flags& f);
+// `load_draft` false (a deployment): the draft checkpoint is not loaded here, only named (draft_path)
+// for the nodes that load it.
+result<driver::speculation_options, std::string> speculation_of(const speculation_flags& f, bool load_draft = true);
 
 }  // namespace troupe::app

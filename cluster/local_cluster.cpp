@@ -66,6 +66,7 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
   d.load.tensor_parallel = options.tensor_parallel;
   d.load.pipeline_parallel = options.pipeline_parallel;
   d.load.expert_parallel = options.expert_parallel;
+  put_speculation(d.load, options.driver.speculation);
   caf::scoped_actor self{*s->sys};
   std::string err;
   self->request(s->coordinator, request_timeout, deploy_atom::value, transport::encode(d))
@@ -98,6 +99,8 @@ transport::stats local_cluster::stats() {
     total.jobs_refused += s.jobs_refused;
     total.prompt_tokens += s.prompt_tokens;
     total.prefix_hit_tokens += s.prefix_hit_tokens;
+    total.draft_tokens += s.draft_tokens;
+    total.accepted_tokens += s.accepted_tokens;
   }
   caf::scoped_actor self{*s_->sys};
   self->request(s_->coordinator, request_timeout, stats_atom::value)

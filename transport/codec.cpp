@@ -172,6 +172,8 @@ void put(Stats::Builder b, const stats& s) {
   b.setJobsRefused(s.jobs_refused);
   b.setPromptTokens(s.prompt_tokens);
   b.setPrefixHitTokens(s.prefix_hit_tokens);
+  b.setDraftTokens(s.draft_tokens);
+  b.setAcceptedTokens(s.accepted_tokens);
 }
 
 void put(LoadRequest::Builder b, const load_request& l) {
@@ -193,6 +195,9 @@ void put(LoadRequest::Builder b, const load_request& l) {
   b.setGroup(l.group);
   b.setReplicaId(l.replica_id);
   b.setExpertParallel(l.expert_parallel);
+  b.setSpeculative(l.speculative);
+  b.setDraftModel(l.draft_model);
+  b.setDraftTokens(l.draft_tokens);
 }
 
 void put(EntryKey::Builder b, const entry_key& k) {
@@ -257,6 +262,7 @@ struct body_writer {
     b.setToolsJson(m.tools_json);
     set_list(b.initPriorOutput(static_cast<unsigned>(m.prior_output.size())), m.prior_output);
     b.setEmbed(m.embed);
+    b.setNoSpeculation(m.no_speculation);
     if (m.guide.kind != guide_kind::none) {
       auto g = b.initGuide();
       g.setKind(static_cast<GuideKind>(m.guide.kind));
@@ -421,13 +427,14 @@ token_logprob get(TokenLogprob::Reader r) {
 
 stats get(Stats::Reader r) {
   return {r.getQueued(),   r.getRunning(),     r.getKvBlocksUsed(),  r.getKvBlocksTotal(), r.getTokensPerSecond(),
-          r.getJobsDone(), r.getJobsRefused(), r.getPromptTokens(), r.getPrefixHitTokens()};
+          r.getJobsDone(), r.getJobsRefused(), r.getPromptTokens(), r.getPrefixHitTokens(), r.getDraftTokens(), r.getAcceptedTokens()};
 }
 
 load_request get(LoadRequest::Reader r) {
   return {text(r.getModel()), text(r.getDevice()), text(r.getShard()), r.getMaxRows(), r.getCapacity(), r.getBlockSize(), r.getPoolBlocks(),
           r.getPrefillChunk(), r.getTokenBudget(), r.getNoPrefixCache(), r.getNoPreempt(), r.getTensorParallel(),
-          r.getPipelineParallel(), r.getAcrossNodes(), r.getWorldRank(), text(r.getGroup()), r.getReplicaId(), r.getExpertParallel()};
+          r.getPipelineParallel(), r.getAcrossNodes(), r.getWorldRank(), text(r.getGroup()), r.getReplicaId(), r.getExpertParallel(),
+          text(r.getSpeculative()), text(r.getDraftModel()), r.getDraftTokens()};
 }
 
 // nullopt: a device kind this build does not know.
@@ -498,6 +505,7 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       m.tools_json = text(r.getToolsJson());
       m.prior_output = get_list<std::int32_t>(r.getPriorOutput());
       m.embed = r.getEmbed();
+      m.no_speculation = r.getNoSpeculation();
       if (r.hasGuide()) {
         const auto g = r.getGuide();
         const auto k = static_cast<unsigned>(g.getKind());

@@ -73,6 +73,7 @@ struct job_submit {
   std::vector<std::int32_t> prior_output;
   transport::guide guide;
   bool embed = false;  // the prompt's embedding (the encode program, pooled as the model declares)
+  bool no_speculation = false;  // decode without the replica's draft policy
   friend bool operator==(const job_submit&, const job_submit&) = default;
 };
 
@@ -204,6 +205,11 @@ struct load_request {
   std::string group;                   // the replica's rendezvous prefix, fresh per replica
   std::uint64_t replica_id = 0;        // the coordinator's id of the replica this load starts
   bool expert_parallel = false;        // the tensor_parallel ranks hold whole experts (model::expert_parallel)
+  // Speculative decoding (driver.hpp: speculation_options): "" none, "ngram" or "model" (draft_model,
+  // a checkpoint path on the node, drafts on the replica's first executor); draft_tokens 0: the default.
+  std::string speculative;
+  std::string draft_model;
+  std::int32_t draft_tokens = 0;
   friend bool operator==(const load_request&, const load_request&) = default;
 };
 
@@ -222,6 +228,7 @@ struct stats {
   double tokens_per_second = 0;
   std::int64_t jobs_done = 0, jobs_refused = 0;
   std::int64_t prompt_tokens = 0, prefix_hit_tokens = 0;
+  std::int64_t draft_tokens = 0, accepted_tokens = 0;  // speculative decoding: drafts verified, of which accepted
   friend bool operator==(const stats&, const stats&) = default;
 };
 

@@ -174,6 +174,7 @@ struct speculation_options {
   std::int64_t ngram_max = 3;     // ngram: the longest suffix matched (tried first)
   bool adaptive = true;           // the window follows each sequence's acceptance (grow on a full accept)
   std::shared_ptr<const families::model_handle> draft_model;  // model: the draft checkpoint
+  std::string draft_path;  // model: where it lies, when a deployment sends it to nodes that load it there
   exec::executor* draft_executor = nullptr;                    // model: its executor (null: the target's)
 };
 

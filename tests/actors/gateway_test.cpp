@@ -223,6 +223,31 @@ TEST(gateway, stop_strings_and_metrics) {
   EXPECT_EQ(s.http->Get("/ready")->status, 200);
 }
 
+// A replica that drafts with prompt lookup answers what the engine answers without drafts, with or
+// without the request's opt-out ("speculative": false), and its acceptance shows in /metrics.
+TEST(gateway, a_speculating_replica_answers_like_the_engine_and_reports_its_drafts) {
+  auto co = options();
+  co.driver.speculation.kind = driver::draft_kind::ngram;
+  co.driver.speculation.tokens = 3;
+  auto s = serve({}, co);
+  const std::string prompt = "w300 w301 w302 w300 w301 w302 w300 w301 w302 w300 w301";
+  const auto ref = engine(encode(prompt), 0.8f, 5, 24);
+  for (const json& opt_out : {json(nullptr), json(false), json(true)}) {
+    json req = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0.8}, {"seed", 5}, {"ignore_eos", false}};
+    if (!opt_out.is_null()) req["speculative"] = opt_out;
+    auto r = s.http->Post("/v1/completions", req.dump(), "application/json");
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], ref.text) << req.dump();
+  }
+  auto bad = s.http->Post("/v1/completions", json{{"model", "tiny"}, {"prompt", "w1"}, {"speculative", "no"}}.dump(), "application/json");
+  ASSERT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "speculative");
+  auto m = s.http->Get("/metrics");
+  ASSERT_EQ(m->status, 200);
+  EXPECT_NE(m->body.find("troupe_draft_acceptance_ratio{node=\"node-0\",replica=\"0\"}"), std::string::npos) << m->body;
+  EXPECT_EQ(m->body.find("troupe_draft_tokens{node=\"node-0\",replica=\"0\"} 0\n"), std::string::npos) << m->body;
+}
+
 int connect_raw(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -123,16 +124,21 @@ struct cluster_fixture {
   }
 };
 
+families::fixture_dims model_dims() {
+  families::fixture_dims d;
+  d.vocab = 512;
+  d.hidden = 256;
+  d.ffn = 512;
+  d.heads = 4;
+  d.kv_heads = 2;
+  d.head_dim = 64;
+  d.layers = 4;
+  return d;
+}
+
 fs::path model_path() {
   static const fs::path p = [] {
-    families::fixture_dims d;
-    d.vocab = 512;
-    d.hidden = 256;
-    d.ffn = 512;
-    d.heads = 4;
-    d.kv_heads = 2;
-    d.head_dim = 64;
-    d.layers = 4;
+    const auto d = model_dims();
     const auto path = fs::temp_directory_path() / ("troupe-mp-model-" + std::to_string(::getpid()) + ".gguf");
     EXPECT_TRUE(families::write_fixture("llama", d, path, true));
     return path;
@@ -180,38 +186,35 @@ std::vector<std::vector<std::int32_t>> reference(int n) {
   return out;
 }
 
-TEST(multiprocess, a_killed_node_loses_no_job_and_no_token_is_delivered_twice) {
-  cluster_fixture c;
-  ASSERT_GT(c.port, 0);
-  for (int i = 0; i < 3; ++i) c.nodes.push_back(c.node("n" + std::to_string(i), (c.dir / "secret").string()));
-  auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
-  ASSERT_TRUE(s) << describe(s.error());
-  // Wait for the three nodes to join, then deploy one replica on each.
+// `n` jobs submitted at once on a session over nodes `c.nodes` (their `names` joined first, the model
+// deployed with `o` on one replica each); once the first job has produced tokens, node `victim` dies by
+// SIGKILL. Every job must finish with the driver's tokens alone; returns how many were resumed.
+int kill_mid_generation(cluster_fixture& c, session& s, const std::vector<std::string>& names, const driver::driver_options& o, int n,
+                        int victim) {
   for (int i = 0; i < 100; ++i) {
-    auto st = (*s)->status();
-    if (st && st->find("\"n0\"") != std::string::npos && st->find("\"n1\"") != std::string::npos && st->find("\"n2\"") != std::string::npos) break;
+    auto st = s.status();
+    if (st && std::all_of(names.begin(), names.end(), [&](const std::string& nm) { return st->find("\"" + nm + "\"") != std::string::npos; })) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  auto d = (*s)->deploy(model_path(), 3, driver_opts());
-  ASSERT_TRUE(d) << describe(d.error());
-
-  const auto ref = reference(100);
-  auto cl = (*s)->client_session();
+  auto d = s.deploy(model_path(), static_cast<int>(names.size()), o);
+  EXPECT_TRUE(d) << describe(d.error());
+  if (!d) return 0;
+  const auto ref = reference(n);
+  auto cl = s.client_session();
   std::vector<job> jobs;
-  for (int i = 0; i < 100; ++i) {
+  for (int i = 0; i < n; ++i) {
     auto jb = cl->submit(job_for(i));
-    ASSERT_TRUE(jb) << jb.error().message;
+    EXPECT_TRUE(jb) << jb.error().message;
+    if (!jb) return 0;
     jobs.push_back(std::move(*jb));
   }
-  // Mid-generation: once the first job has produced tokens, node n1 dies.
-  ASSERT_TRUE(jobs.front().next());
-  ::kill(c.nodes[1].pid, SIGKILL);
-  ::waitpid(c.nodes[1].pid, nullptr, 0);
-  c.nodes[1].pid = -1;
-
+  EXPECT_TRUE(jobs.front().next());
+  ::kill(c.nodes[static_cast<std::size_t>(victim)].pid, SIGKILL);
+  ::waitpid(c.nodes[static_cast<std::size_t>(victim)].pid, nullptr, 0);
+  c.nodes[static_cast<std::size_t>(victim)].pid = -1;
   int resumed = 0;
   double recovery = 0;
-  for (int i = 0; i < 100; ++i) {
+  for (int i = 0; i < n; ++i) {
     const auto r = jobs[static_cast<std::size_t>(i)].wait();
     resumed += r.resumes > 0;
     if (r.resumes > 0) recovery = std::max(recovery, r.longest_gap_s);
@@ -219,12 +222,52 @@ TEST(multiprocess, a_killed_node_loses_no_job_and_no_token_is_delivered_twice) {
     EXPECT_EQ(r.finish_reason, "length") << "job " << i;
     EXPECT_EQ(r.tokens, ref[static_cast<std::size_t>(i)]) << "job " << i;
   }
-  EXPECT_GT(resumed, 0) << "the killed node held jobs in flight";
-  std::printf("kill -9: jobs resumed on another replica: %d of 100; longest wait between two tokens of a resumed job: %.3f s "
-              "(heartbeat 200 ms, timeout 800 ms)\n", resumed, recovery);
+  std::printf("kill -9: jobs resumed on another replica: %d of %d; longest wait between two tokens of a resumed job: %.3f s "
+              "(heartbeat 200 ms, timeout 800 ms)\n", resumed, n, recovery);
+  return resumed;
+}
+
+TEST(multiprocess, a_killed_node_loses_no_job_and_no_token_is_delivered_twice) {
+  cluster_fixture c;
+  ASSERT_GT(c.port, 0);
+  for (int i = 0; i < 3; ++i) c.nodes.push_back(c.node("n" + std::to_string(i), (c.dir / "secret").string()));
+  auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  ASSERT_TRUE(s) << describe(s.error());
+  EXPECT_GT(kill_mid_generation(c, **s, {"n0", "n1", "n2"}, driver_opts(), 100, 1), 0) << "the killed node held jobs in flight";
   auto st = (*s)->status();
   ASSERT_TRUE(st);
   EXPECT_EQ(st->find("\"n1\""), std::string::npos) << *st;
+}
+
+// Speculation through the cluster: a deployment whose replicas draft with a q8_0 copy of the model
+// (a path the nodes load) gives every job the tokens of the driver alone without drafts, also for the
+// jobs a SIGKILLed node held, resumed on the other replica from their delivered output.
+TEST(multiprocess, a_speculating_deployment_resumes_a_killed_nodes_jobs_with_the_same_tokens) {
+  const auto draft = fs::temp_directory_path() / ("troupe-mp-draft-" + std::to_string(::getpid()) + ".gguf");
+  auto dq = model_dims();
+  dq.matrix_type = dtype::q8_0;
+  ASSERT_TRUE(families::write_fixture("llama", dq, draft, true));
+  cluster_fixture c;
+  ASSERT_GT(c.port, 0);
+  for (int i = 0; i < 2; ++i) c.nodes.push_back(c.node("n" + std::to_string(i), (c.dir / "secret").string()));
+  auto s = session::connect("127.0.0.1", c.port, c.secret, {200, 800});
+  ASSERT_TRUE(s) << describe(s.error());
+  auto o = driver_opts();
+  o.speculation.kind = driver::draft_kind::model;
+  o.speculation.tokens = 3;
+  o.speculation.draft_path = draft.string();
+  kill_mid_generation(c, **s, {"n0", "n1"}, o, 24, 1);
+  // The policy reaches the node: a draft checkpoint it cannot load fails the deployment, named.
+  deploy_request req;
+  req.model = model_path();
+  req.name = "bad-draft";
+  req.replicas = 1;
+  req.options = o;
+  req.options.speculation.draft_path = (c.dir / "no-such-draft.gguf").string();
+  auto bad = (*s)->deploy(req);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("draft model"), std::string::npos) << describe(bad.error());
+  fs::remove(draft);
 }
 
 TEST(multiprocess, a_paused_node_is_declared_lost_rejoins_and_duplicates_nothing) {

@@ -42,6 +42,7 @@ std::vector<message> one_of_each() {
   j.deadline_ms = 1500;
   j.tools_json = R"([{"type":"function"}])";
   j.prior_output = {9, 8};
+  j.no_speculation = true;
   all.push_back(j);
   j.prompt = std::string("héllo wörld");
   all.push_back(j);
@@ -54,12 +55,13 @@ std::vector<message> one_of_each() {
   all.push_back(step_batch{ek, {1, 2}, {0, 7}, {3, 4}, {0, 1, -1, 2}, {{1, 0, full_sampling(), true}, {2, 5, {}, false}}});
   all.push_back(ek);
   all.push_back(load_request{"/m.gguf", "cpu:0", "layers 0-11", 16, 1024, 16, 1024, 256, 512, true, false, 4, 2, true, 3, "replica-7", 42});
+  all.push_back(load_request{"/m.gguf", "cpu:0", "", 16, 1024, 16, 0, 256, 512, false, false, 0, 0, false, 0, "", 0, true, "model", "/d.gguf", 5});
   all.push_back(node_hello{"node-1", "127.0.0.1", 4242, {{"cpu:0", device_kind::cpu, 1ull << 34}}});
   all.push_back(inventory{{{"node-1", {{"cpu:0", device_kind::cpu, 1}}},
                            {"node-2", {{"cuda:0", device_kind::cuda, 2}, {"cuda:1", device_kind::cuda, 3}}}}});
   all.push_back(deploy{"m", 2, {"/m.gguf", "cpu:0", "", 4, 256, 16, 0}, "capacity"});
   all.push_back(scale{"m", 3});
-  all.push_back(stats{1, 2, 3, 4, 123.5, 6, 7, 8, 9});
+  all.push_back(stats{1, 2, 3, 4, 123.5, 6, 7, 8, 9, 10, 11});
   all.push_back(resolved_model{"/m.gguf", "llama", 123456, 2048, 4, 1000, 200, 300, 1024, 5000, 8, 2, true, ""});
   cluster_status cs;
   cs.nodes.push_back({"node-1", {{"cpu:0", device_kind::cpu, 1ull << 30}}, "ready", 2, 1ull << 24});

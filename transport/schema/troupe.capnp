@@ -89,6 +89,7 @@ struct JobSubmit {
   priorOutput @14 :List(Int32);  # output already delivered (a job resumed after its replica was lost)
   guide @15 :Guide;           # a constrained output; kind none: free text
   embed @16 :Bool;            # an embedding of the prompt (the encode program, pooled), not a generation
+  noSpeculation @17 :Bool;    # decode without the replica's draft policy (the request's opt-out)
 }
 
 # engine/guide/spec.hpp's kinds, in its order.
@@ -257,6 +258,9 @@ struct LoadRequest {
   group @15 :Text;              # the replica's rendezvous prefix, fresh per replica
   replicaId @16 :UInt64;        # the coordinator's id of the replica this load starts (its reports name it)
   expertParallel @17 :Bool;     # the tensorParallel ranks hold whole experts rather than slices of each
+  speculative @18 :Text;        # speculative decoding: "" none, "ngram", "model" (draftModel)
+  draftModel @19 :Text;         # the draft checkpoint, a path on the node
+  draftTokens @20 :Int32;       # drafts per verify window; 0: the driver's default
 }
 
 # ---- nodes and the cluster --------------------------------------------------------------------------
@@ -310,6 +314,8 @@ struct Stats {
   jobsRefused @6 :Int64;
   promptTokens @7 :Int64;     # prompt tokens admitted
   prefixHitTokens @8 :Int64;  # of those, served from the prefix cache
+  draftTokens @9 :Int64;      # speculative decoding: drafts verified
+  acceptedTokens @10 :Int64;  # of those, accepted
 }
 
 # ---- the registry's answer and the cluster's status ---------------------------------------------------

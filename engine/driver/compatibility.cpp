@@ -59,6 +59,7 @@ bool implemented(feature f) {
     case feature::prefix_cache:
     case feature::request_inputs:
     case feature::draft_policy:
+    case feature::beam_search:
       return true;
     default:
       return false;

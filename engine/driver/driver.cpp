@@ -120,6 +120,19 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
   for (auto f : active)
     if (!implemented(f)) return refuse(driver_error_code::unsupported_feature, std::string(name(f)) + " is not offered by this driver");
   if (req.beams < 1) return refuse(driver_error_code::bad_request, "beams must be at least 1");
+  if (req.beams > 1) {
+    const auto& sp = req.sampling;
+    if (req.beams > exec::max_top_logprobs / 2 || req.beams > st.options.max_rows)
+      return refuse(driver_error_code::bad_request, "beams must be at most " + std::to_string(std::min<std::int64_t>(exec::max_top_logprobs / 2, st.options.max_rows)) +
+                                                        " (half the top log-probabilities a step reports, and the driver's rows)");
+    if (sp.temperature != 0.0f || sp.repetition_penalty != 1.0f || sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f)
+      return refuse(driver_error_code::bad_request, "beam search ranks by log-probability: temperature 0 and no penalties");
+    if (req.guided.kind != guide::guide_kind::none || req.guide || !req.stop.empty() || !req.prior_output.empty() || req.head != head_kind::sample)
+      return refuse(driver_error_code::bad_request, "beam search takes no guide, stop strings, prior output or logits head");
+    if (!st.ranks.empty()) return refuse(driver_error_code::unsupported_feature, "beam search runs on a one-rank replica (its forks copy KV rows on one executor)");
+    if (!std::isfinite(req.length_penalty)) return refuse(driver_error_code::bad_request, "length_penalty must be finite");
+    req.sampling.top_logprobs = 2 * req.beams;  // the candidates of each beam
+  }
 
   const auto n = static_cast<std::int64_t>(req.prompt.size());
   if (n == 0) return refuse(driver_error_code::bad_request, "the prompt is empty");
@@ -191,8 +204,10 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
       for (auto t : req.prior_output) (void)s.detok->push(t);  // already delivered: only the stop matcher's state matters
   }
   s.req = std::move(req);
+  if (s.req.beams > 1) s.group = s.id;
   const auto id = s.id;
   st.seqs.emplace(id, std::move(s));
+  if (st.seqs.at(id).group != 0) st.groups[id].live = {id}, st.groups[id].logprob = {0.0};
   st.waiting.push_back(id);
   return id;
 }
@@ -227,6 +242,7 @@ result<generation, driver_error> driver<serving>::generate(seq_request request, 
     for (const auto& u : r->updates) {
       if (u.id != *id) continue;
       g.tokens.insert(g.tokens.end(), u.tokens.begin(), u.tokens.end());
+      if (!u.beams.empty()) g.beams = u.beams;
       g.picks.insert(g.picks.end(), u.picks.begin(), u.picks.end());
       g.text += u.text;
       if (sink) sink(u);

@@ -240,13 +240,30 @@ struct seq_request {
   guide_fn guide;
   request_inputs inputs;
   // Features of the request that this driver checks against the compatibility table.
+  // beams > 1: beam search of that width (greedy rules only: temperature 0, no penalties, no guide,
+  // no stop strings; at most 10, and at most max_rows). Each step keeps the `beams` best continuations
+  // of the live beams by summed log-probability; a beam that draws an end token becomes a hypothesis.
+  // The search ends when `beams` hypotheses are in and (early_stopping, or no live beam can still
+  // score above the worst of them), or at max_tokens. The finish reports every hypothesis, best first.
   std::int32_t beams = 1;
+  float length_penalty = 1.0f;
+  bool early_stopping = false;
   std::string adapter;
   bool resume = false;
   bool speculate = true;  // false: this request opts out of the driver's draft policy
 };
 
 using seq_id = std::uint64_t;
+
+// One hypothesis of a beam search (seq_request::beams > 1): its output tokens, their summed
+// log-probability, and its score = logprob / length^length_penalty (length: output tokens, an end
+// token included), by which beams are ranked.
+struct beam_result {
+  std::vector<std::int32_t> tokens;
+  double logprob = 0;
+  double score = 0;
+  finish_reason finished = finish_reason::length;
+};
 
 struct seq_update {
   seq_id id = 0;
@@ -256,6 +273,7 @@ struct seq_update {
   std::string text;                        // new final text (when the model has a tokenizer)
   std::optional<finish_reason> finished;
   std::int64_t cached_tokens = 0;          // with the finish: prompt tokens taken from the prefix cache
+  std::vector<beam_result> beams;          // with the finish of a beam search: its hypotheses, best first (tokens: the best's)
 };
 
 struct step_report {
@@ -300,6 +318,7 @@ struct generation {
   std::vector<exec::sample_pick> picks;
   std::string text;
   finish_reason finished = finish_reason::length;
+  std::vector<beam_result> beams;  // a beam search's hypotheses, best first
 };
 
 // ---- the driver -------------------------------------------------------------------------------------

@@ -42,6 +42,16 @@ struct sequence {
   std::vector<std::int32_t> stop_ids;
   std::int64_t window = 0;           // speculation: drafts asked next (adaptive; 0: options.speculation.tokens)
   std::int64_t limit = -1;           // a draft model's mirror: does not grow past this many tokens (-1: no bound)
+  seq_id group = 0;                  // a beam of the beam search of sequence `group` (itself for the first beam)
+};
+
+// A beam search: its live beams (sequences; the first is the request's own), their summed
+// log-probabilities, and the hypotheses finished so far (beam.cpp).
+struct beam_group {
+  std::vector<seq_id> live;
+  std::vector<double> logprob;
+  std::vector<beam_result> done;
+  std::int64_t reserved = 0;  // rows held for forks not made yet
 };
 
 inline std::vector<std::int64_t> buckets(std::int64_t first, std::int64_t last) {
@@ -129,6 +139,13 @@ struct driver_state {
   // Cuts a sequence back to its first `length` tokens (a draft model's mirror): KV past them is
   // overwritten by the next step, full blocks past them leave its chain.
   void truncate(sequence& s, std::int64_t length);
+
+  // Beam search (beam.cpp).
+  std::map<seq_id, beam_group> groups;
+  std::int64_t reserved_rows() const;
+  // The picks of a group's live beams (in `live` order) after their step: the next beams, or the end.
+  result<void, driver_error> beam_step(seq_id head, const std::vector<exec::sample_pick>& picks, std::map<seq_id, seq_update>& updates);
+  void end_beams(sequence& head, std::map<seq_id, seq_update>& updates);
   result<void, driver_error> run_prefill(sequence& s, std::int64_t n, step_report& report, std::map<seq_id, seq_update>& updates);
   result<step_report, driver_error> round();
   exec::mask_hook mask_hook_for(const std::vector<sequence*>& rows) const;

@@ -18,6 +18,13 @@ void driver_state::free_blocks(sequence& s) {
 
 void driver_state::finish(sequence& s, finish_reason r) {
   if (s.phase == seq_phase::finished) return;
+  if (groups.contains(s.id)) {  // a beam search ended from outside (cancel, error): its forks go with it
+    std::map<seq_id, seq_update> ignored;
+    s.cancel = false;
+    end_beams(s, ignored);  // finishes s with its best hypothesis so far
+    s.finished = r;
+    return;
+  }
   s.finished = r;
   s.phase = seq_phase::finished;
   free_blocks(s);
@@ -76,7 +83,7 @@ bool driver_state::ensure_blocks(sequence& s, std::int64_t upto, step_report& re
     sequence* victim = nullptr;
     for (auto id : running) {
       auto& o = seqs.at(id);
-      if (o.id != s.id && !o.blocks.empty() && (!victim || o.admitted > victim->admitted)) victim = &o;
+      if (o.id != s.id && !o.blocks.empty() && o.group == 0 && (!victim || o.admitted > victim->admitted)) victim = &o;
     }
     if (!victim) return false;
     free_blocks(*victim);
@@ -192,14 +199,26 @@ result<void, driver_error> driver_state::run_decode(std::vector<sequence*>& rows
   }
   report.decode_rows += D;
   counters.decode_tokens += D;
+  // Beams are picked as a group once every row has its pick (beam_step may end forks).
+  std::map<seq_id, std::vector<exec::sample_pick>> beam_picks;
   for (std::int64_t r = 0; r < D; ++r) {
     auto& s = *rows[static_cast<std::size_t>(r)];
     ++s.computed;
     publish_full_blocks(s);
+    if (s.group != 0) {
+      auto& g = groups.at(s.group);
+      auto& v = beam_picks[s.group];
+      v.resize(g.live.size());
+      const auto at = std::find(g.live.begin(), g.live.end(), s.id) - g.live.begin();
+      v[static_cast<std::size_t>(at)] = std::move((*picks)[static_cast<std::size_t>(r)].pick);
+      continue;
+    }
     auto& u = updates[s.id];
     u.id = s.id;
     accept(s, (*picks)[static_cast<std::size_t>(r)], u);
   }
+  for (auto& [head, v] : beam_picks)
+    if (auto b = beam_step(head, v, updates); !b) return b;
   return {};
 }
 
@@ -397,6 +416,7 @@ result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n
   counters.prefill_tokens += n;
   publish_full_blocks(s);
   if (last) {
+    if (s.group != 0) return beam_step(s.id, {std::move(picks->front().pick)}, updates);  // the search's first step
     auto& u = updates[s.id];
     u.id = s.id;
     accept(s, picks->front(), u);
@@ -416,12 +436,15 @@ result<step_report, driver_error> driver_state::round() {
   // Admission, first come first served (preempted sequences were put back at the front).
   // A sequence is admitted only while the pool can hold all its tokens so far and the next one, so
   // a preempted sequence does not come straight back to take blocks from the rows that preempted it.
-  while (!waiting.empty() && static_cast<std::int64_t>(running.size()) < options.max_rows) {
+  while (!waiting.empty() && static_cast<std::int64_t>(running.size()) + reserved_rows() < options.max_rows) {
     auto& s = seqs.at(waiting.front());
+    // A beam search takes its width in rows: the forks it makes after its prompt.
+    if (s.req.beams > 1 && static_cast<std::int64_t>(running.size()) + reserved_rows() + s.req.beams > options.max_rows) break;
     const auto need = (static_cast<std::int64_t>(s.tokens.size()) + block_size) / block_size;
     if (!running.empty() && pool->available() < need) break;
     waiting.pop_front();
     if (auto a = admit(s); !a) return unexpected(a.error());
+    if (auto g = groups.find(s.id); g != groups.end()) g->second.reserved = s.req.beams - 1;
   }
 
   // Decode rows: running sequences with exactly their last pick pending.

@@ -42,6 +42,10 @@ const token_history* executor::history(std::uint64_t sequence) const {
   return it == histories_.end() ? nullptr : &it->second;
 }
 
+result<void, exec_error> executor::copy_state_rows(executable_id, std::span<const std::pair<std::int64_t, std::int64_t>>) {
+  return unexpected(exec_error{exec_error_code::unsupported, "copy_state_rows", "this executor does not copy state rows"});
+}
+
 result<std::vector<sampled_row>, exec_error> executor::step_sample(entry_id entry, const step_inputs& in,
                                                                    std::span<const sample_row_request> rows, const mask_hook& masks) {
   // The host fills the masks while the forward pass runs.

@@ -106,6 +106,11 @@ class executor {
   virtual result<void, exec_error> reset_states(executable_id exe) = 0;
   virtual result<tensor, exec_error> read_state(executable_id exe, const std::string& name) const = 0;
   virtual memory_report memory() const = 0;
+  // Copies, in every state of an executable, row `from` to row `to` for each pair (a row: one index of
+  // the state's first dimension, one KV slot of a paged pool), in order. Beam search forks a partly
+  // filled block this way. A pair outside a state's rows refuses the whole call (bad_binding) before
+  // anything is copied. The base executor has no states to copy and answers unsupported.
+  virtual result<void, exec_error> copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows);
 
   // Head::Sample: the step's `logits` rows (one per row of the shape, the last token of each) are
   // sampled where they were computed; rows[i] is row i, rows past rows.size() are padding. The picks

@@ -87,6 +87,28 @@ result<void, exec_error> cuda_executor::reset_states(executable_id exe) {
   return {};
 }
 
+result<void, exec_error> cuda_executor::copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows) {
+  if (exe.value >= exes_.size()) return unexpected(exec_error{exec_error_code::unknown_id, "executable", "not loaded here"});
+  if (auto e = refused_if_poisoned()) return unexpected(*e);
+  auto& st = exes_[exe.value]->states;
+  for (const auto& [name, t] : st) {
+    const auto n = t.dims.rank() > 0 ? t.dims[0] : 0;
+    for (const auto& [from, to] : rows)
+      if (from < 0 || to < 0 || from >= n || to >= n)
+        return unexpected(exec_error{exec_error_code::bad_binding, "state " + name, "row " + std::to_string(from) + " -> " + std::to_string(to) + " outside its " + std::to_string(n) + " rows"});
+  }
+  for (auto& [name, t] : st) {
+    const auto n = t.dims[0];
+    const auto row = n > 0 ? t.bytes / static_cast<std::size_t>(n) : 0;
+    auto* base = t.ptr;
+    for (const auto& [from, to] : rows)
+      if (auto e = check(cudaMemcpyAsync(base + static_cast<std::size_t>(to) * row, base + static_cast<std::size_t>(from) * row, row, cudaMemcpyDeviceToDevice, stream_),
+                         "copy state " + name, true))
+        return unexpected(*e);
+  }
+  return {};  // on the executor's stream: ordered before the next step
+}
+
 result<tensor, exec_error> cuda_executor::read_state(executable_id exe, const std::string& name) const {
   if (exe.value >= exes_.size()) return unexpected(exec_error{exec_error_code::unknown_id, "executable", "not loaded here"});
   if (auto e = refused_if_poisoned()) return unexpected(*e);

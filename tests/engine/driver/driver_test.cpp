@@ -501,9 +501,12 @@ TEST(driver, admission_refusals_are_typed_and_take_nothing) {
   auto logits = request(prompt(4, 1), 4);
   logits.head = head_kind::logits;
   EXPECT_EQ(code(logits), driver_error_code::no_head);
-  auto beams = request(prompt(4, 1), 4);
+  auto adapter = request(prompt(4, 1), 4);
+  adapter.adapter = "sql-lora";
+  EXPECT_EQ(code(adapter), driver_error_code::unsupported_feature);
+  auto beams = request(prompt(4, 1), 4, 0.7f);
   beams.beams = 4;
-  EXPECT_EQ(code(beams), driver_error_code::unsupported_feature);
+  EXPECT_EQ(code(beams), driver_error_code::bad_request);  // beams rank by log-probability: temperature 0
   auto inputs = request(prompt(4, 1), 4);
   inputs.inputs["image"] = request_input_value{tensor(dtype::f32, {4, 8}), {}};
   auto ri = d.open(inputs);
@@ -581,7 +584,8 @@ TEST(driver, the_compatibility_table_is_the_one_place_pairs_are_refused) {
   EXPECT_EQ(c->b, feature::prefix_cache);
   EXPECT_FALSE(c->reason.empty());
   EXPECT_TRUE(implemented(feature::paged_pool));
-  EXPECT_FALSE(implemented(feature::beam_search));
+  EXPECT_TRUE(implemented(feature::beam_search));
+  EXPECT_FALSE(implemented(feature::adapter));
 }
 
 }  // namespace

@@ -1,0 +1,201 @@
+// Beam search over the serving surface: a group's live beams decode as ordinary rows; after each
+// step the group keeps its `beams` best continuations, forks share their parent's KV blocks (a
+// partly filled block is copied, copy-on-write, through executor::copy_state_rows), and a beam
+// that draws an end token becomes a hypothesis.
+#include <algorithm>
+#include <cmath>
+
+#include "engine/driver/driver_state.hpp"
+
+namespace troupe::driver {
+
+namespace {
+
+double score_of(double logprob, std::int64_t length, float penalty) {
+  return logprob / std::pow(static_cast<double>(std::max<std::int64_t>(length, 1)), static_cast<double>(penalty));
+}
+
+void keep_best(std::vector<beam_result>& done, std::size_t width) {
+  std::stable_sort(done.begin(), done.end(), [](const beam_result& a, const beam_result& b) { return a.score > b.score; });
+  if (done.size() > width) done.resize(width);
+}
+
+}  // namespace
+
+std::int64_t driver_state::reserved_rows() const {
+  std::int64_t r = 0;
+  for (const auto& [id, g] : groups) r += g.reserved;
+  return r;
+}
+
+void driver_state::end_beams(sequence& head, std::map<seq_id, seq_update>& updates) {
+  auto it = groups.find(head.id);
+  if (it == groups.end()) return;
+  auto g = std::move(it->second);
+  groups.erase(it);
+  keep_best(g.done, static_cast<std::size_t>(head.req.beams));
+  // The forks go; the request's own sequence finishes with the best hypothesis as its output.
+  for (auto id : g.live)
+    if (id != head.id)
+      if (auto f = seqs.find(id); f != seqs.end()) {
+        finish(f->second, finish_reason::cancelled);
+        seqs.erase(f);
+      }
+  auto& u = updates[head.id];
+  u.id = head.id;
+  if (!g.done.empty()) {
+    const auto& best = g.done.front();
+    u.tokens = best.tokens;
+    head.tokens.resize(static_cast<std::size_t>(head.prompt_len));
+    head.tokens.insert(head.tokens.end(), best.tokens.begin(), best.tokens.end());
+    head.generated = static_cast<std::int64_t>(best.tokens.size());
+    if (head.detok) {
+      for (auto t : best.tokens) u.text += head.detok->push(t).text;
+      u.text += head.detok->finish().text;
+    }
+  }
+  u.beams = g.done;
+  finish(head, g.done.empty() ? finish_reason::length : g.done.front().finished);
+}
+
+result<void, driver_error> driver_state::beam_step(seq_id head_id, const std::vector<exec::sample_pick>& picks, std::map<seq_id, seq_update>& updates) {
+  auto& head = seqs.at(head_id);
+  auto& g = groups.at(head_id);
+  const auto W = static_cast<std::size_t>(head.req.beams);
+  const float lp = head.req.length_penalty;
+  struct cand {
+    double logprob;
+    std::size_t parent;
+    std::int32_t token;
+  };
+  std::vector<cand> cands;
+  for (std::size_t j = 0; j < picks.size() && j < g.live.size(); ++j)
+    for (const auto& e : picks[j].top)
+      if (std::isfinite(e.logprob)) cands.push_back({g.logprob[j] + e.logprob, j, e.token});
+  std::stable_sort(cands.begin(), cands.end(), [](const cand& a, const cand& b) {
+    if (a.logprob != b.logprob) return a.logprob > b.logprob;
+    if (a.parent != b.parent) return a.parent < b.parent;
+    return a.token < b.token;
+  });
+  const auto& first = seqs.at(g.live.front());
+  const std::int64_t length = first.generated + 1;  // every live beam has the same length
+  auto ends = [&](std::int32_t t) {
+    return (!head.req.ignore_eos && std::binary_search(eos.begin(), eos.end(), t)) ||
+           std::find(head.stop_ids.begin(), head.stop_ids.end(), t) != head.stop_ids.end();
+  };
+  auto output_of = [&](std::size_t parent, std::int32_t t) {
+    const auto& b = seqs.at(g.live[parent]);
+    std::vector<std::int32_t> out(b.tokens.begin() + b.prompt_len, b.tokens.end());
+    out.push_back(t);
+    return out;
+  };
+  std::vector<cand> next;
+  for (std::size_t rank = 0; rank < cands.size() && next.size() < W; ++rank) {
+    const auto& c = cands[rank];
+    if (ends(c.token)) {
+      if (rank < W) g.done.push_back({output_of(c.parent, c.token), c.logprob, score_of(c.logprob, length, lp), finish_reason::eos});
+      continue;
+    }
+    next.push_back(c);
+  }
+  keep_best(g.done, W);
+  const bool at_length = length >= head.req.max_tokens;
+  if (at_length)  // the next beams are complete as they are
+    for (const auto& c : next) g.done.push_back({output_of(c.parent, c.token), c.logprob, score_of(c.logprob, length, lp), finish_reason::length});
+  bool over = next.empty() || at_length;
+  if (!over && g.done.size() >= W) {
+    keep_best(g.done, W);
+    over = head.req.early_stopping || score_of(next.front().logprob, length, lp) <= g.done.back().score;
+  }
+  if (over) {
+    end_beams(head, updates);
+    return {};
+  }
+
+  // The next beams: each takes its parent's tokens and blocks (shared), plus its token.
+  struct state {
+    std::vector<std::int32_t> tokens;
+    std::vector<block_id> blocks;
+    std::vector<std::uint64_t> chain;
+    std::int64_t computed, generated;
+  };
+  std::vector<state> states;
+  for (const auto& c : next) {
+    const auto& p = seqs.at(g.live[c.parent]);
+    state s{p.tokens, p.blocks, p.chain, p.computed, p.generated + 1};
+    s.tokens.push_back(c.token);
+    for (auto b : s.blocks) pool->retain(b);
+    states.push_back(std::move(s));
+  }
+  for (auto id : g.live) {
+    auto& b = seqs.at(id);
+    for (auto blk : b.blocks) pool->release(blk);
+    b.blocks.clear();
+  }
+  // Members: the live ones, then forks for the rest (their rows were reserved at admission).
+  while (g.live.size() < next.size()) {
+    sequence f;
+    f.id = next_id++;
+    f.req = head.req;
+    f.prompt_len = head.prompt_len;
+    f.cacheable = head.cacheable;
+    f.stop_ids = head.stop_ids;
+    f.group = head.id;
+    f.phase = seq_phase::running;
+    f.admitted = next_admission++;
+    f.cached = 0;
+    if (auto h = ex->open_history(f.id, vocab, std::span(head.tokens.data(), static_cast<std::size_t>(head.prompt_len)), head.req.logit_bias); !h)
+      return unexpected(driver_error{driver_error_code::step_failed, "beam fork: " + h.error().message()});
+    running.push_back(f.id);
+    g.live.push_back(f.id);
+    if (g.reserved > 0) --g.reserved;
+    seqs.emplace(f.id, std::move(f));
+  }
+  while (g.live.size() > next.size()) {  // fewer continuations than beams (a tiny vocabulary)
+    auto f = seqs.find(g.live.back());
+    if (f != seqs.end() && f->first != head.id) {
+      finish(f->second, finish_reason::cancelled);
+      seqs.erase(f);
+    }
+    g.live.pop_back();
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> copies;
+  bool dry = false;
+  for (std::size_t i = 0; i < next.size(); ++i) {
+    auto& b = seqs.at(g.live[i]);
+    auto& s = states[i];
+    // Copy-on-write: the block the pending token writes into, when partly filled and shared.
+    const std::int64_t p = s.computed, k = p / block_size;
+    if (p % block_size != 0 && k < static_cast<std::int64_t>(s.blocks.size()) && pool->refs(s.blocks[static_cast<std::size_t>(k)]) > 1) {
+      const auto fresh = pool->allocate();
+      if (!fresh) {
+        dry = true;
+      } else {
+        const auto old = s.blocks[static_cast<std::size_t>(k)];
+        for (std::int64_t q = 0; q < p % block_size; ++q) copies.emplace_back(std::int64_t{old} * block_size + q, std::int64_t{*fresh} * block_size + q);
+        pool->release(old);
+        s.blocks[static_cast<std::size_t>(k)] = *fresh;
+      }
+    }
+    b.tokens = std::move(s.tokens);
+    b.blocks = std::move(s.blocks);
+    b.chain = std::move(s.chain);
+    b.computed = s.computed;
+    b.generated = s.generated;
+    g.logprob.resize(next.size());
+    g.logprob[i] = next[i].logprob;
+  }
+  if (!copies.empty())
+    if (auto c = ex->copy_state_rows(exe, copies); !c) {
+      end_beams(head, updates);
+      return unexpected(driver_error{driver_error_code::step_failed, "beam fork: " + c.error().message()});
+    }
+  if (dry) {
+    updates[head.id].id = head.id;
+    end_beams(head, updates);
+    head.finished = finish_reason::pool_exhausted;
+  }
+  return {};
+}
+
+}  // namespace troupe::driver

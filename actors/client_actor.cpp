@@ -48,6 +48,7 @@ struct job_stream {
     acc.usage = c.usage;
     if (c.replica != 0) acc.replica = c.replica;
     if (!c.embedding.empty()) acc.embedding = c.embedding;
+    if (!c.beams.empty()) acc.beams = c.beams;
     ++acc.chunks;
     if (c.finish_reason != transport::finish_reason::running) {
       acc.finish_reason = std::string(transport::name(c.finish_reason));

@@ -31,6 +31,7 @@ struct job_result {
   std::uint64_t replica = 0;              // the replica that produced its last chunk (0: not said)
   double longest_gap_s = 0;               // the longest wait between two chunks (a resumed job's recovery)
   std::vector<float> embedding;           // an embed job's vector
+  std::vector<transport::beam> beams;     // a beam search job's hypotheses, best first
 };
 
 struct job_stream;

@@ -197,6 +197,11 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
         r.stop_ids = j->stop_ids;
         r.ignore_eos = j->ignore_eos;
         r.speculate = !j->no_speculation;
+        if (j->beams > 1) {
+          r.beams = j->beams;
+          r.length_penalty = j->length_penalty;
+          r.early_stopping = j->early_stopping;
+        }
         r.stop = j->stop;
         r.inputs = std::move(*inputs);
         r.prior_output = j->prior_output;
@@ -245,6 +250,9 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
             produced += static_cast<std::int64_t>(u.tokens.size());
             c.usage = {j.prompt_tokens, j.generated, u.cached_tokens};
             c.replica = st.replica_id;
+            for (const auto& b : u.beams)
+              c.beams.push_back({b.tokens, b.text, b.logprob, b.score,
+                                 transport::finish_reason_named(driver::name(b.finished)).value_or(transport::finish_reason::error)});
             if (u.finished)
               c.finish_reason = j.expired && *u.finished == driver::finish_reason::cancelled
                                     ? transport::finish_reason::deadline

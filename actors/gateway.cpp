@@ -541,7 +541,8 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
     }
     if (auto v = p.number<std::int32_t>("logprobs", 0, 20)) plan.logprobs = *v;
     if (auto v = p.boolean("echo"); v && *v) p.fail("echo", "echo is not supported");
-    if (auto v = p.number<std::int32_t>("best_of", 1, 16); v && *v > 1) p.fail("best_of", "best_of is not supported");
+    if (auto v = p.number<std::int32_t>("best_of", 1, 16); v && *v > 1 && !body.value("use_beam_search", false))
+      p.fail("best_of", "best_of is taken with use_beam_search (the beam width)");
     if (auto it = body.find("suffix"); it != body.end() && !it->is_null()) p.fail("suffix", "suffix is not supported");
   }
   read_guide(p, j, req.body);
@@ -551,12 +552,29 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
   if (!body.contains("max_tokens") && !body.contains("max_completion_tokens")) j.max_tokens = chat ? 0 : 16;
   if (plan.logprobs >= 0) j.sampling.top_logprobs = plan.logprobs;
   if (plan.n > options.max_n) p.fail("n", "at most " + std::to_string(options.max_n));
+  // Beam search as vLLM takes it: use_beam_search, a width (beam_width, or best_of, or n), n choices
+  // (the best n hypotheses), length_penalty, early_stopping; one job, answered once.
+  std::int32_t width = 0;
+  if (auto v = p.boolean("use_beam_search"); v && *v) {
+    width = plan.n;
+    if (auto b = p.number<std::int32_t>("best_of", 1, 10)) width = std::max(width, *b);
+    if (auto b = p.number<std::int32_t>("beam_width", 1, 10)) width = std::max(width, *b);
+    if (width < 2) width = 2;
+    if (plan.n > width) p.fail("n", "at most the beam width (" + std::to_string(width) + ")");
+    if (width > 10) p.fail("beam_width", "at most 10");
+    if (plan.stream) p.fail("stream", "beam search answers once, when the search ends");
+    if (j.sampling.temperature != 0.0f && body.contains("temperature")) p.fail("temperature", "beam search ranks by log-probability: 0 or left out");
+    j.sampling.temperature = 0.0f;
+    j.beams = width;
+    if (auto lp = p.number<float>("length_penalty", -10.0, 10.0)) j.length_penalty = *lp;
+    if (auto es = p.boolean("early_stopping")) j.early_stopping = *es;
+  }
   if (p.err) return reply_error(endpoint, res, *p.err);
 
   // One job per choice; choice i draws with seed + i, so n choices differ and each is reproducible.
   const auto t0 = clock_type::now();
   std::vector<std::shared_ptr<job>> jobs;
-  for (std::int32_t i = 0; i < plan.n; ++i) {
+  for (std::int32_t i = 0; i < (width > 0 ? 1 : plan.n); ++i) {
     auto ji = j;
     ji.sampling.seed = j.sampling.seed + static_cast<std::uint64_t>(i);
     auto r = cl->submit(ji);
@@ -619,6 +637,17 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
       cached_tokens = std::max(cached_tokens, r.usage.cached_tokens);
       completion_tokens += static_cast<std::int64_t>(r.tokens.size());
       if (r.replica != 0) replicas += (replicas.empty() ? "" : ",") + std::to_string(r.replica);
+      if (width > 0) {  // the best n hypotheses, each a choice
+        for (std::size_t b = 0; b < r.beams.size() && b < static_cast<std::size_t>(plan.n); ++b) {
+          const auto& hb = r.beams[b];
+          const std::string finish = finish_of(std::string(transport::name(hb.finish_reason)));
+          json choice = chat ? json{{"index", b}, {"message", {{"role", "assistant"}, {"content", hb.text}}}, {"finish_reason", finish}, {"logprobs", nullptr}}
+                             : json{{"index", b}, {"text", hb.text}, {"finish_reason", finish}, {"logprobs", nullptr}};
+          choice["cumulative_logprob"] = hb.logprob;  // vLLM's field
+          choices.push_back(std::move(choice));
+        }
+        continue;
+      }
       json content = json::array(), lt = json::array(), lv = json::array(), ltop = json::array(), loff = json::array();
       std::size_t offset = 0;
       for (const auto& t : r.logprobs) logprob_entry(t, content, lt, lv, ltop, loff, offset);

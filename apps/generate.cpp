@@ -168,6 +168,7 @@ int run_generate(const generate_options& o) {
   const std::int64_t capacity = static_cast<std::int64_t>(prompt_ids.size()) + std::max<std::int64_t>(o.max_tokens, 1);
   std::vector<std::int32_t> out;
   nlohmann::json logprobs = nlohmann::json::array();
+  nlohmann::json beams = nlohmann::json::array();
   if (o.backend == "cpu" || o.backend == "cuda") {
     // The served path: one sequence through the driver, sampled on the executor. With
     // --tensor-parallel N and --pipeline-parallel M the driver drives N x M ranks (threads of this
@@ -211,7 +212,7 @@ int run_generate(const generate_options& o) {
       ex = &replica->head_executor();
       rank0 = replica->head();
     }
-    opt.max_rows = 1;
+    opt.max_rows = std::max(1, o.beams);  // a beam search decodes its beams as rows
     // The paged pool holds whole blocks: the capacity rounds up to one (max_tokens still bounds the output).
     opt.block_size = std::min<std::int64_t>(16, capacity);
     opt.capacity = (capacity + opt.block_size - 1) / opt.block_size * opt.block_size;
@@ -248,6 +249,9 @@ int run_generate(const generate_options& o) {
       return 2;
     }
     req.guided = std::move(*guided);
+    req.beams = o.beams;
+    req.length_penalty = static_cast<float>(o.length_penalty);
+    req.early_stopping = o.early_stopping;
     // Plain text streams as the driver's detokenizer releases it (what a server's stream sends), with
     // the timing on stderr; --json prints one object at the end.
     const bool stream_text = !o.json && codec;
@@ -271,6 +275,9 @@ int run_generate(const generate_options& o) {
                    prompt_ids.size(), first_ms.value_or(0.0), static_cast<long long>(drawn),
                    drawn > 1 && decode_ms > 0 ? static_cast<double>(drawn - 1) * 1000.0 / decode_ms : 0.0,
                    std::string(driver::name(g->finished)).c_str());
+      for (std::size_t b = 0; b < g->beams.size(); ++b)
+        std::fprintf(stderr, "troupe generate: beam %zu: score %.4f, logprob %.4f (%s): %s\n", b, g->beams[b].score, g->beams[b].logprob,
+                     std::string(driver::name(g->beams[b].finished)).c_str(), g->beams[b].text.c_str());
       if (const auto c = prepared->counters(); c.draft_tokens > 0)
         std::fprintf(stderr, "troupe generate: speculation %s: %lld of %lld drafts accepted over %lld verify steps\n",
                      std::string(driver::name(opt.speculation.kind)).c_str(), static_cast<long long>(c.accepted_tokens),
@@ -282,6 +289,8 @@ int run_generate(const generate_options& o) {
       return g.error().code == driver::driver_error_code::step_failed ? 1 : 2;
     }
     out = g->tokens;
+    for (const auto& b : g->beams)
+      beams.push_back({{"tokens", b.tokens}, {"text", b.text}, {"logprob", b.logprob}, {"score", b.score}, {"finish_reason", driver::name(b.finished)}});
     for (const auto& p : g->picks) {
       nlohmann::json top = nlohmann::json::array();
       for (const auto& e : p.top) top.push_back({{"id", e.token}, {"logprob", e.logprob}});
@@ -336,6 +345,7 @@ int run_generate(const generate_options& o) {
       j["text"] = nullptr;  // no tokenizer: ids only
     }
     if (o.logprobs > 0) j["logprobs"] = logprobs;
+    if (!beams.empty()) j["beams"] = beams;
     std::printf("%s\n", j.dump().c_str());
   } else {
     if (codec) {

@@ -34,6 +34,9 @@ struct generate_options {
   std::string grammar;
   std::vector<std::string> choices;
   speculation_flags speculation;  // the driver path: --speculative ngram[:K] | --draft-model PATH
+  int beams = 1;                   // the driver path: > 1, a beam search of that width (every hypothesis printed)
+  double length_penalty = 1.0;
+  bool early_stopping = false;
 };
 int run_generate(const generate_options& opt);
 

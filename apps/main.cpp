@@ -96,6 +96,9 @@ int main(int argc, char** argv) {
   g->add_option("--seed", gen.seed);
   g->add_option("--logprobs", gen.logprobs, "the top K log-probabilities per generated position")->check(CLI::Range(0, 1 << 20));
   add_speculation_flags(g, gen.speculation);
+  g->add_option("--beams", gen.beams, "beam search of this width (greedy; every hypothesis printed, the best as the output)")->check(CLI::Range(1, 10));
+  g->add_option("--length-penalty", gen.length_penalty, "beam search: hypotheses ranked by logprob / length^P");
+  g->add_flag("--early-stopping", gen.early_stopping, "beam search: end once --beams hypotheses are in");
   g->add_option("--backend", gen.backend, "cpu, oracle or cuda");
   g->add_option("--device", gen.device, "--backend cuda: the GPU to run on")->check(CLI::Range(0, 1024));
   g->add_option("--threads", gen.threads);

@@ -263,6 +263,9 @@ struct body_writer {
     set_list(b.initPriorOutput(static_cast<unsigned>(m.prior_output.size())), m.prior_output);
     b.setEmbed(m.embed);
     b.setNoSpeculation(m.no_speculation);
+    b.setBeams(m.beams);
+    b.setLengthPenalty(m.length_penalty);
+    b.setEarlyStopping(m.early_stopping);
     if (m.guide.kind != guide_kind::none) {
       auto g = b.initGuide();
       g.setKind(static_cast<GuideKind>(m.guide.kind));
@@ -283,6 +286,14 @@ struct body_writer {
     u.setCachedTokens(m.usage.cached_tokens);
     b.setReplica(m.replica);
     set_list(b.initEmbedding(static_cast<unsigned>(m.embedding.size())), m.embedding);
+    auto bs = b.initBeams(static_cast<unsigned>(m.beams.size()));
+    for (unsigned i = 0; i < m.beams.size(); ++i) {
+      set_list(bs[i].initIds(static_cast<unsigned>(m.beams[i].ids.size())), m.beams[i].ids);
+      bs[i].setText(m.beams[i].text);
+      bs[i].setLogprob(m.beams[i].logprob);
+      bs[i].setScore(m.beams[i].score);
+      bs[i].setFinishReason(static_cast<FinishReason>(m.beams[i].finish_reason));
+    }
   }
   void operator()(const cancel_job& m) { body.initCancel().setJobId(m.job_id); }
   void operator()(const error& m) {
@@ -506,6 +517,9 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       m.prior_output = get_list<std::int32_t>(r.getPriorOutput());
       m.embed = r.getEmbed();
       m.no_speculation = r.getNoSpeculation();
+      m.beams = r.getBeams();
+      m.length_penalty = r.getLengthPenalty();
+      m.early_stopping = r.getEarlyStopping();
       if (r.hasGuide()) {
         const auto g = r.getGuide();
         const auto k = static_cast<unsigned>(g.getKind());
@@ -528,6 +542,11 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       m.usage = {u.getPromptTokens(), u.getCompletionTokens(), u.getCachedTokens()};
       m.replica = r.getReplica();
       m.embedding = get_list<float>(r.getEmbedding());
+      for (auto b : r.getBeams()) {
+        const auto bf = static_cast<unsigned>(b.getFinishReason());
+        if (bf > static_cast<unsigned>(last_finish_reason)) return bad("an unknown finish reason " + std::to_string(bf));
+        m.beams.push_back({get_list<std::int32_t>(b.getIds()), text(b.getText()), b.getLogprob(), b.getScore(), static_cast<finish_reason>(bf)});
+      }
       return m;
     }
     case Envelope::Body::CANCEL: return cancel_job{body.getCancel().getJobId()};

@@ -74,6 +74,9 @@ struct job_submit {
   transport::guide guide;
   bool embed = false;  // the prompt's embedding (the encode program, pooled as the model declares)
   bool no_speculation = false;  // decode without the replica's draft policy
+  std::int32_t beams = 0;       // > 1: a beam search of that width (driver.hpp: seq_request::beams)
+  float length_penalty = 1.0f;
+  bool early_stopping = false;
   friend bool operator==(const job_submit&, const job_submit&) = default;
 };
 
@@ -103,6 +106,15 @@ inline constexpr auto last_finish_reason = finish_reason::error;
 std::string_view name(finish_reason r);  // "" for running
 std::optional<finish_reason> finish_reason_named(std::string_view name);
 
+// One hypothesis of a beam search job, with its job's finish (best first).
+struct beam {
+  std::vector<std::int32_t> ids;
+  std::string text;
+  double logprob = 0, score = 0;
+  transport::finish_reason finish_reason = finish_reason::length;
+  friend bool operator==(const beam&, const beam&) = default;
+};
+
 struct token_chunk {
   std::uint64_t job_id = 0;
   std::vector<std::int32_t> ids;
@@ -112,6 +124,7 @@ struct token_chunk {
   transport::usage usage;
   std::uint64_t replica = 0;  // the replica that produced it (0: not said)
   std::vector<float> embedding;  // an embed job's vector, with its finish
+  std::vector<transport::beam> beams;  // a beam search job's hypotheses, with its finish, best first
   friend bool operator==(const token_chunk&, const token_chunk&) = default;
 };
 

@@ -34,6 +34,12 @@ void driver_state::end_beams(sequence& head, std::map<seq_id, seq_update>& updat
   auto g = std::move(it->second);
   groups.erase(it);
   keep_best(g.done, static_cast<std::size_t>(head.req.beams));
+  if (const auto* codec = handle->text())
+    for (auto& b : g.done) {
+      text::detokenizer d(*codec, {});
+      for (auto t : b.tokens) b.text += d.push(t).text;
+      b.text += d.finish().text;
+    }
   // The forks go; the request's own sequence finishes with the best hypothesis as its output.
   for (auto id : g.live)
     if (id != head.id)
@@ -93,7 +99,7 @@ result<void, driver_error> driver_state::beam_step(seq_id head_id, const std::ve
   for (std::size_t rank = 0; rank < cands.size() && next.size() < W; ++rank) {
     const auto& c = cands[rank];
     if (ends(c.token)) {
-      if (rank < W) g.done.push_back({output_of(c.parent, c.token), c.logprob, score_of(c.logprob, length, lp), finish_reason::eos});
+      if (rank < W) g.done.push_back({output_of(c.parent, c.token), {}, c.logprob, score_of(c.logprob, length, lp), finish_reason::eos});
       continue;
     }
     next.push_back(c);
@@ -101,7 +107,7 @@ result<void, driver_error> driver_state::beam_step(seq_id head_id, const std::ve
   keep_best(g.done, W);
   const bool at_length = length >= head.req.max_tokens;
   if (at_length)  // the next beams are complete as they are
-    for (const auto& c : next) g.done.push_back({output_of(c.parent, c.token), c.logprob, score_of(c.logprob, length, lp), finish_reason::length});
+    for (const auto& c : next) g.done.push_back({output_of(c.parent, c.token), {}, c.logprob, score_of(c.logprob, length, lp), finish_reason::length});
   bool over = next.empty() || at_length;
   if (!over && g.done.size() >= W) {
     keep_best(g.done, W);

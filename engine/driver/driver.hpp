@@ -260,6 +260,7 @@ using seq_id = std::uint64_t;
 // token included), by which beams are ranked.
 struct beam_result {
   std::vector<std::int32_t> tokens;
+  std::string text;  // when the model has a tokenizer
   double logprob = 0;
   double score = 0;
   finish_reason finished = finish_reason::length;

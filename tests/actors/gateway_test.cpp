@@ -248,6 +248,40 @@ TEST(gateway, a_speculating_replica_answers_like_the_engine_and_reports_its_draf
   EXPECT_EQ(m->body.find("troupe_draft_tokens{node=\"node-0\",replica=\"0\"} 0\n"), std::string::npos) << m->body;
 }
 
+// Beam search as vLLM's API takes it: one job of the beam width, the best n hypotheses as choices,
+// equal to the driver's own beam search; streaming and sampling with beams are refused by name.
+TEST(gateway, beam_search_answers_the_drivers_best_hypotheses) {
+  auto s = serve();
+  const auto prompt = encode("w300 w301 w302");
+  auto h = families::model_handle::load(fixture_path(), families::registry::builtin());
+  exec::cpu::cpu_executor ex({1, std::nullopt});
+  auto d = driver::driver<driver::unprepared>(*h, ex, options().driver).prepare();
+  ASSERT_TRUE(d);
+  driver::seq_request r;
+  r.prompt = prompt;
+  r.max_tokens = 5;
+  r.beams = 4;
+  auto g = d->generate(r);
+  ASSERT_TRUE(g);
+  ASSERT_EQ(g->beams.size(), 4u);
+  json req = {{"model", "tiny"}, {"prompt", "w300 w301 w302"}, {"max_tokens", 5}, {"use_beam_search", true}, {"beam_width", 4}, {"n", 2}};
+  auto res = s.http->Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_EQ(res->status, 200) << res->body;
+  const auto j = json::parse(res->body);
+  ASSERT_EQ(j["choices"].size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(j["choices"][i]["text"], g->beams[i].text) << i;
+    EXPECT_NEAR(j["choices"][i]["cumulative_logprob"].get<double>(), g->beams[i].logprob, 1e-6);
+  }
+  for (const auto& [field, value] : {std::pair{"stream", json(true)}, std::pair{"temperature", json(0.9)}}) {
+    auto bad = req;
+    bad[field] = value;
+    auto b = s.http->Post("/v1/completions", bad.dump(), "application/json");
+    ASSERT_EQ(b->status, 400) << field;
+    EXPECT_EQ(json::parse(b->body)["error"]["param"], field);
+  }
+}
+
 int connect_raw(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};

@@ -43,12 +43,18 @@ std::vector<message> one_of_each() {
   j.tools_json = R"([{"type":"function"}])";
   j.prior_output = {9, 8};
   j.no_speculation = true;
+  j.beams = 4;
+  j.length_penalty = 0.5f;
+  j.early_stopping = true;
   all.push_back(j);
   j.prompt = std::string("héllo wörld");
   all.push_back(j);
   j.prompt = std::vector<chat_message>{{"system", "be brief"}, {"user", "hi"}};
   all.push_back(j);
   all.push_back(token_chunk{9, {5, 6}, "ab", {{5, -0.5f, {{5, -0.5f}, {8, -1.5f}}}, {6, -0.25f, {}}}, finish_reason::length, {10, 2, 8}});
+  token_chunk beamed{9, {5, 6}, "ab", {}, finish_reason::eos, {10, 2, 0}};
+  beamed.beams = {{{5, 6}, "ab", -1.5, -0.75, finish_reason::eos}, {{5, 7}, "ac", -2.0, -1.0, finish_reason::length}};
+  all.push_back(beamed);
   all.push_back(cancel_job{9});
   all.push_back(error{9, error_code::overloaded, "too many jobs", retry::overloaded});
   entry_key ek{program_kind::step, 2, 1, 64, kv_layout::paged, 16, 32, logit_rows::all, true, {"mask"}};

@@ -90,6 +90,9 @@ struct JobSubmit {
   guide @15 :Guide;           # a constrained output; kind none: free text
   embed @16 :Bool;            # an embedding of the prompt (the encode program, pooled), not a generation
   noSpeculation @17 :Bool;    # decode without the replica's draft policy (the request's opt-out)
+  beams @18 :Int32;           # > 1: a beam search of that width
+  lengthPenalty @19 :Float32 = 1.0;  # beams ranked by logprob / length^lengthPenalty
+  earlyStopping @20 :Bool;    # end the search once `beams` hypotheses are in
 }
 
 # engine/guide/spec.hpp's kinds, in its order.
@@ -138,6 +141,15 @@ struct TokenChunk {
   usage @5 :Usage;
   replica @6 :UInt64;         # the replica that produced it (0: not said)
   embedding @7 :List(Float32);  # an embed job's vector (with its finish)
+  beams @8 :List(Beam);         # a beam search's hypotheses (with its finish), best first
+}
+
+struct Beam {
+  ids @0 :List(Int32);
+  text @1 :Text;
+  logprob @2 :Float64;
+  score @3 :Float64;
+  finishReason @4 :FinishReason;
 }
 
 struct CancelJob {

@@ -144,7 +144,9 @@ void on_down(actor_t* self, const caf::down_msg& dm) {
       if (!r.driver || r.driver.address() != dm.source) continue;
       const bool drained = r.state == transport::replica_state::draining;
       const auto id = rid;
-      lose_replica(self, id, drained ? "drained" : "its driver stopped: " + self->system().render(dm.reason), !drained);
+      // Named by its node, as a refusal is: the driver's exit may reach here before the node's answer.
+      const std::string node = r.nodes.empty() ? std::string("?") : r.nodes.back();
+      lose_replica(self, id, drained ? "drained" : "node '" + node + "': its driver stopped: " + self->system().render(dm.reason), !drained);
       break;
     }
   }

@@ -61,12 +61,14 @@ double median_of(std::vector<double> v) {
 struct batch_figures {
   double decode_tok_s = 0;   // aggregate over the sequences, rounds with no prefill only
   double prefill_tok_s = 0;  // aggregate over the rounds that prefilled
+  double host_share = 0;     // of the driver's round time, what was not inside the executor's steps
 };
 
 // `batch` sequences of prompt_len tokens decode gen tokens each through the driver; medians over runs.
 result<batch_figures, std::string> drive_batch(std::shared_ptr<const families::model_handle> h, exec::executor& ex,
-                                               const bench_options& o, std::int64_t batch) {
+                                               const bench_options& o, std::int64_t batch, std::int64_t chain = 1) {
   driver::driver_options opt;
+  opt.chain_steps = chain;
   opt.max_rows = batch;
   opt.capacity = o.prompt_len + o.gen;
   opt.block_size = 16;
@@ -108,7 +110,8 @@ result<batch_figures, std::string> drive_batch(std::shared_ptr<const families::m
     if (dec_s > 0) dec.push_back(static_cast<double>(dec_n) / dec_s);
     if (pre_s > 0) pre.push_back(static_cast<double>(pre_n) / pre_s);
   }
-  return batch_figures{median_of(dec), median_of(pre)};
+  const auto c = d.counters();
+  return batch_figures{median_of(dec), median_of(pre), c.round_seconds > 0 ? 1.0 - c.executor_seconds / c.round_seconds : 0.0};
 }
 
 // N jobs of prompt_len tokens generating gen tokens each: straight through a driver, then through a
@@ -206,6 +209,37 @@ int run_actor_bench(const bench_options& o, std::shared_ptr<const families::mode
                 static_cast<long long>(o.batch), static_cast<long long>(o.prompt_len), static_cast<long long>(o.gen), td, tokens / td, ta,
                 tokens / ta, static_cast<double>(o.batch) / ta);
     std::printf("the actor layer adds %.2f%% to the time per output token\n", added);
+  }
+  return 0;
+}
+
+// --chain K: the same sequences decoded with and without chained decode (K steps per executor call),
+// both in this run: tokens/s and the host's share of the driver's time.
+int run_chain_bench(const bench_options& o, std::shared_ptr<const families::model_handle> h) {
+  exec::cpu::cpu_executor ex({o.threads, std::nullopt});
+  auto off = drive_batch(h, ex, o, o.batch, 1);
+  auto on = drive_batch(h, ex, o, o.batch, o.chain);
+  if (!off || !on) {
+    std::fprintf(stderr, "troupe bench: %s\n", (!off ? off.error() : on.error()).c_str());
+    return 1;
+  }
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = o.model;
+    j["threads"] = ex.threads();
+    j["batch"] = o.batch;
+    j["chain"] = o.chain;
+    j["decode_tok_s_unchained"] = off->decode_tok_s;
+    j["decode_tok_s_chained"] = on->decode_tok_s;
+    j["host_share_unchained"] = off->host_share;
+    j["host_share_chained"] = on->host_share;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("model %s, %d threads, %lld sequences, chains of %lld steps\n", o.model.c_str(), ex.threads(), static_cast<long long>(o.batch),
+                static_cast<long long>(o.chain));
+    std::printf("decode one step a round: %.1f tok/s, host share %.1f%%\n", off->decode_tok_s, 100.0 * off->host_share);
+    std::printf("decode chained:          %.1f tok/s, host share %.1f%% (%.2fx)\n", on->decode_tok_s, 100.0 * on->host_share,
+                off->decode_tok_s > 0 ? on->decode_tok_s / off->decode_tok_s : 0.0);
   }
   return 0;
 }
@@ -616,6 +650,7 @@ int run_bench(const bench_options& o) {
   }
   if (o.backend == "cuda") return run_cuda_bench(o, *h);
   if (o.speculation.any()) return run_spec_bench(o, *h);
+  if (o.chain > 1) return run_chain_bench(o, *h);
   if (o.pipeline_parallel > 1) return run_replica_bench(o, *h);
   if (o.tensor_parallel > 1) return run_tp_bench(o, *h);
   if (o.actors) return run_actor_bench(o, *h);

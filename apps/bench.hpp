@@ -27,6 +27,7 @@ struct bench_options {
   // modes use.
   speculation_flags speculation;
   std::string prompt = "random";
+  std::int64_t chain = 1;  // > 1: --batch sequences decoded with and without chains of this many steps
 
 };
 int run_bench(const bench_options& opt);

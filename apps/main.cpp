@@ -190,6 +190,8 @@ int main(int argc, char** argv) {
                  "one sequence through the driver on 1 x 1 and on (--tensor-parallel) x M stages: tokens/s")
       ->check(CLI::Range(2, 64));
   add_speculation_flags(bn, bench.speculation);
+  bn->add_option("--chain", bench.chain, "chained decode: --batch sequences with and without K steps per executor call (tokens/s, host share)")
+      ->check(CLI::Range(2, 1024));
   bn->add_option("--prompt", bench.prompt, "random or repetitive (a phrase of 8 tokens over and over)")->check(CLI::IsMember({"random", "repetitive"}));
   bn->callback([&] { rc = troupe::app::run_bench(bench); });
 

@@ -204,6 +204,11 @@ struct driver_options {
   // fails the preparation.
   std::function<result<void, std::string>()> connect;
   speculation_options speculation;
+  // Chained decode: when every running sequence decodes (none waits, none prefills) and none needs
+  // the host between tokens (a guide, stop strings, a logits head, beams, drafts), up to this many
+  // decode steps run back to back on the executor (executor::step_chain), each pick fed to the next
+  // step; 1: off.
+  std::int64_t chain_steps = 1;
 };
 
 enum class finish_reason : std::uint8_t {
@@ -302,6 +307,9 @@ struct driver_counters {
   std::int64_t draft_tokens = 0;        // drafts proposed and verified
   std::int64_t accepted_tokens = 0;     // drafts accepted (acceptance rate: accepted / draft)
   std::int64_t draft_steps = 0;         // steps of the draft model
+  std::int64_t chained_steps = 0;       // decode steps run inside chains
+  double round_seconds = 0;             // time in step() (rounds)
+  double executor_seconds = 0;          // of which inside the executor's step calls (the rest is the host's share)
 };
 
 struct entry_key {

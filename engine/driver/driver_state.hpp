@@ -131,6 +131,9 @@ struct driver_state {
   void finish(sequence& s, finish_reason r);
   void accept(sequence& s, const exec::sampled_row& row, seq_update& u);
   result<void, driver_error> run_decode(std::vector<sequence*>& rows, step_report& report, std::map<seq_id, seq_update>& updates);
+  // Decode rows chained: up to options.chain_steps steps with one wait (false: the rows cannot chain now).
+  result<bool, driver_error> run_chain(std::vector<sequence*>& rows, step_report& report, std::map<seq_id, seq_update>& updates);
+  bool chainable(const std::vector<sequence*>& rows) const;
   // Decode rows with drafts: one verify step, then each row commits its accepted prefix and one pick.
   result<void, driver_error> run_verify(std::vector<sequence*>& rows, const std::vector<std::vector<std::int32_t>>& drafts,
                                         step_report& report, std::map<seq_id, seq_update>& updates);

@@ -19,6 +19,7 @@ result<void, driver_error> driver_state::validate() {
   if (o.token_budget < o.max_rows) return bad("token_budget must cover a decode row per sequence (at least max_rows)");
   if (o.max_entries < 1) return bad("max_entries must be at least 1");
   if (o.smallest_chunk < 2) return bad("smallest_chunk must be at least 2");
+  if (o.chain_steps < 1 || o.chain_steps > 1024) return bad("chain_steps must lie in [1, 1024]");
   if (o.paged) {
     if (o.block_size < 1 || o.block_size > o.capacity) return bad("block_size must lie in [1, capacity]");
     block_size = o.block_size;

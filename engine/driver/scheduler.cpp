@@ -2,10 +2,20 @@
 // admitted while rows are free, decoding sequences advance together (one token each, or a verify
 // window of drafts), prefilling sequences advance by chunks while the token budget lasts.
 #include <algorithm>
+#include <chrono>
 
 #include "engine/driver/driver_state.hpp"
 
 namespace troupe::driver {
+
+namespace {
+// Adds the time from here to the end of the scope to `acc` (the host/executor split of a round).
+struct timed {
+  double& acc;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  ~timed() { acc += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
+}  // namespace
 
 // ---- sequences --------------------------------------------------------------------------------------
 
@@ -186,7 +196,10 @@ result<void, driver_error> driver_state::run_decode(std::vector<sequence*>& rows
   in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", write.view()}, {"kv_read_map", read.view()}};
   std::optional<others_run> others;
   if (!ranks.empty()) others.emplace(rank_threads(), key, in);
-  auto picks = ex->step_sample(entry, in, heads, mask_hook_for(rows));
+  auto picks = [&] {
+    timed t{counters.executor_seconds};
+    return ex->step_sample(entry, in, heads, mask_hook_for(rows));
+  }();
   if (others)
     if (auto e = others->wait(); e && picks) picks = unexpected(*e);
   ++report.executor_steps;
@@ -220,6 +233,86 @@ result<void, driver_error> driver_state::run_decode(std::vector<sequence*>& rows
   for (auto& [head, v] : beam_picks)
     if (auto b = beam_step(head, v, updates); !b) return b;
   return {};
+}
+
+bool driver_state::chainable(const std::vector<sequence*>& rows) const {
+  if (options.chain_steps < 2 || !ranks.empty() || drafts || !waiting.empty()) return false;
+  if (rows.size() != running.size()) return false;  // someone prefills: it needs the next round
+  for (const auto* s : rows)
+    if (s->req.guide || !s->req.stop.empty() || s->req.head != head_kind::sample || s->group != 0 || s->limit >= 0) return false;
+  return true;
+}
+
+result<bool, driver_error> driver_state::run_chain(std::vector<sequence*>& rows, step_report& report, std::map<seq_id, seq_update>& updates) {
+  std::int64_t n = options.chain_steps;
+  for (const auto* s : rows)
+    n = std::min({n, s->req.max_tokens - s->generated, options.capacity - static_cast<std::int64_t>(s->tokens.size())});
+  if (n < 2) return false;
+  for (auto* s : rows)
+    if (!ensure_blocks(*s, s->computed + n, report)) return false;  // the next round decodes them one step at a time
+  if (std::any_of(rows.begin(), rows.end(), [](const sequence* s) { return s->phase != seq_phase::running || s->blocks.empty(); })) return false;
+  const auto D = static_cast<std::int64_t>(rows.size());
+  const auto R = *std::lower_bound(row_buckets.begin(), row_buckets.end(), D);
+  const auto C = options.capacity;
+  const auto key = step_key(R, 1, head_kind::sample);
+  tensor ids(dtype::i32, {R}), pos(dtype::i32, {R}), write(dtype::i32, {R}), read(dtype::i32, {R, C});
+  std::fill(ids.as<std::int32_t>(), ids.as<std::int32_t>() + R, 0);
+  std::fill(pos.as<std::int32_t>(), pos.as<std::int32_t>() + R, 0);
+  std::fill(write.as<std::int32_t>(), write.as<std::int32_t>() + R, -1);
+  std::fill(read.as<std::int32_t>(), read.as<std::int32_t>() + R * C, -1);
+  exec::chain_request chain;
+  chain.steps = n;
+  chain.positions.assign(static_cast<std::size_t>(n * R), 0);
+  chain.write_slots.assign(static_cast<std::size_t>(n * R), -1);
+  std::vector<exec::sample_row_request> heads;
+  for (std::int64_t r = 0; r < D; ++r) {
+    auto& s = *rows[static_cast<std::size_t>(r)];
+    auto slot = [&](std::int64_t q) { return static_cast<std::int32_t>(s.blocks[static_cast<std::size_t>(q / block_size)] * block_size + q % block_size); };
+    const std::int64_t p = s.computed;
+    ids.as<std::int32_t>()[r] = s.tokens[static_cast<std::size_t>(p)];
+    pos.as<std::int32_t>()[r] = static_cast<std::int32_t>(p);
+    write.as<std::int32_t>()[r] = slot(p);
+    // Every slot the chain writes is in the read map from the start; the causal mask hides the later ones.
+    for (std::int64_t j = 0; j < p + n; ++j) read.as<std::int32_t>()[r * C + j] = slot(j);
+    for (std::int64_t i = 0; i < n; ++i) {
+      chain.positions[static_cast<std::size_t>(i * R + r)] = static_cast<std::int32_t>(p + i);
+      chain.write_slots[static_cast<std::size_t>(i * R + r)] = slot(p + i);
+    }
+    std::vector<std::int32_t> stops = s.stop_ids;
+    if (!s.req.ignore_eos) stops.insert(stops.end(), eos.begin(), eos.end());
+    chain.stop_ids.push_back(std::move(stops));
+    heads.push_back({s.id, s.req.sampling, static_cast<std::uint64_t>(s.generated), false});
+  }
+  exec::step_inputs in;
+  in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", write.view()}, {"kv_read_map", read.view()}};
+  auto picks = [&] {
+    timed t{counters.executor_seconds};
+    return ex->step_chain(entries.at(key), in, heads, chain);
+  }();
+  if (!picks) {
+    for (auto* s : rows) {
+      finish(*s, finish_reason::error);
+      updates[s->id].id = s->id;
+      updates[s->id].finished = finish_reason::error;
+    }
+    return unexpected(driver_error{driver_error_code::step_failed, "chained decode " + key.str() + ": " + picks.error().message()});
+  }
+  report.executor_steps += static_cast<std::int64_t>(picks->size());
+  counters.chained_steps += static_cast<std::int64_t>(picks->size());
+  for (std::int64_t r = 0; r < D; ++r) {
+    auto& s = *rows[static_cast<std::size_t>(r)];
+    auto& u = updates[s.id];
+    u.id = s.id;
+    for (const auto& step : *picks) {
+      if (s.phase != seq_phase::running) break;
+      ++s.computed;
+      publish_full_blocks(s);
+      accept(s, step[static_cast<std::size_t>(r)], u);
+      ++report.decode_rows;
+      ++counters.decode_tokens;
+    }
+  }
+  return true;
 }
 
 result<std::vector<std::vector<std::int32_t>>, driver_error> driver_state::draft_for(const std::vector<sequence*>& rows) {
@@ -300,7 +393,10 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
   in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", write.view()}, {"kv_read_map", read.view()}};
   std::optional<others_run> others;
   if (!ranks.empty()) others.emplace(rank_threads(), key, in);
-  auto out = ex->step(entry, in);
+  auto out = [&] {
+    timed t{counters.executor_seconds};
+    return ex->step(entry, in);
+  }();
   if (others)
     if (auto e = others->wait(); e && out) out = unexpected(*e);
   ++report.executor_steps;
@@ -395,7 +491,7 @@ result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n
   result<std::vector<exec::sampled_row>, exec::exec_error> picks = std::vector<exec::sampled_row>{};
   std::optional<others_run> others;
   if (!ranks.empty()) others.emplace(rank_threads(), key, in);
-  if (last) {
+  if (timed t{counters.executor_seconds}; last) {
     const exec::sample_row_request head{s.id, s.req.sampling, static_cast<std::uint64_t>(s.generated), want_logits};
     std::vector<sequence*> one{&s};
     picks = ex->step_sample(entry, in, std::span(&head, 1), mask_hook_for(one));
@@ -425,6 +521,7 @@ result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n
 }
 
 result<step_report, driver_error> driver_state::round() {
+  timed whole{counters.round_seconds};
   step_report report;
   std::map<seq_id, seq_update> updates;
   ++counters.rounds;
@@ -463,7 +560,13 @@ result<step_report, driver_error> driver_state::round() {
   // A preemption may have taken rows already chosen.
   std::erase_if(decode, [](sequence* s) { return s->phase != seq_phase::running || s->blocks.empty(); });
   result<void, driver_error> failure{};
-  if (!decode.empty()) {
+  bool chained = false;
+  if (!decode.empty() && chainable(decode)) {
+    auto c = run_chain(decode, report, updates);
+    if (!c) failure = unexpected(c.error());
+    else chained = *c;
+  }
+  if (!decode.empty() && !chained && failure) {
     // A draft policy that fails (its model's step) costs the round its drafts, never its tokens.
     // Rows with drafts verify them in one step; the others (no draft, guided, logits) decode as ever.
     auto drafted = draft_for(decode);

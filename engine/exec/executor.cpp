@@ -1,5 +1,6 @@
 #include "engine/exec/executor.hpp"
 
+#include <algorithm>
 #include <future>
 
 namespace troupe::exec {
@@ -40,6 +41,53 @@ void executor::record_history(std::uint64_t sequence, std::span<const std::int32
 const token_history* executor::history(std::uint64_t sequence) const {
   auto it = histories_.find(sequence);
   return it == histories_.end() ? nullptr : &it->second;
+}
+
+result<std::vector<std::vector<sampled_row>>, exec_error> executor::step_chain(entry_id entry, const step_inputs& first,
+                                                                               std::span<const sample_row_request> rows, const chain_request& chain) {
+  const auto ids_it = first.slots.find("token_ids");
+  const auto pos_it = first.slots.find("positions");
+  const auto write_it = first.slots.find("kv_write_map");
+  if (ids_it == first.slots.end() || pos_it == first.slots.end() || write_it == first.slots.end())
+    return unexpected(exec_error{exec_error_code::bad_binding, "chain", "a chain needs token_ids, positions and kv_write_map slots"});
+  const auto R = ids_it->second.shape().numel();
+  if (chain.steps < 1 || static_cast<std::int64_t>(chain.positions.size()) != chain.steps * R ||
+      static_cast<std::int64_t>(chain.write_slots.size()) != chain.steps * R || static_cast<std::int64_t>(rows.size()) > R)
+    return unexpected(exec_error{exec_error_code::bad_binding, "chain", "positions and write slots must hold steps x rows values"});
+  tensor ids = tensor::copy_of(ids_it->second), pos = tensor::copy_of(pos_it->second), write = tensor::copy_of(write_it->second);  // rebound each step
+  if (ids.type() != dtype::i32 || pos.type() != dtype::i32 || write.type() != dtype::i32)
+    return unexpected(exec_error{exec_error_code::bad_binding, "chain", "token_ids, positions and kv_write_map must be i32"});
+  step_inputs in = first;
+  in.slots["token_ids"] = ids.view();
+  in.slots["positions"] = pos.view();
+  in.slots["kv_write_map"] = write.view();
+  std::vector<sample_row_request> req(rows.begin(), rows.end());
+  std::vector<bool> live(rows.size(), true);
+  std::vector<std::vector<sampled_row>> out;
+  for (std::int64_t i = 0; i < chain.steps; ++i) {
+    if (i > 0) {
+      for (std::int64_t r = 0; r < R; ++r) {
+        const bool on = static_cast<std::size_t>(r) < rows.size() && live[static_cast<std::size_t>(r)];
+        ids.as<std::int32_t>()[r] = on ? out.back()[static_cast<std::size_t>(r)].pick.token : 0;
+        pos.as<std::int32_t>()[r] = chain.positions[static_cast<std::size_t>(i * R + r)];
+        write.as<std::int32_t>()[r] = on ? chain.write_slots[static_cast<std::size_t>(i * R + r)] : -1;
+      }
+      for (auto& q : req) ++q.draw;
+    }
+    auto picks = step_sample(entry, in, req);
+    if (!picks) return unexpected(picks.error());
+    out.push_back(std::move(*picks));
+    bool any = false;
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      if (!live[r]) continue;
+      const auto t = out.back()[r].pick.token;
+      const auto& stops = r < chain.stop_ids.size() ? chain.stop_ids[r] : std::vector<std::int32_t>{};
+      if (std::find(stops.begin(), stops.end(), t) != stops.end()) live[r] = false;
+      any = any || live[r];
+    }
+    if (!any) break;
+  }
+  return out;
 }
 
 result<void, exec_error> executor::copy_state_rows(executable_id, std::span<const std::pair<std::int64_t, std::int64_t>>) {

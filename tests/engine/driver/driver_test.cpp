@@ -14,6 +14,8 @@
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "families/fixtures/fixture.hpp"
 #include "tests/support/driver_fixture.hpp"
+#include "families/families.hpp"
+#include "families/model.hpp"
 
 namespace troupe::driver {
 namespace {
@@ -640,6 +642,55 @@ TEST(driver, chained_decode_gives_the_tokens_of_one_step_at_a_time) {
     for (const auto& u : r->updates) out[u.id].insert(out[u.id].end(), u.tokens.begin(), u.tokens.end());
   }
   EXPECT_EQ(out[*late], want[2].tokens);
+}
+
+}  // namespace
+}  // namespace troupe::driver
+
+namespace troupe::driver {
+namespace {
+
+// A llama whose step program also declares a recurrent-state slot (`state_rows`) no driver input
+// binds yet: the driver refuses it when the entry is added, naming the slot, instead of failing a step.
+// Names model::trace_into publicly so a wrapper can run the wrapped model's tracer body.
+struct open_model : families::model {
+  using families::model::trace_into;
+};
+
+class with_state_rows final : public families::model {
+ public:
+  explicit with_state_rows(std::unique_ptr<families::model> m) : m_(std::move(m)) {}
+  const families::model_config& config() const override { return m_->config(); }
+  const families::model_schema& schema() const override { return m_->schema(); }
+  const families::weight_map& weights() const override { return m_->weights(); }
+  void trace_into(const families::step_spec& spec, graph::builder& b) const override {
+    (m_.get()->*(&open_model::trace_into))(spec, b);
+    b.output("rows", b.slot(graph::slot_kind::state_rows, {dtype::i32, troupe::shape{spec.shape.rows()}}));
+  }
+
+ private:
+  std::unique_ptr<families::model> m_;
+};
+
+result<std::unique_ptr<families::model>, families::model_error> build_with_state_rows(const load::raw_config& c, const load::weight_store& s) {
+  auto m = families::llama_entry.build(c, s);
+  if (!m) return unexpected(m.error());
+  return std::unique_ptr<families::model>(std::make_unique<with_state_rows>(std::move(*m)));
+}
+
+TEST(driver, a_slot_no_input_binds_is_refused_at_prepare) {
+  static const families::family_key keys[] = {{load::config_source::gguf, "llama"}};
+  static const families::family_entry entry{"llama-with-state-rows", keys, build_with_state_rows};
+  auto reg = families::registry::from(std::span(&entry, 1));
+  ASSERT_TRUE(reg);
+  const auto path = fixture()->path();
+  auto h = families::model_handle::load(path, *reg);
+  ASSERT_TRUE(h) << families::message(h.error());
+  exec::cpu::cpu_executor ex;
+  auto d = driver<unprepared>(*h, ex, small_options()).prepare();
+  ASSERT_FALSE(d);
+  EXPECT_EQ(d.error().second.code, driver_error_code::unbound_slot);
+  EXPECT_NE(d.error().second.message().find("state_rows"), std::string::npos) << d.error().second.message();
 }
 
 }  // namespace

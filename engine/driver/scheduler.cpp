@@ -97,6 +97,7 @@ bool driver_state::ensure_blocks(sequence& s, std::int64_t upto, step_report& re
     }
     if (!victim) return false;
     free_blocks(*victim);
+    if (drafts) drafts->forget(victim->id);  // its draft mirror's row and blocks too; a new one starts on readmission
     victim->phase = seq_phase::waiting;
     running.erase(std::remove(running.begin(), running.end(), victim->id), running.end());
     waiting.push_front(victim->id);

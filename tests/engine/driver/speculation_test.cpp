@@ -168,21 +168,28 @@ TEST(speculation, the_window_honours_max_tokens_stop_ids_and_rows_that_do_not_sp
 
 TEST(speculation, prefix_cache_and_preemption_compose_with_drafts) {
   auto h = fixture("llama");
-  exec::cpu::cpu_executor plain_ex, spec_ex;
   auto tight = options();
-  tight.pool_blocks = 40;  // 5 sequences of ~60 positions do not fit at once: preemption by recompute
+  tight.pool_blocks = 20;  // 4 rows of 50-90 positions do not fit at once: preemption by recompute
+  exec::cpu::cpu_executor plain_ex;
   auto plain = serve(h, plain_ex, tight);
-  tight.speculation.kind = draft_kind::ngram;
-  auto spec = serve(h, spec_ex, tight);
   const auto reqs = workload(0.9f);
   const auto want = run_all(plain, reqs);
-  const auto first = run_all(spec, reqs);
-  const auto second = run_all(spec, reqs);  // prompts now in the prefix cache
-  for (std::size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_EQ(first[i].tokens, want[i].tokens) << "sequence " << i;
-    EXPECT_EQ(second[i].tokens, want[i].tokens) << "sequence " << i;
+  for (auto kind : {draft_kind::ngram, draft_kind::model}) {
+    SCOPED_TRACE(std::string(name(kind)));
+    exec::cpu::cpu_executor spec_ex;
+    auto o = tight;
+    o.speculation.kind = kind;
+    if (kind == draft_kind::model) o.speculation.draft_model = fixture("llama", dtype::q8_0);
+    auto spec = serve(h, spec_ex, o);
+    const auto first = run_all(spec, reqs);
+    const auto second = run_all(spec, reqs);  // prompts now in the prefix cache
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(first[i].tokens, want[i].tokens) << "sequence " << i;
+      EXPECT_EQ(second[i].tokens, want[i].tokens) << "sequence " << i;
+    }
+    EXPECT_GT(spec.counters().prefix_hit_tokens, 0);
+    EXPECT_GT(spec.counters().preemptions, 0);
   }
-  EXPECT_GT(spec.counters().prefix_hit_tokens, 0);
 }
 
 TEST(speculation, refusals_are_typed) {

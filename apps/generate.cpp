@@ -219,6 +219,7 @@ int run_generate(const generate_options& o) {
     opt.prefill_chunk = std::min<std::int64_t>(256, capacity);
     opt.token_budget = opt.prefill_chunk + 1;
     opt.prefix_cache = false;
+    opt.chain_steps = o.chain;
     if (o.speculation.any()) {
       auto sp = speculation_of(o.speculation);
       if (!sp) {

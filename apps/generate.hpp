@@ -37,6 +37,7 @@ struct generate_options {
   int beams = 1;                   // the driver path: > 1, a beam search of that width (every hypothesis printed)
   double length_penalty = 1.0;
   bool early_stopping = false;
+  std::int64_t chain = 1;          // the driver path: chained decode, up to this many steps per executor call
 };
 int run_generate(const generate_options& opt);
 

@@ -99,6 +99,8 @@ int main(int argc, char** argv) {
   g->add_option("--beams", gen.beams, "beam search of this width (greedy; every hypothesis printed, the best as the output)")->check(CLI::Range(1, 10));
   g->add_option("--length-penalty", gen.length_penalty, "beam search: hypotheses ranked by logprob / length^P");
   g->add_flag("--early-stopping", gen.early_stopping, "beam search: end once --beams hypotheses are in");
+  g->add_option("--chain", gen.chain, "chained decode: up to K decode steps per executor call when nothing needs the host between tokens")
+      ->check(CLI::Range(1, 1024));
   g->add_option("--backend", gen.backend, "cpu, oracle or cuda");
   g->add_option("--device", gen.device, "--backend cuda: the GPU to run on")->check(CLI::Range(0, 1024));
   g->add_option("--threads", gen.threads);

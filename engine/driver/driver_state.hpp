@@ -4,6 +4,7 @@
 //   scheduler.cpp   a round of continuous batching over the serving surface (decode, verify, prefill);
 //   speculation.cpp draft policies and the verify window;
 //   driver.cpp      the public surface (open, step, commit, release, generate, encode, embed).
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <memory>
@@ -68,6 +69,21 @@ struct step_values {
   tensor_view token_ids, positions, token_mask, kv_read_map, kv_write_map;
 };
 
+// A step's host-side inputs for `rows` x `tokens` tokens over `capacity` positions: token ids,
+// positions and KV write slots (padding: token 0, position 0, no write) and the read map of each row
+// (-1: no slot).
+struct step_maps {
+  step_maps(std::int64_t rows, std::int64_t tokens, std::int64_t capacity)
+      : ids(dtype::i32, {rows * tokens}), pos(dtype::i32, {rows * tokens}), write(dtype::i32, {rows * tokens}), read(dtype::i32, {rows, capacity}) {
+    std::fill_n(ids.as<std::int32_t>(), rows * tokens, 0);
+    std::fill_n(pos.as<std::int32_t>(), rows * tokens, 0);
+    std::fill_n(write.as<std::int32_t>(), rows * tokens, -1);
+    std::fill_n(read.as<std::int32_t>(), rows * capacity, -1);
+  }
+  tensor ids, pos, write, read;
+  step_values values() const { return {.token_ids = ids.view(), .positions = pos.view(), .kv_read_map = read.view(), .kv_write_map = write.view()}; }
+};
+
 struct driver_state {
   std::shared_ptr<const families::model_handle> handle;
   exec::executor* ex = nullptr;
@@ -101,6 +117,10 @@ struct driver_state {
   std::int64_t next_admission = 0;
   driver_counters counters;
 
+  // The KV slot of a sequence's position, through its block table.
+  std::int32_t slot_of(const sequence& s, std::int64_t position) const {
+    return static_cast<std::int32_t>(s.blocks[static_cast<std::size_t>(position / block_size)] * block_size + position % block_size);
+  }
   families::kv_layout layout() const { return families::kv_layout::paged(block_size, pool_blocks); }
   entry_key step_key(std::int64_t rows, std::int64_t tokens, head_kind head) const {
     entry_key k;

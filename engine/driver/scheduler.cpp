@@ -30,7 +30,6 @@ void driver_state::finish(sequence& s, finish_reason r) {
   if (s.phase == seq_phase::finished) return;
   if (groups.contains(s.id)) {  // a beam search ended from outside (cancel, error): its forks go with it
     std::map<seq_id, seq_update> ignored;
-    s.cancel = false;
     end_beams(s, ignored);  // finishes s with its best hypothesis so far
     s.finished = r;
     return;
@@ -173,27 +172,22 @@ result<void, driver_error> driver_state::run_decode(std::vector<sequence*>& rows
   const auto key = step_key(R, 1, want_logits ? head_kind::logits : head_kind::sample);
   const auto entry = entries.at(key);
 
-  tensor ids(dtype::i32, {R}), pos(dtype::i32, {R}), write(dtype::i32, {R}), read(dtype::i32, {R, C});
-  auto* idp = ids.as<std::int32_t>();
-  auto* pp = pos.as<std::int32_t>();
-  auto* wp = write.as<std::int32_t>();
-  auto* rp = read.as<std::int32_t>();
-  std::fill(idp, idp + R, 0);
-  std::fill(pp, pp + R, 0);
-  std::fill(wp, wp + R, -1);
-  std::fill(rp, rp + R * C, -1);
+  step_maps m(R, 1, C);
+  auto* idp = m.ids.as<std::int32_t>();
+  auto* pp = m.pos.as<std::int32_t>();
+  auto* wp = m.write.as<std::int32_t>();
+  auto* rp = m.read.as<std::int32_t>();
   std::vector<exec::sample_row_request> heads;
   for (std::int64_t r = 0; r < D; ++r) {
     auto& s = *rows[static_cast<std::size_t>(r)];
     const std::int64_t p = s.computed;
     idp[r] = s.tokens[static_cast<std::size_t>(p)];
     pp[r] = static_cast<std::int32_t>(p);
-    wp[r] = static_cast<std::int32_t>(s.blocks[static_cast<std::size_t>(p / block_size)] * block_size + p % block_size);
-    for (std::int64_t j = 0; j <= p; ++j)
-      rp[r * C + j] = static_cast<std::int32_t>(s.blocks[static_cast<std::size_t>(j / block_size)] * block_size + j % block_size);
+    wp[r] = slot_of(s, p);
+    for (std::int64_t j = 0; j <= p; ++j) rp[r * C + j] = slot_of(s, j);
     heads.push_back({s.id, s.req.sampling, static_cast<std::uint64_t>(s.generated), s.req.head == head_kind::logits});
   }
-  const auto in = bind(key, {.token_ids = ids.view(), .positions = pos.view(), .kv_read_map = read.view(), .kv_write_map = write.view()});
+  const auto in = bind(key, m.values());
   std::optional<others_run> others;
   if (!ranks.empty()) others.emplace(rank_threads(), key, in);
   auto picks = [&] {
@@ -255,11 +249,7 @@ result<bool, driver_error> driver_state::run_chain(std::vector<sequence*>& rows,
   const auto R = *std::lower_bound(row_buckets.begin(), row_buckets.end(), D);
   const auto C = options.capacity;
   const auto key = step_key(R, 1, head_kind::sample);
-  tensor ids(dtype::i32, {R}), pos(dtype::i32, {R}), write(dtype::i32, {R}), read(dtype::i32, {R, C});
-  std::fill(ids.as<std::int32_t>(), ids.as<std::int32_t>() + R, 0);
-  std::fill(pos.as<std::int32_t>(), pos.as<std::int32_t>() + R, 0);
-  std::fill(write.as<std::int32_t>(), write.as<std::int32_t>() + R, -1);
-  std::fill(read.as<std::int32_t>(), read.as<std::int32_t>() + R * C, -1);
+  step_maps m(R, 1, C);
   exec::chain_request chain;
   chain.steps = n;
   chain.positions.assign(static_cast<std::size_t>(n * R), 0);
@@ -267,23 +257,22 @@ result<bool, driver_error> driver_state::run_chain(std::vector<sequence*>& rows,
   std::vector<exec::sample_row_request> heads;
   for (std::int64_t r = 0; r < D; ++r) {
     auto& s = *rows[static_cast<std::size_t>(r)];
-    auto slot = [&](std::int64_t q) { return static_cast<std::int32_t>(s.blocks[static_cast<std::size_t>(q / block_size)] * block_size + q % block_size); };
     const std::int64_t p = s.computed;
-    ids.as<std::int32_t>()[r] = s.tokens[static_cast<std::size_t>(p)];
-    pos.as<std::int32_t>()[r] = static_cast<std::int32_t>(p);
-    write.as<std::int32_t>()[r] = slot(p);
+    m.ids.as<std::int32_t>()[r] = s.tokens[static_cast<std::size_t>(p)];
+    m.pos.as<std::int32_t>()[r] = static_cast<std::int32_t>(p);
+    m.write.as<std::int32_t>()[r] = slot_of(s, p);
     // Every slot the chain writes is in the read map from the start; the causal mask hides the later ones.
-    for (std::int64_t j = 0; j < p + n; ++j) read.as<std::int32_t>()[r * C + j] = slot(j);
+    for (std::int64_t j = 0; j < p + n; ++j) m.read.as<std::int32_t>()[r * C + j] = slot_of(s, j);
     for (std::int64_t i = 0; i < n; ++i) {
       chain.positions[static_cast<std::size_t>(i * R + r)] = static_cast<std::int32_t>(p + i);
-      chain.write_slots[static_cast<std::size_t>(i * R + r)] = slot(p + i);
+      chain.write_slots[static_cast<std::size_t>(i * R + r)] = slot_of(s, p + i);
     }
     std::vector<std::int32_t> stops = s.stop_ids;
     if (!s.req.ignore_eos) stops.insert(stops.end(), eos.begin(), eos.end());
     chain.stop_ids.push_back(std::move(stops));
     heads.push_back({s.id, s.req.sampling, static_cast<std::uint64_t>(s.generated), false});
   }
-  const auto in = bind(key, {.token_ids = ids.view(), .positions = pos.view(), .kv_read_map = read.view(), .kv_write_map = write.view()});
+  const auto in = bind(key, m.values());
   auto picks = [&] {
     timed t{counters.executor_seconds};
     return ex->step_chain(entries.at(key), in, heads, chain);
@@ -366,29 +355,24 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
   const auto T = *std::lower_bound(verify_widths.begin(), verify_widths.end(), static_cast<std::int64_t>(longest) + 1), C = options.capacity;
   const auto key = verify_key(R, T);
   const auto entry = entries.at(key);
-  tensor ids(dtype::i32, {R * T}), pos(dtype::i32, {R * T}), write(dtype::i32, {R * T}), read(dtype::i32, {R, C});
-  auto* idp = ids.as<std::int32_t>();
-  auto* pp = pos.as<std::int32_t>();
-  auto* wp = write.as<std::int32_t>();
-  auto* rp = read.as<std::int32_t>();
-  std::fill(idp, idp + R * T, 0);
-  std::fill(pp, pp + R * T, 0);
-  std::fill(wp, wp + R * T, -1);
-  std::fill(rp, rp + R * C, -1);
+  step_maps maps(R, T, C);
+  auto* idp = maps.ids.as<std::int32_t>();
+  auto* pp = maps.pos.as<std::int32_t>();
+  auto* wp = maps.write.as<std::int32_t>();
+  auto* rp = maps.read.as<std::int32_t>();
   for (std::int64_t r = 0; r < D; ++r) {
     const auto& s = *rows[static_cast<std::size_t>(r)];
     const auto& d = drafted[static_cast<std::size_t>(r)];
     const std::int64_t p = s.computed, k = static_cast<std::int64_t>(d.size());
-    auto slot = [&](std::int64_t q) { return static_cast<std::int32_t>(s.blocks[static_cast<std::size_t>(q / block_size)] * block_size + q % block_size); };
     for (std::int64_t t = 0; t < T; ++t) {
       const bool real = t <= k;  // the pending token, then the drafts; padding repeats the last position and writes nothing
       idp[r * T + t] = !real ? 0 : t == 0 ? s.tokens[static_cast<std::size_t>(p)] : d[static_cast<std::size_t>(t - 1)];
       pp[r * T + t] = static_cast<std::int32_t>(p + std::min(t, k));
-      wp[r * T + t] = real ? slot(p + t) : -1;
+      wp[r * T + t] = real ? slot_of(s, p + t) : -1;
     }
-    for (std::int64_t j = 0; j <= p + k; ++j) rp[r * C + j] = slot(j);
+    for (std::int64_t j = 0; j <= p + k; ++j) rp[r * C + j] = slot_of(s, j);
   }
-  const auto in = bind(key, {.token_ids = ids.view(), .positions = pos.view(), .kv_read_map = read.view(), .kv_write_map = write.view()});
+  const auto in = bind(key, maps.values());
   std::optional<others_run> others;
   if (!ranks.empty()) others.emplace(rank_threads(), key, in);
   auto out = [&] {
@@ -419,15 +403,20 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
     const auto k = static_cast<std::int64_t>(d.size());
     // Each position's pick as the sequence would draw it without drafts: its rules, its history with
     // the tokens accepted before it, its draw index.
-    std::optional<exec::token_history> hist;
-    if (const auto* h = ex->history(s.id)) hist = *h;
+    // Penalties read the tokens accepted before each position: a copy of the history takes them.
+    // Without penalties the history's bias is all it gives, and the executor's own serves as it is.
+    const auto& sp = s.req.sampling;
+    const auto* kept = ex->history(s.id);
+    std::optional<exec::token_history> own;
+    if (kept && (sp.repetition_penalty != 1.0f || sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f)) own = *kept;
+    const exec::token_history* hist = own ? &*own : kept;
     std::vector<exec::sample_pick> picks;
     std::int64_t m = 0;
     for (std::int64_t i = 0; i <= k; ++i) {
       const std::span<const float> row(logits + (r * T + i) * V, static_cast<std::size_t>(V));
-      auto pick = exec::sample_row(row, s.req.sampling, hist ? &*hist : nullptr, static_cast<std::uint64_t>(s.generated + i), {}, verify_scratch);
+      auto pick = exec::sample_row(row, sp, hist, static_cast<std::uint64_t>(s.generated + i), {}, verify_scratch);
       if (!pick) return fail("row " + std::to_string(r) + ": " + pick.error().message());
-      if (hist) hist->record(pick->token);
+      if (own) own->record(pick->token);
       const bool agrees = i < k && pick->token == d[static_cast<std::size_t>(i)];
       picks.push_back(std::move(*pick));
       if (!agrees) break;
@@ -462,28 +451,17 @@ result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n
   const bool want_logits = last && s.req.head == head_kind::logits;
   const auto key = step_key(1, T, want_logits ? head_kind::logits : head_kind::sample);
   const auto entry = entries.at(key);
-  tensor ids(dtype::i32, {T}), pos(dtype::i32, {T}), write(dtype::i32, {T}), read(dtype::i32, {1, C});
-  auto* idp = ids.as<std::int32_t>();
-  auto* pp = pos.as<std::int32_t>();
-  auto* wp = write.as<std::int32_t>();
-  auto* rp = read.as<std::int32_t>();
-  const std::int64_t pad = T - n;  // at the front, so the row's last token is real
-  auto slot = [&](std::int64_t p) { return static_cast<std::int32_t>(s.blocks[static_cast<std::size_t>(p / block_size)] * block_size + p % block_size); };
-  for (std::int64_t t = 0; t < T; ++t) {
-    if (t < pad) {
-      idp[t] = 0;
-      pp[t] = 0;
-      wp[t] = -1;
-      continue;
-    }
+  step_maps m(1, T, C);
+  const std::int64_t pad = T - n;  // at the front, so the row's last token is real (padding writes nothing)
+  for (std::int64_t t = pad; t < T; ++t) {
     const std::int64_t p = s.computed + t - pad;
-    idp[t] = s.tokens[static_cast<std::size_t>(p)];
-    pp[t] = static_cast<std::int32_t>(p);
-    wp[t] = slot(p);
+    m.ids.as<std::int32_t>()[t] = s.tokens[static_cast<std::size_t>(p)];
+    m.pos.as<std::int32_t>()[t] = static_cast<std::int32_t>(p);
+    m.write.as<std::int32_t>()[t] = slot_of(s, p);
   }
   const std::int64_t end = s.computed + n;
-  for (std::int64_t j = 0; j < C; ++j) rp[j] = j < end ? slot(j) : -1;
-  const auto in = bind(key, {.token_ids = ids.view(), .positions = pos.view(), .kv_read_map = read.view(), .kv_write_map = write.view()});
+  for (std::int64_t j = 0; j < end; ++j) m.read.as<std::int32_t>()[j] = slot_of(s, j);
+  const auto in = bind(key, m.values());
   ++report.executor_steps;
   result<std::vector<exec::sampled_row>, exec::exec_error> picks = std::vector<exec::sampled_row>{};
   std::optional<others_run> others;

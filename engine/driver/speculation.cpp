@@ -89,11 +89,10 @@ class model_drafter final : public drafter {
       return false;
     };
     for (int guard = 0; pending() && guard < 4096; ++guard) {
-      const auto before = d.counters.executor_steps;
       auto r = d.round();
       if (!r) return unexpected(driver_error{driver_error_code::step_failed, "draft model: " + r.error().message()});
       steps_ += r->executor_steps;
-      if (d.counters.executor_steps == before && r->executor_steps == 0) break;  // nothing could run (pool)
+      if (r->executor_steps == 0) break;  // nothing could run (no row or block for a mirror)
     }
     std::vector<std::vector<std::int32_t>> out(rows.size());
     for (std::size_t i = 0; i < rows.size(); ++i) {

@@ -65,6 +65,14 @@ lowering_family lowering_family_of(graph::op code) {
   return elementwise;  // not reached: the switch names every op, and -Wswitch holds it so
 }
 
+std::optional<exec_error> check_state_rows(std::string_view state, std::int64_t rows, std::span<const std::pair<std::int64_t, std::int64_t>> pairs) {
+  for (const auto& [from, to] : pairs)
+    if (from < 0 || to < 0 || from >= rows || to >= rows)
+      return exec_error{exec_error_code::bad_binding, "state " + std::string(state),
+                        "row " + std::to_string(from) + " -> " + std::to_string(to) + " outside its " + std::to_string(rows) + " rows"};
+  return std::nullopt;
+}
+
 bool computable_type(dtype t) { return t == dtype::f32 || t == dtype::i32 || t == dtype::i64 || t == dtype::boolean; }
 
 std::optional<exec_error> check_value_types(const graph::graph& g, const std::vector<bool>& runs, std::string_view target) {

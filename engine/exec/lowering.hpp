@@ -5,6 +5,7 @@
 // broadcasting and movement ops.
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -22,6 +23,10 @@ std::optional<exec_error> check_value_types(const graph::graph& g, const std::ve
 
 // Every slot of `g` is bound in `in` with its type and shape, or the bad_binding refusal naming it.
 std::optional<exec_error> check_slots(const graph::graph& g, const step_inputs& in);
+
+// Every (from, to) pair of an executor::copy_state_rows call lies inside a state of `rows` rows, or
+// the bad_binding refusal naming the state and the pair.
+std::optional<exec_error> check_state_rows(std::string_view state, std::int64_t rows, std::span<const std::pair<std::int64_t, std::int64_t>> pairs);
 
 // Every witness of `g` (graph.hpp) holds, reading each witness output's bytes through `bytes_of`, or the
 // invalid_witness error naming it. Run after a step's program and before any output is read back.

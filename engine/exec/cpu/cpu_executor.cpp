@@ -80,12 +80,8 @@ result<void, exec_error> cpu_executor::reset_states(executable_id exe) {
 result<void, exec_error> cpu_executor::copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows) {
   if (exe.value >= impl_->exes.size()) return unexpected(exec_error{exec_error_code::unknown_id, "executable", "not loaded here"});
   auto& st = impl_->exes[exe.value]->states;
-  for (const auto& [name, t] : st) {
-    const auto n = t.shape().rank() > 0 ? t.shape()[0] : 0;
-    for (const auto& [from, to] : rows)
-      if (from < 0 || to < 0 || from >= n || to >= n)
-        return unexpected(exec_error{exec_error_code::bad_binding, "state " + name, "row " + std::to_string(from) + " -> " + std::to_string(to) + " outside its " + std::to_string(n) + " rows"});
-  }
+  for (const auto& [name, t] : st)
+    if (auto e = check_state_rows(name, t.shape().rank() > 0 ? t.shape()[0] : 0, rows)) return unexpected(*e);
   for (auto& [name, t] : st) {
     const auto n = t.shape()[0];
     const auto row = n > 0 ? t.bytes() / static_cast<std::size_t>(n) : 0;

@@ -91,12 +91,8 @@ result<void, exec_error> cuda_executor::copy_state_rows(executable_id exe, std::
   if (exe.value >= exes_.size()) return unexpected(exec_error{exec_error_code::unknown_id, "executable", "not loaded here"});
   if (auto e = refused_if_poisoned()) return unexpected(*e);
   auto& st = exes_[exe.value]->states;
-  for (const auto& [name, t] : st) {
-    const auto n = t.dims.rank() > 0 ? t.dims[0] : 0;
-    for (const auto& [from, to] : rows)
-      if (from < 0 || to < 0 || from >= n || to >= n)
-        return unexpected(exec_error{exec_error_code::bad_binding, "state " + name, "row " + std::to_string(from) + " -> " + std::to_string(to) + " outside its " + std::to_string(n) + " rows"});
-  }
+  for (const auto& [name, t] : st)
+    if (auto e = check_state_rows(name, t.dims.rank() > 0 ? t.dims[0] : 0, rows)) return unexpected(*e);
   for (auto& [name, t] : st) {
     const auto n = t.dims[0];
     const auto row = n > 0 ? t.bytes / static_cast<std::size_t>(n) : 0;

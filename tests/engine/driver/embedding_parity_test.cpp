@@ -16,6 +16,7 @@
 #include "engine/driver/driver.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "families/fixtures/fixture.hpp"
+#include "tests/support/driver_fixture.hpp"
 #include "families/model_handle.hpp"
 
 namespace troupe::driver {
@@ -29,15 +30,7 @@ TEST_P(embedding_parity, pooled_encode_states_match_llama_cpp) {
   const auto dir = fs::temp_directory_path() / ("troupe-embed-parity-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const auto path = dir / (GetParam() + ".gguf");
-  families::fixture_dims d;
-  d.vocab = 512;
-  d.hidden = 128;
-  d.ffn = 256;
-  d.heads = 4;
-  d.kv_heads = 2;
-  d.head_dim = 32;
-  d.layers = 2;
-  ASSERT_TRUE(families::write_fixture(GetParam(), d, path, true));
+  ASSERT_TRUE(families::write_fixture(GetParam(), test::small_dims(), path, true));
   auto h = families::model_handle::load(path, families::registry::builtin());
   ASSERT_TRUE(h) << families::message(h.error());
   const bool encoder = GetParam() == "bert" || GetParam() == "nomic_bert";

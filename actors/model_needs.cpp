@@ -134,6 +134,7 @@ driver::driver_options replica_options(const transport::load_request& l, std::in
   o.prefix_cache = !l.no_prefix_cache;
   o.preempt = !l.no_preempt;
   if (l.speculative == "ngram") o.speculation.kind = driver::draft_kind::ngram;
+  if (l.speculative == "mtp") o.speculation.kind = driver::draft_kind::mtp;
   if (l.speculative == "model") o.speculation.kind = driver::draft_kind::model;  // the node loads draft_model
   if (l.draft_tokens > 0) o.speculation.tokens = l.draft_tokens;
   return o;

@@ -375,6 +375,7 @@ int run_fixture(const fixture_options& o) {
   d.matrix_type = *type;
   d.tied = o.tied;
   d.legacy_gguf = o.legacy_gguf;
+  d.mtp_layers = o.mtp ? 1 : 0;
   std::int64_t* routed[] = {&d.experts, &d.experts_used, &d.expert_ffn, &d.shared_ffn};
   if (o.experts.size() > std::size(routed)) {
     std::fprintf(stderr, "troupe fixture: --experts takes at most 4 values (experts, per token, expert width, shared width)\n");

@@ -49,6 +49,7 @@ struct fixture_options {
   std::string type = "f32";        // how matrices are stored
   bool tied = false;
   bool legacy_gguf = false;
+  bool mtp = false;  // deepseek_v3: a multi-token-prediction layer
   std::vector<std::int64_t> experts;  // routed families: experts, experts per token, expert width, shared width (any prefix)
 };
 int run_fixture(const fixture_options& opt);

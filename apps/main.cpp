@@ -20,7 +20,8 @@ namespace {
 
 // --speculative, --draft-model and --draft-tokens, as generate, bench, serve and deploy take them.
 void add_speculation_flags(CLI::App* cmd, troupe::app::speculation_flags& f) {
-  cmd->add_option("--speculative", f.speculative, "speculative decoding with prompt-lookup drafts: ngram or ngram:K (K drafts per verify step)");
+  cmd->add_option("--speculative", f.speculative,
+                  "speculative decoding: ngram[:K] (prompt-lookup drafts) or mtp[:K] (the model's multi-token-prediction layer); K drafts per verify step");
   cmd->add_option("--draft-model", f.draft_model, "speculative decoding with a smaller checkpoint of the same vocabulary drafting greedily");
   cmd->add_option("--draft-tokens", f.draft_tokens, "drafts per verify step (K, default 4)")->check(CLI::Range(1, 16));
 }
@@ -154,6 +155,7 @@ int main(int argc, char** argv) {
   fx->add_flag("--gguf", fix.gguf, "write the GGUF form");
   fx->add_option("--type", fix.type, "matrix storage: f32, f16, bf16, or (GGUF) q8_0, q4_0, q4_k, q6_k, ...");
   fx->add_flag("--tied", fix.tied, "no separate output head (logits reuse the embedding)");
+  fx->add_flag("--mtp", fix.mtp, "deepseek_v3: a multi-token-prediction layer (the model's draft program; --speculative mtp)");
   fx->add_flag("--legacy-gguf", fix.legacy_gguf, "routed families: the GGUF layout of older converters (a tensor per expert; DeepSeek's attn_kv_b)");
   fx->add_option("--dims", fix.dims, "vocab hidden ffn layers heads kv_heads head_dim (any prefix)")->delimiter(',');
   fx->add_option("--experts", fix.experts, "routed families: experts, experts per token, expert width, shared width (any prefix)")

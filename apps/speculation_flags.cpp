@@ -14,13 +14,13 @@ result<driver::speculation_options, std::string> speculation_of(const speculatio
   if (!f.speculative.empty()) {
     const auto colon = f.speculative.find(':');
     const auto kind = f.speculative.substr(0, colon);
-    if (kind != "ngram") return unexpected("--speculative: unknown policy '" + kind + "' (ngram[:K])");
-    o.kind = driver::draft_kind::ngram;
+    if (kind != "ngram" && kind != "mtp") return unexpected("--speculative: unknown policy '" + kind + "' (ngram[:K] or mtp[:K])");
+    o.kind = kind == "mtp" ? driver::draft_kind::mtp : driver::draft_kind::ngram;
     if (colon != std::string::npos) {
       const auto k = f.speculative.substr(colon + 1);
       std::int64_t v = 0;
       const auto [p, ec] = std::from_chars(k.data(), k.data() + k.size(), v);
-      if (ec != std::errc{} || p != k.data() + k.size() || v < 1 || v > 16) return unexpected("--speculative ngram:K takes K in [1, 16]");
+      if (ec != std::errc{} || p != k.data() + k.size() || v < 1 || v > 16) return unexpected("--speculative " + kind + ":K takes K in [1, 16]");
       o.tokens = v;
     }
   }

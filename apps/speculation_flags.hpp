@@ -1,5 +1,5 @@
 #pragma once
-// The speculation flags every command takes (generate, bench, serve): `--speculative ngram[:K]` or
+// The speculation flags every command takes (generate, bench, serve): `--speculative ngram[:K] | mtp[:K]` or
 // `--draft-model PATH [--draft-tokens K]`, turned into the driver's speculation_options (the draft
 // checkpoint loaded here; its executor is the target's unless the caller sets one).
 #include <cstdint>
@@ -11,7 +11,7 @@
 namespace troupe::app {
 
 struct speculation_flags {
-  std::string speculative;  // "ngram" or "ngram:K"; empty: none (unless draft_model)
+  std::string speculative;  // "ngram", "mtp", with ":K" or not; empty: none (unless draft_model)
   std::string draft_model;  // a GGUF file or HF directory with the target's vocabulary
   std::int64_t draft_tokens = 4;
   bool any() const { return !speculative.empty() || !draft_model.empty(); }

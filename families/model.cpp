@@ -4,7 +4,14 @@
 
 namespace troupe::families {
 
-std::string_view program_name(program p) { return p == program::step ? "step" : "encode"; }
+std::string_view program_name(program p) {
+  switch (p) {
+    case program::step: return "step";
+    case program::encode: return "encode";
+    case program::draft: return "draft";
+  }
+  return "unknown";
+}
 
 std::string step_shape::str() const {
   std::string s = "rows=" + std::to_string(rows_) + " tokens=" + std::to_string(tokens_) + " capacity=" + std::to_string(capacity_);
@@ -68,15 +75,17 @@ result<graph::graph, graph::trace_error> model::trace(const step_spec& spec, con
   return g;
 }
 
-std::vector<step_input> step_inputs(program p, const step_shape& s) {
+std::vector<step_input> step_inputs(program p, const step_shape& s, std::int64_t hidden) {
   const std::int64_t n = s.total_tokens();
   const graph::tensor_type per_token{dtype::i32, {n}};
   if (p == program::encode)
     return {{graph::slot_kind::token_ids, per_token}, {graph::slot_kind::positions, per_token}, {graph::slot_kind::token_mask, per_token}};
-  return {{graph::slot_kind::token_ids, per_token},
-          {graph::slot_kind::positions, per_token},
-          {graph::slot_kind::kv_write_map, per_token},
-          {graph::slot_kind::kv_read_map, {dtype::i32, {s.rows(), s.capacity()}}}};
+  std::vector<step_input> in{{graph::slot_kind::token_ids, per_token},
+                             {graph::slot_kind::positions, per_token},
+                             {graph::slot_kind::kv_write_map, per_token},
+                             {graph::slot_kind::kv_read_map, {dtype::i32, {s.rows(), s.capacity()}}}};
+  if (p == program::draft && hidden > 0) in.push_back({graph::slot_kind::hidden_states, {dtype::f32, {n, hidden}}});
+  return in;
 }
 
 result<void, schema_error> model_schema::declare(request_input_decl d) {

@@ -17,12 +17,14 @@ namespace troupe::families {
 //   positions    i32 [rows * tokens]          each token's absolute position in its sequence
 //   kv_write_map i32 [rows * tokens]          the KV slot each new token is written to; -1 skips (padding)
 //   kv_read_map  i32 [rows, capacity]         for each row, the slot holding position j; -1 when none
-// (the encode program reads token_ids, positions and token_mask i32 [rows * tokens], 1 = real token).
+// (the encode program reads token_ids, positions and token_mask i32 [rows * tokens], 1 = real token;
+// the draft program reads the step's four and hidden_states f32 [rows * tokens, hidden]: the target's
+// final hidden state at the position before each token).
 struct step_input {
   graph::slot_kind kind;
   graph::tensor_type type;
 };
-std::vector<step_input> step_inputs(program p, const step_shape& shape);
+std::vector<step_input> step_inputs(program p, const step_shape& shape, std::int64_t hidden = 0);
 
 enum class input_extent : std::uint8_t { per_position, per_row };
 enum class input_presence : std::uint8_t { required, defaulted, optional };

@@ -62,8 +62,10 @@ class step_shape {
 
 // The programs a model may offer: `step` continues each row's carried state and returns logits
 // (prefill and decode are one program); `encode` is one stateless pass over whole rows returning
-// hidden states.
-enum class program : std::uint8_t { step, encode };
+// hidden states; `draft` is a model's own multi-token-prediction layer (DeepSeek-V3's nextn layer):
+// a step over the target's hidden states (slot hidden_states) and the tokens that followed them,
+// with a KV state of its own, returning the next token's logits and its own hidden states.
+enum class program : std::uint8_t { step, encode, draft };
 std::string_view program_name(program p);
 
 struct step_spec {

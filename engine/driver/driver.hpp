@@ -165,6 +165,7 @@ enum class draft_kind : std::uint8_t {
   none,
   ngram,  // prompt lookup: the tokens that followed the latest earlier occurrence of the last n tokens
   model,  // a smaller checkpoint with the same vocabulary, drafting greedily on its own entries
+  mtp,    // the model's own multi-token-prediction layer (its draft program) over the target's hidden states
 };
 std::string_view name(draft_kind k);
 

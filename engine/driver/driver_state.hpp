@@ -67,6 +67,7 @@ inline std::vector<std::int64_t> buckets(std::int64_t first, std::int64_t last) 
 // of an entry (resolved when the entry was added) the value of its kind.
 struct step_values {
   tensor_view token_ids, positions, token_mask, kv_read_map, kv_write_map;
+  tensor_view hidden_states;  // a draft program's: the target's hidden state at each token
 };
 
 // A step's host-side inputs for `rows` x `tokens` tokens over `capacity` positions: token ids,
@@ -125,8 +126,17 @@ struct driver_state {
   entry_key step_key(std::int64_t rows, std::int64_t tokens, head_kind head) const {
     entry_key k;
     k.program = families::program::step;
-    k.shape = families::step_shape(rows, tokens, options.capacity).with_kv(layout());
+    k.shape = families::step_shape(rows, tokens, options.capacity).with_kv(layout()).with_hidden_carry(carry_hidden);
     k.head = head;
+    return k;
+  }
+  bool carry_hidden = false;  // the step entries output `hidden` too (a draft policy reads it: MTP)
+  // The model's draft program (MTP) over `rows` x `tokens`, its KV in the target's blocks.
+  entry_key draft_key(std::int64_t rows, std::int64_t tokens) const {
+    entry_key k;
+    k.program = families::program::draft;
+    k.shape = families::step_shape(rows, tokens, options.capacity).with_kv(layout());
+    k.head = head_kind::sample;
     return k;
   }
   // A verify window: rows of the pending token and up to tokens - 1 drafts, with every token's logits.
@@ -181,6 +191,9 @@ struct driver_state {
   result<void, driver_error> run_prefill(sequence& s, std::int64_t n, step_report& report, std::map<seq_id, seq_update>& updates);
   result<step_report, driver_error> round();
   exec::mask_hook mask_hook_for(const std::vector<sequence*>& rows) const;
+  // Hands a draft policy that reads hidden states (MTP) rows [at, at + count) of a step's `hidden`
+  // output: the positions [first, first + count) of `s` that the step committed.
+  void hand_hidden(const exec::step_outputs& out, const sequence& s, std::int64_t at, std::int64_t first, std::int64_t count);
 };
 
 }  // namespace troupe::driver

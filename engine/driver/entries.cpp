@@ -38,6 +38,8 @@ result<void, driver_error> driver_state::validate() {
     if (sp.kind == draft_kind::ngram && (sp.ngram_min < 1 || sp.ngram_max < sp.ngram_min))
       return bad("speculation n-gram lengths must satisfy 1 <= ngram_min <= ngram_max");
     if (sp.kind == draft_kind::model && !sp.draft_model) return bad("a draft-model policy needs its checkpoint");
+    if (sp.kind == draft_kind::mtp && !o.other_ranks.empty())
+      return bad("MTP drafts run on a single rank (its draft program is not split across tensor-parallel ranks)");
   }
   std::vector<feature> active;
   if (sp.kind != draft_kind::none) active.push_back(feature::draft_policy);
@@ -80,6 +82,9 @@ result<void, driver_error> driver_state::add(const entry_key& k) {
       case graph::slot_kind::token_mask:
       case graph::slot_kind::kv_read_map:
       case graph::slot_kind::kv_write_map: break;
+      case graph::slot_kind::hidden_states:
+        if (k.program == families::program::draft) break;  // the MTP drafter hands the target's over
+        [[fallthrough]];
       case graph::slot_kind::state_rows:
       case graph::slot_kind::seq_lens:
       case graph::slot_kind::request_input:
@@ -129,6 +134,7 @@ exec::step_inputs driver_state::bind(const entry_key& k, const step_values& v) c
       case graph::slot_kind::token_mask: in.slots[s.name] = v.token_mask; break;
       case graph::slot_kind::kv_read_map: in.slots[s.name] = v.kv_read_map; break;
       case graph::slot_kind::kv_write_map: in.slots[s.name] = v.kv_write_map; break;
+      case graph::slot_kind::hidden_states: in.slots[s.name] = v.hidden_states; break;
       default: break;  // refused when the entry was added
     }
   }
@@ -164,13 +170,20 @@ result<void, driver_error> driver_state::prepare() {
   const auto& schema = handle->model().schema();
   const bool generates = schema.offers(families::program::step);
   if (!generates) heads.clear();
+  const bool speculate = generates && options.speculation.kind != draft_kind::none;
+  const bool mtp = speculate && options.speculation.kind == draft_kind::mtp;
+  if (mtp) {
+    if (!schema.offers(families::program::draft))
+      return unexpected(driver_error{driver_error_code::program_not_offered,
+                                     "MTP speculation: the model has no multi-token-prediction layer (no draft program)"});
+    carry_hidden = true;  // every step entry hands the drafter its hidden states
+  }
   std::vector<entry_key> keys;
   for (auto h : heads) {
     for (auto r : row_buckets) keys.push_back(step_key(r, 1, h));
     for (auto t : chunk_buckets)
       if (t > 1) keys.push_back(step_key(1, t, h));
   }
-  const bool speculate = generates && options.speculation.kind != draft_kind::none;
   if (speculate) {
     const auto K1 = options.speculation.tokens + 1;
     for (std::int64_t w : {2, 3, 5, 9, 17})
@@ -178,6 +191,14 @@ result<void, driver_error> driver_state::prepare() {
     verify_widths.push_back(K1);
     for (auto w : verify_widths)
       for (auto r : row_buckets) keys.push_back(verify_key(r, w));
+  }
+  if (mtp) {
+    // Catching up a decode or a verify (one token, or a window of up to K + 1) over every row bucket;
+    // a prefill's catch-up one row at a time in the chunk sizes.
+    for (auto r : row_buckets)
+      for (std::int64_t t : {std::int64_t{1}, options.speculation.tokens + 1}) keys.push_back(draft_key(r, t));
+    for (auto t : chunk_buckets)
+      if (t > options.speculation.tokens + 1) keys.push_back(draft_key(1, t));
   }
   if (options.encode || !generates) {
     if (!schema.offers(families::program::encode))
@@ -229,6 +250,10 @@ result<void, driver_error> driver_state::prepare() {
   if (speculate) {
     if (options.speculation.kind == draft_kind::ngram) {
       drafts = make_ngram_drafter(options.speculation);
+    } else if (mtp) {
+      auto d = make_mtp_drafter(*this);
+      if (!d) return unexpected(d.error());
+      drafts = std::move(*d);
     } else {
       auto o = options;
       if (!o.speculation.draft_executor) o.speculation.draft_executor = ex;

@@ -146,6 +146,13 @@ void driver_state::accept(sequence& s, const exec::sampled_row& row, seq_update&
   if (s.finished && s.detok && *s.finished != finish_reason::stop_string) u.text += s.detok->finish().text;
 }
 
+void driver_state::hand_hidden(const exec::step_outputs& out, const sequence& s, std::int64_t at, std::int64_t first, std::int64_t count) {
+  if (!drafts || !drafts->wants_hidden() || count < 1) return;
+  const auto it = out.outputs.find("hidden");
+  if (it == out.outputs.end() || it->second.type() != dtype::f32 || it->second.shape().rank() != 2 || it->second.shape()[0] < at + count) return;
+  drafts->observe(s.id, first, it->second.as<float>() + at * it->second.shape()[1], count);
+}
+
 exec::mask_hook driver_state::mask_hook_for(const std::vector<sequence*>& rows) const {
   bool any = false;
   for (auto* s : rows) any = any || static_cast<bool>(s->req.guide);
@@ -190,9 +197,10 @@ result<void, driver_error> driver_state::run_decode(std::vector<sequence*>& rows
   const auto in = bind(key, m.values());
   std::optional<others_run> others;
   if (!ranks.empty()) others.emplace(rank_threads(), key, in);
+  exec::step_outputs rest;
   auto picks = [&] {
     timed t{counters.executor_seconds};
-    return ex->step_sample(entry, in, heads, mask_hook_for(rows));
+    return ex->step_sample(entry, in, heads, mask_hook_for(rows), carry_hidden ? &rest : nullptr);
   }();
   if (others)
     if (auto e = others->wait(); e && picks) picks = unexpected(*e);
@@ -210,6 +218,7 @@ result<void, driver_error> driver_state::run_decode(std::vector<sequence*>& rows
   std::map<seq_id, std::vector<exec::sample_pick>> beam_picks;
   for (std::int64_t r = 0; r < D; ++r) {
     auto& s = *rows[static_cast<std::size_t>(r)];
+    hand_hidden(rest, s, r, s.computed, 1);
     ++s.computed;
     publish_full_blocks(s);
     if (s.group != 0) {
@@ -429,6 +438,7 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
     counters.decode_tokens += m + 1;
     if (options.speculation.adaptive) s.window = m == k ? std::min(K, k + 1) : std::max<std::int64_t>(1, m + 1);
     // Commit: the pending token's and the accepted drafts' KV is in place; the rest is overwritten later.
+    hand_hidden(*out, s, r * T, s.computed, 1 + m);
     s.computed += 1 + m;
     auto& u = updates[s.id];
     u.id = s.id;
@@ -466,13 +476,15 @@ result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n
   result<std::vector<exec::sampled_row>, exec::exec_error> picks = std::vector<exec::sampled_row>{};
   std::optional<others_run> others;
   if (!ranks.empty()) others.emplace(rank_threads(), key, in);
+  exec::step_outputs rest;
   if (timed t{counters.executor_seconds}; last) {
     const exec::sample_row_request head{s.id, s.req.sampling, static_cast<std::uint64_t>(s.generated), want_logits};
     std::vector<sequence*> one{&s};
-    picks = ex->step_sample(entry, in, std::span(&head, 1), mask_hook_for(one));
+    picks = ex->step_sample(entry, in, std::span(&head, 1), mask_hook_for(one), carry_hidden ? &rest : nullptr);
   } else {
     auto out = ex->step(entry, in);
     if (!out) picks = unexpected(out.error());
+    else rest = std::move(*out);
   }
   if (others)
     if (auto e = others->wait(); e && picks) picks = unexpected(*e);
@@ -482,6 +494,7 @@ result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n
     updates[s.id].finished = finish_reason::error;
     return unexpected(driver_error{driver_error_code::step_failed, "prefill step " + key.str() + ": " + picks.error().message()});
   }
+  hand_hidden(rest, s, pad, s.computed, n);
   s.computed = end;
   report.prefill_tokens += n;
   counters.prefill_tokens += n;

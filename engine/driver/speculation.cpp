@@ -12,6 +12,7 @@ std::string_view name(draft_kind k) {
     case draft_kind::none: return "none";
     case draft_kind::ngram: return "ngram";
     case draft_kind::model: return "model";
+    case draft_kind::mtp: return "mtp";
   }
   return "unknown";
 }

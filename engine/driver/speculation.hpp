@@ -28,6 +28,10 @@ class drafter {
   virtual void forget(seq_id) {}
   // Steps the policy ran on its own executor (a draft model), for the counters.
   virtual std::int64_t steps() const { return 0; }
+  // A policy that reads the target's hidden states (MTP): the target's steps then carry them, and
+  // each step hands over the rows of the positions it committed, [first, first + count) of `id`.
+  virtual bool wants_hidden() const { return false; }
+  virtual void observe(seq_id /*id*/, std::int64_t /*first*/, const float* /*rows*/, std::int64_t /*count*/) {}
 };
 
 // Prompt lookup: for n from ngram_max down to ngram_min, the latest earlier occurrence of the last n
@@ -38,5 +42,11 @@ std::unique_ptr<drafter> make_ngram_drafter(const speculation_options& o);
 // A draft model: a driver of its own over options.speculation.draft_model (greedy, no prefix cache),
 // one mirror sequence per target sequence, prepared by prepare(). Refused when its vocabulary differs.
 result<std::unique_ptr<drafter>, driver_error> make_model_drafter(const driver_options& target, std::int64_t target_vocab);
+
+struct driver_state;
+// The model's multi-token-prediction layer (mtp.cpp): the draft program's entries in the target's
+// own executable, its KV in the target's blocks (rolled back with them), greedy drafts from the
+// target's hidden states. Refused when the model offers no draft program or the replica has ranks.
+result<std::unique_ptr<drafter>, driver_error> make_mtp_drafter(driver_state& d);
 
 }  // namespace troupe::driver

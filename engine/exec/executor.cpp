@@ -95,7 +95,8 @@ result<void, exec_error> executor::copy_state_rows(executable_id, std::span<cons
 }
 
 result<std::vector<sampled_row>, exec_error> executor::step_sample(entry_id entry, const step_inputs& in,
-                                                                   std::span<const sample_row_request> rows, const mask_hook& masks) {
+                                                                   std::span<const sample_row_request> rows, const mask_hook& masks,
+                                                                   step_outputs* rest) {
   // The host fills the masks while the forward pass runs.
   std::vector<std::vector<std::uint32_t>> mask_words(rows.size());
   std::future<void> filling;
@@ -120,6 +121,10 @@ result<std::vector<sampled_row>, exec_error> executor::step_sample(entry_id entr
     if (hist) hist->record(pick->token);
     picks[r].pick = std::move(*pick);
     if (rows[r].want_logits) picks[r].logits.assign(row.begin(), row.end());
+  }
+  if (rest) {
+    out->outputs.erase(it);
+    rest->outputs = std::move(out->outputs);
   }
   return picks;
 }

@@ -130,9 +130,10 @@ class executor {
   // sampled where they were computed; rows[i] is row i, rows past rows.size() are padding. The picks
   // are recorded into each row's sequence history. The base class runs the host rules of
   // engine/exec/sampling.hpp over the logits `step` returns; a device backend overrides it.
+  // `rest`, when given, receives the entry's other outputs (a step with a hidden carry: `hidden`).
   virtual result<std::vector<sampled_row>, exec_error> step_sample(entry_id entry, const step_inputs& in,
                                                                    std::span<const sample_row_request> rows,
-                                                                   const mask_hook& masks = {});
+                                                                   const mask_hook& masks = {}, step_outputs* rest = nullptr);
 
   // Runs a chain (chain_request); picks[i][r] is row r's pick of step i, for every step the row took
   // part in (a row that stopped at step i has i + 1 picks). The base class loops step_sample on the

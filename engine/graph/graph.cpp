@@ -16,6 +16,7 @@ std::string_view slot_kind_name(slot_kind k) {
     case slot_kind::kv_write_map: return "kv_write_map";
     case slot_kind::state_rows: return "state_rows";
     case slot_kind::seq_lens: return "seq_lens";
+    case slot_kind::hidden_states: return "hidden_states";
     case slot_kind::request_input: return "request_input";
   }
   return "unknown";

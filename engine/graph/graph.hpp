@@ -26,9 +26,11 @@ struct value_id {
 enum class value_kind : std::uint8_t { slot, weight, literal, state_in, computed };
 
 // What a slot holds. Step inputs are computed by the driver from its own geometry, the same for every
-// family; a request input is one a family declares in its schema and is named.
+// family; a request input is one a family declares in its schema and is named. hidden_states: the
+// target's final hidden state at each token, f32 [tokens, hidden] (a draft program's input, handed
+// over by the driver from the target's step).
 enum class slot_kind : std::uint8_t {
-  token_ids, positions, token_mask, kv_read_map, kv_write_map, state_rows, seq_lens, request_input,
+  token_ids, positions, token_mask, kv_read_map, kv_write_map, state_rows, seq_lens, hidden_states, request_input,
 };
 std::string_view slot_kind_name(slot_kind k);
 

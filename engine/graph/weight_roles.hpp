@@ -27,7 +27,10 @@ namespace troupe::graph {
   /* routed experts */                                                                                     \
   X(ffn_gate_inp) X(ffn_gate_inp_bias) X(exp_probs_b) X(ffn_gate_exps) X(ffn_up_exps) X(ffn_down_exps)      \
   X(ffn_gate_exps_bias) X(ffn_up_exps_bias) X(ffn_down_exps_bias) X(hf_gate_up_exps) X(hf_gate_up_exps_bias) \
-  X(hf_down_exps) X(ffn_gate_shexp) X(ffn_up_shexp) X(ffn_down_shexp) X(ffn_gate_inp_shexp)
+  X(hf_down_exps) X(ffn_gate_shexp) X(ffn_up_shexp) X(ffn_down_shexp) X(ffn_gate_inp_shexp)               \
+  /* multi-token prediction (a nextn layer: DeepSeek-V3, GLM-4.5; GGUF blk.N.nextn.<name after nextn_>) */ \
+  X(nextn_eh_proj) X(nextn_embed_tokens) X(nextn_enorm) X(nextn_hnorm) X(nextn_shared_head_head)           \
+  X(nextn_shared_head_norm)
 
 enum class tensor_role : std::uint8_t {
   none,  // no role: a weight binding without one is refused by the builder and by validate

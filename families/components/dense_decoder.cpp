@@ -4,38 +4,67 @@
 #include <cstring>
 
 #include "families/components/mla.hpp"
+#include "families/components/mtp.hpp"
 
 namespace troupe::families {
+
+namespace {
+void add_kv(std::vector<state_decl>& kv, const attention_params& a, std::int64_t l) {
+  if (a.mla.kv_lora_rank > 0) {  // latent: one shared [c, k_pe] per token, whose c is the value too
+    kv.push_back({"kv.k." + std::to_string(l), dtype::f32, {1, a.mla.kv_lora_rank + a.head_dim}});
+    return;
+  }
+  kv.push_back({"kv.k." + std::to_string(l), dtype::f32, {a.kv_heads, a.head_dim}});
+  kv.push_back({"kv.v." + std::to_string(l), dtype::f32, {a.kv_heads, a.head_dim}});
+}
+}  // namespace
 
 dense_decoder::dense_decoder(dense_decoder_spec spec, families::weight_map weights)
     : spec_(std::move(spec)), weights_(std::move(weights)) {
   std::vector<state_decl> kv;
-  for (std::int64_t l = 0; l < spec_.stack.layers; ++l) {
-    const auto& a = spec_.attention[l];
-    if (a.mla.kv_lora_rank > 0) {  // latent: one shared [c, k_pe] per token, whose c is the value too
-      kv.push_back({"kv.k." + std::to_string(l), dtype::f32, {1, a.mla.kv_lora_rank + a.head_dim}});
-      continue;
-    }
-    kv.push_back({"kv.k." + std::to_string(l), dtype::f32, {a.kv_heads, a.head_dim}});
-    kv.push_back({"kv.v." + std::to_string(l), dtype::f32, {a.kv_heads, a.head_dim}});
-  }
+  for (std::int64_t l = 0; l < spec_.stack.layers; ++l) add_kv(kv, spec_.attention[l], l);
   schema_.add_program(program::step, std::move(kv));
   schema_.add_program(program::encode, {});
+  if (spec_.mtp_layers > 0) {
+    std::vector<state_decl> mtp;
+    add_kv(mtp, spec_.attention[spec_.stack.layers], spec_.stack.layers);
+    schema_.add_program(program::draft, std::move(mtp));
+  }
 }
 
 void dense_decoder::trace_into(const step_spec& spec, graph::builder& b) const {
   trace_context ctx(b, weights_, spec);
   decoder_trace t(ctx);
-  t.standard_stack(
-      spec_.stack,
-      [this](decoder_trace& d, graph::value_id x, std::int32_t l) {
-        const auto& a = spec_.attention[l];
-        return a.mla.kv_lora_rank > 0 ? mla_attention(d, x, l, a) : d.attention(x, l, a);
-      },
-      [this](decoder_trace& d, graph::value_id x, std::int32_t l) {
-        if (const auto* m = spec_.routed(l)) return moe_feed_forward(d, x, l, *m);
-        return d.feed_forward(x, l, spec_.ffn);
-      });
+  const auto mixer = [this](decoder_trace& d, graph::value_id x, std::int32_t l) {
+    const auto& a = spec_.attention[l];
+    return a.mla.kv_lora_rank > 0 ? mla_attention(d, x, l, a) : d.attention(x, l, a);
+  };
+  const auto ffn = [this](decoder_trace& d, graph::value_id x, std::int32_t l) {
+    if (const auto* m = spec_.routed(l)) return moe_feed_forward(d, x, l, *m);
+    return d.feed_forward(x, l, spec_.ffn);
+  };
+  if (spec.program == program::draft) {
+    mtp_stack(t, spec_.stack, static_cast<std::int32_t>(spec_.stack.layers), mixer, ffn);
+    return;
+  }
+  t.standard_stack(spec_.stack, mixer, ffn);
+}
+
+namespace {
+dense_decoder_spec without_mtp(dense_decoder_spec s) {
+  if (s.mtp_layers == 0) return s;
+  s.attention.resize(static_cast<std::size_t>(s.stack.layers));
+  if (s.moe.size() > static_cast<std::size_t>(s.stack.layers)) s.moe.resize(static_cast<std::size_t>(s.stack.layers));
+  s.mtp_layers = 0;
+  return s;
+}
+}  // namespace
+
+std::unique_ptr<dense_decoder> dense_decoder::drop_mtp() const {
+  std::vector<weight_entry> keep;
+  for (const auto& e : weights_.entries())
+    if (e.role.layer < spec_.stack.layers) keep.push_back(e);
+  return std::unique_ptr<dense_decoder>(new dense_decoder(without_mtp(spec_), weights_.derive(std::move(keep), {})));
 }
 
 expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& s) {
@@ -43,6 +72,7 @@ expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& s) {
     const std::int64_t H = s.stack.hidden, V = s.stack.vocab;
     if (r == role::token_embd || r == role::output) return troupe::shape{V, H};
     if (r == role::output_norm) return troupe::shape{H};
+    if (auto m = mtp_shape(r, H, V)) return m;
     if (r == role::rope_freqs) return troupe::shape{s.attention.empty() ? 0 : s.attention[0].rope.dims / 2};
     if (layer < 0 || layer >= static_cast<std::int32_t>(s.attention.size())) return std::nullopt;
     const auto& a = s.attention[layer];
@@ -64,7 +94,8 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
     if (auto s = ffn_shape(r, F, H)) return s;
     return base(r, layer);
   };
-  auto map = weight_map::build(store, rules, static_cast<std::int32_t>(spec.stack.layers), shapes);
+  const auto all_layers = static_cast<std::int32_t>(spec.stack.layers + spec.mtp_layers);
+  auto map = weight_map::build(store, rules, all_layers, shapes);
   if (!map) return unexpected(model_error{map.error()});
   if (rewrite) {
     auto rewritten = rewrite(*map);
@@ -75,7 +106,7 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
     auto absorbed = absorb_kv_b(*map, spec.attention);
     if (!absorbed) return unexpected(model_error{absorbed.error()});
     map = std::move(absorbed);
-    for (std::int32_t l = 0; l < static_cast<std::int32_t>(spec.stack.layers); ++l)
+    for (std::int32_t l = 0; l < all_layers; ++l)
       for (const role r : {role::attn_k_b, role::attn_v_b})
         if (!map->has({r, l}))
           return unexpected(model_error{weight_error{weight_error_code::missing, {r, l}, "(or attn_kv_b)", shapes(r, l)->str(), ""}});
@@ -83,8 +114,13 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
   // A routed model's name table holds both feed-forwards as optional: each layer must have its own.
   for (const auto& m : spec.moe)
     if (m.experts > 0) spec.config.experts = m.experts, spec.config.experts_per_token = m.used;
+  for (std::int32_t l = static_cast<std::int32_t>(spec.stack.layers); l < all_layers; ++l)
+    for (const role r : {role::nextn_eh_proj, role::nextn_enorm, role::nextn_hnorm, role::nextn_shared_head_norm})
+      if (!map->has({r, l}))
+        return unexpected(model_error{weight_error{weight_error_code::missing, {r, l}, "(the multi-token-prediction layer)",
+                                                   shapes(r, l)->str(), ""}});
   if (!spec.moe.empty()) {
-    for (std::int32_t l = 0; l < static_cast<std::int32_t>(spec.stack.layers); ++l) {
+    for (std::int32_t l = 0; l < all_layers; ++l) {
       const auto* m = spec.routed(l);
       std::vector<role> need = m ? std::vector<role>{role::ffn_gate_inp, role::ffn_up_exps, role::ffn_down_exps}
                                  : std::vector<role>{role::ffn_up, role::ffn_down};
@@ -145,6 +181,7 @@ result<std::shared_ptr<const tensor>, std::string> columns_of(const tensor_view&
 }  // namespace
 
 result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int size) const {
+  if (spec_.mtp_layers > 0) return drop_mtp()->shard(rank, size);
   auto refuse = [&](std::string why) {
     return unexpected(model_error{config_error{spec_.config.family, "tensor_parallel", std::move(why)}});
   };
@@ -315,6 +352,7 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
 }
 
 result<std::unique_ptr<model>, model_error> dense_decoder::expert_parallel() const {
+  if (spec_.mtp_layers > 0) return drop_mtp()->expert_parallel();
   if (spec_.moe.empty()) return model::expert_parallel();
   if (spec_.stack.stages != 1 || spec_.stack.vocab_split != 1 ||
       std::any_of(spec_.moe.begin(), spec_.moe.end(), [](const auto& m) { return m.reduce_output; }))
@@ -325,6 +363,7 @@ result<std::unique_ptr<model>, model_error> dense_decoder::expert_parallel() con
 }
 
 result<std::unique_ptr<model>, model_error> dense_decoder::stage(int stage, int stages) const {
+  if (spec_.mtp_layers > 0) return drop_mtp()->stage(stage, stages);
   auto refuse = [&](std::string why) {
     return unexpected(model_error{config_error{spec_.config.family, "pipeline_parallel", std::move(why)}});
   };

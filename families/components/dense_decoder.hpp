@@ -23,6 +23,10 @@ struct dense_decoder_spec {
   // A routed model's feed-forward per layer (empty, or experts 0 for a layer: the dense `ffn`).
   std::vector<moe_params> moe;
   bool expert_parallel = false;  // shards hold whole experts (model::expert_parallel)
+  // Multi-token-prediction layers after the stack (components/mtp.hpp), whose weights the checkpoint
+  // keeps at layers [layers, layers + mtp_layers); `attention` and `moe` then hold their entries too.
+  // The first is the model's draft program. Splits (shards, stages) leave them out.
+  std::int64_t mtp_layers = 0;
   const moe_params* routed(std::int64_t layer) const {
     return layer >= 0 && layer < static_cast<std::int64_t>(moe.size()) && moe[static_cast<std::size_t>(layer)].experts > 0
                ? &moe[static_cast<std::size_t>(layer)]
@@ -50,6 +54,8 @@ class dense_decoder final : public model {
   void trace_into(const step_spec& spec, graph::builder& b) const override;
 
  private:
+  // This model without its multi-token-prediction layers (a split serves the step program only).
+  std::unique_ptr<dense_decoder> drop_mtp() const;
   dense_decoder_spec spec_;
   families::weight_map weights_;
   model_schema schema_;

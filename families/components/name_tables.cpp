@@ -81,6 +81,10 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
         layer(role::ffn_gate_inp_shexp, "blk.{L}.ffn_gate_inp_shexp.weight", presence::optional);
       }
     }
+    if (o.mtp)
+      for (const role r : {role::nextn_eh_proj, role::nextn_embed_tokens, role::nextn_enorm, role::nextn_hnorm, role::nextn_shared_head_head,
+                           role::nextn_shared_head_norm})
+        t.push_back({r, true, "blk.{L}.nextn." + std::string(role_name(r).substr(6)) + ".weight", presence::optional, role::none, stored_as::as_is});
     return t;
   }
 
@@ -166,6 +170,14 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
   layer(role::ffn_gate_bias, "model.layers.{L}.mlp.gate_proj.bias", presence::optional);
   layer(role::ffn_up_bias, "model.layers.{L}.mlp.up_proj.bias", presence::optional);
   layer(role::ffn_down_bias, "model.layers.{L}.mlp.down_proj.bias", presence::optional);
+  if (o.mtp) {
+    layer(role::nextn_eh_proj, "model.layers.{L}.eh_proj.weight", presence::optional);
+    layer(role::nextn_embed_tokens, "model.layers.{L}.embed_tokens.weight", presence::optional);
+    layer(role::nextn_enorm, "model.layers.{L}.enorm.weight", presence::optional, norm);
+    layer(role::nextn_hnorm, "model.layers.{L}.hnorm.weight", presence::optional, norm);
+    layer(role::nextn_shared_head_head, "model.layers.{L}.shared_head.head.weight", presence::optional);
+    layer(role::nextn_shared_head_norm, "model.layers.{L}.shared_head.norm.weight", presence::optional, norm);
+  }
   return t;
 }
 

@@ -30,6 +30,11 @@ struct name_table_options {
   // gpt-oss: attention sinks, the feed-forward's norm stored as post_attention_norm (GGUF), the router
   // and expert biases, HF's mlp.router and fused expert tensors (mlp.experts.gate_up_proj, split at load).
   bool gpt_oss = false;
+  // A multi-token-prediction layer after the stack (components/mtp.hpp): DeepSeek-V3's nextn layer, HF
+  // model.layers.{L}.eh_proj / enorm / hnorm / shared_head.norm / shared_head.head / embed_tokens,
+  // GGUF blk.{L}.nextn.<name> as llama.cpp names GLM-4.5's. Optional at every layer; the decoder
+  // checks the MTP layer has them.
+  bool mtp = false;
 };
 
 std::vector<name_rule> decoder_name_table(const name_table_options& o);

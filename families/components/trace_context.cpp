@@ -31,9 +31,9 @@ graph::value_id trace_context::vector_f32(role r, std::int32_t layer) {
 }
 
 namespace {
-graph::value_id declare(graph::builder& b, graph::value_id& cache, graph::slot_kind kind, const step_spec& spec) {
+graph::value_id declare(graph::builder& b, graph::value_id& cache, graph::slot_kind kind, const step_spec& spec, std::int64_t hidden = 0) {
   if (cache.valid()) return cache;
-  for (const auto& in : step_inputs(spec.program, spec.shape))
+  for (const auto& in : step_inputs(spec.program, spec.shape, hidden))
     if (in.kind == kind) return cache = b.slot(kind, in.type);
   b.fail(graph::bad_declaration{"program " + std::string(program_name(spec.program)) + " has no step input " +
                                 std::string(graph::slot_kind_name(kind))});
@@ -46,5 +46,8 @@ graph::value_id trace_context::positions() { return declare(b, positions_, graph
 graph::value_id trace_context::write_map() { return declare(b, write_map_, graph::slot_kind::kv_write_map, spec); }
 graph::value_id trace_context::read_map() { return declare(b, read_map_, graph::slot_kind::kv_read_map, spec); }
 graph::value_id trace_context::token_mask() { return declare(b, token_mask_, graph::slot_kind::token_mask, spec); }
+graph::value_id trace_context::hidden_states(std::int64_t hidden) {
+  return declare(b, hidden_states_, graph::slot_kind::hidden_states, spec, hidden);
+}
 
 }  // namespace troupe::families

@@ -17,7 +17,7 @@ class trace_context {
   graph::builder& b;
   const step_spec& spec;
   const step_shape& shape() const { return spec.shape; }
-  bool stateful() const { return spec.program == program::step; }
+  bool stateful() const { return spec.program != program::encode; }
 
   bool has(role r, std::int32_t layer = -1) const { return weights_.has({r, layer}); }
   stored_as stored(role r, std::int32_t layer = -1) const;
@@ -32,10 +32,12 @@ class trace_context {
   graph::value_id write_map();
   graph::value_id read_map();
   graph::value_id token_mask();
+  // The draft program's hidden_states f32 [tokens, hidden].
+  graph::value_id hidden_states(std::int64_t hidden);
 
  private:
   const weight_map& weights_;
-  graph::value_id token_ids_, positions_, write_map_, read_map_, token_mask_;
+  graph::value_id token_ids_, positions_, write_map_, read_map_, token_mask_, hidden_states_;
 };
 
 }  // namespace troupe::families

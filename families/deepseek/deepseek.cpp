@@ -2,9 +2,10 @@
 // over routed feed-forwards with shared experts, the first `first_k_dense_replace` layers dense.
 // V2 scores experts with a softmax (group_limited_greedy: the best `topk_group` of `n_group` groups by
 // their best expert); V3 with a sigmoid plus a selection bias (e_score_correction_bias), groups scored
-// by their best two (noaux_tc), weights renormalized and scaled by routed_scaling_factor. The
-// multi-token-prediction layer of V3 (layer num_hidden_layers, when a checkpoint keeps it) is not part
-// of the step program: it is left out of the weight map (docs/feature-matrix.md).
+// by their best two (noaux_tc), weights renormalized and scaled by routed_scaling_factor. V3's
+// multi-token-prediction layer (num_nextn_predict_layers; HF layer num_hidden_layers, GGUF the last
+// nextn_predict_layers blocks of block_count, named blk.N.nextn.* as llama.cpp names GLM-4.5's) is
+// the model's draft program (components/mtp.hpp) when the checkpoint keeps its tensors.
 #include <cmath>
 
 #include "families/components/decoder_config.hpp"
@@ -19,6 +20,16 @@ result<std::unique_ptr<model>, model_error> build_as(const load::raw_config& cfg
   auto basics = read_decoder_basics(r, store);
   if (!basics) return unexpected(model_error{basics.error()});
   auto fail = [](config_error e) { return unexpected(model_error{std::move(e)}); };
+  // Multi-token prediction: GGUF counts the nextn blocks in block_count, HF does not.
+  auto nextn = r.count_or("num_nextn_predict_layers", "nextn_predict_layers", 0);
+  if (!nextn) return fail(nextn.error());
+  if (r.gguf() && *nextn > 0) {
+    if (*nextn >= basics->layers) return fail(r.error(r.key("", "nextn_predict_layers"), "leaves no layer for the model"));
+    basics->layers -= *nextn;
+  }
+  const std::string eh = r.gguf() ? "blk." + std::to_string(basics->layers) + ".nextn.eh_proj.weight"
+                                  : "model.layers." + std::to_string(basics->layers) + ".eh_proj.weight";
+  const std::int64_t mtp = *nextn > 0 && store.find(eh) ? 1 : 0;  // the first; a checkpoint may drop them
   attention_params::latent mla;
   auto q_lora = r.count_or("q_lora_rank", "attention.q_lora_rank", 0);
   auto kv_lora = r.positive("kv_lora_rank", "attention.kv_lora_rank");
@@ -57,7 +68,7 @@ result<std::unique_ptr<model>, model_error> build_as(const load::raw_config& cfg
   keys.experts_hf = "n_routed_experts";
   keys.shared_width_hf = "";
   keys.norm_default = false;
-  auto moe = read_moe(r, keys, basics->layers, basics->ffn);
+  auto moe = read_moe(r, keys, basics->layers + mtp, basics->ffn);
   if (!moe) return fail(moe.error());
   auto shared = r.count_or("n_shared_experts", "expert_shared_count", 0);
   auto first_dense = r.count_or("first_k_dense_replace", "leading_dense_block_count", 0);
@@ -98,7 +109,7 @@ result<std::unique_ptr<model>, model_error> build_as(const load::raw_config& cfg
       return fail(r.error("topk_method", "unsupported expert selection '" + method + "'"));
     }
   }
-  for (std::int64_t l = 0; l < basics->layers; ++l) {
+  for (std::int64_t l = 0; l < basics->layers + mtp; ++l) {
     auto& m = (*moe)[static_cast<std::size_t>(l)];
     if (l < *first_dense || l % *freq != 0) {
       m = moe_params{};
@@ -119,6 +130,8 @@ result<std::unique_ptr<model>, model_error> build_as(const load::raw_config& cfg
   }
 
   auto spec = uniform_spec(family, *basics, r);
+  if (mtp > 0) spec.attention.push_back(spec.attention.back());
+  spec.mtp_layers = mtp;
   double mscale = 1.0;
   if (spec.attention[0].rope.kind == rope_kind::yarn) {
     // DeepSeek's yarn scales the attention by mscale(factor, mscale_all_dim)^2 (HF softmax_scale; the
@@ -143,6 +156,7 @@ result<std::unique_ptr<model>, model_error> build_as(const load::raw_config& cfg
   names.mla = true;
   names.experts = routed_experts(spec.moe);
   names.shared_experts = true;
+  names.mtp = mtp > 0;
   const auto table = decoder_name_table(names);
   return make_dense_decoder(std::move(spec), store, table);
 }

@@ -32,11 +32,13 @@ TEST(name_tables, gguf_keys_are_the_roles_names) {
   for (name_table_options o : {name_table_options{.gguf = true}, name_table_options{.gguf = true, .qk_norm = true, .sandwich_norms = true},
                                name_table_options{.gguf = true, .fused = true}, name_table_options{.gguf = true, .experts = 8, .shared_expert = true},
                                name_table_options{.gguf = true, .experts = 8, .shared_experts = true, .mla = true},
+                               name_table_options{.gguf = true, .experts = 8, .shared_experts = true, .mla = true, .mtp = true},
                                name_table_options{.gguf = true, .experts = 8, .gpt_oss = true}}) {
     for (const auto& r : decoder_name_table(o)) {
       bool bias = false;
       const auto base = gguf_base(r.key, bias);
       std::string want{role_name(r.role)};
+      if (want.starts_with("nextn_")) want[5] = '.';  // llama.cpp's blk.N.nextn.eh_proj
       if (bias && r.role != role::exp_probs_b) {
         ASSERT_TRUE(want.ends_with("_bias")) << r.key << " feeds " << want;
         want.resize(want.size() - 5);

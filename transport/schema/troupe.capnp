@@ -270,7 +270,7 @@ struct LoadRequest {
   group @15 :Text;              # the replica's rendezvous prefix, fresh per replica
   replicaId @16 :UInt64;        # the coordinator's id of the replica this load starts (its reports name it)
   expertParallel @17 :Bool;     # the tensorParallel ranks hold whole experts rather than slices of each
-  speculative @18 :Text;        # speculative decoding: "" none, "ngram", "model" (draftModel)
+  speculative @18 :Text;        # speculative decoding: "" none, "ngram", "model" (draftModel), "mtp"
   draftModel @19 :Text;         # the draft checkpoint, a path on the node
   draftTokens @20 :Int32;       # drafts per verify window; 0: the driver's default
 }

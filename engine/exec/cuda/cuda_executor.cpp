@@ -637,7 +637,8 @@ std::optional<exec_error> cuda_executor::ensure_sampler(int R, std::int64_t voca
 }
 
 result<std::vector<sampled_row>, exec_error> cuda_executor::step_sample(entry_id id, const step_inputs& in,
-                                                                        std::span<const sample_row_request> rows, const mask_hook& masks) {
+                                                                        std::span<const sample_row_request> rows, const mask_hook& masks,
+                                                                        step_outputs* rest) {
   if (id.value >= entries_.size()) return unexpected(exec_error{exec_error_code::unknown_id, "entry", "not added here"});
   if (auto e = refused_if_poisoned()) return unexpected(*e);
   auto& en = *entries_[id.value];
@@ -721,8 +722,13 @@ result<std::vector<sampled_row>, exec_error> cuda_executor::step_sample(entry_id
   bool want = false;
   for (const auto& q : rows) want = want || q.want_logits;
   step_outputs lg;
-  static const std::vector<std::string> logits_only{"logits"}, nothing{};
-  if (auto e = finish_step(en, want ? &logits_only : &nothing, lg)) {
+  // Logits only where a row asked; the other outputs (a hidden carry) where the caller asked.
+  std::vector<std::string> names;
+  if (want) names.push_back("logits");
+  if (rest)
+    for (const auto& o : en.g.outputs())
+      if (o.name != "logits") names.push_back(o.name);
+  if (auto e = finish_step(en, &names, lg)) {
     // The device may have recorded picks the host will not: its copies of these histories are stale.
     for (int slot : busy) slots_[static_cast<std::size_t>(slot)].dirty = true;
     return unexpected(*e);
@@ -743,6 +749,10 @@ result<std::vector<sampled_row>, exec_error> cuda_executor::step_sample(entry_id
       const float* row = t.as<float>() + static_cast<std::int64_t>(r) * vocab;
       p.logits.assign(row, row + vocab);
     }
+  }
+  if (rest) {
+    lg.outputs.erase("logits");
+    rest->outputs = std::move(lg.outputs);
   }
   return picks;
 }

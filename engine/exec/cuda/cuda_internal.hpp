@@ -219,7 +219,7 @@ class cuda_executor final : public executor {
   memory_report memory() const override;
   result<std::vector<sampled_row>, exec_error> step_sample(entry_id entry, const step_inputs& in,
                                                            std::span<const sample_row_request> rows,
-                                                           const mask_hook& masks) override;
+                                                           const mask_hook& masks, step_outputs* rest) override;
   result<void, exec_error> open_history(std::uint64_t sequence, std::int64_t vocab, std::span<const std::int32_t> prompt,
                                         std::span<const std::pair<std::int32_t, float>> bias) override;
   void close_history(std::uint64_t sequence) override;

@@ -18,6 +18,11 @@ extern const family_entry deepseek_v2_entry;
 extern const family_entry deepseek_v3_entry;
 extern const family_entry olmoe_entry;
 extern const family_entry gpt_oss_entry;
+extern const family_entry olmo2_entry;
+extern const family_entry granite_entry;
+extern const family_entry smollm3_entry;
+extern const family_entry gemma_entry;
+extern const family_entry starcoder2_entry;
 extern const family_entry bert_entry;
 extern const family_entry nomic_bert_entry;
 

@@ -13,16 +13,16 @@ namespace troupe::graph {
 #define TROUPE_WEIGHT_ROLES(X)                                                                             \
   /* whole-model */                                                                                        \
   X(token_embd) X(token_embd_norm) X(token_embd_norm_bias) X(token_types) X(position_embd) X(rope_freqs)    \
-  X(output) X(output_norm)                                                                                 \
+  X(output) X(output_norm) X(output_norm_bias)                                                             \
   /* attention */                                                                                          \
-  X(attn_norm) X(attn_q) X(attn_k) X(attn_v) X(attn_qkv) X(attn_q_bias) X(attn_k_bias) X(attn_v_bias)       \
+  X(attn_norm) X(attn_norm_bias) X(attn_q) X(attn_k) X(attn_v) X(attn_qkv) X(attn_q_bias) X(attn_k_bias) X(attn_v_bias)       \
   X(attn_qkv_bias) X(attn_q_norm) X(attn_k_norm) X(attn_output) X(attn_output_bias) X(attn_output_norm)    \
   X(attn_output_norm_bias) X(attn_sinks) X(post_attention_norm)                                            \
   /* latent attention (MLA) */                                                                             \
   X(attn_q_a) X(attn_q_a_norm) X(attn_q_b) X(attn_kv_a_mqa) X(attn_kv_a_norm) X(attn_kv_b) X(attn_k_b)     \
   X(attn_v_b)                                                                                              \
   /* feed-forward */                                                                                       \
-  X(ffn_norm) X(ffn_gate) X(ffn_up) X(ffn_down) X(ffn_gate_up) X(ffn_gate_up_bias) X(ffn_gate_bias) X(ffn_up_bias)              \
+  X(ffn_norm) X(ffn_norm_bias) X(ffn_gate) X(ffn_up) X(ffn_down) X(ffn_gate_up) X(ffn_gate_up_bias) X(ffn_gate_bias) X(ffn_up_bias)              \
   X(ffn_down_bias) X(post_ffw_norm) X(layer_output_norm) X(layer_output_norm_bias)                         \
   /* routed experts */                                                                                     \
   X(ffn_gate_inp) X(ffn_gate_inp_bias) X(exp_probs_b) X(ffn_gate_exps) X(ffn_up_exps) X(ffn_down_exps)      \

@@ -91,7 +91,10 @@ constexpr primitive primitives[] = {
     {"value", "object | array | string | number | boolean | null", "object array string number boolean null"},
     {"object", R"("{" space (string ":" space value ("," space string ":" space value)*)? "}" space)", "space string value"},
     {"array", R"("[" space (value ("," space value)*)? "]" space)", "space value"},
-    {"date", R"([0-9]{4} "-" ("0" [1-9] | "1" [0-2]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]))", ""},
+    // A calendar date as ajv's "date" format checks it: each month's own length, February 29 in leap
+    // years only (divisible by 4 and not by 100, or by 400; year 0000 is one).
+    {"date", R"([0-9]{4} "-" (("0" [13578] | "1" [02]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]) | ("0" [469] | "11") "-" ("0" [1-9] | [12] [0-9] | "30") | "02-" ("0" [1-9] | "1" [0-9] | "2" [0-8])) | leap-year "-02-29")", "leap-year"},
+    {"leap-year", R"([0-9] [0-9] ("0" [48] | [2468] [048] | [13579] [26]) | ([02468] [048] | [13579] [26]) "00")", ""},
     {"time", R"(([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" ([0-5] [0-9] | "60") ("." [0-9]+)? ([zZ] | [-+] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9]))", ""},
     {"date-time", "date [tT] time", "date time"},
     {"uuid", R"([0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12})", ""},

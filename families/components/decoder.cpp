@@ -224,15 +224,23 @@ value_id decoder_trace::standard_layer(value_id x, std::int32_t layer, const sta
                                        const block_fn& ffn) {
   auto& b = ctx_.b;
   b.push_scope("layers." + std::to_string(layer));
-  auto a = mixer(*this, b.rms_norm(x, ctx_.vector_f32(role::attn_norm, layer), p.norm_eps), layer);
-  if (p.sandwich_norms) a = b.rms_norm(a, ctx_.vector_f32(role::post_attention_norm, layer), p.norm_eps);
+  auto a = mixer(*this, p.pre_norms ? norm(x, role::attn_norm, layer, p) : x, layer);
+  if (p.sandwich_norms) a = norm(a, role::post_attention_norm, layer, p);
+  if (p.residual_scale != 1.0) a = b.mul(a, b.scalar(p.residual_scale));
   const auto h = b.add(x, a);
-  auto f = ffn(*this, b.rms_norm(h, ctx_.vector_f32(role::ffn_norm, layer), p.norm_eps), layer);
-  if (p.sandwich_norms) f = b.rms_norm(f, ctx_.vector_f32(role::post_ffw_norm, layer), p.norm_eps);
+  auto f = ffn(*this, p.pre_norms ? norm(h, role::ffn_norm, layer, p) : h, layer);
+  if (p.sandwich_norms) f = norm(f, role::post_ffw_norm, layer, p);
+  if (p.residual_scale != 1.0) f = b.mul(f, b.scalar(p.residual_scale));
   const auto out = b.add(h, f);
   b.label(out, "out");
   b.pop_scope();
   return out;
+}
+
+value_id decoder_trace::norm(value_id x, role r, std::int32_t layer, const stack_params& p) {
+  auto& b = ctx_.b;
+  if (!p.layer_norm) return b.rms_norm(x, ctx_.vector_f32(r, layer), p.norm_eps);
+  return b.layer_norm(x, ctx_.vector_f32(r, layer), ctx_.vector_f32(bias_of(r), layer), p.norm_eps);
 }
 
 void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer, const block_fn& ffn) {
@@ -265,7 +273,7 @@ void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer,
     b.output("stage_out", x);
     return;
   }
-  auto h = b.rms_norm(x, ctx_.vector_f32(role::output_norm), p.norm_eps);
+  auto h = norm(x, role::output_norm, -1, p);
   b.label(h, "output_norm");
   if (!ctx_.stateful()) {
     b.output("hidden", h);
@@ -276,6 +284,7 @@ void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer,
   (void)N;
   auto logits = b.linear(h, ctx_.weight(ctx_.has(role::output) ? role::output : role::token_embd));
   if (p.vocab_split > 1) logits = b.all_gather(logits, p.vocab_split);  // each rank computed its rows of the head
+  if (p.logit_scale != 1.0) logits = b.div(logits, b.scalar(p.logit_scale));
   if (p.final_softcap > 0) {
     const auto cap = b.scalar(p.final_softcap);
     logits = b.mul(b.unary(op::tanh, b.div(logits, cap)), cap);

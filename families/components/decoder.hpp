@@ -65,6 +65,10 @@ struct stack_params {
   double embed_scale = 1.0;     // Gemma multiplies embeddings by sqrt(hidden)
   double final_softcap = 0.0;   // 0: none
   bool sandwich_norms = false;  // post_attention_norm after the mixer, post_ffw_norm after the ffn
+  bool pre_norms = true;        // false: no attn_norm / ffn_norm before the mixer and the ffn (OLMo 2: post norms only)
+  bool layer_norm = false;      // LayerNorm with a bias (attn_norm_bias, ...) instead of RMSNorm (StarCoder 2)
+  double residual_scale = 1.0;  // the mixer's and the ffn's outputs scaled before each residual add (Granite)
+  double logit_scale = 1.0;     // the logits divided by it (Granite's logits_scaling)
   std::int64_t vocab_split = 1; // a tensor-parallel shard's head holds vocab / vocab_split rows: all_gather the logits
   // A pipeline stage `stage` of `stages` (model::stage): a stage after the first receives the residual
   // stream from the one before instead of embedding tokens; a stage before the last sends its stream on
@@ -98,6 +102,8 @@ class decoder_trace {
   graph::value_id activate(graph::value_id x, activation act);
 
   using block_fn = std::function<graph::value_id(decoder_trace&, graph::value_id, std::int32_t)>;
+  // The stack's norm of role `r` (RMSNorm, or LayerNorm with r's bias when p.layer_norm).
+  graph::value_id norm(graph::value_id x, role r, std::int32_t layer, const stack_params& p);
   graph::value_id standard_layer(graph::value_id x, std::int32_t layer, const stack_params& p, const block_fn& mixer,
                                  const block_fn& ffn);
   // Embeds the tokens, runs every layer, applies the final norm and the head, and declares the

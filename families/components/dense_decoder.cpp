@@ -71,14 +71,16 @@ expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& s) {
   return [s](role r, std::int32_t layer) -> std::optional<troupe::shape> {
     const std::int64_t H = s.stack.hidden, V = s.stack.vocab;
     if (r == role::token_embd || r == role::output) return troupe::shape{V, H};
-    if (r == role::output_norm) return troupe::shape{H};
+    if (r == role::output_norm || r == role::output_norm_bias) return troupe::shape{H};
     if (auto m = mtp_shape(r, H, V)) return m;
     if (r == role::rope_freqs) return troupe::shape{s.attention.empty() ? 0 : s.attention[0].rope.dims / 2};
     if (layer < 0 || layer >= static_cast<std::int32_t>(s.attention.size())) return std::nullopt;
     const auto& a = s.attention[layer];
     if (a.mla.kv_lora_rank > 0)
       if (auto m = mla_shape(r, a, H)) return m;
-    if (r == role::attn_norm || r == role::ffn_norm || r == role::post_attention_norm || r == role::post_ffw_norm) return troupe::shape{H};
+    if (r == role::attn_norm || r == role::ffn_norm || r == role::post_attention_norm || r == role::post_ffw_norm || r == role::attn_norm_bias ||
+        r == role::ffn_norm_bias)
+      return troupe::shape{H};
     return attention_shape(r, a, H);  // feed-forward roles: checked by the family (their width is its config)
   };
 }

@@ -18,8 +18,10 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
     global(role::token_embd, "token_embd.weight");
     global(role::output, "output.weight", presence::tied, role::token_embd);
     global(role::output_norm, "output_norm.weight");
+    if (o.norm_bias) global(role::output_norm_bias, "output_norm.bias");
     global(role::rope_freqs, "rope_freqs.weight", presence::optional);
-    layer(role::attn_norm, "blk.{L}.attn_norm.weight");
+    if (o.pre_norms) layer(role::attn_norm, "blk.{L}.attn_norm.weight");
+    if (o.pre_norms && o.norm_bias) layer(role::attn_norm_bias, "blk.{L}.attn_norm.bias");
     if (o.mla) {
       layer(role::attn_q, "blk.{L}.attn_q.weight", presence::optional);
       layer(role::attn_q_a, "blk.{L}.attn_q_a.weight", presence::optional);
@@ -47,7 +49,8 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
       layer(role::attn_q_norm, "blk.{L}.attn_q_norm.weight");
       layer(role::attn_k_norm, "blk.{L}.attn_k_norm.weight");
     }
-    layer(role::ffn_norm, o.gpt_oss ? "blk.{L}.post_attention_norm.weight" : "blk.{L}.ffn_norm.weight");
+    if (o.pre_norms) layer(role::ffn_norm, o.gpt_oss ? "blk.{L}.post_attention_norm.weight" : "blk.{L}.ffn_norm.weight");
+    if (o.pre_norms && o.norm_bias) layer(role::ffn_norm_bias, "blk.{L}.ffn_norm.bias");
     if (o.gpt_oss) layer(role::attn_sinks, "blk.{L}.attn_sinks.weight");
     if (o.sandwich_norms) {
       layer(role::post_attention_norm, "blk.{L}.post_attention_norm.weight");
@@ -57,10 +60,14 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
     if (o.fused) {
       layer(role::ffn_gate_up, "blk.{L}.ffn_up.weight", dense);  // llama.cpp keeps Phi-3's fused gate_up as ffn_up
     } else {
-      layer(role::ffn_gate, "blk.{L}.ffn_gate.weight", dense);
+      if (o.gated_ffn) layer(role::ffn_gate, "blk.{L}.ffn_gate.weight", dense);
       layer(role::ffn_up, "blk.{L}.ffn_up.weight", dense);
     }
     layer(role::ffn_down, "blk.{L}.ffn_down.weight", dense);
+    if (!o.gated_ffn) {
+      layer(role::ffn_up_bias, "blk.{L}.ffn_up.bias", presence::optional);
+      layer(role::ffn_down_bias, "blk.{L}.ffn_down.bias", presence::optional);
+    }
     if (o.experts > 0) {
       layer(role::ffn_gate_inp, "blk.{L}.ffn_gate_inp.weight", presence::optional);
       layer(role::ffn_gate_exps, "blk.{L}.ffn_gate_exps.weight", presence::optional);
@@ -91,7 +98,9 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
   global(role::token_embd, "model.embed_tokens.weight");
   global(role::output, "lm_head.weight", presence::tied, role::token_embd);
   global(role::output_norm, "model.norm.weight", presence::required, role::none, norm);
-  layer(role::attn_norm, "model.layers.{L}.input_layernorm.weight", presence::required, norm);
+  if (o.norm_bias) global(role::output_norm_bias, "model.norm.bias");
+  if (o.pre_norms) layer(role::attn_norm, "model.layers.{L}.input_layernorm.weight", presence::required, norm);
+  if (o.pre_norms && o.norm_bias) layer(role::attn_norm_bias, "model.layers.{L}.input_layernorm.bias");
   if (o.mla) {
     layer(role::attn_q, "model.layers.{L}.self_attn.q_proj.weight", presence::optional);
     layer(role::attn_q_a, "model.layers.{L}.self_attn.q_a_proj.weight", presence::optional);
@@ -119,19 +128,24 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
   }
   if (o.sandwich_norms) {
     layer(role::post_attention_norm, "model.layers.{L}.post_attention_layernorm.weight", presence::required, norm);
-    layer(role::ffn_norm, "model.layers.{L}.pre_feedforward_layernorm.weight", presence::required, norm);
+    if (o.pre_norms) layer(role::ffn_norm, "model.layers.{L}.pre_feedforward_layernorm.weight", presence::required, norm);
     layer(role::post_ffw_norm, "model.layers.{L}.post_feedforward_layernorm.weight", presence::required, norm);
-  } else {
+  } else if (o.pre_norms) {
     layer(role::ffn_norm, "model.layers.{L}.post_attention_layernorm.weight", presence::required, norm);
+    if (o.norm_bias) layer(role::ffn_norm_bias, "model.layers.{L}.post_attention_layernorm.bias");
   }
   const presence dense = o.experts > 0 ? presence::optional : presence::required;
   if (o.fused) {
     layer(role::ffn_gate_up, "model.layers.{L}.mlp.gate_up_proj.weight", dense);
+  } else if (o.hf_c_fc) {
+    layer(role::ffn_up, "model.layers.{L}.mlp.c_fc.weight", dense);
+    layer(role::ffn_up_bias, "model.layers.{L}.mlp.c_fc.bias", presence::optional);
+    layer(role::ffn_down_bias, "model.layers.{L}.mlp.c_proj.bias", presence::optional);
   } else {
-    layer(role::ffn_gate, "model.layers.{L}.mlp.gate_proj.weight", dense);
+    if (o.gated_ffn) layer(role::ffn_gate, "model.layers.{L}.mlp.gate_proj.weight", dense);
     layer(role::ffn_up, "model.layers.{L}.mlp.up_proj.weight", dense);
   }
-  layer(role::ffn_down, "model.layers.{L}.mlp.down_proj.weight", dense);
+  layer(role::ffn_down, o.hf_c_fc ? "model.layers.{L}.mlp.c_proj.weight" : "model.layers.{L}.mlp.down_proj.weight", dense);
   if (o.gpt_oss) layer(role::attn_sinks, "model.layers.{L}.self_attn.sinks");
   if (o.experts > 0 && o.gpt_oss) {
     // Fused and transposed as HF keeps them: gate_up [E, H, 2F] (gate and up interleaved), down [E, F, H].
@@ -168,8 +182,10 @@ std::vector<name_rule> decoder_name_table(const name_table_options& o) {
     }
   }
   layer(role::ffn_gate_bias, "model.layers.{L}.mlp.gate_proj.bias", presence::optional);
-  layer(role::ffn_up_bias, "model.layers.{L}.mlp.up_proj.bias", presence::optional);
-  layer(role::ffn_down_bias, "model.layers.{L}.mlp.down_proj.bias", presence::optional);
+  if (!o.hf_c_fc) {
+    layer(role::ffn_up_bias, "model.layers.{L}.mlp.up_proj.bias", presence::optional);
+    layer(role::ffn_down_bias, "model.layers.{L}.mlp.down_proj.bias", presence::optional);
+  }
   if (o.mtp) {
     layer(role::nextn_eh_proj, "model.layers.{L}.eh_proj.weight", presence::optional);
     layer(role::nextn_embed_tokens, "model.layers.{L}.embed_tokens.weight", presence::optional);

@@ -35,6 +35,15 @@ struct name_table_options {
   // GGUF blk.{L}.nextn.<name> as llama.cpp names GLM-4.5's. Optional at every layer; the decoder
   // checks the MTP layer has them.
   bool mtp = false;
+  // Norm placement and kind: no pre-norms (OLMo 2: post_attention_layernorm and
+  // post_feedforward_layernorm after the blocks only, as post_attention_norm / post_ffw_norm);
+  // LayerNorm biases on every norm (StarCoder 2: attn_norm_bias, ffn_norm_bias, output_norm_bias).
+  bool pre_norms = true;
+  bool norm_bias = false;
+  // A plain (ungated) feed-forward: no ffn_gate; HF's mlp.c_fc / mlp.c_proj (StarCoder 2) when
+  // hf_c_fc, with their biases.
+  bool gated_ffn = true;
+  bool hf_c_fc = false;
 };
 
 std::vector<name_rule> decoder_name_table(const name_table_options& o);

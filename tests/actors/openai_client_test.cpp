@@ -180,6 +180,8 @@ TEST(openai_client, structured_outputs_validate_on_every_family_and_the_embedded
   for (const auto& [name, path] : models) {
     SCOPED_TRACE(name);
     auto o = test::tiny_cluster_options(1);
+    // Room for a schema's whole answer: the fixtures' byte tokens spell JSON a character at a time.
+    o.driver.capacity = 512;
     auto c = local_cluster::start(path, o);
     ASSERT_TRUE(c) << c.error();
     gateway_options g;
@@ -192,7 +194,7 @@ TEST(openai_client, structured_outputs_validate_on_every_family_and_the_embedded
     const auto out = dir / (name + ".json");
     const std::string cmd = "node \"" + (root / "tests/reference/openai_structured.mjs").string() + "\" --base-url http://127.0.0.1:" +
                             std::to_string((*gw)->port()) + "/v1 --api-key sk-test --model '" + served.front() + "' --seed " +
-                            std::to_string(seed++) + " --count 4 --max-tokens 120 > \"" + out.string() + "\"";
+                            std::to_string(seed++) + " --count 4 --max-tokens 400 > \"" + out.string() + "\"";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     std::ifstream f(out);
     const json r = json::parse(f);

@@ -136,7 +136,8 @@ TEST_P(family_test, missing_weight_is_named_before_any_trace) {
   const std::string family(GetParam());
   const bool routed = family.ends_with("moe") || family == "mixtral" || family.starts_with("deepseek");
   if (family == "gpt_oss") GTEST_SKIP() << "gpt-oss's HF experts are one fused tensor per layer, not one per expert";
-  const std::string gone = !routed              ? "model.layers.1.mlp.down_proj.weight"
+  const std::string gone = family == "starcoder2" ? "model.layers.1.mlp.c_proj.weight"
+                           : !routed             ? "model.layers.1.mlp.down_proj.weight"
                            : family == "mixtral" ? "model.layers.1.block_sparse_moe.experts.1.w2.weight"
                                                  : "model.layers.1.mlp.experts.1.down_proj.weight";
   std::vector<load::named_view> keep;

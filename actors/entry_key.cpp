@@ -14,6 +14,7 @@ transport::entry_key to_wire(const driver::entry_key& k) {
   w.pool_blocks = s.kv().pool_blocks;
   w.logits = s.logits() == families::logit_rows::all ? transport::logit_rows::all : transport::logit_rows::last;
   w.hidden_carry = s.hidden_carry();
+  w.state_rows = s.declared_state_rows();
   w.carried = k.carried;
   return w;
 }
@@ -34,7 +35,7 @@ result<driver::entry_key, std::string> from_wire(const transport::entry_key& w) 
     if (w.block_size < 1 || w.pool_blocks < 1) return unexpected(std::string("a paged layout needs a block size and a pool"));
     s.with_kv(families::kv_layout::paged(w.block_size, w.pool_blocks));
   }
-  s.with_logits(w.logits == transport::logit_rows::all ? families::logit_rows::all : families::logit_rows::last).with_hidden_carry(w.hidden_carry);
+  s.with_logits(w.logits == transport::logit_rows::all ? families::logit_rows::all : families::logit_rows::last).with_hidden_carry(w.hidden_carry).with_state_rows(w.state_rows);
   k.shape = s;
   k.carried = w.carried;
   return k;

@@ -13,6 +13,9 @@ result<placement::requirements, std::string> requirements_of(const families::mod
   const auto* dense = dynamic_cast<const families::dense_decoder*>(&h.model());
   if (dense == nullptr || dense->spec().attention.empty()) return unexpected("the planner knows dense decoders only, not " + h.model().config().family);
   const auto& spec = dense->spec();
+  // Recurrent state is per sequence, not per token: the planner's memory model (weights, KV per token,
+  // scratch) does not size it yet, so such a model is placed without a plan, as a non-decoder is.
+  if (spec.recurrent()) return unexpected("the planner does not size recurrent state rows yet (" + h.model().config().family + ")");
   placement::requirements r;
   std::map<std::int32_t, std::uint64_t> per_layer, expert_per_layer;
   bool tied = true;

@@ -715,6 +715,14 @@ int run_bench(const bench_options& o) {
   const double bw = median(bandwidth);
   const double bound = bw / active_bytes;
   const double p = median(prefill), d = median(decode), fraction = median(fractions);
+  // What a sequence carries: KV bytes per token (attention layers) and bytes per sequence (recurrent
+  // layers' conv windows and scan states, whatever its length).
+  std::int64_t kv_per_token = 0, state_per_sequence = 0;
+  for (const auto& st : (*h)->model().schema().states(families::program::step)) {
+    std::int64_t elems = 1;
+    for (auto v : st.slot_shape) elems *= v;
+    (st.per_row ? state_per_sequence : kv_per_token) += elems * static_cast<std::int64_t>(info(st.element).block_bytes);
+  }
   if (o.json) {
     nlohmann::json j;
     j["model"] = o.model;
@@ -731,6 +739,8 @@ int run_bench(const bench_options& o) {
     j["active_params"] = fp.active_params;
     j["decode_bound_tok_s"] = bound;
     j["decode_fraction_of_bound"] = fraction;
+    j["kv_bytes_per_token"] = kv_per_token;
+    j["recurrent_bytes_per_sequence"] = state_per_sequence;
     j["bandwidth_gb_s_min"] = *std::min_element(bandwidth.begin(), bandwidth.end()) / 1e9;
     j["bandwidth_gb_s_max"] = *std::max_element(bandwidth.begin(), bandwidth.end()) / 1e9;
     std::printf("%s\n", j.dump().c_str());
@@ -742,6 +752,8 @@ int run_bench(const bench_options& o) {
                 "decode at %.0f%% of it (median over runs, each against its own sample)\n",
                 bw / 1e9, *std::min_element(bandwidth.begin(), bandwidth.end()) / 1e9, *std::max_element(bandwidth.begin(), bandwidth.end()) / 1e9,
                 model_bytes / 1e6, bound, 100.0 * fraction);
+    std::printf("state per sequence: KV %lld bytes per token, recurrent %lld bytes (conv windows and scan states, any length)\n",
+                static_cast<long long>(kv_per_token), static_cast<long long>(state_per_sequence));
     if (active_bytes < model_bytes)
       std::printf("routed: %.1fM of %.1fM parameters active per token (%lld of %lld experts), %.1f MB read per decode step: "
                   "the bound above is on these bytes\n",

@@ -53,7 +53,10 @@ result<std::vector<float>, std::string> exec_runner::feed(std::span<const std::i
   }
   for (std::int64_t j = 0; j < capacity_; ++j) read.as<std::int32_t>()[j] = j < pos_ + n ? static_cast<std::int32_t>(j) : -1;
   exec::step_inputs in;
-  in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", pos.view()}, {"kv_read_map", read.view()}};
+  tensor row(dtype::i32, {1});
+  row.as<std::int32_t>()[0] = 0;  // one sequence: state row 0 of each recurrent pool
+  in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", pos.view()}, {"kv_read_map", read.view()},
+              {"state_rows", row.view()}};
   auto out = ex_->step(*e, in);
   if (!out) return unexpected("step: " + out.error().message());
   pos_ += n;

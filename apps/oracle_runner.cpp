@@ -14,7 +14,7 @@ void oracle_runner::reset() {
   pos_ = 0;
   states_.clear();
   for (const auto& s : handle_->model().schema().states(families::program::step)) {
-    std::vector<std::int64_t> dims{capacity_};
+    std::vector<std::int64_t> dims{s.per_row ? 1 : capacity_};  // one sequence: one state row
     dims.insert(dims.end(), s.slot_shape.begin(), s.slot_shape.end());
     states_.emplace(s.name, tensor(s.element, troupe::shape(std::span<const std::int64_t>(dims))));
   }
@@ -46,6 +46,9 @@ result<std::vector<float>, std::string> oracle_runner::feed(std::span<const std:
   in.slots.emplace("positions", pos.view());
   in.slots.emplace("kv_write_map", write.view());
   in.slots.emplace("kv_read_map", read.view());
+  tensor row(dtype::i32, {1});
+  row.as<std::int32_t>()[0] = 0;
+  in.slots.emplace("state_rows", row.view());
   for (const auto& [name, t] : states_) in.states.emplace(name, t.view());
   eval::eval_options opt;
   opt.group = group_;

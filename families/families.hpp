@@ -23,6 +23,9 @@ extern const family_entry granite_entry;
 extern const family_entry smollm3_entry;
 extern const family_entry gemma_entry;
 extern const family_entry starcoder2_entry;
+extern const family_entry mamba2_entry;
+extern const family_entry nemotron_h_entry;
+extern const family_entry qwen3_next_entry;
 extern const family_entry bert_entry;
 extern const family_entry nomic_bert_entry;
 

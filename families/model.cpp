@@ -19,6 +19,7 @@ std::string step_shape::str() const {
     s += " paged(block=" + std::to_string(kv_.block_size) + ", blocks=" + std::to_string(kv_.pool_blocks) + ")";
   s += logits_ == logit_rows::all ? " logits=all" : " logits=last";
   if (hidden_carry_) s += " hidden";
+  if (state_rows_ > 0) s += " state_rows=" + std::to_string(state_rows_);
   return s;
 }
 
@@ -66,7 +67,7 @@ result<graph::graph, graph::trace_error> model::trace(const step_spec& spec, con
   for (const auto& d : declared) {
     const auto it = std::find_if(g->states().begin(), g->states().end(), [&](const auto& s) { return s.name == d.name; });
     if (it == g->states().end()) return unexpected(trace_error{graph::state_mismatch{"declared state '" + d.name + "' is not carried"}});
-    std::vector<std::int64_t> dims{spec.shape.kv_slots()};
+    std::vector<std::int64_t> dims{d.per_row ? spec.shape.state_rows() : spec.shape.kv_slots()};
     dims.insert(dims.end(), d.slot_shape.begin(), d.slot_shape.end());
     const graph::tensor_type want{d.element, troupe::shape(std::span<const std::int64_t>(dims))};
     if (g->info(it->in).type != want)
@@ -83,7 +84,8 @@ std::vector<step_input> step_inputs(program p, const step_shape& s, std::int64_t
   std::vector<step_input> in{{graph::slot_kind::token_ids, per_token},
                              {graph::slot_kind::positions, per_token},
                              {graph::slot_kind::kv_write_map, per_token},
-                             {graph::slot_kind::kv_read_map, {dtype::i32, {s.rows(), s.capacity()}}}};
+                             {graph::slot_kind::kv_read_map, {dtype::i32, {s.rows(), s.capacity()}}},
+                             {graph::slot_kind::state_rows, {dtype::i32, {s.rows()}}}};
   if (p == program::draft && hidden > 0) in.push_back({graph::slot_kind::hidden_states, {dtype::f32, {n, hidden}}});
   return in;
 }

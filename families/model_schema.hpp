@@ -17,6 +17,7 @@ namespace troupe::families {
 //   positions    i32 [rows * tokens]          each token's absolute position in its sequence
 //   kv_write_map i32 [rows * tokens]          the KV slot each new token is written to; -1 skips (padding)
 //   kv_read_map  i32 [rows, capacity]         for each row, the slot holding position j; -1 when none
+//   state_rows   i32 [rows]                   the row of each recurrent state pool the sequence owns; -1: none
 // (the encode program reads token_ids, positions and token_mask i32 [rows * tokens], 1 = real token;
 // the draft program reads the step's four and hidden_states f32 [rows * tokens, hidden]: the target's
 // final hidden state at the position before each token).
@@ -41,11 +42,13 @@ struct request_input_decl {
   double fill = 0.0;                // the default when presence is defaulted
 };
 
-// A carried state of a program: one tensor of `slot_shape` per KV slot (or per state row).
+// A carried state of a program: one tensor of `slot_shape` per KV slot, or per state row (`per_row`:
+// a recurrent layer's conv window or scan state, one row per sequence, step_shape::state_rows rows).
 struct state_decl {
-  std::string name;  // "kv.k.3"
+  std::string name;  // "kv.k.3", "ssm.conv.3"
   dtype element = dtype::f32;
   std::vector<std::int64_t> slot_shape;
+  bool per_row = false;
 };
 
 struct schema_error {

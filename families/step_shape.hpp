@@ -34,6 +34,8 @@ class step_shape {
   step_shape& with_kv(kv_layout kv) { kv_ = kv; return *this; }
   step_shape& with_logits(logit_rows l) { logits_ = l; return *this; }
   step_shape& with_hidden_carry(bool carry) { hidden_carry_ = carry; return *this; }
+  // Rows of each recurrent state pool (a sequence owns one row; 0: the shape's rows).
+  step_shape& with_state_rows(std::int64_t n) { state_rows_ = n; return *this; }
 
   std::int64_t rows() const { return rows_; }
   std::int64_t tokens() const { return tokens_; }
@@ -41,6 +43,8 @@ class step_shape {
   const kv_layout& kv() const { return kv_; }
   logit_rows logits() const { return logits_; }
   bool hidden_carry() const { return hidden_carry_; }
+  std::int64_t state_rows() const { return state_rows_ > 0 ? state_rows_ : rows_; }
+  std::int64_t declared_state_rows() const { return state_rows_; }  // 0: the rows
 
   std::int64_t total_tokens() const { return rows_ * tokens_; }
   // KV slots the state holds: rows x capacity when contiguous, the whole pool when paged.
@@ -58,6 +62,7 @@ class step_shape {
   kv_layout kv_;
   logit_rows logits_ = logit_rows::last;
   bool hidden_carry_ = false;
+  std::int64_t state_rows_ = 0;
 };
 
 // The programs a model may offer: `step` continues each row's carried state and returns logits

@@ -210,6 +210,7 @@ void put(EntryKey::Builder b, const entry_key& k) {
   b.setPoolBlocks(k.pool_blocks);
   b.setLogits(static_cast<LogitRows>(k.logits));
   b.setHiddenCarry(k.hidden_carry);
+  b.setStateRows(k.state_rows);
   auto c = b.initCarried(static_cast<unsigned>(k.carried.size()));
   for (unsigned i = 0; i < k.carried.size(); ++i) c.set(i, k.carried[i]);
 }
@@ -474,6 +475,8 @@ std::optional<entry_key> get(EntryKey::Reader r) {
   k.pool_blocks = r.getPoolBlocks();
   k.logits = static_cast<logit_rows>(lr);
   k.hidden_carry = r.getHiddenCarry();
+  k.state_rows = r.getStateRows();
+  if (k.state_rows < 0) return std::nullopt;  // refused as a malformed key
   k.carried = get_texts(r.getCarried());
   return k;
 }

@@ -194,6 +194,7 @@ struct entry_key {
   transport::logit_rows logits = logit_rows::last;
   bool hidden_carry = false;
   std::vector<std::string> carried;
+  std::int64_t state_rows = 0;  // rows of each recurrent state pool (0: the rows)
   friend bool operator==(const entry_key&, const entry_key&) = default;
 };
 

@@ -39,6 +39,7 @@ constexpr refused_pair compatibility_table[] = {
     {feature::beam_search, feature::request_inputs, "beams would have to copy per-row request inputs on every fork"},
     {feature::recurrent_state, feature::prefix_cache, "recurrent state is not a function of a block of tokens, so it cannot be shared by prefix"},
     {feature::recurrent_state, feature::draft_policy, "rejected draft tokens cannot be rolled back out of recurrent state"},
+    {feature::recurrent_state, feature::beam_search, "a beam fork would have to copy and reorder its recurrent state rows"},
     {feature::adapter, feature::placement, "adapters are loaded per executable, not split across a placement"},
     {feature::resume, feature::placement, "a saved sequence is tied to the executable that computed it"},
 };
@@ -60,6 +61,7 @@ bool implemented(feature f) {
     case feature::request_inputs:
     case feature::draft_policy:
     case feature::beam_search:
+    case feature::recurrent_state:
       return true;
     default:
       return false;

@@ -116,6 +116,7 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
   if (!req.adapter.empty()) active.push_back(feature::adapter);
   if (req.resume) active.push_back(feature::resume);
   if (st.speculates() && req.speculate) active.push_back(feature::draft_policy);
+  if (st.recurrent) active.push_back(feature::recurrent_state);
   if (auto c = check_compatible(active))
     return unexpected(driver_error{driver_error_code::incompatible, "the request's features do not compose", std::nullopt, *c});
   for (auto f : active)

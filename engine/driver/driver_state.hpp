@@ -44,6 +44,7 @@ struct sequence {
   std::int64_t window = 0;           // speculation: drafts asked next (adaptive; 0: options.speculation.tokens)
   std::int64_t limit = -1;           // a draft model's mirror: does not grow past this many tokens (-1: no bound)
   seq_id group = 0;                  // a beam of the beam search of sequence `group` (itself for the first beam)
+  std::int32_t state_row = -1;       // a recurrent model: its row of every state pool while it holds blocks
 };
 
 // A beam search: its live beams (sequences; the first is the request's own), their summed
@@ -66,7 +67,7 @@ inline std::vector<std::int64_t> buckets(std::int64_t first, std::int64_t last) 
 // What a step's inputs hold, by slot kind: the driver computes these, and bind() hands every slot
 // of an entry (resolved when the entry was added) the value of its kind.
 struct step_values {
-  tensor_view token_ids, positions, token_mask, kv_read_map, kv_write_map;
+  tensor_view token_ids, positions, token_mask, kv_read_map, kv_write_map, state_rows;
   tensor_view hidden_states;  // a draft program's: the target's hidden state at each token
 };
 
@@ -75,14 +76,18 @@ struct step_values {
 // (-1: no slot).
 struct step_maps {
   step_maps(std::int64_t rows, std::int64_t tokens, std::int64_t capacity)
-      : ids(dtype::i32, {rows * tokens}), pos(dtype::i32, {rows * tokens}), write(dtype::i32, {rows * tokens}), read(dtype::i32, {rows, capacity}) {
+      : ids(dtype::i32, {rows * tokens}), pos(dtype::i32, {rows * tokens}), write(dtype::i32, {rows * tokens}), read(dtype::i32, {rows, capacity}),
+        state(dtype::i32, {rows}) {
+    std::fill_n(state.as<std::int32_t>(), rows, -1);
     std::fill_n(ids.as<std::int32_t>(), rows * tokens, 0);
     std::fill_n(pos.as<std::int32_t>(), rows * tokens, 0);
     std::fill_n(write.as<std::int32_t>(), rows * tokens, -1);
     std::fill_n(read.as<std::int32_t>(), rows * capacity, -1);
   }
-  tensor ids, pos, write, read;
-  step_values values() const { return {.token_ids = ids.view(), .positions = pos.view(), .kv_read_map = read.view(), .kv_write_map = write.view()}; }
+  tensor ids, pos, write, read, state;  // state: each row's recurrent state row (-1: none)
+  step_values values() const {
+    return {.token_ids = ids.view(), .positions = pos.view(), .kv_read_map = read.view(), .kv_write_map = write.view(), .state_rows = state.view()};
+  }
 };
 
 struct driver_state {
@@ -126,11 +131,16 @@ struct driver_state {
   entry_key step_key(std::int64_t rows, std::int64_t tokens, head_kind head) const {
     entry_key k;
     k.program = families::program::step;
-    k.shape = families::step_shape(rows, tokens, options.capacity).with_kv(layout()).with_hidden_carry(carry_hidden);
+    k.shape = families::step_shape(rows, tokens, options.capacity).with_kv(layout()).with_hidden_carry(carry_hidden).with_state_rows(state_pool_rows());
     k.head = head;
     return k;
   }
   bool carry_hidden = false;  // the step entries output `hidden` too (a draft policy reads it: MTP)
+  // A recurrent model (a state declared per row): each running sequence owns a row of every state
+  // pool, max_rows of them; the prefix cache is off (the table's recurrent_state x prefix_cache).
+  bool recurrent = false;
+  std::vector<std::int32_t> free_state_rows;
+  std::int64_t state_pool_rows() const { return recurrent ? options.max_rows : 0; }
   // The model's draft program (MTP) over `rows` x `tokens`, its KV in the target's blocks.
   entry_key draft_key(std::int64_t rows, std::int64_t tokens) const {
     entry_key k;

@@ -41,7 +41,16 @@ result<void, driver_error> driver_state::validate() {
     if (sp.kind == draft_kind::mtp && !o.other_ranks.empty())
       return bad("MTP drafts run on a single rank (its draft program is not split across tensor-parallel ranks)");
   }
+  // A recurrent model: its states are per sequence, not per block of tokens.
+  const auto& st = handle->model().schema().states(families::program::step);
+  recurrent = handle->model().schema().offers(families::program::step) &&
+              std::any_of(st.begin(), st.end(), [](const families::state_decl& d) { return d.per_row; });
+  if (recurrent) {
+    // The table refuses the prefix cache with recurrent state: it is off for this model, not an error.
+    options.prefix_cache = false;
+  }
   std::vector<feature> active;
+  if (recurrent) active.push_back(feature::recurrent_state);
   if (sp.kind != draft_kind::none) active.push_back(feature::draft_policy);
   if (o.paged) active.push_back(feature::paged_pool);
   if (o.prefix_cache) active.push_back(feature::prefix_cache);
@@ -86,6 +95,8 @@ result<void, driver_error> driver_state::add(const entry_key& k) {
         if (k.program == families::program::draft) break;  // the MTP drafter hands the target's over
         [[fallthrough]];
       case graph::slot_kind::state_rows:
+        if (recurrent) break;  // each sequence's row of the state pools
+        [[fallthrough]];
       case graph::slot_kind::seq_lens:
       case graph::slot_kind::request_input:
         return unexpected(driver_error{driver_error_code::unbound_slot, "entry " + k.str() + ": slot '" + b.slot.name + "' (" +
@@ -135,6 +146,7 @@ exec::step_inputs driver_state::bind(const entry_key& k, const step_values& v) c
       case graph::slot_kind::kv_read_map: in.slots[s.name] = v.kv_read_map; break;
       case graph::slot_kind::kv_write_map: in.slots[s.name] = v.kv_write_map; break;
       case graph::slot_kind::hidden_states: in.slots[s.name] = v.hidden_states; break;
+      case graph::slot_kind::state_rows: in.slots[s.name] = v.state_rows; break;
       default: break;  // refused when the entry was added
     }
   }
@@ -145,9 +157,11 @@ exec::step_inputs driver_state::bind(const entry_key& k, const step_values& v) c
                                                                    {graph::slot_kind::positions, &v.positions},
                                                                    {graph::slot_kind::token_mask, &v.token_mask},
                                                                    {graph::slot_kind::kv_read_map, &v.kv_read_map},
-                                                                   {graph::slot_kind::kv_write_map, &v.kv_write_map}};
+                                                                   {graph::slot_kind::kv_write_map, &v.kv_write_map},
+                                                                   {graph::slot_kind::state_rows, &v.state_rows}};
     for (const auto& [kind, value] : all)
-      if (value->data() != nullptr) in.slots.try_emplace(std::string(graph::slot_kind_name(kind)), *value);
+      if (value->data() != nullptr && (kind != graph::slot_kind::state_rows || recurrent))
+        in.slots.try_emplace(std::string(graph::slot_kind_name(kind)), *value);
   }
   return in;
 }
@@ -246,6 +260,8 @@ result<void, driver_error> driver_state::prepare() {
     progress();
   }
   pool.emplace(static_cast<std::int32_t>(pool_blocks), static_cast<std::int32_t>(block_size));
+  free_state_rows.clear();
+  for (auto r = state_pool_rows(); r-- > 0;) free_state_rows.push_back(static_cast<std::int32_t>(r));
   counters.pool_blocks = pool_blocks;
   if (speculate) {
     if (options.speculation.kind == draft_kind::ngram) {

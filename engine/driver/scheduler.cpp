@@ -20,6 +20,10 @@ struct timed {
 // ---- sequences --------------------------------------------------------------------------------------
 
 void driver_state::free_blocks(sequence& s) {
+  if (s.state_row >= 0) {  // its recurrent state goes with its blocks: a readmission recomputes it from position 0
+    free_state_rows.push_back(s.state_row);
+    s.state_row = -1;
+  }
   for (auto b : s.blocks) pool->release(b);
   s.blocks.clear();
   s.chain.clear();
@@ -58,6 +62,12 @@ result<void, driver_error> driver_state::admit(sequence& s) {
   running.push_back(s.id);
   const bool first = s.cached < 0;  // a preempted sequence admitted again finds its own blocks: not counted
   if (first) s.cached = 0;
+  if (recurrent && s.state_row < 0) {
+    // Admission keeps running rows under max_rows, and every running sequence holds one state row.
+    if (free_state_rows.empty()) return unexpected(driver_error{driver_error_code::step_failed, "no recurrent state row is free"});
+    s.state_row = free_state_rows.back();
+    free_state_rows.pop_back();
+  }
   if (!options.prefix_cache || !s.cacheable) return {};
   // Share cached blocks for the longest cached chain of full blocks, leaving at least the last token
   // to compute (its logits give the next pick).
@@ -191,6 +201,7 @@ result<void, driver_error> driver_state::run_decode(std::vector<sequence*>& rows
     idp[r] = s.tokens[static_cast<std::size_t>(p)];
     pp[r] = static_cast<std::int32_t>(p);
     wp[r] = slot_of(s, p);
+    m.state.as<std::int32_t>()[r] = s.state_row;
     for (std::int64_t j = 0; j <= p; ++j) rp[r * C + j] = slot_of(s, j);
     heads.push_back({s.id, s.req.sampling, static_cast<std::uint64_t>(s.generated), s.req.head == head_kind::logits});
   }
@@ -270,6 +281,7 @@ result<bool, driver_error> driver_state::run_chain(std::vector<sequence*>& rows,
     m.ids.as<std::int32_t>()[r] = s.tokens[static_cast<std::size_t>(p)];
     m.pos.as<std::int32_t>()[r] = static_cast<std::int32_t>(p);
     m.write.as<std::int32_t>()[r] = slot_of(s, p);
+    m.state.as<std::int32_t>()[r] = s.state_row;
     // Every slot the chain writes is in the read map from the start; the causal mask hides the later ones.
     for (std::int64_t j = 0; j < p + n; ++j) m.read.as<std::int32_t>()[r * C + j] = slot_of(s, j);
     for (std::int64_t i = 0; i < n; ++i) {
@@ -380,6 +392,7 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
       wp[r * T + t] = real ? slot_of(s, p + t) : -1;
     }
     for (std::int64_t j = 0; j <= p + k; ++j) rp[r * C + j] = slot_of(s, j);
+    maps.state.as<std::int32_t>()[r] = s.state_row;
   }
   const auto in = bind(key, maps.values());
   std::optional<others_run> others;
@@ -471,6 +484,7 @@ result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n
   }
   const std::int64_t end = s.computed + n;
   for (std::int64_t j = 0; j < end; ++j) m.read.as<std::int32_t>()[j] = slot_of(s, j);
+  m.state.as<std::int32_t>()[0] = s.state_row;
   const auto in = bind(key, m.values());
   ++report.executor_steps;
   result<std::vector<exec::sampled_row>, exec::exec_error> picks = std::vector<exec::sampled_row>{};

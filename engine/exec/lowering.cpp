@@ -27,6 +27,9 @@ lowering_family lowering_family_of(graph::op code) {
     case op::top_k:
     case op::take_along:
     case op::linear_id: return moe;
+    case op::ssm_conv:
+    case op::ssm_scan:
+    case op::delta_rule: return recurrent;
     case op::all_reduce:
     case op::all_gather:
     case op::pipe_send:

@@ -43,7 +43,7 @@ attention_geometry attention_geometry_of(const graph::graph& g, const graph::equ
 
 // The lowering file each op belongs to (engine/exec/<target>/lowering/lower_<family>.cpp): every
 // target dispatches an equation by this, so an op added to the graph is classified in one place.
-enum class lowering_family { elementwise, reduce, movement, linear, moe, collective, norm_rope, attention };
+enum class lowering_family { elementwise, reduce, movement, linear, moe, collective, norm_rope, attention, recurrent };
 lowering_family lowering_family_of(graph::op code);
 
 // Element strides of `in` over the output shape `out` under NumPy broadcasting (0 where broadcast).

@@ -330,6 +330,20 @@ value_id builder::pipe_recv(troupe::shape dims, std::int64_t from_stage) {
   return apply(op::pipe_recv, {}, a);
 }
 
+value_id builder::ssm_conv(value_id x, value_id state, value_id rows, value_id pos, value_id write, value_id w) {
+  return apply(op::ssm_conv, {x, state, rows, pos, write, w});
+}
+
+value_id builder::ssm_scan(value_id x, value_id dt, value_id A, value_id B, value_id C, value_id state, value_id rows, value_id pos,
+                           value_id write) {
+  return apply(op::ssm_scan, {x, dt, A, B, C, state, rows, pos, write});
+}
+
+value_id builder::delta_rule(value_id q, value_id k, value_id v, value_id g, value_id beta, value_id state, value_id rows, value_id pos,
+                             value_id write) {
+  return apply(op::delta_rule, {q, k, v, g, beta, state, rows, pos, write});
+}
+
 value_id builder::top_k(value_id x, std::int64_t k) {
   op_attrs a;
   a.ints = {k};

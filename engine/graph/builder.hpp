@@ -93,6 +93,11 @@ class builder {
   value_id top_k(value_id x, std::int64_t k);
   value_id take_along(value_id x, value_id idx);
   value_id linear_id(value_id x, value_id w, value_id ids);
+  value_id ssm_conv(value_id x, value_id state, value_id rows, value_id pos, value_id write, value_id w);
+  value_id ssm_scan(value_id x, value_id dt, value_id A, value_id B, value_id C, value_id state, value_id rows, value_id pos,
+                    value_id write);
+  value_id delta_rule(value_id q, value_id k, value_id v, value_id g, value_id beta, value_id state, value_id rows, value_id pos,
+                      value_id write);
   // The general form every method above goes through.
   value_id apply(op o, std::vector<value_id> inputs, op_attrs attrs = {});
 

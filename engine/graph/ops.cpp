@@ -9,7 +9,7 @@ std::string tensor_type::str() const { return std::string(name(type)) + dims.str
 
 namespace {
 
-constexpr std::array<std::string_view, static_cast<std::size_t>(op::linear_id) + 1> op_names = {
+constexpr std::array<std::string_view, static_cast<std::size_t>(op::delta_rule) + 1> op_names = {
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "recip", "tanh", "erf", "sigmoid", "silu", "gelu_tanh",
     "add", "sub", "mul", "div", "maximum", "minimum", "pow",
     "equal", "less", "less_equal", "greater",
@@ -18,7 +18,7 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(op::linear_id) +
     "reshape", "transpose", "slice", "concat", "broadcast",
     "matmul", "linear", "gather_rows", "scatter_rows", "rms_norm", "layer_norm", "rope", "attention",
     "all_reduce", "all_gather", "pipe_send", "pipe_recv",
-    "top_k", "take_along", "linear_id",
+    "top_k", "take_along", "linear_id", "ssm_conv", "ssm_scan", "delta_rule",
 };
 
 using infer_result = result<tensor_type, std::string>;
@@ -265,6 +265,51 @@ infer_result infer_checked(op o, std::span<const tensor_type> in, const op_attrs
     case op::pipe_recv:
       if (a.ints.size() != 1 || a.ints[0] < 0 || a.ints[0] > 4096) return refuse("ints must hold the peer stage, in [0, 4096]");
       return tensor_type{dtype::f32, a.target};
+    case op::ssm_conv: {
+      if (in.size() != 6) return refuse("takes 6 inputs: x, state, rows, pos, write, w");
+      const auto &x = in[0].dims, &st = in[1].dims, &w = in[5].dims;
+      if (in[0].type != dtype::f32 || x.rank() != 3) return refuse("x must be f32 [R, T, C]");
+      const std::int64_t R = x[0], T = x[1], C = x[2];
+      if (in[5].type != dtype::f32 || w.rank() != 2 || w[0] != C || w[1] < 1 || w[1] > 64) return refuse("w must be f32 [C, K], K in [1, 64]");
+      const std::int64_t K = w[1];
+      if (in[1].type != dtype::f32 || st.rank() != 2 || st[1] != (K - 1) * C) return refuse("state must be f32 [S, (K-1) C]");
+      if (!is_index(in[2].type) || in[2].dims != troupe::shape{R}) return refuse("rows must be integer [R]");
+      if (in[3].type != dtype::i32 || in[3].dims != troupe::shape{R * T} || in[4].type != dtype::i32 || in[4].dims != troupe::shape{R * T})
+        return refuse("pos and write must be i32 [R T]");
+      return tensor_type{dtype::f32, troupe::shape{R, T * C + (K - 1) * C}};
+    }
+    case op::ssm_scan: {
+      if (in.size() != 9) return refuse("takes 9 inputs: x, dt, A, B, C, state, rows, pos, write");
+      for (int k : {0, 1, 2, 3, 4, 5})
+        if (in[static_cast<std::size_t>(k)].type != dtype::f32) return refuse("x, dt, A, B, C and state must be f32");
+      const auto &x = in[0].dims, &dt = in[1].dims, &A = in[2].dims, &B = in[3].dims, &Cm = in[4].dims, &st = in[5].dims;
+      if (x.rank() != 4) return refuse("x must be [R, T, H, P]");
+      const std::int64_t R = x[0], T = x[1], H = x[2], P = x[3];
+      if (dt != troupe::shape{R, T, H} || A != troupe::shape{H}) return refuse("dt must be [R, T, H] and A [H]");
+      if (B.rank() != 4 || B[0] != R || B[1] != T || B != Cm || B[2] < 1 || H % B[2] != 0) return refuse("B and C must be [R, T, G, N] with G dividing H");
+      const std::int64_t N = B[3];
+      if (st.rank() != 2 || st[1] != H * P * N) return refuse("state must be [S, H P N]");
+      if (!is_index(in[6].type) || in[6].dims != troupe::shape{R}) return refuse("rows must be integer [R]");
+      if (in[7].type != dtype::i32 || in[7].dims != troupe::shape{R * T} || in[8].type != dtype::i32 || in[8].dims != troupe::shape{R * T})
+        return refuse("pos and write must be i32 [R T]");
+      return tensor_type{dtype::f32, troupe::shape{R, T * H * P + H * P * N}};
+    }
+    case op::delta_rule: {
+      if (in.size() != 9) return refuse("takes 9 inputs: q, k, v, g, beta, state, rows, pos, write");
+      for (int k : {0, 1, 2, 3, 4, 5})
+        if (in[static_cast<std::size_t>(k)].type != dtype::f32) return refuse("q, k, v, g, beta and state must be f32");
+      const auto &q = in[0].dims, &k = in[1].dims, &v = in[2].dims, &g = in[3].dims, &be = in[4].dims, &st = in[5].dims;
+      if (q.rank() != 4 || k != q) return refuse("q and k must be [R, T, Hk, Dk]");
+      const std::int64_t R = q[0], T = q[1], Hk = q[2], Dk = q[3];
+      if (v.rank() != 4 || v[0] != R || v[1] != T || v[2] < 1 || v[2] % Hk != 0) return refuse("v must be [R, T, H, Dv] with Hk dividing H");
+      const std::int64_t H = v[2], Dv = v[3];
+      if (g != troupe::shape{R, T, H} || be != g) return refuse("g and beta must be [R, T, H]");
+      if (st.rank() != 2 || st[1] != H * Dv * Dk) return refuse("state must be [S, H Dv Dk]");
+      if (!is_index(in[6].type) || in[6].dims != troupe::shape{R}) return refuse("rows must be integer [R]");
+      if (in[7].type != dtype::i32 || in[7].dims != troupe::shape{R * T} || in[8].type != dtype::i32 || in[8].dims != troupe::shape{R * T})
+        return refuse("pos and write must be i32 [R T]");
+      return tensor_type{dtype::f32, troupe::shape{R, T * H * Dv + H * Dv * Dk}};
+    }
     case op::top_k: {
       const auto& x = in[0].dims;
       if (!is_float(in[0].type) || x.rank() < 1) return refuse("x must be float [..., E]");
@@ -314,6 +359,10 @@ int arity(op o) {
       return 3;
     case op::attention:
       return -1;  // 5, or 6 with sinks: checked by its shape rule
+    case op::ssm_conv:
+    case op::ssm_scan:
+    case op::delta_rule:
+      return -1;  // 6, 9 and 9: checked by their shape rules
     case op::concat:
       return -1;
     case op::pipe_recv:

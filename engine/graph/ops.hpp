@@ -94,6 +94,24 @@ enum class op : std::uint8_t {
   // products (ggml's mul_mat_id). A negative id selects nothing: its output row is zero (an expert
   // another rank of an expert-parallel group holds). An id at or past E is an error of the step.
   linear_id,
+  // Recurrent mixers (engine/graph/recurrent_math.hpp has their meaning, written once). Each row of a
+  // step is a sequence: its real tokens are those with write[r T + t] >= 0; its carried state is row
+  // rows[r] of the state pool, or zeros when its first real token is at position 0; rows[r] < 0 is a
+  // padding row. The output packs, per row, every token's output and then the row's new state.
+  // ssm_conv(x f32 [R, T, C], state f32 [S, (K-1) C], rows, pos, write integer [R] / [R T] / [R T],
+  //          w f32 [C, K]) -> f32 [R, T C + (K-1) C]: the causal depthwise convolution over the row's
+  //          window of K-1 earlier inputs and its tokens (no bias; the new window is the last K-1 inputs).
+  ssm_conv,
+  // ssm_scan(x f32 [R, T, H, P], dt f32 [R, T, H], A f32 [H], B f32 [R, T, G, N], C f32 [R, T, G, N],
+  //          state f32 [S, H P N], rows, pos, write) -> f32 [R, T H P + H P N]: Mamba2's selective scan,
+  //          per token s = exp(softplus(dt) A) s + softplus(dt) x B^T, y = s C (head h reads group
+  //          h / (H / G)).
+  ssm_scan,
+  // delta_rule(q f32 [R, T, Hk, Dk], k f32 [R, T, Hk, Dk], v f32 [R, T, H, Dv], g f32 [R, T, H],
+  //            beta f32 [R, T, H], state f32 [S, H Dv Dk], rows, pos, write) -> f32 [R, T H Dv + H Dv Dk]:
+  //            the gated delta rule (Gated DeltaNet), per head h (reading key head h / (H / Hk)) and
+  //            real token: S = e^g S; S += beta (v - S k) k^T; o = S q (S is [Dv, Dk]).
+  delta_rule,
 };
 
 std::string_view op_name(op o);

@@ -30,7 +30,11 @@ namespace troupe::graph {
   X(hf_down_exps) X(ffn_gate_shexp) X(ffn_up_shexp) X(ffn_down_shexp) X(ffn_gate_inp_shexp)               \
   /* multi-token prediction (a nextn layer: DeepSeek-V3, GLM-4.5; GGUF blk.N.nextn.<name after nextn_>) */ \
   X(nextn_eh_proj) X(nextn_embed_tokens) X(nextn_enorm) X(nextn_hnorm) X(nextn_shared_head_head)           \
-  X(nextn_shared_head_norm)
+  X(nextn_shared_head_norm)                                                                                \
+  /* Mamba2 (GGUF blk.N.ssm_a and ssm_d carry no .weight suffix; ssm_a_log is HF's A_log) */              \
+  X(ssm_in) X(ssm_conv1d) X(ssm_conv1d_bias) X(ssm_dt_bias) X(ssm_a) X(ssm_a_log) X(ssm_d) X(ssm_norm) X(ssm_out) \
+  /* Gated DeltaNet (Qwen3-Next): the output gate's projection (z) and the fused beta/alpha projection */ \
+  X(attn_gate) X(ssm_ba)
 
 enum class tensor_role : std::uint8_t {
   none,  // no role: a weight binding without one is refused by the builder and by validate

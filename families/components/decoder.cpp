@@ -11,7 +11,7 @@ using graph::value_id;
 std::optional<troupe::shape> attention_shape(role r, const attention_params& a, std::int64_t H) {
   const std::int64_t q = a.heads * a.head_dim, kv = a.kv_heads * a.head_dim;
   switch (r) {
-    case role::attn_q: return troupe::shape{q, H};
+    case role::attn_q: return troupe::shape{a.output_gate ? 2 * q : q, H};
     case role::attn_k:
     case role::attn_v: return troupe::shape{kv, H};
     case role::attn_qkv: return troupe::shape{q + 2 * kv, H};
@@ -165,6 +165,12 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
     k = projection(x, role::attn_k, layer);
     v = projection(x, role::attn_v, layer);
   }
+  value_id gate;
+  if (p.output_gate) {  // per head [q | gate]
+    const auto qg = b.reshape(q, {N, p.heads, 2 * D});
+    gate = b.reshape(b.slice(qg, 2, D, 2 * D), {N, p.heads * D});
+    q = b.slice(qg, 2, 0, D);
+  }
   if (p.qk_norm && p.qk_norm_full) {  // one norm over every head's dims together, before the split
     q = b.rms_norm(q, ctx_.vector_f32(role::attn_q_norm, layer), p.norm_eps);
     k = b.rms_norm(k, ctx_.vector_f32(role::attn_k_norm, layer), p.norm_eps);
@@ -189,6 +195,7 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
   auto att = attend(q, k, v, layer, p.sliding_window, p.scale, p.softcap, p.sinks ? ctx_.vector_f32(role::attn_sinks, layer) : value_id{},
                     p.causal);
   att = b.reshape(att, {N, p.heads * D});
+  if (p.output_gate) att = b.mul(att, b.unary(op::sigmoid, gate));
   const auto out = projection(att, role::attn_output, layer, p.reduce_output);
   b.label(out, "attn_out");
   return out;
@@ -197,6 +204,10 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
 value_id decoder_trace::activate(value_id x, activation act) {
   auto& b = ctx_.b;
   if (act == activation::silu) return b.unary(op::silu, x);
+  if (act == activation::relu_sqr) {
+    const auto r = b.binary(op::maximum, x, b.scalar(0.0));
+    return b.mul(r, r);
+  }
   if (act != activation::gelu) return b.unary(op::gelu_tanh, x);
   const auto phi = b.add(b.scalar(1.0), b.unary(op::erf, b.mul(x, b.scalar(0.70710678118654752440))));
   return b.mul(b.mul(x, phi), b.scalar(0.5));
@@ -228,6 +239,11 @@ value_id decoder_trace::standard_layer(value_id x, std::int32_t layer, const sta
   if (p.sandwich_norms) a = norm(a, role::post_attention_norm, layer, p);
   if (p.residual_scale != 1.0) a = b.mul(a, b.scalar(p.residual_scale));
   const auto h = b.add(x, a);
+  if (!ffn) {  // a mixer-only layer (Mamba2's)
+    b.label(h, "out");
+    b.pop_scope();
+    return h;
+  }
   auto f = ffn(*this, p.pre_norms ? norm(h, role::ffn_norm, layer, p) : h, layer);
   if (p.sandwich_norms) f = norm(f, role::post_ffw_norm, layer, p);
   if (p.residual_scale != 1.0) f = b.mul(f, b.scalar(p.residual_scale));
@@ -243,7 +259,8 @@ value_id decoder_trace::norm(value_id x, role r, std::int32_t layer, const stack
   return b.layer_norm(x, ctx_.vector_f32(r, layer), ctx_.vector_f32(bias_of(r), layer), p.norm_eps);
 }
 
-void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer, const block_fn& ffn) {
+void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer, const block_fn& ffn,
+                                   const std::function<bool(std::int32_t)>& has_ffn) {
   auto& b = ctx_.b;
   const auto& s = ctx_.shape();
   const std::int64_t rows = s.rows(), T = s.tokens(), N = rows * T;
@@ -263,7 +280,8 @@ void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer,
     if (p.embed_scale != 1.0) x = b.mul(x, b.scalar(p.embed_scale));
     b.label(x, "embed");
   }
-  for (std::int32_t l = 0; l < static_cast<std::int32_t>(p.layers) && b.ok(); ++l) x = standard_layer(x, l, p, mixer, ffn);
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(p.layers) && b.ok(); ++l)
+    x = standard_layer(x, l, p, mixer, !has_ffn || has_ffn(l) ? ffn : block_fn{});
   if (p.stage + 1 < p.stages) {
     if (!ctx_.stateful()) {
       b.fail(graph::bad_declaration{"a pipeline stage runs the step program only"});

@@ -29,6 +29,9 @@ struct attention_params {
   bool qk_norm_full = false;        // with qk_norm: over all of q and all of k instead (OLMoE, OLMo 2)
   bool sinks = false;               // a learned sink logit per head in the softmax (attn_sinks, gpt-oss)
   bool causal = true;               // false: every token sees every token of its row (an encoder; encode only)
+  // An output gate (Qwen3-Next): attn_q yields [q | gate] per head ([2 heads head_dim, H]) and the
+  // attention's output is multiplied by sigmoid(gate) before attn_output.
+  bool output_gate = false;
   double norm_eps = 1e-6;
   bool reduce_output = false;       // a tensor-parallel shard: all_reduce the output projection's partial sums
   // Multi-head latent attention (DeepSeek-V2/V3; components/mla.hpp) when kv_lora_rank > 0: head_dim
@@ -43,7 +46,8 @@ struct attention_params {
 
 // swiglu_oai: gpt-oss's clamped SwiGLU, min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, -7, 7) + 1).
 // gelu: the exact x Phi(x) = x (1 + erf(x / sqrt 2)) / 2 (BERT's "gelu"); gelu_tanh its tanh approximation.
-enum class activation : std::uint8_t { silu, gelu_tanh, swiglu_oai, gelu };
+// relu_sqr: max(x, 0)^2 (Nemotron-H's MLP).
+enum class activation : std::uint8_t { silu, gelu_tanh, swiglu_oai, gelu, relu_sqr };
 
 struct ffn_params {
   std::int64_t width = 0;  // the intermediate size
@@ -104,11 +108,13 @@ class decoder_trace {
   using block_fn = std::function<graph::value_id(decoder_trace&, graph::value_id, std::int32_t)>;
   // The stack's norm of role `r` (RMSNorm, or LayerNorm with r's bias when p.layer_norm).
   graph::value_id norm(graph::value_id x, role r, std::int32_t layer, const stack_params& p);
+  // x + mixer(norm(x)), then h + ffn(norm(h)); an empty `ffn` makes a mixer-only layer (Mamba2).
   graph::value_id standard_layer(graph::value_id x, std::int32_t layer, const stack_params& p, const block_fn& mixer,
                                  const block_fn& ffn);
   // Embeds the tokens, runs every layer, applies the final norm and the head, and declares the
   // program's outputs: `logits` (step) and `hidden` (encode, or a step with a hidden carry).
-  void standard_stack(const stack_params& p, const block_fn& mixer, const block_fn& ffn);
+  void standard_stack(const stack_params& p, const block_fn& mixer, const block_fn& ffn,
+                      const std::function<bool(std::int32_t)>& has_ffn = {});
 
  private:
   graph::value_id allow_mask(std::int64_t window, bool causal);

@@ -22,9 +22,14 @@ void add_kv(std::vector<state_decl>& kv, const attention_params& a, std::int64_t
 dense_decoder::dense_decoder(dense_decoder_spec spec, families::weight_map weights)
     : spec_(std::move(spec)), weights_(std::move(weights)) {
   std::vector<state_decl> kv;
-  for (std::int64_t l = 0; l < spec_.stack.layers; ++l) add_kv(kv, spec_.attention[l], l);
+  for (std::int64_t l = 0; l < spec_.stack.layers; ++l) {
+    const auto k = spec_.kind(l);
+    if (k == dense_decoder_spec::layer_kind::mamba2) add_mamba2_states(kv, spec_.mamba2, l);
+    else if (k == dense_decoder_spec::layer_kind::gated_delta) add_gated_delta_states(kv, spec_.gated_delta, l);
+    else if (k != dense_decoder_spec::layer_kind::ffn_only) add_kv(kv, spec_.attention[l], l);
+  }
   schema_.add_program(program::step, std::move(kv));
-  schema_.add_program(program::encode, {});
+  if (!spec_.recurrent()) schema_.add_program(program::encode, {});  // a recurrent mixer runs forward only
   if (spec_.mtp_layers > 0) {
     std::vector<state_decl> mtp;
     add_kv(mtp, spec_.attention[spec_.stack.layers], spec_.stack.layers);
@@ -36,6 +41,9 @@ void dense_decoder::trace_into(const step_spec& spec, graph::builder& b) const {
   trace_context ctx(b, weights_, spec);
   decoder_trace t(ctx);
   const auto mixer = [this](decoder_trace& d, graph::value_id x, std::int32_t l) {
+    if (spec_.kind(l) == dense_decoder_spec::layer_kind::mamba2) return mamba2_mixer(d, x, l, spec_.mamba2);
+    if (spec_.kind(l) == dense_decoder_spec::layer_kind::gated_delta) return gated_delta_mixer(d, x, l, spec_.gated_delta);
+    if (spec_.kind(l) == dense_decoder_spec::layer_kind::ffn_only) return d.feed_forward(x, l, spec_.ffn);
     const auto& a = spec_.attention[l];
     return a.mla.kv_lora_rank > 0 ? mla_attention(d, x, l, a) : d.attention(x, l, a);
   };
@@ -45,6 +53,13 @@ void dense_decoder::trace_into(const step_spec& spec, graph::builder& b) const {
   };
   if (spec.program == program::draft) {
     mtp_stack(t, spec_.stack, static_cast<std::int32_t>(spec_.stack.layers), mixer, ffn);
+    return;
+  }
+  if (!spec_.kinds.empty()) {
+    t.standard_stack(spec_.stack, mixer, ffn, [this](std::int32_t l) {
+      const auto k = spec_.kind(l);
+      return k == dense_decoder_spec::layer_kind::attention_ffn || k == dense_decoder_spec::layer_kind::gated_delta;
+    });
     return;
   }
   t.standard_stack(spec_.stack, mixer, ffn);
@@ -74,6 +89,14 @@ expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& s) {
     if (r == role::output_norm || r == role::output_norm_bias) return troupe::shape{H};
     if (auto m = mtp_shape(r, H, V)) return m;
     if (r == role::rope_freqs) return troupe::shape{s.attention.empty() ? 0 : s.attention[0].rope.dims / 2};
+    if (s.kind(layer) == dense_decoder_spec::layer_kind::mamba2) {
+      if (r == role::attn_norm) return troupe::shape{H};
+      return mamba2_shape(r, s.mamba2, H);
+    }
+    if (s.kind(layer) == dense_decoder_spec::layer_kind::gated_delta) {
+      if (r == role::attn_norm || r == role::ffn_norm) return troupe::shape{H};
+      return gated_delta_shape(r, s.gated_delta, H);
+    }
     if (layer < 0 || layer >= static_cast<std::int32_t>(s.attention.size())) return std::nullopt;
     const auto& a = s.attention[layer];
     if (a.mla.kv_lora_rank > 0)
@@ -99,6 +122,41 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
   const auto all_layers = static_cast<std::int32_t>(spec.stack.layers + spec.mtp_layers);
   auto map = weight_map::build(store, rules, all_layers, shapes);
   if (!map) return unexpected(model_error{map.error()});
+  // Mamba2 roles whose stored shape differs by form: their element counts.
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(spec.stack.layers); ++l) {
+    if (spec.kind(l) != dense_decoder_spec::layer_kind::mamba2) continue;
+    for (const role r : {role::ssm_conv1d, role::ssm_a, role::ssm_d, role::ssm_norm}) {
+      const auto* e = map->find({r, l});
+      const auto want = mamba2_numel(r, spec.mamba2);
+      if (e && want && e->view.shape().numel() != *want)
+        return unexpected(model_error{weight_error{weight_error_code::shape_mismatch, {r, l}, e->key, std::to_string(*want) + " elements",
+                                                   e->view.shape().str()}});
+    }
+    for (const role r : {role::ssm_in, role::ssm_conv1d, role::ssm_dt_bias, role::ssm_d, role::ssm_norm, role::ssm_out})
+      if (!map->has({r, l}))
+        return unexpected(model_error{weight_error{weight_error_code::missing, {r, l}, "(Mamba2 layer " + std::to_string(l) + ")", "", ""}});
+    if (!map->has({role::ssm_a, l}) && !map->has({role::ssm_a_log, l}))
+      return unexpected(model_error{weight_error{weight_error_code::missing, {role::ssm_a, l}, "(A or A_log)", "", ""}});
+  }
+  // Gated DeltaNet layers: the same, with the projections in either form.
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(spec.stack.layers); ++l) {
+    if (spec.kind(l) != dense_decoder_spec::layer_kind::gated_delta) continue;
+    auto missing = [&](role r, const char* what) {
+      return unexpected(model_error{weight_error{weight_error_code::missing, {r, l}, std::string("(Gated DeltaNet layer ") + std::to_string(l) + what + ")", "", ""}});
+    };
+    for (const role r : {role::ssm_conv1d, role::ssm_a}) {
+      const auto* e = map->find({r, l});
+      const auto want = gated_delta_numel(r, spec.gated_delta);
+      if (e && want && e->view.shape().numel() != *want)
+        return unexpected(model_error{weight_error{weight_error_code::shape_mismatch, {r, l}, e->key, std::to_string(*want) + " elements",
+                                                   e->view.shape().str()}});
+    }
+    for (const role r : {role::ssm_ba, role::ssm_conv1d, role::ssm_dt_bias, role::ssm_norm, role::ssm_out})
+      if (!map->has({r, l})) return missing(r, "");
+    if (!map->has({role::ssm_in, l}) && !(map->has({role::attn_qkv, l}) && map->has({role::attn_gate, l})))
+      return missing(role::ssm_in, ": in_proj_qkvz, or attn_qkv and attn_gate");
+    if (!map->has({role::ssm_a, l}) && !map->has({role::ssm_a_log, l})) return missing(role::ssm_a, ": A or A_log");
+  }
   if (rewrite) {
     auto rewritten = rewrite(*map);
     if (!rewritten) return unexpected(model_error{rewritten.error()});
@@ -180,7 +238,93 @@ result<std::shared_ptr<const tensor>, std::string> columns_of(const tensor_view&
   return std::shared_ptr<const tensor>(std::move(t));
 }
 
+
+using part = std::pair<tensor_view, std::shared_ptr<const tensor>>;  // the view, and the bytes it owns (if any)
+
+// A weight read as [R, C] (C = 1 for a vector or [R, 1]), whatever its stored rank: the leading
+// dimension is the one a split cuts.
+tensor_view as_rows(const tensor_view& v, std::int64_t R) {
+  const std::int64_t C = R > 0 ? v.shape().numel() / R : 0;
+  return tensor_view(v.type(), troupe::shape{R, C}, v.data());
+}
+
+// The row ranges of a weight, stacked, in the weight's own rank (its leading dimension shortened).
+part rows_part(const tensor_view& v, std::int64_t R, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges) {
+  const auto flat = as_rows(v, R);
+  std::vector<std::int64_t> d(v.shape().dims().begin(), v.shape().dims().end());
+  std::int64_t rows = 0;
+  for (const auto& [a, b] : ranges) rows += b - a;
+  d[0] = d[0] * rows / R;  // [R, ...] keeps `rows` rows; [G, D / G] read as [D] keeps G rows / R of them
+  const auto out = troupe::shape(std::span<const std::int64_t>(d));
+  if (ranges.size() == 1) {
+    const auto sub = rows_of(flat, ranges[0].first, ranges[0].second);
+    return {tensor_view(v.type(), out, sub.data()), nullptr};
+  }
+  auto t = stack_rows(flat, ranges);
+  return {tensor_view(v.type(), out, t->data()), t};
+}
+
 }  // namespace
+
+// A Mamba2 layer's weight for rank `rank` of `size` (heads and B/C groups split evenly): the z, x, B, C
+// and dt rows of ssm_in, the x, B and C channels of the conv, the heads' dt bias, A and D, the norm's
+// and the output projection's share of the inner width.
+static result<part, std::string> mamba2_part(const weight_entry& e, const mamba2_params& m, int rank, int size) {
+  const std::int64_t D = m.inner, GN = m.groups * m.state, H = m.heads;
+  const std::int64_t d = D / size, gn = GN / size, h = H / size;
+  const std::pair<std::int64_t, std::int64_t> xs{rank * d, (rank + 1) * d}, bs{rank * gn, (rank + 1) * gn}, hs{rank * h, (rank + 1) * h};
+  auto shift = [](std::pair<std::int64_t, std::int64_t> p, std::int64_t by) { return std::pair{p.first + by, p.second + by}; };
+  const auto& v = e.view;
+  switch (e.role.kind) {
+    case role::ssm_in:  // [z D | x D | B G N | C G N | dt H]
+      return rows_part(v, 2 * D + 2 * GN + H, {xs, shift(xs, D), shift(bs, 2 * D), shift(bs, 2 * D + GN), shift(hs, 2 * D + 2 * GN)});
+    case role::ssm_conv1d:
+    case role::ssm_conv1d_bias:  // channels [x D | B G N | C G N]
+      return rows_part(v, D + 2 * GN, {xs, shift(bs, D), shift(bs, D + GN)});
+    case role::ssm_dt_bias:
+    case role::ssm_a:
+    case role::ssm_a_log:
+    case role::ssm_d: return rows_part(v, H, {hs});
+    case role::ssm_norm: return rows_part(v, D, {xs});  // [D] or [G, D / G]: whole groups, as their channels
+    case role::ssm_out: {
+      auto t = columns_of(v, xs.first, xs.second);
+      if (!t) return unexpected(t.error());
+      return part{(*t)->view(), *t};
+    }
+    default: return part{v, nullptr};
+  }
+}
+
+// A Gated DeltaNet layer's weight for rank `rank` of `size` (key heads split evenly, each with its value
+// heads): its key heads' groups of in_proj_qkvz and in_proj_ba, their q, k and v rows of attn_qkv and
+// channels of the conv, their value heads' gate rows, dt bias and A, and the output projection's columns.
+static result<part, std::string> gated_delta_part(const weight_entry& e, const gated_delta_params& g, int rank, int size) {
+  const std::int64_t kw = g.key_width(), vw = g.value_width(), Hk = g.key_heads, H = g.value_heads;
+  const std::pair<std::int64_t, std::int64_t> ks{rank * kw / size, (rank + 1) * kw / size}, vs{rank * vw / size, (rank + 1) * vw / size};
+  const std::pair<std::int64_t, std::int64_t> hs{rank * H / size, (rank + 1) * H / size};
+  auto shift = [](std::pair<std::int64_t, std::int64_t> p, std::int64_t by) { return std::pair{p.first + by, p.second + by}; };
+  const auto& v = e.view;
+  const std::int64_t kh0 = rank * Hk / size, kh1 = (rank + 1) * Hk / size;
+  switch (e.role.kind) {
+    case role::ssm_in: {  // per key head [q | k | v | z]: this rank's key heads, contiguous
+      const std::int64_t per = 2 * kw + 2 * vw;
+      return rows_part(v, per, {{kh0 * per / Hk, kh1 * per / Hk}});
+    }
+    case role::ssm_ba: return rows_part(v, 2 * H, {{kh0 * 2 * H / Hk, kh1 * 2 * H / Hk}});  // per key head [b | a]
+    case role::attn_qkv:
+    case role::ssm_conv1d: return rows_part(v, 2 * kw + vw, {ks, shift(ks, kw), shift(vs, 2 * kw)});
+    case role::attn_gate: return rows_part(v, vw, {vs});
+    case role::ssm_dt_bias:
+    case role::ssm_a:
+    case role::ssm_a_log: return rows_part(v, H, {hs});
+    case role::ssm_out: {
+      auto t = columns_of(v, vs.first, vs.second);
+      if (!t) return unexpected(t.error());
+      return part{(*t)->view(), *t};
+    }
+    default: return part{v, nullptr};
+  }
+}
 
 result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int size) const {
   if (spec_.mtp_layers > 0) return drop_mtp()->shard(rank, size);
@@ -192,7 +336,32 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
   dense_decoder_spec s = spec_;
   const std::int64_t F = spec_.ffn.width;
   if (F % size != 0) return refuse("the feed-forward width " + std::to_string(F) + " does not split " + std::to_string(size) + " ways");
-  for (auto& a : s.attention) {
+  using kind = dense_decoder_spec::layer_kind;
+  const auto attends = [&](std::int64_t l) { return spec_.kind(l) == kind::attention_ffn || spec_.kind(l) == kind::attention_only; };
+  const auto has_kind = [&](kind k) { return std::any_of(spec_.kinds.begin(), spec_.kinds.end(), [k](kind x) { return x == k; }); };
+  // Recurrent layers split by heads; their states follow their heads (each rank declares its part).
+  if (has_kind(kind::mamba2)) {
+    auto& m = s.mamba2;
+    if (m.heads % size != 0) return refuse(std::to_string(m.heads) + " Mamba2 heads do not split " + std::to_string(size) + " ways");
+    if (m.groups % size != 0)
+      return refuse(std::to_string(m.groups) + " Mamba2 B/C groups do not split " + std::to_string(size) +
+                    " ways (the gated norm runs over a group, which a rank must hold whole)");
+    m.inner /= size;
+    m.heads /= size;
+    m.groups /= size;
+    m.reduce_output = size > 1;
+  }
+  if (has_kind(kind::gated_delta)) {
+    auto& g = s.gated_delta;
+    if (g.key_heads % size != 0)
+      return refuse(std::to_string(g.key_heads) + " linear-attention key heads do not split " + std::to_string(size) + " ways");
+    g.key_heads /= size;
+    g.value_heads /= size;
+    g.reduce_output = size > 1;
+  }
+  for (std::size_t li = 0; li < s.attention.size(); ++li) {
+    auto& a = s.attention[li];
+    if (!s.kinds.empty() && !attends(static_cast<std::int64_t>(li))) continue;  // a recurrent or MLP layer: no heads here
     if (a.qk_norm_full && size > 1) return refuse("q and k are normed over all heads together, which a split by heads cannot do");
     if (a.heads % size != 0) return refuse(std::to_string(a.heads) + " query heads do not split " + std::to_string(size) + " ways");
     if (a.kv_heads % size != 0 && size % a.kv_heads != 0)
@@ -227,8 +396,11 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
   const std::int64_t V = spec_.stack.vocab;
   const bool split_head = size > 1 && V % size == 0;
   s.stack.vocab_split = split_head ? size : 1;
-  if (!s.attention.empty() && s.attention[0].mla.kv_lora_rank == 0)
-    s.config.kv_elems_per_token_per_layer = 2 * s.attention[0].kv_heads * s.attention[0].head_dim;
+  for (std::size_t li = 0; li < s.attention.size(); ++li)
+    if (s.kinds.empty() || attends(static_cast<std::int64_t>(li))) {  // the first attention layer's KV
+      if (s.attention[li].mla.kv_lora_rank == 0) s.config.kv_elems_per_token_per_layer = 2 * s.attention[li].kv_heads * s.attention[li].head_dim;
+      break;
+    }
 
   std::vector<weight_entry> out;
   std::vector<std::shared_ptr<const tensor>> owned;
@@ -236,6 +408,24 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
     weight_entry w = e;
     const auto r = e.role.kind;
     const std::int32_t l = e.role.layer;
+    if (spec_.kind(l) == kind::mamba2 && r != role::attn_norm && r != role::ffn_norm) {
+      auto v = mamba2_part(e, spec_.mamba2, rank, size);
+      if (!v) return refuse(e.key + ": " + v.error());
+      if (v->second) owned.push_back(v->second);
+      w.view = v->first;
+      out.push_back(std::move(w));
+      continue;
+    }
+    if (spec_.kind(l) == kind::gated_delta && (r == role::ssm_in || r == role::attn_qkv || r == role::attn_gate || r == role::ssm_ba ||
+                                               r == role::ssm_conv1d || r == role::ssm_dt_bias || r == role::ssm_a || r == role::ssm_a_log ||
+                                               r == role::ssm_out)) {
+      auto v = gated_delta_part(e, spec_.gated_delta, rank, size);
+      if (!v) return refuse(e.key + ": " + v.error());
+      if (v->second) owned.push_back(v->second);
+      w.view = v->first;
+      out.push_back(std::move(w));
+      continue;
+    }
     if (l < 0 || l >= static_cast<std::int32_t>(spec_.attention.size())) {
       if (r == role::output && split_head) {
         w.view = rows_of(e.view, rank * V / size, (rank + 1) * V / size);
@@ -253,7 +443,10 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
     const std::int64_t D = a.head_dim, hq = a.heads / size;
     const std::int64_t kv_l = a.kv_heads >= size ? a.kv_heads / size : 1;
     const std::int64_t kv0 = a.kv_heads >= size ? rank * kv_l : rank / (size / a.kv_heads);
-    const std::pair<std::int64_t, std::int64_t> q_rows{rank * hq * D, (rank + 1) * hq * D};
+    // With an output gate each head's rows are [q | gate]: twice as many per head.
+    const std::int64_t qh_rows = a.output_gate ? 2 * D : D;
+    const std::pair<std::int64_t, std::int64_t> q_rows{rank * hq * qh_rows, (rank + 1) * hq * qh_rows};
+    const std::pair<std::int64_t, std::int64_t> o_cols{rank * hq * D, (rank + 1) * hq * D};
     const std::pair<std::int64_t, std::int64_t> kv_rows{kv0 * D, (kv0 + kv_l) * D};
     const std::int64_t f = F / size;
     const std::pair<std::int64_t, std::int64_t> f_rows{rank * f, (rank + 1) * f};
@@ -341,7 +534,7 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
         owned.push_back(std::move(t));
       }
     } else if (r == role::attn_output || r == role::ffn_down) {
-      const auto cols = r == role::attn_output ? q_rows : f_rows;
+      const auto cols = r == role::attn_output ? o_cols : f_rows;
       auto t = columns_of(e.view, cols.first, cols.second);
       if (!t) return refuse(e.key + ": " + t.error());
       w.view = (*t)->view();
@@ -381,6 +574,7 @@ result<std::unique_ptr<model>, model_error> dense_decoder::stage(int stage, int 
   s.stack.stages = stages;
   s.config.layers = last - first;
   s.attention.assign(spec_.attention.begin() + first, spec_.attention.begin() + last);
+  if (!spec_.kinds.empty()) s.kinds.assign(spec_.kinds.begin() + first, spec_.kinds.begin() + last);
   if (!spec_.moe.empty()) s.moe.assign(spec_.moe.begin() + first, spec_.moe.begin() + last);
 
   std::vector<weight_entry> out;

@@ -4,11 +4,14 @@
 // Phi-3) parse their configuration into a `dense_decoder_spec` and their name table into a weight map;
 // this class is the tracer they share. Per-layer attention parameters carry what varies by layer
 // (sliding window, rotary base).
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "families/components/decoder.hpp"
+#include "families/components/gated_delta.hpp"
+#include "families/components/mamba2.hpp"
 #include "families/components/moe.hpp"
 #include "families/family_error.hpp"
 #include "families/model.hpp"
@@ -27,6 +30,21 @@ struct dense_decoder_spec {
   // keeps at layers [layers, layers + mtp_layers); `attention` and `moe` then hold their entries too.
   // The first is the model's draft program. Splits (shards, stages) leave them out.
   std::int64_t mtp_layers = 0;
+  // What each layer is (the seed's per-layer kind that chooses the mixer); empty: every layer
+  // attention + feed-forward. The others are one block each behind the layer's attn_norm: a Mamba2
+  // mixer (with `mamba2`'s sizes), attention alone, or the feed-forward alone (Nemotron-H's M, * and -);
+  // gated_delta is a Gated DeltaNet mixer (with `gated_delta`'s sizes) followed by the layer's
+  // feed-forward, as attention_ffn (Qwen3-Next's linear-attention layers).
+  enum class layer_kind : std::uint8_t { attention_ffn, mamba2, attention_only, ffn_only, gated_delta };
+  std::vector<layer_kind> kinds;
+  mamba2_params mamba2;
+  gated_delta_params gated_delta;
+  layer_kind kind(std::int64_t layer) const {
+    return layer >= 0 && layer < static_cast<std::int64_t>(kinds.size()) ? kinds[static_cast<std::size_t>(layer)] : layer_kind::attention_ffn;
+  }
+  bool recurrent() const {
+    return std::any_of(kinds.begin(), kinds.end(), [](layer_kind k) { return k == layer_kind::mamba2 || k == layer_kind::gated_delta; });
+  }
   const moe_params* routed(std::int64_t layer) const {
     return layer >= 0 && layer < static_cast<std::int64_t>(moe.size()) && moe[static_cast<std::size_t>(layer)].experts > 0
                ? &moe[static_cast<std::size_t>(layer)]

@@ -46,6 +46,7 @@ graph::value_id trace_context::positions() { return declare(b, positions_, graph
 graph::value_id trace_context::write_map() { return declare(b, write_map_, graph::slot_kind::kv_write_map, spec); }
 graph::value_id trace_context::read_map() { return declare(b, read_map_, graph::slot_kind::kv_read_map, spec); }
 graph::value_id trace_context::token_mask() { return declare(b, token_mask_, graph::slot_kind::token_mask, spec); }
+graph::value_id trace_context::state_rows() { return declare(b, state_rows_, graph::slot_kind::state_rows, spec); }
 graph::value_id trace_context::hidden_states(std::int64_t hidden) {
   return declare(b, hidden_states_, graph::slot_kind::hidden_states, spec, hidden);
 }

@@ -32,12 +32,13 @@ class trace_context {
   graph::value_id write_map();
   graph::value_id read_map();
   graph::value_id token_mask();
+  graph::value_id state_rows();
   // The draft program's hidden_states f32 [tokens, hidden].
   graph::value_id hidden_states(std::int64_t hidden);
 
  private:
   const weight_map& weights_;
-  graph::value_id token_ids_, positions_, write_map_, read_map_, token_mask_, hidden_states_;
+  graph::value_id token_ids_, positions_, write_map_, read_map_, token_mask_, hidden_states_, state_rows_;
 };
 
 }  // namespace troupe::families

@@ -152,7 +152,8 @@ TEST(openai_client, every_scenario_parses_and_matches_the_engine) {
 
 // Structured outputs through the official client, checked by an independent validator (ajv): random
 // schemas the server never saw (strict json_schema, recursion through $defs), json_object, a GBNF
-// grammar and a regex, streamed and not, on every shipped family's fixture and on the embedded model.
+// grammar and a regex, streamed and not, on every shipped family's fixture (the recurrent mamba2's too)
+// and on the embedded model.
 TEST(openai_client, structured_outputs_validate_on_every_family_and_the_embedded_model) {
   const auto root = fs::path(TROUPE_SOURCE_DIR);
   const auto dir = fs::temp_directory_path() / ("troupe-structured-" + std::to_string(::getpid()));
@@ -168,6 +169,17 @@ TEST(openai_client, structured_outputs_validate_on_every_family_and_the_embedded
     d.head_dim = 32;
     d.layers = 1;
     d.expert_ffn = 32;
+    const auto path = dir / (std::string(family) + ".gguf");
+    auto w = families::write_fixture(family, d, path, true);
+    ASSERT_TRUE(w) << family << ": " << w.error().message();
+    models.emplace_back(std::string(family), path);
+  }
+  for (auto family : families::recurrent_fixture_families()) {  // a recurrent model through the cluster too
+    families::fixture_dims d;
+    d.vocab = 512;
+    d.hidden = 64;
+    d.layers = 1;
+    d.head_dim = 32;
     const auto path = dir / (std::string(family) + ".gguf");
     auto w = families::write_fixture(family, d, path, true);
     ASSERT_TRUE(w) << family << ": " << w.error().message();

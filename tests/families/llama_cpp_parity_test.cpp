@@ -56,6 +56,30 @@ fixture_dims dims_for(const parity_case& c) {
     d.shared_ffn = 384;
   }
   if (c.family == "olmoe") d.kv_heads = d.heads;
+  if (c.family == "nemotron_h") {  // layers Mamba2, attention, Mamba2, MLP; scan and attention heads head_dim wide
+    d.hidden = 128;
+    d.layers = 4;
+    d.ffn = 256;
+    d.ssm_groups = 2;
+  }
+  if (c.family == "mamba2") {  // the scan's heads are head_dim wide; two B/C groups at head_dim 32
+    d.hidden = 128;
+    d.ssm_groups = c.head_dim == 32 ? 2 : 1;
+    d.ssm_state = c.head_dim == 32 ? 32 : 16;
+    d.ssm_conv = c.head_dim == 32 ? 3 : 4;
+  }
+  if (c.family == "qwen3_next") {  // linear and full attention alternating, routed with a gated shared expert
+    d.layers = 4;
+    d.experts = 8;
+    d.experts_used = 2;
+    d.expert_ffn = 256;
+    d.shared_ffn = 384;
+    // hd64: 2 key heads, 4 value heads of 32; hd32: 1 key head, 4 value heads of 16, kernel 3.
+    d.ssm_groups = c.head_dim == 64 ? 2 : 1;
+    d.ssm_expand = c.head_dim == 64 ? 2 : 4;
+    d.ssm_state = c.head_dim == 64 ? 32 : 16;
+    d.ssm_conv = c.head_dim == 64 ? 4 : 3;
+  }
   d.legacy_gguf = c.legacy;  // llama.cpp's olmoe norms k over the whole hidden width
   return d;
 }
@@ -156,7 +180,9 @@ INSTANTIATE_TEST_SUITE_P(families, llama_cpp_parity,
                                            parity_case{"gpt_oss", 64}, parity_case{"deepseek_v2", 64, true}, parity_case{"olmo2", 64},
                                            parity_case{"olmo2", 128}, parity_case{"granite", 64}, parity_case{"smollm3", 64},
                                            parity_case{"smollm3", 128}, parity_case{"gemma", 64}, parity_case{"gemma", 128},
-                                           parity_case{"starcoder2", 64}, parity_case{"starcoder2", 128}),
+                                           parity_case{"starcoder2", 64}, parity_case{"starcoder2", 128}, parity_case{"mamba2", 64},
+                                           parity_case{"mamba2", 32}, parity_case{"nemotron_h", 32}, parity_case{"nemotron_h", 64},
+                                           parity_case{"qwen3_next", 64}, parity_case{"qwen3_next", 32}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The CPU executor against llama.cpp on files with f16 and block-quantized matrices. Both quantize
@@ -231,7 +257,8 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_cpu_parity,
                                            cpu_case{"qwen3_moe", dtype::f32}, cpu_case{"mixtral", dtype::f32},
                                            cpu_case{"qwen2_moe", dtype::f32}, cpu_case{"deepseek_v2", dtype::f32},
                                            cpu_case{"deepseek_v3", dtype::f32}, cpu_case{"olmoe", dtype::f32},
-                                           cpu_case{"gpt_oss", dtype::f32}),
+                                           cpu_case{"gpt_oss", dtype::f32}, cpu_case{"mamba2", dtype::f32}, cpu_case{"mamba2", dtype::q8_0},
+                                           cpu_case{"nemotron_h", dtype::f32}, cpu_case{"qwen3_next", dtype::f32}),
                          [](const auto& info) { return cpu_case_name(info.param); });
 
 // Routed families on quantized files. Quantizing the router's inputs and weights moves scores across
@@ -312,7 +339,11 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_routed_quantized,
                                            cpu_case{"qwen2_moe", dtype::q8_0}, cpu_case{"qwen3_moe", dtype::q4_k},
                                            cpu_case{"mixtral", dtype::q4_0}, cpu_case{"deepseek_v2", dtype::q8_0},
                                            cpu_case{"deepseek_v3", dtype::q8_0}, cpu_case{"olmoe", dtype::q8_0},
-                                           cpu_case{"gpt_oss", dtype::mxfp4}, cpu_case{"gpt_oss", dtype::q8_0}),
+                                           cpu_case{"gpt_oss", dtype::mxfp4}, cpu_case{"gpt_oss", dtype::q8_0},
+                                           // Recurrent layers carry a quantized step's rounding forward in their state,
+                                           // so they are held to the same rule.
+                                           cpu_case{"mamba2", dtype::q8_0}, cpu_case{"mamba2", dtype::q4_0},
+                                           cpu_case{"nemotron_h", dtype::q8_0}, cpu_case{"qwen3_next", dtype::q8_0}),
                          [](const auto& info) { return cpu_case_name(info.param); });
 
 // The embedded default model (models/troupe-kjv.gguf, a trained 3.7M-parameter Llama): llama.cpp

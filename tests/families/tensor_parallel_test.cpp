@@ -5,7 +5,8 @@
 // (f32 weights; only the summation order of the split projections differs) and the same greedy tokens,
 // for 2 and 4 ranks (4 ranks share each of the 2 key/value heads), across the families' distinct
 // layers: GQA (llama, also from GGUF with llama.cpp's permuted rows, and q8_0), per-head q/k norms
-// (qwen3), sandwich norms and softcaps (gemma2), fused qkv and gate_up projections (phi3).
+// (qwen3), sandwich norms and softcaps (gemma2), fused qkv and gate_up projections (phi3), and the
+// recurrent layers (mamba2, the hybrids nemotron_h and qwen3_next: heads split, states with them).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -50,7 +51,12 @@ using troupe::testing::argmax;
 constexpr int prompt_len = 12, steps = 12;
 
 std::shared_ptr<const model_handle> load(const tp_case& c) {
-  const auto d = troupe::testing::tp_dims(c.type);
+  auto d = troupe::testing::tp_dims(c.type);
+  // Recurrent layers split by heads (Mamba2: 8 heads of 32 in 4 B/C groups; Qwen3-Next's linear
+  // attention: 4 key heads, 8 value heads of 16), their states with them; the hybrids keep their
+  // attention (and MLP) layers in the split too.
+  if (c.family == "mamba2" || c.family == "nemotron_h" || c.family == "qwen3_next") d.ssm_groups = 4;
+  if (c.family == "nemotron_h" || c.family == "qwen3_next") d.layers = 4;
   return troupe::testing::load_split_fixture(c.family, d, "troupe-tp-" + case_name(c), c.gguf);
 }
 
@@ -147,7 +153,10 @@ INSTANTIATE_TEST_SUITE_P(families, tensor_parallel,
                                            tp_case{"qwen3_moe", 2, true, dtype::f32, true}, tp_case{"qwen3_moe", 4, true, dtype::q8_0, true},
                                            tp_case{"mixtral", 2, true, dtype::f32, true}, tp_case{"qwen2_moe", 2, false, dtype::f32, true},
                                            tp_case{"deepseek_v3", 2, true, dtype::f32, true}, tp_case{"gpt_oss", 2, true},
-                                           tp_case{"gpt_oss", 2, false, dtype::f32, true}),
+                                           tp_case{"gpt_oss", 2, false, dtype::f32, true}, tp_case{"mamba2", 2},
+                                           tp_case{"mamba2", 4, true, dtype::q8_0}, tp_case{"nemotron_h", 2, true},
+                                           tp_case{"nemotron_h", 4}, tp_case{"qwen3_next", 2}, tp_case{"qwen3_next", 2, true, dtype::f16},
+                                           tp_case{"qwen3_next", 4, true}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The oracle runs a shard's graph too (its all_reduce over the same group): the reference for any
@@ -200,6 +209,13 @@ TEST(tensor_parallel_refusals, splits_that_do_not_divide_are_typed_refusals) {
   EXPECT_NE(message(three.error()).find("tensor_parallel"), std::string::npos) << message(three.error());
   EXPECT_FALSE(whole->shard(2, 2));
   EXPECT_FALSE(whole->shard(0, 0));
+  // One Mamba2 B/C group: its gated norm spans the group, which two ranks cannot split.
+  const auto one_group = troupe::testing::load_split_fixture("mamba2", troupe::testing::tp_dims(), "troupe-tp-mamba2-one-group", true);
+  ASSERT_TRUE(one_group);
+  auto m = one_group->shard(0, 2);
+  ASSERT_FALSE(m);
+  EXPECT_NE(message(m.error()).find("groups"), std::string::npos) << message(m.error());
+  EXPECT_TRUE(one_group->shard(0, 1));
   // A shard holds its slices: half the query heads, one of the two key/value heads, half the
   // feed-forward rows and columns, half the head's vocabulary rows; the embedding whole.
   auto shard = whole->shard(1, 2);
@@ -226,10 +242,11 @@ TEST(tensor_parallel_refusals, splits_that_do_not_divide_are_typed_refusals) {
 // driver_options::other_ranks; every entry is prepared on every rank and each step (batched decode,
 // chunked prefill) runs on all of them. Four sampled sequences of different prompt lengths give the same
 // tokens as a driver on one device.
+// The hybrids carry their state rows to every rank with the step.
 TEST(tensor_parallel_driver, a_sharded_replica_serves_a_batch_like_one_device) {
-  for (int size : {2, 4}) {
-    SCOPED_TRACE("ranks " + std::to_string(size));
-    const auto whole = load({"qwen3", size});
+  for (auto [family, size] : {std::pair{"qwen3", 2}, {"qwen3", 4}, {"nemotron_h", 2}, {"qwen3_next", 2}}) {
+    SCOPED_TRACE(std::string(family) + ", ranks " + std::to_string(size));
+    const auto whole = load({family, size});
     ASSERT_TRUE(whole);
     const auto opt = troupe::testing::serve_batch_options();
     const auto serve = troupe::testing::serve_batch;

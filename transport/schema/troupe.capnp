@@ -240,6 +240,7 @@ struct EntryKey {
   logits @7 :LogitRows;
   hiddenCarry @8 :Bool;
   carried @9 :List(Text);
+  stateRows @10 :Int64;          # rows of each recurrent state pool (0: the rows)
 }
 
 struct StepBatch {

@@ -194,6 +194,7 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
     case collective: return lowering::lower_collective(c);
     case norm_rope: return lowering::lower_norm_rope(c);
     case attention: return lowering::lower_attention(c);
+    case recurrent: return lowering::lower_recurrent(c);
   }
   err = exec_error{exec_error_code::unsupported, "eqn " + std::to_string(i), "no CPU lowering"};
   return nullptr;

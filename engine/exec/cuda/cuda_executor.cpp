@@ -392,6 +392,9 @@ std::optional<exec_error> cuda_executor::lower_eqn(entry& en, std::size_t i, con
     case collective: return lower_collective(c);
     case norm_rope: return lower_norm_rope(c);
     case attention: return lower_attention(c);
+    case recurrent:  // refused when the entry is added, naming the op, never at a step
+      return exec_error{exec_error_code::unsupported, "eqn " + std::to_string(i) + " (" + std::string(graph::op_name(en.g.equations()[i].code)) + ")",
+                        "the recurrent mixers (ssm_conv, ssm_scan, delta_rule) have no CUDA kernels yet: serve this model on the CPU executor"};
   }
   return exec_error{exec_error_code::unsupported, "eqn " + std::to_string(i), "no CUDA lowering"};
 }

@@ -92,6 +92,39 @@ TEST(infer, routing_ops) {
   EXPECT_TRUE(refused(op::linear_id, {f32({5, 64}), f32({8, 3, 64}), f32({5, 2})}));               // ids not integer
 }
 
+// The recurrent mixers: outputs packed per row (every token's, then the row's new state).
+TEST(infer, recurrent_ops_pack_outputs_and_states) {
+  const auto i32 = [](std::initializer_list<std::int64_t> s) { return t(dtype::i32, s); };
+  // ssm_conv: x [R=2, T=3, C=8], state [S=4, (K-1) C = 24], rows [2], pos and write [6], w [8, K=4].
+  EXPECT_EQ(ok(op::ssm_conv, {f32({2, 3, 8}), f32({4, 24}), i32({2}), i32({6}), i32({6}), f32({8, 4})}), f32({2, 3 * 8 + 3 * 8}));
+  EXPECT_TRUE(refused(op::ssm_conv, {f32({2, 3, 8}), f32({4, 16}), i32({2}), i32({6}), i32({6}), f32({8, 4})}));   // window of K-1 = 3
+  EXPECT_TRUE(refused(op::ssm_conv, {f32({2, 3, 8}), f32({4, 24}), i32({3}), i32({6}), i32({6}), f32({8, 4})}));   // a row per row
+  EXPECT_TRUE(refused(op::ssm_conv, {f32({2, 3, 8}), f32({4, 24}), i32({2}), i32({5}), i32({6}), f32({8, 4})}));   // pos per token
+  EXPECT_TRUE(refused(op::ssm_conv, {f32({2, 3, 8}), f32({4, 24}), i32({2}), i32({6}), i32({6})}));                // 6 inputs
+  // ssm_scan: x [R=2, T=3, H=4, P=2], dt [2, 3, 4], A [4], B and C [2, 3, G=2, N=5], state [S=4, H P N = 40].
+  EXPECT_EQ(ok(op::ssm_scan, {f32({2, 3, 4, 2}), f32({2, 3, 4}), f32({4}), f32({2, 3, 2, 5}), f32({2, 3, 2, 5}), f32({4, 40}), i32({2}),
+                              i32({6}), i32({6})}),
+            f32({2, 3 * 4 * 2 + 40}));
+  EXPECT_TRUE(refused(op::ssm_scan, {f32({2, 3, 4, 2}), f32({2, 3, 4}), f32({4}), f32({2, 3, 3, 5}), f32({2, 3, 3, 5}), f32({4, 40}),
+                                     i32({2}), i32({6}), i32({6})}));  // 3 groups do not divide 4 heads
+  EXPECT_TRUE(refused(op::ssm_scan, {f32({2, 3, 4, 2}), f32({2, 3, 4}), f32({4}), f32({2, 3, 2, 5}), f32({2, 3, 2, 5}), f32({4, 41}),
+                                     i32({2}), i32({6}), i32({6})}));  // state not H P N
+  EXPECT_TRUE(refused(op::ssm_scan, {f32({2, 3, 4, 2}), f32({2, 3, 4}), f32({4}), f32({2, 3, 2, 5}), f32({2, 3, 2, 5}), f32({4, 40}),
+                                     f32({2}), i32({6}), i32({6})}));  // rows are indices
+  // delta_rule: q and k [R=2, T=3, Hk=2, Dk=4], v [2, 3, H=4, Dv=5], g and beta [2, 3, 4], state [S=3, H Dv Dk = 80].
+  EXPECT_EQ(ok(op::delta_rule, {f32({2, 3, 2, 4}), f32({2, 3, 2, 4}), f32({2, 3, 4, 5}), f32({2, 3, 4}), f32({2, 3, 4}), f32({3, 80}),
+                                i32({2}), i32({6}), i32({6})}),
+            f32({2, 3 * 4 * 5 + 80}));
+  EXPECT_TRUE(refused(op::delta_rule, {f32({2, 3, 3, 4}), f32({2, 3, 3, 4}), f32({2, 3, 4, 5}), f32({2, 3, 4}), f32({2, 3, 4}), f32({3, 80}),
+                                       i32({2}), i32({6}), i32({6})}));  // 3 key heads do not divide 4 value heads
+  EXPECT_TRUE(refused(op::delta_rule, {f32({2, 3, 2, 4}), f32({2, 3, 2, 3}), f32({2, 3, 4, 5}), f32({2, 3, 4}), f32({2, 3, 4}), f32({3, 80}),
+                                       i32({2}), i32({6}), i32({6})}));  // k unlike q
+  EXPECT_TRUE(refused(op::delta_rule, {f32({2, 3, 2, 4}), f32({2, 3, 2, 4}), f32({2, 3, 4, 5}), f32({2, 3, 4}), f32({2, 3, 4}), f32({3, 60}),
+                                       i32({2}), i32({6}), i32({6})}));  // state not H Dv Dk
+  EXPECT_TRUE(refused(op::delta_rule, {f32({2, 3, 2, 4}), f32({2, 3, 2, 4}), f32({2, 3, 4, 5}), f32({2, 3, 4}), f32({2, 3}), f32({3, 80}),
+                                       i32({2}), i32({6}), i32({6})}));  // beta per head
+}
+
 TEST(infer, linear_accepts_packed_weights) {
   EXPECT_EQ(ok(op::linear, {f32({7, 256}), t(dtype::q4_k, {3, 256})}), f32({7, 3}));
   EXPECT_EQ(ok(op::linear, {f32({1, 1}), f32({1, 1})}), f32({1, 1}));

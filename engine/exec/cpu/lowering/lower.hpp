@@ -158,6 +158,7 @@ instr lower_linear(lower_ctx& c);  // matmul, linear, gather_rows
 instr lower_moe(lower_ctx& c);  // top_k, take_along, linear_id
 instr lower_collective(lower_ctx& c);  // all_reduce, all_gather, pipe_send, pipe_recv
 instr lower_norm_rope(lower_ctx& c);  // rms_norm, layer_norm, rope
+instr lower_recurrent(lower_ctx& c);  // ssm_conv, ssm_scan, delta_rule
 instr lower_attention(lower_ctx& c);  // scatter_rows, attention
 
 // A linear (`le`, equation c.i or the one a fused epilogue takes) as one packed matmul storing into y,

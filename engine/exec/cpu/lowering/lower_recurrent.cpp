@@ -1,0 +1,115 @@
+// Recurrent mixers: the causal depthwise convolution, Mamba2's selective scan and the gated delta rule over carried state
+// rows (engine/graph/recurrent_math.hpp), the scan's heads spread over the pool's threads.
+#include "engine/exec/cpu/lowering/lower.hpp"
+#include "engine/graph/recurrent_math.hpp"
+
+namespace troupe::exec::cpu::lowering {
+
+namespace {
+std::vector<std::int64_t> state_rows(const std::byte* p, dtype t, std::int64_t R) {
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(R));
+  for (std::int64_t r = 0; r < R; ++r) rows[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(load_any(t, p, r));
+  return rows;
+}
+// Runs `heads(r, s0, h0, h1)` for every row r of a step whose state is used: s0 is the row's carried
+// state (null for a fresh row), the heads spread over the pool's threads. The output y [R, per] is
+// zeroed first (padding rows stay zero).
+template <class F>
+std::optional<exec_error> per_row_heads(const std::vector<std::int64_t>& rows, std::int64_t S, std::int64_t state_width, const float* st,
+                                        const std::int32_t* wr, const std::int32_t* pos, std::int64_t Tn, std::int64_t H, float* y,
+                                        std::int64_t per, thread_pool* pool, const std::string& where, F&& heads) {
+  const auto R = static_cast<std::int64_t>(rows.size());
+  std::fill(y, y + R * per, 0.0f);
+  for (std::int64_t r = 0; r < R; ++r) {
+    const auto row = rows[static_cast<std::size_t>(r)];
+    const auto use = graph::recurrent::use_of_row(row, S, wr, pos, r, Tn);
+    if (use.bad) return exec_error{exec_error_code::index_out_of_range, where, "state row " + std::to_string(row) + " outside [0, " + std::to_string(S) + ")"};
+    if (use.skip) continue;
+    const float* s0 = use.fresh ? nullptr : st + row * state_width;
+    if (pool && H > 1) pool->parallel_for(H, [&](std::int64_t h, int) { heads(r, s0, h, h + 1); });
+    else heads(r, s0, 0, H);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+instr lower_recurrent(lower_ctx& c) {
+  TROUPE_CPU_LOWERING_LOCALS(c);
+  const auto out_of_range = [where](std::int64_t row, std::int64_t S) {
+    return fail(exec_error_code::index_out_of_range, where, "state row " + std::to_string(row) + " outside [0, " + std::to_string(S) + ")");
+  };
+  switch (e.code) {
+    case op::ssm_conv: {
+      const auto& xd = T(e.inputs[0]).dims;
+      const std::int64_t R = xd[0], Tn = xd[1], C = xd[2], K = T(e.inputs[5]).dims[1], S = T(e.inputs[1]).dims[0];
+      const auto* x = reinterpret_cast<const float*>(P(e.inputs[0]));
+      const auto* st = reinterpret_cast<const float*>(P(e.inputs[1]));
+      const auto* rp = P(e.inputs[2]);
+      const auto rt = T(e.inputs[2]).type;
+      const auto* pos = reinterpret_cast<const std::int32_t*>(P(e.inputs[3]));
+      const auto* wr = reinterpret_cast<const std::int32_t*>(P(e.inputs[4]));
+      const auto* w = reinterpret_cast<const float*>(P(e.inputs[5]));
+      auto* y = reinterpret_cast<float*>(out);
+      std::vector<float> window(static_cast<std::size_t>(K * C));
+      return [=]() mutable -> std::optional<exec_error> {
+        const std::int64_t per = Tn * C + (K - 1) * C;
+        const auto rows = state_rows(rp, rt, R);
+        std::fill(y, y + R * per, 0.0f);
+        for (std::int64_t r = 0; r < R; ++r) {
+          const auto row = rows[static_cast<std::size_t>(r)];
+          const auto use = graph::recurrent::use_of_row(row, S, wr, pos, r, Tn);
+          if (use.bad) return out_of_range(row, S);
+          if (use.skip) continue;
+          graph::recurrent::ssm_conv_row<float>(x + r * Tn * C, use.fresh ? nullptr : st + row * (K - 1) * C, w, wr + r * Tn, Tn, C, K, y + r * per,
+                                                window.data());
+        }
+        return std::nullopt;
+      };
+    }
+    case op::ssm_scan: {
+      const auto& xd = T(e.inputs[0]).dims;
+      const auto& bd = T(e.inputs[3]).dims;
+      const std::int64_t R = xd[0], Tn = xd[1], H = xd[2], Pd = xd[3], G = bd[2], N = bd[3], S = T(e.inputs[5]).dims[0];
+      auto f = [&](int k) { return reinterpret_cast<const float*>(P(e.inputs[static_cast<std::size_t>(k)])); };
+      const float *x = f(0), *dt = f(1), *A = f(2), *B = f(3), *Cm = f(4), *st = f(5);
+      const auto* rp = P(e.inputs[6]);
+      const auto rt = T(e.inputs[6]).type;
+      const auto* pos = reinterpret_cast<const std::int32_t*>(P(e.inputs[7]));
+      const auto* wr = reinterpret_cast<const std::int32_t*>(P(e.inputs[8]));
+      auto* y = reinterpret_cast<float*>(out);
+      return [=]() -> std::optional<exec_error> {
+        return per_row_heads(state_rows(rp, rt, R), S, H * Pd * N, st, wr, pos, Tn, H, y, Tn * H * Pd + H * Pd * N, pool_ptr, where,
+                             [&](std::int64_t r, const float* s0, std::int64_t h0, std::int64_t h1) {
+                               graph::recurrent::ssm_scan_row<float>(x + r * Tn * H * Pd, dt + r * Tn * H, A, B + r * Tn * G * N, Cm + r * Tn * G * N, s0,
+                                                                     wr + r * Tn, Tn, H, Pd, G, N, y + r * (Tn * H * Pd + H * Pd * N), h0, h1);
+                             });
+      };
+    }
+    case op::delta_rule: {
+      const auto& qd = T(e.inputs[0]).dims;
+      const auto& vd = T(e.inputs[2]).dims;
+      const std::int64_t R = qd[0], Tn = qd[1], Hk = qd[2], Dk = qd[3], H = vd[2], Dv = vd[3], S = T(e.inputs[5]).dims[0];
+      auto f = [&](int k) { return reinterpret_cast<const float*>(P(e.inputs[static_cast<std::size_t>(k)])); };
+      const float *q = f(0), *k = f(1), *v = f(2), *g = f(3), *be = f(4), *st = f(5);
+      const auto* rp = P(e.inputs[6]);
+      const auto rt = T(e.inputs[6]).type;
+      const auto* pos = reinterpret_cast<const std::int32_t*>(P(e.inputs[7]));
+      const auto* wr = reinterpret_cast<const std::int32_t*>(P(e.inputs[8]));
+      auto* y = reinterpret_cast<float*>(out);
+      return [=]() -> std::optional<exec_error> {
+        const std::int64_t per = Tn * H * Dv + H * Dv * Dk;
+        return per_row_heads(state_rows(rp, rt, R), S, H * Dv * Dk, st, wr, pos, Tn, H, y, per, pool_ptr, where,
+                             [&](std::int64_t r, const float* s0, std::int64_t h0, std::int64_t h1) {
+                               graph::recurrent::delta_rule_row<float>(q + r * Tn * Hk * Dk, k + r * Tn * Hk * Dk, v + r * Tn * H * Dv, g + r * Tn * H,
+                                                                       be + r * Tn * H, s0, wr + r * Tn, Tn, Hk, Dk, H, Dv, y + r * per, h0, h1);
+                             });
+      };
+    }
+    default:
+      err = exec_error{exec_error_code::unsupported, where, "not a recurrent op"};
+      return nullptr;
+  }
+}
+
+}  // namespace troupe::exec::cpu::lowering

@@ -1,0 +1,169 @@
+// Recurrent models through the driver (engine/driver: state rows; families/mamba2, nemotron_h, qwen3_next): each sequence
+// owns a row of every state pool while it holds blocks, so sequences batched together, queued behind
+// a full batch (their rows reused), preempted and recomputed, chained, or resumed from prior output
+// give the tokens each gives alone; the table turns the prefix cache off and refuses drafts and beams.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "engine/driver/driver.hpp"
+#include "engine/exec/cpu/cpu_executor.hpp"
+#include "families/fixtures/fixture.hpp"
+#include "families/registry.hpp"
+#include "tests/support/driver_fixture.hpp"
+
+namespace troupe::driver {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A recurrent fixture: mamba2, or the hybrids nemotron_h (Mamba2, attention, Mamba2, MLP: KV blocks and
+// state rows in one step) and qwen3_next (Gated DeltaNet, gated attention, each with routed experts).
+std::shared_ptr<const families::model_handle> recurrent_model(std::string_view family, bool gguf = true, dtype format = dtype::f32) {
+  families::fixture_dims d;
+  d.vocab = 512;
+  d.hidden = 128;
+  d.layers = family == "nemotron_h" ? 4 : 2;
+  d.head_dim = 32;
+  d.heads = 4;
+  d.kv_heads = 2;
+  d.ffn = 256;
+  d.ssm_groups = 2;
+  d.matrix_type = format;
+  const auto dir = fs::temp_directory_path() / ("troupe-recurrent-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto path = dir / (std::string(family) + "_" + std::string(troupe::name(format)) + (gguf ? ".gguf" : ""));
+  if (!fs::exists(path)) {
+    auto w = families::write_fixture(family, d, path, gguf);
+    EXPECT_TRUE(w) << (w ? "" : w.error().message());
+  }
+  auto h = families::model_handle::load(path, families::registry::builtin());
+  EXPECT_TRUE(h) << (h ? "" : families::message(h.error()));
+  return h ? *h : nullptr;
+}
+
+driver_options options() {
+  driver_options o;
+  o.max_rows = 3;
+  o.capacity = 128;
+  o.block_size = 8;
+  o.prefill_chunk = 16;
+  o.token_budget = 40;
+  return o;
+}
+
+std::vector<std::int32_t> prompt(std::int32_t salt, std::int64_t n) {
+  std::vector<std::int32_t> p;
+  for (std::int64_t i = 0; i < n; ++i) p.push_back(static_cast<std::int32_t>(3 + (i * 131 + salt * 17) % 500));
+  return p;
+}
+
+std::vector<seq_request> workload() {
+  std::vector<seq_request> reqs;
+  // Prompts of 1 token to several prefill chunks, greedy and seeded, more than max_rows of them.
+  for (int i = 0; i < 6; ++i)
+    reqs.push_back(test::request(prompt(i, 1 + 11 * i), 12 + 3 * i, i % 2 ? 0.9f : 0.0f, 100 + static_cast<std::uint64_t>(i)));
+  return reqs;
+}
+
+// Each request alone on a fresh driver.
+std::vector<test::run_result> alone(const std::shared_ptr<const families::model_handle>& h, const std::vector<seq_request>& reqs) {
+  std::vector<test::run_result> out;
+  for (const auto& r : reqs) {
+    exec::cpu::cpu_executor ex;
+    auto d = test::serve(h, ex, options());
+    out.push_back(test::run_all(d, {r}).front());
+  }
+  return out;
+}
+
+class recurrent : public ::testing::TestWithParam<std::string_view> {};
+
+TEST_P(recurrent, batched_and_queued_sequences_give_their_tokens_alone) {
+  for (bool gguf : {true, false}) {
+    SCOPED_TRACE(gguf ? "gguf" : "hf");
+    auto h = recurrent_model(GetParam(), gguf);
+    const auto reqs = workload();
+    const auto want = alone(h, reqs);
+    exec::cpu::cpu_executor ex;
+    auto d = test::serve(h, ex, options());
+    const auto got = test::run_all(d, reqs);
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
+      EXPECT_EQ(got[i].finished, finish_reason::length);
+    }
+    // The same prompts again: the prefix cache is off for a recurrent model (nothing shared).
+    const auto again = test::run_all(d, reqs);
+    for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(again[i].tokens, want[i].tokens) << "again, sequence " << i;
+    EXPECT_EQ(d.counters().prefix_hit_tokens, 0);
+    EXPECT_FALSE(d.options().prefix_cache);
+  }
+}
+
+TEST_P(recurrent, preempted_sequences_recompute_their_state) {
+  auto h = recurrent_model(GetParam());
+  auto o = options();
+  o.pool_blocks = 12;  // 96 slots for three rows of up to ~70 tokens: preemption
+  const auto reqs = workload();
+  const auto want = alone(h, reqs);
+  exec::cpu::cpu_executor ex;
+  auto d = test::serve(h, ex, o);
+  const auto got = test::run_all(d, reqs);
+  for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
+  EXPECT_GT(d.counters().preemptions, 0);
+}
+
+TEST_P(recurrent, chained_decode_and_resumed_output_continue_the_same_state) {
+  auto h = recurrent_model(GetParam());
+  const auto reqs = workload();
+  const auto want = alone(h, reqs);
+  {
+    auto o = options();
+    o.chain_steps = 8;
+    exec::cpu::cpu_executor ex;
+    auto d = test::serve(h, ex, o);
+    const std::vector<seq_request> two(reqs.begin(), reqs.begin() + 2);
+    const auto got = test::run_all(d, two);
+    for (std::size_t i = 0; i < two.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "chained, sequence " << i;
+    EXPECT_GT(d.counters().chained_steps, 0);
+  }
+  // A job resumed elsewhere: its delivered output is computed like its prompt, and it goes on.
+  exec::cpu::cpu_executor ex;
+  auto d = test::serve(h, ex, options());
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    auto r = reqs[i];
+    const std::size_t kept = want[i].tokens.size() / 2;
+    r.prior_output.assign(want[i].tokens.begin(), want[i].tokens.begin() + static_cast<std::ptrdiff_t>(kept));
+    const auto got = test::run_all(d, {r}).front();
+    std::vector<std::int32_t> whole = r.prior_output;
+    whole.insert(whole.end(), got.tokens.begin(), got.tokens.end());
+    EXPECT_EQ(whole, want[i].tokens) << "resumed, sequence " << i;
+  }
+}
+
+TEST_P(recurrent, the_table_refuses_drafts_and_beams) {
+  auto h = recurrent_model(GetParam());
+  exec::cpu::cpu_executor ex;
+  auto o = options();
+  o.speculation.kind = draft_kind::ngram;
+  auto spec = driver<unprepared>(h, ex, o).prepare();
+  ASSERT_FALSE(spec);
+  EXPECT_EQ(spec.error().second.code, driver_error_code::incompatible);
+  ASSERT_TRUE(spec.error().second.pair);
+  EXPECT_EQ(spec.error().second.pair->a, feature::recurrent_state);
+  EXPECT_EQ(spec.error().second.pair->b, feature::draft_policy);
+
+  auto d = test::serve(h, ex, options());
+  auto r = test::request(prompt(1, 5), 4);
+  r.beams = 2;
+  auto id = d.open(r);
+  ASSERT_FALSE(id);
+  EXPECT_EQ(id.error().code, driver_error_code::incompatible);
+}
+
+INSTANTIATE_TEST_SUITE_P(families, recurrent, ::testing::ValuesIn(families::recurrent_fixture_families()),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace troupe::driver

@@ -361,9 +361,9 @@ int run_generate(const generate_options& o) {
 
 int run_fixture(const fixture_options& o) {
   families::fixture_dims d;
-  std::int64_t* fields[] = {&d.vocab, &d.hidden, &d.ffn, &d.layers, &d.heads, &d.kv_heads, &d.head_dim};
+  std::int64_t* fields[] = {&d.vocab, &d.hidden, &d.ffn, &d.layers, &d.heads, &d.kv_heads, &d.head_dim, &d.max_positions};
   if (o.dims.size() > std::size(fields)) {
-    std::fprintf(stderr, "troupe fixture: --dims takes at most 7 values (vocab, hidden, ffn, layers, heads, kv_heads, head_dim)\n");
+    std::fprintf(stderr, "troupe fixture: --dims takes at most 8 values (vocab, hidden, ffn, layers, heads, kv_heads, head_dim, max_positions)\n");
     return 2;
   }
   for (std::size_t i = 0; i < o.dims.size(); ++i) *fields[i] = o.dims[i];
@@ -382,6 +382,12 @@ int run_fixture(const fixture_options& o) {
     return 2;
   }
   for (std::size_t i = 0; i < o.experts.size(); ++i) *routed[i] = o.experts[i];
+  std::int64_t* ssm[] = {&d.ssm_state, &d.ssm_groups, &d.ssm_conv, &d.ssm_expand};
+  if (o.ssm.size() > std::size(ssm)) {
+    std::fprintf(stderr, "troupe fixture: --ssm takes at most 4 values (state size, groups, conv kernel, expansion)\n");
+    return 2;
+  }
+  for (std::size_t i = 0; i < o.ssm.size(); ++i) *ssm[i] = o.ssm[i];
   auto r = families::write_fixture(o.family, d, o.out, o.gguf);
   if (!r) {
     std::fprintf(stderr, "troupe %s\n", r.error().message().c_str());

@@ -51,6 +51,7 @@ struct fixture_options {
   bool legacy_gguf = false;
   bool mtp = false;  // deepseek_v3: a multi-token-prediction layer
   std::vector<std::int64_t> experts;  // routed families: experts, experts per token, expert width, shared width (any prefix)
+  std::vector<std::int64_t> ssm;      // recurrent families: state size, groups, conv kernel, expansion (any prefix)
 };
 int run_fixture(const fixture_options& opt);
 

@@ -157,8 +157,12 @@ int main(int argc, char** argv) {
   fx->add_flag("--tied", fix.tied, "no separate output head (logits reuse the embedding)");
   fx->add_flag("--mtp", fix.mtp, "deepseek_v3: a multi-token-prediction layer (the model's draft program; --speculative mtp)");
   fx->add_flag("--legacy-gguf", fix.legacy_gguf, "routed families: the GGUF layout of older converters (a tensor per expert; DeepSeek's attn_kv_b)");
-  fx->add_option("--dims", fix.dims, "vocab hidden ffn layers heads kv_heads head_dim (any prefix)")->delimiter(',');
+  fx->add_option("--dims", fix.dims, "vocab hidden ffn layers heads kv_heads head_dim max_positions (any prefix)")->delimiter(',');
   fx->add_option("--experts", fix.experts, "routed families: experts, experts per token, expert width, shared width (any prefix)")
+      ->delimiter(',');
+  fx->add_option("--ssm", fix.ssm,
+                 "recurrent families: state size, B/C groups, conv kernel, expansion (any prefix; qwen3_next: head width, key heads, "
+                 "kernel, value heads per key head)")
       ->delimiter(',');
   fx->callback([&] { rc = troupe::app::run_fixture(fix); });
 

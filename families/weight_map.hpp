@@ -28,6 +28,7 @@ enum class stored_as : std::uint8_t {
   as_is,
   minus_one,         // Gemma's HF norms store w - 1 (the model multiplies by 1 + w)
   rope_interleaved,  // llama.cpp's converter permuted Q/K rows so RoPE rotates adjacent pairs
+  qkv_per_head,      // a fused QKV projection whose rows are [q | k | v] per head (HF BLOOM), not [q... | k... | v...]
 };
 
 // Roles by value (engine/graph/weight_roles.hpp): role::attn_q.

@@ -623,7 +623,10 @@ class interpreter {
     const auto index = doubles(e.inputs[3]), allow = doubles(e.inputs[4]);
     std::vector<double> out(ot.dims.numel(), 0.0), score(static_cast<std::size_t>(C));
     const std::int64_t group = Hq / Hkv;
-    const std::vector<double> sinks = e.inputs.size() > 5 ? doubles(e.inputs[5]) : std::vector<double>{};
+    const bool alibi = e.inputs.size() == 7;
+    const std::vector<double> sinks = e.inputs.size() == 6 ? doubles(e.inputs[5]) : std::vector<double>{};
+    const std::vector<double> slopes = alibi ? doubles(e.inputs[5]) : std::vector<double>{};
+    const std::vector<double> dist = alibi ? doubles(e.inputs[6]) : std::vector<double>{};
     for (std::int64_t r = 0; r < R; ++r)
       for (std::int64_t c = 0; c < C; ++c) {
         bool used = false;
@@ -649,6 +652,7 @@ class interpreter {
             for (std::int64_t d = 0; d < D; ++d) s += qv[d] * kv[d];
             s *= e.attrs.scale;
             if (e.attrs.softcap > 0) s = e.attrs.softcap * std::tanh(s / e.attrs.softcap);
+            if (alibi) s += slopes[static_cast<std::size_t>(h)] * dist[static_cast<std::size_t>(n * C + c)];
             score[c] = s;
             m = std::max(m, s);
             any = true;

@@ -232,10 +232,11 @@ infer_result infer_checked(op o, std::span<const tensor_type> in, const op_attrs
       return in[0];
     }
     case op::attention: {
-      if (in.size() != 5 && in.size() != 6) return refuse("takes 5 inputs (6 with sinks)");
+      if (in.size() < 5 || in.size() > 7) return refuse("takes 5 inputs (6 with sinks, 7 with ALiBi slopes and distances)");
       const auto &q = in[0].dims, &k = in[1].dims, &v = in[2].dims, &ix = in[3].dims, &m = in[4].dims;
-      if (in.size() == 6 && (in[5].type != dtype::f32 || in[5].dims != troupe::shape{q.rank() == 3 ? q[1] : 0}))
-        return refuse("sinks must be f32 [Hq]");
+      if (in.size() >= 6 && (in[5].type != dtype::f32 || in[5].dims != troupe::shape{q.rank() == 3 ? q[1] : 0}))
+        return refuse(in.size() == 6 ? "sinks must be f32 [Hq]" : "ALiBi slopes must be f32 [Hq]");
+      if (in.size() == 7 && (in[6].type != dtype::f32 || in[6].dims != m)) return refuse("ALiBi distances must be f32 [R, T, C], as allow");
       if (!is_float(in[0].type) || in[1].type != in[0].type || in[2].type != in[0].type) return refuse("q, k, v must share a float dtype");
       if (q.rank() != 3 || k.rank() != 3 || v.rank() != 3) return refuse("q must be [N, Hq, D], k and v [S, Hkv, D]");
       if (k[2] != q[2] || v[0] != k[0] || v[1] != k[1]) return refuse("q, k, v disagree");
@@ -358,7 +359,7 @@ int arity(op o) {
     case op::where: case op::scatter_rows: case op::layer_norm: case op::rope: case op::linear_id:
       return 3;
     case op::attention:
-      return -1;  // 5, or 6 with sinks: checked by its shape rule
+      return -1;  // 5, 6 with sinks or 7 with ALiBi: checked by its shape rule
     case op::ssm_conv:
     case op::ssm_scan:
     case op::delta_rule:

@@ -65,6 +65,8 @@ enum class op : std::uint8_t {
   // > 0; a query with no allowed key yields zeros. An index outside [0, S) where allowed is an error
   // of the step; where not allowed it is never read. An optional sixth input, sinks f32 [Hq] (gpt-oss's
   // attention sinks), adds exp(sinks[h]) to head h's softmax denominator: a logit no value answers.
+  // Seven inputs instead: ALiBi (BLOOM, MPT), slopes f32 [Hq] and distances f32 [R, T, C] (each key's
+  // position minus the query's), adding slopes[h] * distance to head h's scores after the scale.
   // With attrs.ints = {Dv'} (1 <= Dv' <= Dv) the values are only the first Dv' dims of each v row and the
   // output is [N, Hq, Dv']: latent attention passes its cache of [c, k_pe] keys as v too, c being the
   // value, so the cache holds c once.

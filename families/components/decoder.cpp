@@ -123,8 +123,43 @@ value_id decoder_trace::rope_table(const rope_config& r, double& scale) {
   return inv;
 }
 
+value_id decoder_trace::alibi_distances() {
+  if (alibi_distances_.valid()) return alibi_distances_;
+  auto& b = ctx_.b;
+  const auto& s = ctx_.shape();
+  const std::int64_t rows = s.rows(), T = s.tokens();
+  const auto qpos = b.reshape(ctx_.positions(), {rows, T, 1});
+  value_id kpos;
+  if (ctx_.stateful()) {  // the read map's column c holds position c
+    const std::int64_t C = s.capacity();
+    tensor iota(dtype::i32, {C});
+    for (std::int64_t j = 0; j < C; ++j) iota.as<std::int32_t>()[j] = static_cast<std::int32_t>(j);
+    kpos = b.literal(std::move(iota), "key_positions");
+  } else {
+    kpos = b.reshape(ctx_.positions(), {rows, 1, T});
+  }
+  alibi_distances_ = b.cast(b.sub(kpos, qpos), dtype::f32);
+  b.label(alibi_distances_, "alibi.distances");
+  return alibi_distances_;
+}
+
+// ALiBi's slopes for heads [offset, offset + heads) of `total` (llama.cpp's, as HF BLOOM's
+// build_alibi_tensor): the closest power of two n at or below `total`, m0 = 2^(-max_bias / n) for the
+// first n heads (m0^(h+1)), m1 = 2^(-max_bias / 2n) for the rest (m1^(2 (h - n) + 1)).
+static tensor alibi_slopes(std::int64_t total, std::int64_t offset, std::int64_t heads, double max_bias) {
+  std::int64_t n = 1;
+  while (n * 2 <= total) n *= 2;
+  const double m0 = std::pow(2.0, -max_bias / static_cast<double>(n)), m1 = std::pow(2.0, -max_bias / 2.0 / static_cast<double>(n));
+  tensor t(dtype::f32, {heads});
+  for (std::int64_t i = 0; i < heads; ++i) {
+    const std::int64_t h = offset + i;
+    t.as<float>()[i] = static_cast<float>(h < n ? std::pow(m0, static_cast<double>(h + 1)) : std::pow(m1, static_cast<double>(2 * (h - n) + 1)));
+  }
+  return t;
+}
+
 value_id decoder_trace::attend(value_id q, value_id k, value_id v, std::int32_t layer, std::int64_t window, double scale,
-                               double softcap, value_id sinks, bool causal, std::int64_t value_dims) {
+                               double softcap, value_id sinks, bool causal, std::int64_t value_dims, value_id alibi) {
   auto& b = ctx_.b;
   const bool shared = value_dims > 0;  // the values are a prefix of each key: no state of their own
   value_id keys, values, index;
@@ -147,6 +182,13 @@ value_id decoder_trace::attend(value_id q, value_id k, value_id v, std::int32_t 
     values = shared ? k : v;
     index = encode_index();
   }
+  if (alibi.valid()) {
+    graph::op_attrs a;
+    a.scale = scale;
+    a.softcap = softcap;
+    if (value_dims > 0) a.ints = {value_dims};
+    return b.apply(op::attention, {q, keys, values, index, allow_mask(window, causal), alibi, alibi_distances()}, a);
+  }
   return b.attention(q, keys, values, index, allow_mask(window, causal), scale, softcap, sinks, value_dims);
 }
 
@@ -155,7 +197,13 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
   const auto& s = ctx_.shape();
   const std::int64_t rows = s.rows(), T = s.tokens(), N = rows * T, D = p.head_dim;
   value_id q, k, v;
-  if (ctx_.has(role::attn_qkv, layer)) {
+  if (ctx_.has(role::attn_qkv, layer) && ctx_.stored(role::attn_qkv, layer) == stored_as::qkv_per_head) {
+    // HF BLOOM's query_key_value: [q | k | v] per head (heads = kv_heads)
+    const auto qkv = b.reshape(projection(x, role::attn_qkv, layer), {N, p.heads, 3 * D});
+    q = b.reshape(b.slice(qkv, 2, 0, D), {N, p.heads * D});
+    k = b.reshape(b.slice(qkv, 2, D, 2 * D), {N, p.kv_heads * D});
+    v = b.reshape(b.slice(qkv, 2, 2 * D, 3 * D), {N, p.kv_heads * D});
+  } else if (ctx_.has(role::attn_qkv, layer)) {
     const auto qkv = projection(x, role::attn_qkv, layer);
     q = b.slice(qkv, 1, 0, p.heads * D);
     k = b.slice(qkv, 1, p.heads * D, (p.heads + p.kv_heads) * D);
@@ -192,8 +240,11 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
   b.label(q, "q");
   b.label(k, "k");
 
+  const auto slopes = p.alibi ? b.literal(alibi_slopes(p.alibi_heads > 0 ? p.alibi_heads : p.heads, p.alibi_offset, p.heads, p.alibi_max_bias),
+                                          "alibi.slopes")
+                             : value_id{};
   auto att = attend(q, k, v, layer, p.sliding_window, p.scale, p.softcap, p.sinks ? ctx_.vector_f32(role::attn_sinks, layer) : value_id{},
-                    p.causal);
+                    p.causal, 0, slopes);
   att = b.reshape(att, {N, p.heads * D});
   if (p.output_gate) att = b.mul(att, b.unary(op::sigmoid, gate));
   const auto out = projection(att, role::attn_output, layer, p.reduce_output);
@@ -278,6 +329,7 @@ void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer,
     x = b.gather_rows(ctx_.weight(role::token_embd), ctx_.token_ids());
     if (b.type_of(x).type != dtype::f32) x = b.cast(x, dtype::f32);
     if (p.embed_scale != 1.0) x = b.mul(x, b.scalar(p.embed_scale));
+    if (ctx_.has(role::token_embd_norm)) x = norm(x, role::token_embd_norm, -1, p);  // BLOOM's norm of the embeddings
     b.label(x, "embed");
   }
   for (std::int32_t l = 0; l < static_cast<std::int32_t>(p.layers) && b.ok(); ++l)

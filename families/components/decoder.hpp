@@ -32,6 +32,12 @@ struct attention_params {
   // An output gate (Qwen3-Next): attn_q yields [q | gate] per head ([2 heads head_dim, H]) and the
   // attention's output is multiplied by sigmoid(gate) before attn_output.
   bool output_gate = false;
+  // ALiBi (BLOOM, MPT) instead of a rotary embedding: head h's scores gain slope_h (key position -
+  // query position), the slopes of llama.cpp / HF over `alibi_heads` heads with max bias
+  // `alibi_max_bias`; a tensor-parallel shard holds heads [alibi_offset, alibi_offset + heads).
+  bool alibi = false;
+  double alibi_max_bias = 8.0;
+  std::int64_t alibi_heads = 0, alibi_offset = 0;
   double norm_eps = 1e-6;
   bool reduce_output = false;       // a tensor-parallel shard: all_reduce the output projection's partial sums
   // Multi-head latent attention (DeepSeek-V2/V3; components/mla.hpp) when kv_lora_rank > 0: head_dim
@@ -93,9 +99,10 @@ class decoder_trace {
   // `causal` false (encode only): every present token of the row, before or after. `v` invalid and
   // `value_dims` > 0: the values are the first value_dims of each key (latent attention's c), and the
   // layer keeps one state, kv.k.L.
+  // `alibi_slopes` valid: ALiBi slopes [Hq] (no sinks then), with the step's key-minus-query distances.
   graph::value_id attend(graph::value_id q, graph::value_id k, graph::value_id v, std::int32_t layer, std::int64_t window,
                          double scale, double softcap = 0.0, graph::value_id sinks = {}, bool causal = true,
-                         std::int64_t value_dims = 0);
+                         std::int64_t value_dims = 0, graph::value_id alibi_slopes = {});
   // x W^T (+ bias). With `reduce`, the product is a tensor-parallel partial sum: it is all-reduced over
   // the group before the bias, which every rank holds whole, is added once.
   graph::value_id projection(graph::value_id x, role r, std::int32_t layer, bool reduce = false);
@@ -118,12 +125,14 @@ class decoder_trace {
 
  private:
   graph::value_id allow_mask(std::int64_t window, bool causal);
+  graph::value_id alibi_distances();  // f32 [rows, T, C]: each key's position minus the query's
   graph::value_id rope_freqs(const rope_config& r);
   graph::value_id read_index();
   graph::value_id encode_index();
 
   trace_context& ctx_;
   std::map<std::pair<std::int64_t, bool>, graph::value_id> masks_;
+  graph::value_id alibi_distances_;
   std::map<std::pair<double, std::int64_t>, std::pair<graph::value_id, double>> ropes_;
   graph::value_id read_index_;
   graph::value_id encode_index_;

@@ -86,7 +86,7 @@ expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& s) {
   return [s](role r, std::int32_t layer) -> std::optional<troupe::shape> {
     const std::int64_t H = s.stack.hidden, V = s.stack.vocab;
     if (r == role::token_embd || r == role::output) return troupe::shape{V, H};
-    if (r == role::output_norm || r == role::output_norm_bias) return troupe::shape{H};
+    if (r == role::output_norm || r == role::output_norm_bias || r == role::token_embd_norm || r == role::token_embd_norm_bias) return troupe::shape{H};
     if (auto m = mtp_shape(r, H, V)) return m;
     if (r == role::rope_freqs) return troupe::shape{s.attention.empty() ? 0 : s.attention[0].rope.dims / 2};
     if (s.kind(layer) == dense_decoder_spec::layer_kind::mamba2) {
@@ -366,6 +366,10 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
     if (a.heads % size != 0) return refuse(std::to_string(a.heads) + " query heads do not split " + std::to_string(size) + " ways");
     if (a.kv_heads % size != 0 && size % a.kv_heads != 0)
       return refuse(std::to_string(a.kv_heads) + " key/value heads neither split " + std::to_string(size) + " ways nor share evenly");
+    if (a.alibi) {  // the shard's heads keep their slopes
+      if (a.alibi_heads == 0) a.alibi_heads = a.heads;
+      a.alibi_offset += rank * (a.heads / size);
+    }
     a.heads /= size;
     a.kv_heads = a.kv_heads >= size ? a.kv_heads / size : 1;
     a.reduce_output = size > 1;
@@ -491,6 +495,8 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
       w.view = rows_of(e.view, q_rows.first, q_rows.second);
     } else if (r == role::attn_k || r == role::attn_v || r == role::attn_k_bias || r == role::attn_v_bias) {
       w.view = rows_of(e.view, kv_rows.first, kv_rows.second);
+    } else if ((r == role::attn_qkv || r == role::attn_qkv_bias) && e.stored == stored_as::qkv_per_head) {
+      w.view = rows_of(e.view, rank * hq * 3 * D, (rank + 1) * hq * 3 * D);  // this rank's heads, each [q | k | v]
     } else if (r == role::attn_qkv || r == role::attn_qkv_bias) {
       const std::int64_t q = a.heads * D, kv = a.kv_heads * D;
       auto t = stack_rows(e.view, {q_rows, {q + kv_rows.first, q + kv_rows.second}, {q + kv + kv_rows.first, q + kv + kv_rows.second}});

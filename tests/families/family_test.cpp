@@ -137,6 +137,7 @@ TEST_P(family_test, missing_weight_is_named_before_any_trace) {
   const bool routed = family.ends_with("moe") || family == "mixtral" || family.starts_with("deepseek");
   if (family == "gpt_oss") GTEST_SKIP() << "gpt-oss's HF experts are one fused tensor per layer, not one per expert";
   const std::string gone = family == "starcoder2" ? "model.layers.1.mlp.c_proj.weight"
+                           : family == "bloom"   ? "transformer.h.1.mlp.dense_4h_to_h.weight"
                            : !routed             ? "model.layers.1.mlp.down_proj.weight"
                            : family == "mixtral" ? "model.layers.1.block_sparse_moe.experts.1.w2.weight"
                                                  : "model.layers.1.mlp.experts.1.down_proj.weight";
@@ -162,6 +163,20 @@ TEST_P(family_test, bad_config_field_is_a_typed_error_naming_it) {
   const auto dir = scratch(std::string(GetParam()) + "-badcfg");
   ASSERT_TRUE(write_fixture(GetParam(), d, dir, false));
   nlohmann::json c = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+  if (std::string_view(GetParam()) == "bloom") {  // BLOOM's own spellings: n_head, n_layer, no KV heads
+    for (const auto& [field, value] : std::vector<std::pair<std::string, std::int64_t>>{
+             {"n_head", 3}, {"hidden_size", -4}, {"n_layer", std::int64_t{1} << 31}, {"n_layer", 10000000}}) {
+      auto bad = c;
+      bad[field] = value;
+      std::ofstream(dir / "config.json") << bad.dump();
+      auto hb = model_handle::load(dir, registry::builtin());
+      ASSERT_FALSE(hb) << field;
+      const auto* eb = std::get_if<config_error>(&hb.error());
+      ASSERT_NE(eb, nullptr) << message(hb.error());
+      EXPECT_EQ(eb->field, field) << message(hb.error());
+    }
+    return;
+  }
   c["num_key_value_heads"] = 3;  // 4 heads are not a multiple of 3
   std::ofstream(dir / "config.json") << c.dump();
   auto h = model_handle::load(dir, registry::builtin());

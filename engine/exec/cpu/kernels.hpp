@@ -24,6 +24,10 @@ struct attention_args {
   float scale = 1.0f;
   float softcap = 0.0f;
   const float* sinks = nullptr;  // [Hq]: each head's sink logit in the softmax denominator (null: none)
+  // ALiBi (null: none): slopes [Hq] and distances [R, T, C] (key position minus query position);
+  // head h's score of key c gains slopes[h] * distance.
+  const float* alibi_slopes = nullptr;
+  const float* alibi_dist = nullptr;
 };
 void attention(const attention_args& a, thread_pool& pool, isa level);
 

@@ -586,10 +586,17 @@ void attention_task_run(const attention_args& a, const attention_task& tk) {
       for (std::int64_t tt = 0; tt < tokens; ++tt) {
         if (allowed[tt] == 0.0f) continue;
         const bool full = allowed[tt] == static_cast<float>(n);
+        // ALiBi: the block's key-minus-query distances for this token (padding lanes 0, masked later).
+        alignas(64) float dist[W];
+        if (a.alibi_slopes) {
+          const float* drow = a.alibi_dist + (tk.r * a.T + tk.t0 + tt) * C;
+          for (std::int64_t l = 0; l < W; ++l) dist[l] = jb + l < n ? drow[keys[base + jb + l]] : 0.0f;
+        }
         for (std::int64_t qi = 0; qi < gq; ++qi) {
           const std::int64_t i = tt * gq + qi;
           R sc = score_block<V>(qs + i * D, kp + jb, qi / G * D, D);
           if (capped) sc = V::mul(cap, v_tanh<V>(sc));
+          if (a.alibi_slopes) sc = V::add(sc, V::mul(V::set1(a.alibi_slopes[tk.kh0 * G + qi]), V::load(dist)));
           if (!full) sc = V::add(sc, V::load(bias + tt * tile + jb));
           V::store(sp + i * tile + jb, sc);
         }

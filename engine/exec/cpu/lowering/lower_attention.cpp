@@ -54,7 +54,11 @@ instr lower_attention(lower_ctx& c) {
       const auto* index = P(e.inputs[3]);
       const auto index_type = T(e.inputs[3]).type;
       a.allow = reinterpret_cast<const std::uint8_t*>(P(e.inputs[4]));
-      if (e.inputs.size() > 5) a.sinks = reinterpret_cast<const float*>(P(e.inputs[5]));
+      if (e.inputs.size() == 6) a.sinks = reinterpret_cast<const float*>(P(e.inputs[5]));
+      if (e.inputs.size() == 7) {
+        a.alibi_slopes = reinterpret_cast<const float*>(P(e.inputs[5]));
+        a.alibi_dist = reinterpret_cast<const float*>(P(e.inputs[6]));
+      }
       std::vector<std::int32_t> ix(static_cast<std::size_t>(a.R * a.C));
       return [=]() mutable -> std::optional<exec_error> {
         // An index is checked where some query may read it; elsewhere it is replaced by row 0.

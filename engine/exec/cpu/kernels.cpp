@@ -26,6 +26,14 @@ void rms_norm(const float* x, const float* w, std::int64_t rows, std::int64_t n,
   kernels_detail::kernels_for(level).rms_norm(x, w, rows, n, eps, y);
 }
 
+void ssm_scan_heads(const ssm_scan_args& a, std::int64_t h0, std::int64_t h1, isa level) {
+  if (h1 > h0) kernels_detail::kernels_for(level).ssm_scan_heads(a, h0, h1);
+}
+
+void delta_rule_heads(const delta_rule_args& a, std::int64_t h0, std::int64_t h1, isa level) {
+  if (h1 > h0) kernels_detail::kernels_for(level).delta_rule_heads(a, h0, h1);
+}
+
 void layer_norm(const float* x, const float* w, const float* b, std::int64_t rows, std::int64_t n, float eps, float* y,
                 isa level) {
   if (rows <= 0 || n <= 0) return;

@@ -31,6 +31,25 @@ struct attention_args {
 };
 void attention(const attention_args& a, thread_pool& pool, isa level);
 
+// The recurrent mixers' per-row kernels (engine/graph/recurrent_math.hpp has their meaning; these are
+// its vector form), over heads [h0, h1) of one step row, `state` its carried state or null for zeros.
+// Mamba2's selective scan: x [T, H, P], dt [T, H], A [H], B and C [T, G, N]; out [T H P + H P N].
+struct ssm_scan_args {
+  const float *x = nullptr, *dt = nullptr, *A = nullptr, *B = nullptr, *C = nullptr, *state = nullptr;
+  const std::int32_t* write = nullptr;  // [T]: a token with write < 0 is padding
+  std::int64_t T = 0, H = 0, P = 0, G = 0, N = 0;
+  float* out = nullptr;
+};
+void ssm_scan_heads(const ssm_scan_args& a, std::int64_t h0, std::int64_t h1, isa level);
+// The gated delta rule: q and k [T, Hk, Dk], v [T, H, Dv], g and beta [T, H]; out [T H Dv + H Dv Dk].
+struct delta_rule_args {
+  const float *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr, *state = nullptr;
+  const std::int32_t* write = nullptr;
+  std::int64_t T = 0, Hk = 0, Dk = 0, H = 0, Dv = 0;
+  float* out = nullptr;
+};
+void delta_rule_heads(const delta_rule_args& a, std::int64_t h0, std::int64_t h1, isa level);
+
 // y = x / sqrt(mean(x^2) + eps) * w over rows of n (y may alias x).
 void rms_norm(const float* x, const float* w, std::int64_t rows, std::int64_t n, float eps, float* y, isa level);
 // layer norm with weight and bias (y may alias x).

@@ -676,10 +676,110 @@ void attention_task_run(const attention_args& a, const attention_task& tk) {
   }
 }
 
+// Mamba2's selective scan over heads [h0, h1) of one row, the state's N lanes in vectors:
+// s = e^(d A) s + d x B, y = s . C per real token (recurrent_math.hpp: ssm_scan_row).
+template <class V>
+void ssm_scan_heads(const ssm_scan_args& a, std::int64_t h0, std::int64_t h1) {
+  constexpr int W = V::width;
+  using R = typename V::reg;
+  const std::int64_t T = a.T, H = a.H, P = a.P, G = a.G, N = a.N;
+  float* st = a.out + T * H * P;
+  for (std::int64_t h = h0; h < h1; ++h) {
+    float* sh = st + h * P * N;
+    for (std::int64_t j = 0; j < P * N; ++j) sh[j] = a.state ? a.state[h * P * N + j] : 0.0f;
+    const std::int64_t g = h / (H / G);
+    for (std::int64_t t = 0; t < T; ++t) {
+      float* y = a.out + (t * H + h) * P;
+      if (a.write[t] < 0) {
+        for (std::int64_t p = 0; p < P; ++p) y[p] = 0.0f;
+        continue;
+      }
+      const float dv = a.dt[t * H + h];
+      const float d = dv > 20.0f ? dv : log1pf(expf(dv));
+      const R dA = V::set1(expf(d * a.A[h]));
+      const float* b = a.B + (t * G + g) * N;
+      const float* c = a.C + (t * G + g) * N;
+      for (std::int64_t p = 0; p < P; ++p) {
+        const R xd = V::set1(a.x[(t * H + h) * P + p] * d);
+        float* s = sh + p * N;
+        R acc = V::zero();
+        std::int64_t k = 0;
+        for (; k + W <= N; k += W) {
+          const R sv = V::fma(V::load(b + k), xd, V::mul(V::load(s + k), dA));
+          V::store(s + k, sv);
+          acc = V::fma(sv, V::load(c + k), acc);
+        }
+        if (k < N) {
+          const R sv = V::fma(V::load_n(b + k, N - k), xd, V::mul(V::load_n(s + k, N - k), dA));
+          V::store_n(s + k, sv, N - k);
+          acc = V::fma(sv, V::load_n(c + k, N - k), acc);
+        }
+        y[p] = V::reduce_add(acc);
+      }
+    }
+  }
+}
+
+// The gated delta rule over heads [h0, h1) of one row, each state row's Dk lanes in vectors:
+// S = e^g S; u = beta (v - S k); S += u k^T; o = S q (recurrent_math.hpp: delta_rule_row).
+template <class V>
+void delta_rule_heads(const delta_rule_args& a, std::int64_t h0, std::int64_t h1) {
+  constexpr int W = V::width;
+  using R = typename V::reg;
+  const std::int64_t T = a.T, Hk = a.Hk, Dk = a.Dk, H = a.H, Dv = a.Dv;
+  float* st = a.out + T * H * Dv;
+  for (std::int64_t h = h0; h < h1; ++h) {
+    float* sh = st + h * Dv * Dk;
+    for (std::int64_t j = 0; j < Dv * Dk; ++j) sh[j] = a.state ? a.state[h * Dv * Dk + j] : 0.0f;
+    const std::int64_t kh = h / (H / Hk);
+    for (std::int64_t t = 0; t < T; ++t) {
+      float* o = a.out + (t * H + h) * Dv;
+      if (a.write[t] < 0) {
+        for (std::int64_t i = 0; i < Dv; ++i) o[i] = 0.0f;
+        continue;
+      }
+      const R decay = V::set1(expf(a.g[t * H + h]));
+      const float beta = a.beta[t * H + h];
+      const float* kt = a.k + (t * Hk + kh) * Dk;
+      const float* qt = a.q + (t * Hk + kh) * Dk;
+      const float* vt = a.v + (t * H + h) * Dv;
+      for (std::int64_t i = 0; i < Dv; ++i) {
+        float* srow = sh + i * Dk;
+        R sk = V::zero();
+        std::int64_t j = 0;
+        for (; j + W <= Dk; j += W) {
+          const R sv = V::mul(V::load(srow + j), decay);
+          V::store(srow + j, sv);
+          sk = V::fma(sv, V::load(kt + j), sk);
+        }
+        if (j < Dk) {
+          const R sv = V::mul(V::load_n(srow + j, Dk - j), decay);
+          V::store_n(srow + j, sv, Dk - j);
+          sk = V::fma(sv, V::load_n(kt + j, Dk - j), sk);
+        }
+        const R u = V::set1(beta * (vt[i] - V::reduce_add(sk)));
+        R acc = V::zero();
+        for (j = 0; j + W <= Dk; j += W) {
+          const R sv = V::fma(u, V::load(kt + j), V::load(srow + j));
+          V::store(srow + j, sv);
+          acc = V::fma(sv, V::load(qt + j), acc);
+        }
+        if (j < Dk) {
+          const R sv = V::fma(u, V::load_n(kt + j, Dk - j), V::load_n(srow + j, Dk - j));
+          V::store_n(srow + j, sv, Dk - j);
+          acc = V::fma(sv, V::load_n(qt + j, Dk - j), acc);
+        }
+        o[i] = V::reduce_add(acc);
+      }
+    }
+  }
+}
+
 template <class V>
 constexpr kernel_table make_kernel_table() {
   return kernel_table{
       &attention_task_run<V>, &rms_norm<V>, &layer_norm<V>, &rope<V>, &softmax_rows<V>, &unary<V>, &gated<V>,
+      &ssm_scan_heads<V>, &delta_rule_heads<V>,
   };
 }
 

@@ -46,6 +46,8 @@ struct kernel_table {
   void (*softmax_rows)(const float* x, std::int64_t rows, std::int64_t n, bool log, float* y);
   void (*unary)(unary_kind k, const float* x, std::int64_t n, float* y);
   void (*gated)(unary_kind act, const float* g, const float* u, std::int64_t n, float* y);
+  void (*ssm_scan_heads)(const ssm_scan_args& a, std::int64_t h0, std::int64_t h1);
+  void (*delta_rule_heads)(const delta_rule_args& a, std::int64_t h0, std::int64_t h1);
 };
 
 const kernel_table& scalar_kernels();

@@ -35,15 +35,25 @@ instr lower_movement(lower_ctx& c) {
         };
       }
       const auto& it = T(e.inputs[0]);
+      if (e.code == op::slice) {
+        // A slice is `outer` runs of contiguous bytes: each row of the sliced axis and all inside it.
+        const std::int64_t axis = e.attrs.axis < 0 ? e.attrs.axis + static_cast<std::int64_t>(it.dims.rank()) : e.attrs.axis;
+        std::int64_t outer = 1, inner = 1;
+        for (std::int64_t d = 0; d < axis; ++d) outer *= it.dims[d];
+        for (std::size_t d = axis + 1; d < it.dims.rank(); ++d) inner *= it.dims[d];
+        const std::int64_t in_row = it.dims[axis] * inner * static_cast<std::int64_t>(es), out_row = ot.dims[axis] * inner * static_cast<std::int64_t>(es);
+        const std::int64_t skip = e.attrs.ints[0] * inner * static_cast<std::int64_t>(es);
+        const auto* x = P(e.inputs[0]);
+        return [=]() -> std::optional<exec_error> {
+          for (std::int64_t o = 0; o < outer; ++o) std::memcpy(out + o * out_row, x + o * in_row + skip, static_cast<std::size_t>(out_row));
+          return std::nullopt;
+        };
+      }
       std::vector<std::int64_t> st;
-      std::int64_t base = 0;
+      const std::int64_t base = 0;
       if (e.code == op::transpose) {
         const auto in_st = dense_strides(it.dims);
         for (auto p : e.attrs.ints) st.push_back(in_st[p]);
-      } else if (e.code == op::slice) {
-        const std::int64_t axis = e.attrs.axis < 0 ? e.attrs.axis + static_cast<std::int64_t>(it.dims.rank()) : e.attrs.axis;
-        st = dense_strides(it.dims);
-        base = e.attrs.ints[0] * st[axis];
       } else {
         st = broadcast_strides(it.dims, ot.dims);
       }

@@ -1,5 +1,6 @@
 // Recurrent mixers: the causal depthwise convolution, Mamba2's selective scan and the gated delta rule over carried state
-// rows (engine/graph/recurrent_math.hpp), the scan's heads spread over the pool's threads.
+// rows (engine/graph/recurrent_math.hpp; the scan and the delta rule in the vector kernels of the step's
+// isa level, kernels.hpp), their heads spread over the pool's threads.
 #include "engine/exec/cpu/lowering/lower.hpp"
 #include "engine/graph/recurrent_math.hpp"
 
@@ -81,8 +82,9 @@ instr lower_recurrent(lower_ctx& c) {
       return [=]() -> std::optional<exec_error> {
         return per_row_heads(state_rows(rp, rt, R), S, H * Pd * N, st, wr, pos, Tn, H, y, Tn * H * Pd + H * Pd * N, pool_ptr, where,
                              [&](std::int64_t r, const float* s0, std::int64_t h0, std::int64_t h1) {
-                               graph::recurrent::ssm_scan_row<float>(x + r * Tn * H * Pd, dt + r * Tn * H, A, B + r * Tn * G * N, Cm + r * Tn * G * N, s0,
-                                                                     wr + r * Tn, Tn, H, Pd, G, N, y + r * (Tn * H * Pd + H * Pd * N), h0, h1);
+                               const ssm_scan_args sa{x + r * Tn * H * Pd, dt + r * Tn * H, A, B + r * Tn * G * N, Cm + r * Tn * G * N, s0,
+                                                      wr + r * Tn, Tn, H, Pd, G, N, y + r * (Tn * H * Pd + H * Pd * N)};
+                               ssm_scan_heads(sa, h0, h1, lv);
                              });
       };
     }
@@ -101,8 +103,9 @@ instr lower_recurrent(lower_ctx& c) {
         const std::int64_t per = Tn * H * Dv + H * Dv * Dk;
         return per_row_heads(state_rows(rp, rt, R), S, H * Dv * Dk, st, wr, pos, Tn, H, y, per, pool_ptr, where,
                              [&](std::int64_t r, const float* s0, std::int64_t h0, std::int64_t h1) {
-                               graph::recurrent::delta_rule_row<float>(q + r * Tn * Hk * Dk, k + r * Tn * Hk * Dk, v + r * Tn * H * Dv, g + r * Tn * H,
-                                                                       be + r * Tn * H, s0, wr + r * Tn, Tn, Hk, Dk, H, Dv, y + r * per, h0, h1);
+                               const delta_rule_args da{q + r * Tn * Hk * Dk, k + r * Tn * Hk * Dk, v + r * Tn * H * Dv, g + r * Tn * H,
+                                                        be + r * Tn * H, s0, wr + r * Tn, Tn, Hk, Dk, H, Dv, y + r * per};
+                               delta_rule_heads(da, h0, h1, lv);
                              });
       };
     }

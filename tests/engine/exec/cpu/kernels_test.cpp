@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/eval/oracle.hpp"
+#include "engine/graph/recurrent_math.hpp"
 #include "engine/graph/builder.hpp"
 
 namespace troupe::exec::cpu {
@@ -518,6 +519,42 @@ TEST(kernels_dispatch, unusable_level_falls_back) {
   EXPECT_NEAR(y[0], std::exp(-1.0), 1e-6);
   EXPECT_EQ(y[1], 1.0f);
   EXPECT_NEAR(y[2], std::exp(2.0), 1e-5);
+}
+
+// ---- recurrent mixers -----------------------------------------------------------------------------
+
+// The vector scan and delta rule against their meaning (recurrent_math.hpp) in double, on widths with
+// and without a vector tail, a padding token in the middle, from a carried state and from zeros.
+TEST_P(kernels, recurrent_heads_match_the_double_recurrence) {
+  for (const std::int64_t width : {16, 37}) {
+    for (const bool carried : {false, true}) {
+      const std::int64_t T = 5, H = 4, G = 2, P = 3, N = width;
+      const std::vector<std::int32_t> write = {0, 1, -1, 2, 3};
+      auto x = normal(T * H * P), dt = normal(T * H), A = uniform(H, -2.0f, -0.1f), B = normal(T * G * N, 0.3f), C = normal(T * G * N, 0.3f);
+      auto st = normal(H * P * N);
+      std::vector<float> out(T * H * P + H * P * N);
+      ssm_scan_heads({x.data(), dt.data(), A.data(), B.data(), C.data(), carried ? st.data() : nullptr, write.data(), T, H, P, G, N, out.data()}, 0, H,
+                     level());
+      auto d = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+      const auto xd = d(x), dtd = d(dt), Ad = d(A), Bd = d(B), Cd = d(C), sd = d(st);
+      std::vector<double> want(out.size());
+      graph::recurrent::ssm_scan_row<double>(xd.data(), dtd.data(), Ad.data(), Bd.data(), Cd.data(), carried ? sd.data() : nullptr, write.data(), T,
+                                             H, P, G, N, want.data(), 0, H);
+      for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 2e-5 * (1.0 + std::fabs(want[i]))) << tag("scan") << " at " << i;
+
+      const std::int64_t Hk = 2, Hv = 4, Dk = width, Dv = 6;
+      auto q = normal(T * Hk * Dk, 0.2f), k = normal(T * Hk * Dk, 0.2f), v = normal(T * Hv * Dv), g = uniform(T * Hv, -2.0f, 0.0f),
+           beta = uniform(T * Hv, 0.0f, 1.0f), s2 = normal(Hv * Dv * Dk);
+      std::vector<float> o(T * Hv * Dv + Hv * Dv * Dk);
+      delta_rule_heads({q.data(), k.data(), v.data(), g.data(), beta.data(), carried ? s2.data() : nullptr, write.data(), T, Hk, Dk, Hv, Dv, o.data()},
+                       0, Hv, level());
+      const auto qd = d(q), kd = d(k), vd = d(v), gd = d(g), bd = d(beta), s2d = d(s2);
+      std::vector<double> want2(o.size());
+      graph::recurrent::delta_rule_row<double>(qd.data(), kd.data(), vd.data(), gd.data(), bd.data(), carried ? s2d.data() : nullptr, write.data(), T,
+                                               Hk, Dk, Hv, Dv, want2.data(), 0, Hv);
+      for (std::size_t i = 0; i < o.size(); ++i) ASSERT_NEAR(o[i], want2[i], 2e-5 * (1.0 + std::fabs(want2[i]))) << tag("delta rule") << " at " << i;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(levels, kernels, ::testing::ValuesIn(usable_levels()),

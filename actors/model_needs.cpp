@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "engine/driver/driver.hpp"
 #include "families/components/dense_decoder.hpp"
 #include "families/model_handle.hpp"
 #include "families/registry.hpp"
@@ -11,11 +12,25 @@ namespace troupe::actors {
 
 result<placement::requirements, std::string> requirements_of(const families::model_handle& h) {
   const auto* dense = dynamic_cast<const families::dense_decoder*>(&h.model());
-  if (dense == nullptr || dense->spec().attention.empty()) return unexpected("the planner knows dense decoders only, not " + h.model().config().family);
+  if (dense == nullptr) return unexpected("the planner knows dense decoders only, not " + h.model().config().family);
   const auto& spec = dense->spec();
-  // Recurrent state is per sequence, not per token: the planner's memory model (weights, KV per token,
-  // scratch) does not size it yet, so such a model is placed without a plan, as a non-decoder is.
-  if (spec.recurrent()) return unexpected("the planner does not size recurrent state rows yet (" + h.model().config().family + ")");
+  // A hybrid's KV is that of its attention layers only (averaged over every layer, as the planner counts
+  // KV per layer); its recurrent state is per sequence, a fixed cost of the driver's rows, counted as
+  // scratch for the default max_rows (every rank and stage keeps it whole: an overestimate under a
+  // split). A model with no attention layer (Mamba2) has no KV for the planner to size: refused.
+  std::uint64_t kv_total = 0, state_per_sequence = 0;
+  std::int64_t attention_layer = -1;
+  for (const auto& d : h.model().schema().states(families::program::step)) {
+    std::uint64_t n = 1;
+    for (auto x : d.slot_shape) n *= static_cast<std::uint64_t>(x);
+    (d.per_row ? state_per_sequence : kv_total) += storage_bytes(d.element, n).value_or(0);
+  }
+  for (std::int64_t l = 0; l < spec.stack.layers && attention_layer < 0; ++l) {
+    const auto k = spec.kind(l);
+    if (k == families::dense_decoder_spec::layer_kind::attention_ffn || k == families::dense_decoder_spec::layer_kind::attention_only) attention_layer = l;
+  }
+  if (attention_layer < 0)
+    return unexpected("the planner sizes KV per token, and " + h.model().config().family + " has no attention layer: place it without a plan");
   placement::requirements r;
   std::map<std::int32_t, std::uint64_t> per_layer, expert_per_layer;
   bool tied = true;
@@ -39,10 +54,16 @@ result<placement::requirements, std::string> requirements_of(const families::mod
     for (const auto& [l, b] : expert_per_layer) r.expert_bytes = std::max(r.expert_bytes, b / static_cast<std::uint64_t>(r.experts));
   r.layers = static_cast<std::int32_t>(spec.stack.layers);
   r.kv_bytes_per_token_per_layer = static_cast<std::uint64_t>(h.model().config().kv_elems_per_token_per_layer) * 4;
-  r.heads = static_cast<std::int32_t>(spec.attention[0].heads);
-  r.kv_heads = static_cast<std::int32_t>(spec.attention[0].kv_heads);
+  if (spec.recurrent()) {
+    const auto layers = static_cast<std::uint64_t>(std::max<std::int64_t>(1, spec.stack.layers));
+    r.kv_bytes_per_token_per_layer = (kv_total + layers - 1) / layers;
+  }
+  const auto& attn = spec.attention[static_cast<std::size_t>(std::max<std::int64_t>(0, attention_layer))];
+  r.heads = static_cast<std::int32_t>(attn.heads);
+  r.kv_heads = static_cast<std::int32_t>(attn.kv_heads);
   const auto hidden = static_cast<std::uint64_t>(spec.stack.hidden), ffn = static_cast<std::uint64_t>(spec.ffn.width);
   r.scratch_bytes = 256 * (8 * hidden + 3 * ffn) * 4 + 16 * static_cast<std::uint64_t>(spec.stack.vocab) * 4;
+  r.scratch_bytes += state_per_sequence * static_cast<std::uint64_t>(driver::driver_options{}.max_rows);
   return r;
 }
 

@@ -3,7 +3,10 @@
 # tensor-parallel ranks gives one device's tokens and log-probabilities (to 1e-4) for mamba2, nemotron_h
 # and qwen3_next, greedy and sampled; `bench` reports the state each sequence carries (mamba2: 2 layers
 # x (conv window 3 x (256 + 2 x 2 x 32) + scan state 8 heads x 32 x 32) floats = 74,752 bytes) next to
-# the KV bytes; a fifth --ssm value and a group count that does not split are refused by name.
+# the KV bytes; `plan` sizes the hybrid (KV of its one attention layer of two averaged per layer:
+# 2 x 2 heads x 32 x 4 / 2 = 256 bytes; scratch 1,867,776 bytes plus 16 rows of 5,632 bytes of conv and
+# delta-rule state) and refuses mamba2, which has no KV to size; a fifth --ssm value and a group count
+# that does not split are refused by name.
 set -euo pipefail
 troupe="$1"
 tmp="$(mktemp -d)"
@@ -33,6 +36,15 @@ done
 out="$("$troupe" bench --model "$tmp/m.gguf" --prompt-len 16 --gen 4 --runs 1 2>&1)"
 grep -q "KV 0 bytes per token, recurrent 74752 bytes" <<< "$out" || { echo "$out"; exit 1; }
 err="$tmp/err"
+plan="$("$troupe" plan --model "$tmp/q" --node a=cpu:1GiB --json)"
+python3 - "$plan" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])["requirements"]
+assert r["kv_bytes_per_token_per_layer"] == 256, r
+assert r["scratch_bytes"] == 1867776 + 16 * 5632, r
+PY
+if "$troupe" plan --model "$tmp/m.gguf" --node a=cpu:1GiB 2> "$err"; then echo "mamba2 planned"; exit 1; fi
+grep -q "has no attention layer" "$err" || { cat "$err"; exit 1; }
 if "$troupe" fixture --family mamba2 --gguf --out "$tmp/x.gguf" --ssm 16,1,4,2,9 2> "$err"; then echo "five --ssm values accepted"; exit 1; fi
 grep -q "at most 4 values" "$err" || { cat "$err"; exit 1; }
 "$troupe" fixture --family mamba2 --gguf --out "$tmp/one.gguf" --dims 512,128,256,2,4,2,32 --ssm 16,1 > /dev/null

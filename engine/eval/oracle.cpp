@@ -22,6 +22,25 @@ std::string eval_error::message() const { return where + ": " + reason; }
 
 namespace {
 
+// The recurrent ops' walk over a step's rows (recurrent_math.hpp: use_of_row): run(r, s0, write_row)
+// for each row that uses its state, s0 its carried state of `width` values in the pool `st` (null for a
+// fresh row). A row index past the pool is the error returned.
+template <class F>
+std::optional<std::string> for_each_state_row(const std::vector<double>& st, std::int64_t width, const std::vector<double>& rows,
+                                              const std::vector<double>& pos, const std::vector<double>& wr, std::int64_t R, std::int64_t T,
+                                              F&& run) {
+  const auto S = static_cast<std::int64_t>(st.size()) / width;
+  const std::vector<std::int32_t> write(wr.begin(), wr.end()), at(pos.begin(), pos.end());
+  for (std::int64_t r = 0; r < R; ++r) {
+    const auto row = static_cast<std::int64_t>(rows[static_cast<std::size_t>(r)]);
+    const auto use = graph::recurrent::use_of_row(row, S, write.data(), at.data(), r, T);
+    if (use.bad) return "state row " + std::to_string(row) + " outside [0, " + std::to_string(S) + ")";
+    if (use.skip) continue;
+    run(r, use.fresh ? static_cast<const double*>(nullptr) : st.data() + row * width, write.data() + r * T);
+  }
+  return std::nullopt;
+}
+
 using graph::op;
 using graph::value_id;
 
@@ -383,61 +402,49 @@ class interpreter {
       }
       case op::ssm_conv: {
         const auto& xd = type_of(in[0]).dims;
-        const std::int64_t R = xd[0], T = xd[1], C = xd[2], K = type_of(in[5]).dims[1], S = type_of(in[1]).dims[0];
-        const auto x = doubles(in[0]), st = doubles(in[1]), rows = doubles(in[2]), pos = doubles(in[3]), wr = doubles(in[4]), w = doubles(in[5]);
-        const std::vector<std::int32_t> write(wr.begin(), wr.end()), at(pos.begin(), pos.end());
+        const std::int64_t R = xd[0], T = xd[1], C = xd[2], K = type_of(in[5]).dims[1];
+        const auto x = doubles(in[0]), st = doubles(in[1]), w = doubles(in[5]);
         std::vector<double> out(static_cast<std::size_t>(n), 0.0), window(static_cast<std::size_t>(K * C));
         const std::int64_t per = T * C + (K - 1) * C;
-        for (std::int64_t r = 0; r < R; ++r) {
-          const auto row = static_cast<std::int64_t>(rows[static_cast<std::size_t>(r)]);
-          const auto use = graph::recurrent::use_of_row(row, S, write.data(), at.data(), r, T);
-          if (use.bad) return fail(eval_error_code::index_out_of_range, "state row " + std::to_string(row) + " outside [0, " + std::to_string(S) + ")");
-          if (use.skip) continue;
-          graph::recurrent::ssm_conv_row<double>(x.data() + r * T * C, use.fresh ? static_cast<const double*>(nullptr) : st.data() + row * (K - 1) * C,
-                                                 w.data(), write.data() + r * T, T, C, K, out.data() + r * per, window.data());
-        }
+        const auto bad = for_each_state_row(st, (K - 1) * C, doubles(in[2]), doubles(in[3]), doubles(in[4]), R, T,
+                                            [&](std::int64_t r, const double* s0, const std::int32_t* write) {
+                                              graph::recurrent::ssm_conv_row<double>(x.data() + r * T * C, s0, w.data(), write, T, C, K,
+                                                                                     out.data() + r * per, window.data());
+                                            });
+        if (bad) return fail(eval_error_code::index_out_of_range, *bad);
         return from_doubles(ot, out);
       }
       case op::ssm_scan: {
         const auto& xd = type_of(in[0]).dims;
         const auto& bd = type_of(in[3]).dims;
-        const std::int64_t R = xd[0], T = xd[1], H = xd[2], P = xd[3], G = bd[2], N = bd[3], S = type_of(in[5]).dims[0];
+        const std::int64_t R = xd[0], T = xd[1], H = xd[2], P = xd[3], G = bd[2], N = bd[3];
         const auto x = doubles(in[0]), dt = doubles(in[1]), A = doubles(in[2]), B = doubles(in[3]), Cm = doubles(in[4]), st = doubles(in[5]);
-        const auto rows = doubles(in[6]), pos = doubles(in[7]), wr = doubles(in[8]);
-        const std::vector<std::int32_t> write(wr.begin(), wr.end()), at(pos.begin(), pos.end());
         std::vector<double> out(static_cast<std::size_t>(n), 0.0);
         const std::int64_t per = T * H * P + H * P * N;
-        for (std::int64_t r = 0; r < R; ++r) {
-          const auto row = static_cast<std::int64_t>(rows[static_cast<std::size_t>(r)]);
-          const auto use = graph::recurrent::use_of_row(row, S, write.data(), at.data(), r, T);
-          if (use.bad) return fail(eval_error_code::index_out_of_range, "state row " + std::to_string(row) + " outside [0, " + std::to_string(S) + ")");
-          if (use.skip) continue;
-          const bool fresh = use.fresh;
-          graph::recurrent::ssm_scan_row<double>(x.data() + r * T * H * P, dt.data() + r * T * H, A.data(), B.data() + r * T * G * N,
-                                                 Cm.data() + r * T * G * N, fresh ? static_cast<const double*>(nullptr) : st.data() + row * H * P * N,
-                                                 write.data() + r * T, T, H, P, G, N, out.data() + r * per, 0, H);
-        }
+        const auto bad = for_each_state_row(st, H * P * N, doubles(in[6]), doubles(in[7]), doubles(in[8]), R, T,
+                                            [&](std::int64_t r, const double* s0, const std::int32_t* write) {
+                                              graph::recurrent::ssm_scan_row<double>(x.data() + r * T * H * P, dt.data() + r * T * H, A.data(),
+                                                                                     B.data() + r * T * G * N, Cm.data() + r * T * G * N, s0, write, T,
+                                                                                     H, P, G, N, out.data() + r * per, 0, H);
+                                            });
+        if (bad) return fail(eval_error_code::index_out_of_range, *bad);
         return from_doubles(ot, out);
       }
       case op::delta_rule: {
         const auto& qd = type_of(in[0]).dims;
         const auto& vd = type_of(in[2]).dims;
-        const std::int64_t R = qd[0], T = qd[1], Hk = qd[2], Dk = qd[3], H = vd[2], Dv = vd[3], S = type_of(in[5]).dims[0];
+        const std::int64_t R = qd[0], T = qd[1], Hk = qd[2], Dk = qd[3], H = vd[2], Dv = vd[3];
         const auto q = doubles(in[0]), k = doubles(in[1]), v = doubles(in[2]), g = doubles(in[3]), be = doubles(in[4]), st = doubles(in[5]);
-        const auto rows = doubles(in[6]), pos = doubles(in[7]), wr = doubles(in[8]);
-        const std::vector<std::int32_t> write(wr.begin(), wr.end()), at(pos.begin(), pos.end());
         std::vector<double> out(static_cast<std::size_t>(n), 0.0);
         const std::int64_t per = T * H * Dv + H * Dv * Dk;
-        for (std::int64_t r = 0; r < R; ++r) {
-          const auto row = static_cast<std::int64_t>(rows[static_cast<std::size_t>(r)]);
-          const auto use = graph::recurrent::use_of_row(row, S, write.data(), at.data(), r, T);
-          if (use.bad) return fail(eval_error_code::index_out_of_range, "state row " + std::to_string(row) + " outside [0, " + std::to_string(S) + ")");
-          if (use.skip) continue;
-          graph::recurrent::delta_rule_row<double>(q.data() + r * T * Hk * Dk, k.data() + r * T * Hk * Dk, v.data() + r * T * H * Dv,
-                                                   g.data() + r * T * H, be.data() + r * T * H,
-                                                   use.fresh ? static_cast<const double*>(nullptr) : st.data() + row * H * Dv * Dk,
-                                                   write.data() + r * T, T, Hk, Dk, H, Dv, out.data() + r * per, 0, H);
-        }
+        const auto bad = for_each_state_row(st, H * Dv * Dk, doubles(in[6]), doubles(in[7]), doubles(in[8]), R, T,
+                                            [&](std::int64_t r, const double* s0, const std::int32_t* write) {
+                                              graph::recurrent::delta_rule_row<double>(q.data() + r * T * Hk * Dk, k.data() + r * T * Hk * Dk,
+                                                                                       v.data() + r * T * H * Dv, g.data() + r * T * H,
+                                                                                       be.data() + r * T * H, s0, write, T, Hk, Dk, H, Dv,
+                                                                                       out.data() + r * per, 0, H);
+                                            });
+        if (bad) return fail(eval_error_code::index_out_of_range, *bad);
         return from_doubles(ot, out);
       }
       case op::pipe_recv: {

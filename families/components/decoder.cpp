@@ -73,15 +73,11 @@ value_id decoder_trace::allow_mask(std::int64_t window, bool causal) {
   const auto& s = ctx_.shape();
   const std::int64_t rows = s.rows(), T = s.tokens();
   const auto qpos = b.reshape(ctx_.positions(), {rows, T, 1});
-  value_id kpos, valid;
+  const auto kpos = key_positions();
+  value_id valid;
   if (ctx_.stateful()) {
-    const std::int64_t C = s.capacity();
-    tensor iota(dtype::i32, {C});
-    for (std::int64_t j = 0; j < C; ++j) iota.as<std::int32_t>()[j] = static_cast<std::int32_t>(j);
-    kpos = b.literal(std::move(iota), "key_positions");
-    valid = b.reshape(b.binary(op::less_equal, b.scalar(0, dtype::i32), ctx_.read_map()), {rows, 1, C});
+    valid = b.reshape(b.binary(op::less_equal, b.scalar(0, dtype::i32), ctx_.read_map()), {rows, 1, s.capacity()});
   } else {
-    kpos = b.reshape(ctx_.positions(), {rows, 1, T});
     valid = b.reshape(b.binary(op::less, b.scalar(0, dtype::i32), ctx_.token_mask()), {rows, 1, T});
   }
   if (!causal) {
@@ -123,22 +119,28 @@ value_id decoder_trace::rope_table(const rope_config& r, double& scale) {
   return inv;
 }
 
+value_id decoder_trace::key_positions() {
+  if (key_positions_.valid()) return key_positions_;
+  auto& b = ctx_.b;
+  const auto& s = ctx_.shape();
+  if (ctx_.stateful()) {  // the read map's column c holds position c
+    const std::int64_t C = s.capacity();
+    tensor iota(dtype::i32, {C});
+    for (std::int64_t j = 0; j < C; ++j) iota.as<std::int32_t>()[j] = static_cast<std::int32_t>(j);
+    key_positions_ = b.literal(std::move(iota), "key_positions");
+  } else {
+    key_positions_ = b.reshape(ctx_.positions(), {s.rows(), 1, s.tokens()});
+  }
+  return key_positions_;
+}
+
 value_id decoder_trace::alibi_distances() {
   if (alibi_distances_.valid()) return alibi_distances_;
   auto& b = ctx_.b;
   const auto& s = ctx_.shape();
   const std::int64_t rows = s.rows(), T = s.tokens();
   const auto qpos = b.reshape(ctx_.positions(), {rows, T, 1});
-  value_id kpos;
-  if (ctx_.stateful()) {  // the read map's column c holds position c
-    const std::int64_t C = s.capacity();
-    tensor iota(dtype::i32, {C});
-    for (std::int64_t j = 0; j < C; ++j) iota.as<std::int32_t>()[j] = static_cast<std::int32_t>(j);
-    kpos = b.literal(std::move(iota), "key_positions");
-  } else {
-    kpos = b.reshape(ctx_.positions(), {rows, 1, T});
-  }
-  alibi_distances_ = b.cast(b.sub(kpos, qpos), dtype::f32);
+  alibi_distances_ = b.cast(b.sub(key_positions(), qpos), dtype::f32);
   b.label(alibi_distances_, "alibi.distances");
   return alibi_distances_;
 }

@@ -125,6 +125,7 @@ class decoder_trace {
 
  private:
   graph::value_id allow_mask(std::int64_t window, bool causal);
+  graph::value_id key_positions();    // i32 [C] (a step: column c is position c) or [rows, 1, T] (encode)
   graph::value_id alibi_distances();  // f32 [rows, T, C]: each key's position minus the query's
   graph::value_id rope_freqs(const rope_config& r);
   graph::value_id read_index();
@@ -132,6 +133,7 @@ class decoder_trace {
 
   trace_context& ctx_;
   std::map<std::pair<std::int64_t, bool>, graph::value_id> masks_;
+  graph::value_id key_positions_;
   graph::value_id alibi_distances_;
   std::map<std::pair<double, std::int64_t>, std::pair<graph::value_id, double>> ropes_;
   graph::value_id read_index_;

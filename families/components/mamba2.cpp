@@ -5,6 +5,15 @@ namespace troupe::families {
 using graph::op;
 using graph::value_id;
 
+void add_mamba2_names(std::vector<name_rule>& t, bool gguf, const std::string& hf_prefix, presence p) {
+  for (auto [r, g, h] : {std::tuple{role::ssm_in, "ssm_in.weight", "in_proj.weight"}, {role::ssm_conv1d, "ssm_conv1d.weight", "conv1d.weight"},
+                         {role::ssm_conv1d_bias, "ssm_conv1d.bias", "conv1d.bias"}, {role::ssm_dt_bias, "ssm_dt.bias", "dt_bias"},
+                         {role::ssm_d, "ssm_d", "D"}, {role::ssm_norm, "ssm_norm.weight", "norm.weight"}, {role::ssm_out, "ssm_out.weight", "out_proj.weight"}})
+    t.push_back({r, true, gguf ? std::string("blk.{L}.") + g : hf_prefix + h, r == role::ssm_conv1d_bias ? presence::optional : p});
+  // GGUF keeps A = -exp(A_log) itself; HF keeps A_log.
+  t.push_back({gguf ? role::ssm_a : role::ssm_a_log, true, gguf ? std::string("blk.{L}.ssm_a") : hf_prefix + "A_log", p});
+}
+
 void add_mamba2_states(std::vector<state_decl>& states, const mamba2_params& p, std::int64_t layer) {
   const auto l = std::to_string(layer);
   states.push_back({"ssm.conv." + l, dtype::f32, {(p.conv - 1) * p.conv_channels()}, true});

@@ -13,6 +13,7 @@
 
 #include "families/components/decoder.hpp"
 #include "families/model_schema.hpp"
+#include "families/weight_map.hpp"
 
 namespace troupe::families {
 
@@ -29,6 +30,11 @@ struct mamba2_params {
 };
 
 graph::value_id mamba2_mixer(decoder_trace& d, graph::value_id x, std::int32_t layer, const mamba2_params& p);
+
+// The Mamba2 mixer's per-layer name rules in either form, under `hf_prefix` for HF (its mixer's
+// module, "backbone.layers.{L}.mixer.") and blk.{L}. for GGUF, each of presence `p` (the conv bias
+// always optional).
+void add_mamba2_names(std::vector<name_rule>& t, bool gguf, const std::string& hf_prefix, presence p);
 
 // The layer's two per-sequence states: the conv window and the scan state.
 void add_mamba2_states(std::vector<state_decl>& states, const mamba2_params& p, std::int64_t layer);

@@ -13,34 +13,11 @@ namespace {
 std::vector<name_rule> mamba2_names(bool gguf) {
   std::vector<name_rule> t;
   auto global = [&](role r, const char* key, presence p = presence::required, role tied = role::none) { t.push_back({r, false, key, p, tied}); };
-  auto layer = [&](role r, const char* key, presence p = presence::required) { t.push_back({r, true, key, p}); };
-  if (gguf) {
-    global(role::token_embd, "token_embd.weight");
-    global(role::output, "output.weight", presence::tied, role::token_embd);
-    global(role::output_norm, "output_norm.weight");
-    layer(role::attn_norm, "blk.{L}.attn_norm.weight");
-    layer(role::ssm_in, "blk.{L}.ssm_in.weight");
-    layer(role::ssm_conv1d, "blk.{L}.ssm_conv1d.weight");
-    layer(role::ssm_conv1d_bias, "blk.{L}.ssm_conv1d.bias", presence::optional);
-    layer(role::ssm_dt_bias, "blk.{L}.ssm_dt.bias");
-    layer(role::ssm_a, "blk.{L}.ssm_a");
-    layer(role::ssm_d, "blk.{L}.ssm_d");
-    layer(role::ssm_norm, "blk.{L}.ssm_norm.weight");
-    layer(role::ssm_out, "blk.{L}.ssm_out.weight");
-    return t;
-  }
-  global(role::token_embd, "backbone.embeddings.weight");
-  global(role::output, "lm_head.weight", presence::tied, role::token_embd);
-  global(role::output_norm, "backbone.norm_f.weight");
-  layer(role::attn_norm, "backbone.layers.{L}.norm.weight");
-  layer(role::ssm_in, "backbone.layers.{L}.mixer.in_proj.weight");
-  layer(role::ssm_conv1d, "backbone.layers.{L}.mixer.conv1d.weight");
-  layer(role::ssm_conv1d_bias, "backbone.layers.{L}.mixer.conv1d.bias", presence::optional);
-  layer(role::ssm_dt_bias, "backbone.layers.{L}.mixer.dt_bias");
-  layer(role::ssm_a_log, "backbone.layers.{L}.mixer.A_log");
-  layer(role::ssm_d, "backbone.layers.{L}.mixer.D");
-  layer(role::ssm_norm, "backbone.layers.{L}.mixer.norm.weight");
-  layer(role::ssm_out, "backbone.layers.{L}.mixer.out_proj.weight");
+  global(role::token_embd, gguf ? "token_embd.weight" : "backbone.embeddings.weight");
+  global(role::output, gguf ? "output.weight" : "lm_head.weight", presence::tied, role::token_embd);
+  global(role::output_norm, gguf ? "output_norm.weight" : "backbone.norm_f.weight");
+  t.push_back({role::attn_norm, true, gguf ? "blk.{L}.attn_norm.weight" : "backbone.layers.{L}.norm.weight"});
+  add_mamba2_names(t, gguf, "backbone.layers.{L}.mixer.", presence::required);
   return t;
 }
 

@@ -28,12 +28,9 @@ std::vector<name_rule> names(bool gguf) {
                          {role::attn_v, "attn_v.weight", "v_proj.weight"}, {role::attn_output, "attn_output.weight", "o_proj.weight"},
                          {role::attn_output_bias, "attn_output.bias", "o_proj.bias"}, {role::ffn_up, "ffn_up.weight", "up_proj.weight"},
                          {role::ffn_down, "ffn_down.weight", "down_proj.weight"}, {role::ffn_up_bias, "ffn_up.bias", "up_proj.bias"},
-                         {role::ffn_down_bias, "ffn_down.bias", "down_proj.bias"}, {role::ssm_in, "ssm_in.weight", "in_proj.weight"},
-                         {role::ssm_conv1d, "ssm_conv1d.weight", "conv1d.weight"}, {role::ssm_conv1d_bias, "ssm_conv1d.bias", "conv1d.bias"},
-                         {role::ssm_dt_bias, "ssm_dt.bias", "dt_bias"}, {role::ssm_d, "ssm_d", "D"}, {role::ssm_norm, "ssm_norm.weight", "norm.weight"},
-                         {role::ssm_out, "ssm_out.weight", "out_proj.weight"}})
+                         {role::ffn_down_bias, "ffn_down.bias", "down_proj.bias"}})
     layer(r, L + (gguf ? g : h));
-  layer(gguf ? role::ssm_a : role::ssm_a_log, L + (gguf ? "ssm_a" : "A_log"));
+  add_mamba2_names(t, gguf, "backbone.layers.{L}.mixer.", presence::optional);  // each layer's block is checked by kind
   return t;
 }
 

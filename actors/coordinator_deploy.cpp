@@ -80,7 +80,13 @@ std::vector<placement::node_view> views(const state& st, const deployment_rec& d
 
 placement::replica_request request_of(const deployment_rec& dep) {
   placement::replica_request rq;
-  if (dep.resolved.plannable) rq.needs = requirements_of(dep.resolved);
+  if (dep.resolved.plannable) {
+    rq.needs = requirements_of(dep.resolved);
+    // The checkpoint was resolved at its own (f32) KV type: the deployment's type scales the bytes a
+    // token takes (f16 and bf16 half, q8_0 34 bytes per 32 values).
+    const auto t = kv_type_of(dep.spec.load).value_or(dtype::f16);
+    rq.needs->kv_bytes_per_token_per_layer = (rq.needs->kv_bytes_per_token_per_layer * *storage_bytes(t, 32) + 127) / 128;
+  }
   const auto o = replica_options(dep.spec.load, dep.resolved.max_positions);
   rq.want_kv_tokens = o.pool_blocks > 0 ? o.pool_blocks * o.block_size : o.max_rows * o.capacity;
   // A capacity the deployment asked for must fit one sequence; one left to the model's positions may
@@ -387,6 +393,10 @@ caf::typed_response_promise<std::string> handle_deploy(actor_t* self, const std:
     rp.deliver(error_bytes(0, transport::error_code::invalid_request, "a deployment has at least one replica (scale to 0 is not served)"));
     return rp;
   }
+  if (auto kv = kv_type_of(d->load); !kv) {
+    rp.deliver(error_bytes(0, transport::error_code::invalid_request, kv.error()));
+    return rp;
+  }
   if (!goal_of(d->goal)) {
     rp.deliver(error_bytes(0, transport::error_code::invalid_request, "the planner's goal is latency, capacity or throughput, not '" + d->goal + "'"));
     return rp;
@@ -616,7 +626,16 @@ transport::cluster_status status_of(const state& st) {
     std::int32_t serving = 0;
     for (const auto& [id, r] : st.replicas)
       if (r.model == name && r.state == transport::replica_state::serving) ++serving;
-    s.deployments.push_back({name, d.spec.load.model, d.spec.replicas, serving, d.resolved.family});
+    transport::deployment_status ds{name, d.spec.load.model, d.spec.replicas, serving, d.resolved.family};
+    const auto kv = kv_type_of(d.spec.load).value_or(dtype::f16);
+    ds.kv_type = std::string(troupe::name(kv));
+    // resolved at the checkpoint's own f32: the deployment's type scales it
+    ds.kv_bytes_per_token = static_cast<std::int64_t>((d.resolved.kv_bytes_per_token_per_layer * *storage_bytes(kv, 32) + 127) / 128) *
+                            static_cast<std::int64_t>(d.resolved.layers);
+    const auto o = replica_options(d.spec.load, d.resolved.max_positions);
+    ds.capacity = o.capacity;
+    ds.kv_tokens = o.pool_blocks > 0 ? o.pool_blocks * o.block_size : o.max_rows * o.capacity;
+    s.deployments.push_back(std::move(ds));
   }
   s.jobs = static_cast<std::int64_t>(st.jobs.size());
   s.refused = st.refused;

@@ -53,7 +53,7 @@ result<placement::requirements, std::string> requirements_of(const families::mod
   if (r.experts > 0)
     for (const auto& [l, b] : expert_per_layer) r.expert_bytes = std::max(r.expert_bytes, b / static_cast<std::uint64_t>(r.experts));
   r.layers = static_cast<std::int32_t>(spec.stack.layers);
-  r.kv_bytes_per_token_per_layer = static_cast<std::uint64_t>(h.model().config().kv_elems_per_token_per_layer) * 4;
+  r.kv_bytes_per_token_per_layer = static_cast<std::uint64_t>(families::kv_bytes_per_token_per_layer(h.model()));
   if (spec.recurrent()) {
     const auto layers = static_cast<std::uint64_t>(std::max<std::int64_t>(1, spec.stack.layers));
     r.kv_bytes_per_token_per_layer = (kv_total + layers - 1) / layers;
@@ -107,6 +107,12 @@ transport::resolved_model resolve_checkpoint(const std::filesystem::path& path) 
     out.expert_bytes = r->expert_bytes;
   }
   return out;
+}
+
+result<dtype, std::string> kv_type_of(const transport::load_request& l) {
+  if (l.kv_type.empty()) return dtype::f16;
+  if (auto t = families::kv_type_from_name(l.kv_type)) return *t;
+  return unexpected("kv_type '" + l.kv_type.substr(0, 32) + "' is none of f32, f16, bf16 and q8_0");
 }
 
 placement::requirements requirements_of(const transport::resolved_model& r) {

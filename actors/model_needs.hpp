@@ -38,6 +38,9 @@ std::string served_name(const std::filesystem::path& checkpoint);
 // model's positions (the capacity, at most default_capacity, in whole KV blocks) and from the capacity
 // (the prefill chunk and the token budget).
 driver::driver_options replica_options(const transport::load_request& l, std::int64_t max_positions);
+// The KV cache element type a load asks for: its kv_type by name, f16 when empty (llama.cpp's default),
+// or why not.
+result<dtype, std::string> kv_type_of(const transport::load_request& l);
 // A driver's speculation as a load request carries it: the policy's name, its window, and the draft
 // checkpoint's absolute path (the node loads it).
 void put_speculation(transport::load_request& l, const driver::speculation_options& s);

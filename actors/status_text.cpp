@@ -43,7 +43,9 @@ std::string status_json(const transport::cluster_status& s) {
   }
   j["deployments"] = json::array();
   for (const auto& d : s.deployments)
-    j["deployments"].push_back({{"name", d.name}, {"path", d.path}, {"family", d.family}, {"desired", d.desired}, {"serving", d.serving}});
+    j["deployments"].push_back({{"name", d.name}, {"path", d.path}, {"family", d.family}, {"desired", d.desired}, {"serving", d.serving},
+                                {"kv_type", d.kv_type}, {"kv_bytes_per_token", d.kv_bytes_per_token}, {"capacity", d.capacity},
+                                {"kv_tokens", d.kv_tokens}, {"sequences_fit", d.capacity > 0 ? d.kv_tokens / d.capacity : 0}});
   j["jobs"] = s.jobs;
   j["refused"] = s.refused;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -91,10 +93,14 @@ std::string status_table(const transport::cluster_status& s) {
     out += line;
   }
   out += "\n";
-  std::snprintf(line, sizeof line, "%-20s %-8s %-8s %s\n", "DEPLOYMENT", "SERVING", "DESIRED", "CHECKPOINT");
+  std::snprintf(line, sizeof line, "%-20s %-8s %-8s %-6s %-12s %-14s %s\n", "DEPLOYMENT", "SERVING", "DESIRED", "KV", "KV B/TOKEN",
+                "SEQS FIT", "CHECKPOINT");
   out += line;
   for (const auto& d : s.deployments) {
-    std::snprintf(line, sizeof line, "%-20s %-8d %-8d %s\n", d.name.c_str(), d.serving, d.desired, d.path.c_str());
+    // Sequences of full capacity one replica's KV pool holds at once.
+    const std::string fit = d.capacity > 0 ? std::to_string(d.kv_tokens / d.capacity) + " x " + std::to_string(d.capacity) : "-";
+    std::snprintf(line, sizeof line, "%-20s %-8d %-8d %-6s %-12lld %-14s %s\n", d.name.c_str(), d.serving, d.desired, d.kv_type.c_str(),
+                  static_cast<long long>(d.kv_bytes_per_token), fit.c_str(), d.path.c_str());
     out += line;
   }
   std::snprintf(line, sizeof line, "\njobs %lld, refused %lld\n", static_cast<long long>(s.jobs), static_cast<long long>(s.refused));

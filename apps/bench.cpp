@@ -643,7 +643,17 @@ int run_bench(const bench_options& o) {
     std::fprintf(stderr, "troupe bench: --batch must be at least 1\n");
     return 2;
   }
-  auto h = families::model_handle::load(o.model, families::registry::builtin());
+  auto loaded = families::model_handle::load(o.model, families::registry::builtin());
+  if (!loaded) {
+    std::fprintf(stderr, "troupe bench: %s\n", families::message(loaded.error()).c_str());
+    return 2;
+  }
+  const auto kvt = families::kv_type_from_name(o.kv_type);
+  if (!kvt) {
+    std::fprintf(stderr, "troupe bench: --kv-type is f32, f16, bf16 or q8_0, not '%s'\n", o.kv_type.c_str());
+    return 2;
+  }
+  auto h = families::with_kv_type(*loaded, *kvt);
   if (!h) {
     std::fprintf(stderr, "troupe bench: %s\n", families::message(h.error()).c_str());
     return 2;
@@ -721,8 +731,12 @@ int run_bench(const bench_options& o) {
   for (const auto& st : (*h)->model().schema().states(families::program::step)) {
     std::int64_t elems = 1;
     for (auto v : st.slot_shape) elems *= v;
-    (st.per_row ? state_per_sequence : kv_per_token) += elems * static_cast<std::int64_t>(info(st.element).block_bytes);
+    (st.per_row ? state_per_sequence : kv_per_token) += static_cast<std::int64_t>(storage_bytes(st.element, static_cast<std::uint64_t>(elems)).value_or(0));
   }
+  // Sequences of this run's length (prompt and output) whose KV and state fit in 1 GiB.
+  const std::int64_t per_sequence = kv_per_token * (o.prompt_len + o.gen) + state_per_sequence;
+  const std::int64_t fit_per_gib = per_sequence > 0 ? (std::int64_t{1} << 30) / per_sequence : 0;
+  const std::string kv_name(name((*h)->model().kv_type()));
   if (o.json) {
     nlohmann::json j;
     j["model"] = o.model;
@@ -739,7 +753,9 @@ int run_bench(const bench_options& o) {
     j["active_params"] = fp.active_params;
     j["decode_bound_tok_s"] = bound;
     j["decode_fraction_of_bound"] = fraction;
+    j["kv_type"] = kv_name;
     j["kv_bytes_per_token"] = kv_per_token;
+    j["sequences_per_gib"] = fit_per_gib;
     j["recurrent_bytes_per_sequence"] = state_per_sequence;
     j["bandwidth_gb_s_min"] = *std::min_element(bandwidth.begin(), bandwidth.end()) / 1e9;
     j["bandwidth_gb_s_max"] = *std::max_element(bandwidth.begin(), bandwidth.end()) / 1e9;
@@ -752,8 +768,10 @@ int run_bench(const bench_options& o) {
                 "decode at %.0f%% of it (median over runs, each against its own sample)\n",
                 bw / 1e9, *std::min_element(bandwidth.begin(), bandwidth.end()) / 1e9, *std::max_element(bandwidth.begin(), bandwidth.end()) / 1e9,
                 model_bytes / 1e6, bound, 100.0 * fraction);
-    std::printf("state per sequence: KV %lld bytes per token, recurrent %lld bytes (conv windows and scan states, any length)\n",
-                static_cast<long long>(kv_per_token), static_cast<long long>(state_per_sequence));
+    std::printf("state per sequence: KV (%s) %lld bytes per token, recurrent %lld bytes (conv windows and scan states, any length); "
+                "%lld sequences of %lld positions fit in 1 GiB\n",
+                kv_name.c_str(), static_cast<long long>(kv_per_token), static_cast<long long>(state_per_sequence),
+                static_cast<long long>(fit_per_gib), static_cast<long long>(o.prompt_len + o.gen));
     if (active_bytes < model_bytes)
       std::printf("routed: %.1fM of %.1fM parameters active per token (%lld of %lld experts), %.1f MB read per decode step: "
                   "the bound above is on these bytes\n",

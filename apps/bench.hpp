@@ -28,6 +28,7 @@ struct bench_options {
   speculation_flags speculation;
   std::string prompt = "random";
   std::int64_t chain = 1;  // > 1: --batch sequences decoded with and without chains of this many steps
+  std::string kv_type = "f16";  // the KV cache's element type: f32, f16, bf16 or q8_0 (model::with_kv_type)
 
 };
 int run_bench(const bench_options& opt);

@@ -408,6 +408,7 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     req.pipeline_parallel = pp > 1 ? pp : 0;
     req.across_nodes = across;
     req.expert_parallel = o.expert_parallel > 1;
+    req.kv_type = o.kv_type;
     req.goal = o.plan;
     auto r = (*s)->deploy(req);
     if (bar) bar->finish(r.has_value());

@@ -24,6 +24,7 @@ struct generate_options {
   std::int64_t threads = 0;
   int pipeline_parallel = 1;  // stages of one replica, each over a range of the layers
   int tensor_parallel = 1;  // ranks of one replica split over simulated CPU devices in this process
+  std::string kv_type = "f16";  // the KV cache's element type (model::with_kv_type), every backend
   int expert_parallel = 1;  // its ranks hold whole experts (the group is this many ranks; tensor_parallel 1 or equal)
   bool json = false;
   // A constrained output (at most one; the driver path, --backend cpu or cuda): a JSON schema (text, or

@@ -115,6 +115,7 @@ int main(int argc, char** argv) {
                 "a mixture-of-experts model's replica over N simulated devices that hold E / N whole experts each "
                 "(attention split N ways as --tensor-parallel N; equal to it when both are given); composes with "
                 "--pipeline-parallel")->check(CLI::Range(1, 64));
+  g->add_option("--kv-type", gen.kv_type, "the KV cache's element type: f32, f16 (default, as llama.cpp), bf16 or q8_0 (an f16 scale per 32 values)")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   g->add_flag("--json", gen.json, "one JSON object: tokens, text, logprobs");
   auto* gs = g->add_option("--json-schema", gen.json_schema, "constrain the output to JSON valid against this schema (text, or @file)");
   auto* go = g->add_flag("--json-object", gen.json_object, "constrain the output to a JSON object");
@@ -200,6 +201,7 @@ int main(int argc, char** argv) {
   add_speculation_flags(bn, bench.speculation);
   bn->add_option("--chain", bench.chain, "chained decode: --batch sequences with and without K steps per executor call (tokens/s, host share)")
       ->check(CLI::Range(2, 1024));
+  bn->add_option("--kv-type", bench.kv_type, "the KV cache's element type: f32, f16 (default, as llama.cpp), bf16 or q8_0 (an f16 scale per 32 values)")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   bn->add_option("--prompt", bench.prompt, "random or repetitive (a phrase of 8 tokens over and over)")->check(CLI::IsMember({"random", "repetitive"}));
   bn->callback([&] { rc = troupe::app::run_bench(bench); });
 
@@ -220,6 +222,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   sv->add_option("--pipeline-parallel", serve.pipeline_parallel, "split each replica's layers into M stages (simulated devices), each passing its activations on")
       ->check(CLI::Range(1, 64));
+  sv->add_option("--kv-type", serve.kv_type, "the KV cache's element type: f32, f16 (default, as llama.cpp), bf16 or q8_0 (an f16 scale per 32 values)")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   sv->add_option("--max-outstanding", serve.max_outstanding, "jobs admitted and not finished; more get 429")->check(CLI::Range(1, 1 << 20));
   add_speculation_flags(sv, serve.speculation);
   sv->callback([&] { rc = troupe::app::run_serve(serve); });
@@ -318,6 +321,7 @@ int main(int argc, char** argv) {
                  "nodes declared, overriding --replicas and the parallel options (without --plan or a split flag the coordinator "
                  "plans each replica: a model no node holds is split into pipeline stages across nodes)");
 
+  dp->add_option("--kv-type", cc.kv_type, "the KV cache's element type: f32, f16 (default, as llama.cpp), bf16 or q8_0 (an f16 scale per 32 values)")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   dp->add_flag("--across-nodes", cc.across_nodes,
                "put each pipeline stage on a node of its own (the stages pass activations over Gloo, meeting through the coordinator)");
   dp->add_flag("--progress", cc.progress, "show the replicas' preparation (weights, then each compiled entry) as a progress bar");

@@ -58,6 +58,7 @@ int run_serve(const serve_options& o) {
   }
   c.tensor_parallel = std::max(o.tensor_parallel, o.expert_parallel);
   c.expert_parallel = o.expert_parallel > 1;
+  c.kv_type = o.kv_type;
   c.pipeline_parallel = o.pipeline_parallel;
   c.max_outstanding = o.max_outstanding;
   if (o.speculation.any()) {

@@ -14,6 +14,7 @@ struct serve_options {
   std::int64_t max_rows = 16;
   std::int64_t capacity = 0;
   int pipeline_parallel = 1;  // stages per replica, each over a range of the layers
+  std::string kv_type = "f16";  // the KV cache's element type (model::with_kv_type)
   int expert_parallel = 1;  // ranks per replica holding whole experts (sets tensor_parallel; equal to it when both are given)
   int tensor_parallel = 1;  // ranks per replica (simulated devices: executors of this process)  // 0: the model's positions, at most 2048
   int threads = 0;  // per executor; 0: one per core

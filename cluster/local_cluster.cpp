@@ -66,6 +66,7 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
   d.load.tensor_parallel = options.tensor_parallel;
   d.load.pipeline_parallel = options.pipeline_parallel;
   d.load.expert_parallel = options.expert_parallel;
+  d.load.kv_type = options.kv_type;
   put_speculation(d.load, options.driver.speculation);
   caf::scoped_actor self{*s->sys};
   std::string err;
@@ -112,6 +113,8 @@ transport::stats local_cluster::stats() {
           [](caf::error&) {});
   return total;
 }
+
+result<transport::cluster_status, std::string> local_cluster::cluster_status() { return cluster_status_of(*s_->sys, s_->coordinator); }
 
 result<std::string, std::string> local_cluster::resolve(const std::filesystem::path& model) {
   caf::scoped_actor self{*s_->sys};

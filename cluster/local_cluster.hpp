@@ -22,6 +22,7 @@ struct cluster_options {
   std::int32_t tensor_parallel = 1;        // ranks (executors) per stage of a replica, docs/tensor-parallel.md
   std::int32_t pipeline_parallel = 1;      // stages per replica, each over a range of the layers
   bool expert_parallel = false;            // the tensor_parallel ranks hold whole experts (model::expert_parallel)
+  std::string kv_type;                     // the KV cache's element type (f32, f16, bf16, q8_0); "": f16
   std::int64_t max_outstanding = 1024;     // jobs admitted cluster-wide and not finished; more: overloaded
   std::int64_t max_per_replica = 256;      // jobs one replica may hold (queued or running)
   int scheduler_threads = 2;               // CAF's worker threads (drivers run on their own threads)
@@ -42,6 +43,8 @@ class local_cluster final : public serving_backend {
   std::vector<transport::stats> replica_stats() override;
   std::string model_name() const override { return name(); }
   std::vector<std::string> models() override;
+  // The coordinator's view: nodes, replicas and deployments (with each one's KV cache type and size).
+  result<transport::cluster_status, std::string> cluster_status();
   // Resolves a checkpoint through the registry actor without loading its tensors.
   result<std::string, std::string> resolve(const std::filesystem::path& model);
   // The model name jobs should use.

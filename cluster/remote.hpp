@@ -115,6 +115,7 @@ struct deploy_request {
   std::int32_t pipeline_parallel = 0;
   bool across_nodes = false;
   bool expert_parallel = false;     // the tensor_parallel ranks hold whole experts (model::expert_parallel)
+  std::string kv_type;              // the KV cache's element type (f32, f16, bf16, q8_0); "": f16
   std::string goal;                 // the planner's objective: latency (empty), capacity, throughput
 };
 

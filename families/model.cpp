@@ -148,6 +148,24 @@ result<std::unique_ptr<model>, model_error> model::expert_parallel() const {
   return unexpected(model_error{config_error{config().family, "expert_parallel", "the model has no routed experts to place"}});
 }
 
+result<std::unique_ptr<model>, model_error> model::with_kv_type(dtype t) const {
+  return unexpected(model_error{config_error{config().family, "kv_type",
+                                             "this family keeps no attention KV cache of another type (asked for " + std::string(name(t)) + ")"}});
+}
+
+std::int64_t kv_bytes_per_token_per_layer(const model& m) {
+  const auto elems = m.config().kv_elems_per_token_per_layer;
+  const auto& i = info(m.kv_type());
+  const auto be = static_cast<std::int64_t>(i.block_elems);
+  return (elems + be - 1) / be * static_cast<std::int64_t>(i.block_bytes);
+}
+
+std::optional<dtype> kv_type_from_name(std::string_view n) {
+  for (auto t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0})
+    if (n == name(t)) return t;
+  return std::nullopt;
+}
+
 result<std::unique_ptr<model>, model_error> model::shard(int, int) const {
   return unexpected(model_error{config_error{config().family, "tensor_parallel", "this family cannot be split across devices"}});
 }

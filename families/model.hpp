@@ -5,6 +5,8 @@
 // states. A family knows no backend, actor, placement or I/O.
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -25,7 +27,8 @@ struct model_config {
   std::int64_t max_positions = 0;
   std::int32_t bos_id = -1;
   std::vector<std::int32_t> eos_ids;
-  // KV bytes per token per layer at f32, for placement and capacity planning.
+  // KV elements per token per layer (of an attention layer), for placement and capacity planning; their
+  // bytes are kv_bytes(model) below, at the model's kv_type().
   std::int64_t kv_elems_per_token_per_layer = 0;
   // A routed model: experts per routed layer and how many each token runs (0: dense). A decode step
   // reads experts_per_token / experts of the routed weights (the `*_exps` roles).
@@ -40,6 +43,11 @@ struct weight_footprint {
   double params = 0, bytes = 0, active_params = 0, active_bytes = 0;
 };
 weight_footprint footprint(const model& m);
+// Bytes of KV cache one token takes in one attention layer, at the model's kv_type() (q8_0: 34 bytes
+// per 32 values).
+std::int64_t kv_bytes_per_token_per_layer(const model& m);
+// The KV element types a deployment may choose, by name ("f32", "f16", "bf16", "q8_0"), or nullopt.
+std::optional<dtype> kv_type_from_name(std::string_view name);
 
 class model {
  public:
@@ -72,6 +80,15 @@ class model {
   // --enable-expert-parallel). Attention and dense layers split as before. The default refuses: a
   // model without routed layers has no experts to place.
   virtual result<std::unique_ptr<model>, model_error> expert_parallel() const;
+
+  // This model with its attention KV cache stored as `t` (f32, f16, bf16 or q8_0; llama.cpp's
+  // --cache-type-k/-v): each step rounds the new keys and values to `t` as it writes them (q8_0: one f16
+  // scale per 32 values of a head) and attention reads them in place. Recurrent states stay f32. The
+  // kv_type() of the result is `t`; its splits keep it. The default accepts f32 only (a copy of nothing
+  // to change is refused too: a family that stores no KV says so).
+  virtual result<std::unique_ptr<model>, model_error> with_kv_type(dtype t) const;
+  // The element type of the attention KV states (f32 unless with_kv_type chose another).
+  virtual dtype kv_type() const { return dtype::f32; }
 
  protected:
   // The family's tracer body. Errors go into the builder (sticky); `trace` returns them.

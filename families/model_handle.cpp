@@ -61,6 +61,13 @@ result<std::shared_ptr<const model_handle>, model_error> model_handle::shard(int
 
 result<std::shared_ptr<const model_handle>, model_error> model_handle::expert_parallel() const { return over(model_->expert_parallel()); }
 
+result<std::shared_ptr<const model_handle>, model_error> model_handle::with_kv_type(dtype t) const { return over(model_->with_kv_type(t)); }
+
+result<std::shared_ptr<const model_handle>, model_error> with_kv_type(std::shared_ptr<const model_handle> h, dtype t) {
+  if (!h || h->model().kv_type() == t || !h->model().schema().offers(program::step)) return h;
+  return h->with_kv_type(t);
+}
+
 result<std::shared_ptr<const model_handle>, model_error> model_handle::stage(int stage, int stages) const { return over(model_->stage(stage, stages)); }
 
 result<std::shared_ptr<const model_handle>, model_error> model_handle::part(int rank, int tp, int stage, int pp) const {

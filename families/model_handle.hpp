@@ -35,6 +35,8 @@ class model_handle {
   result<std::shared_ptr<const model_handle>, model_error> shard(int rank, int size) const;
   // This model split by whole experts when sharded (model::expert_parallel), likewise.
   result<std::shared_ptr<const model_handle>, model_error> expert_parallel() const;
+  // This model with its KV cache stored as `t` (model::with_kv_type), likewise.
+  result<std::shared_ptr<const model_handle>, model_error> with_kv_type(dtype t) const;
   // Stage `stage` of a `stages`-deep pipeline split of this model (model::stage), likewise.
   result<std::shared_ptr<const model_handle>, model_error> stage(int stage, int stages) const;
   // The part of a tensor_parallel x pipeline_parallel split that world rank `stage * tp + rank` runs:
@@ -57,6 +59,11 @@ class model_handle {
   std::string text_problem_;
   families::pooling pooling_;
 };
+
+// `h` with its KV cache stored as `t`: h itself when the cache is `t` already or the model has no step
+// program (an encoder caches nothing), else h->with_kv_type(t). A deployment's --kv-type goes through
+// this, so its default applies to every model a deployment can serve.
+result<std::shared_ptr<const model_handle>, model_error> with_kv_type(std::shared_ptr<const model_handle> h, dtype t);
 
 // The configuration of a checkpoint, read without its tensors.
 result<load::raw_config, model_error> read_config(const std::filesystem::path& path);

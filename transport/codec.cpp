@@ -198,6 +198,7 @@ void put(LoadRequest::Builder b, const load_request& l) {
   b.setSpeculative(l.speculative);
   b.setDraftModel(l.draft_model);
   b.setDraftTokens(l.draft_tokens);
+  b.setKvType(l.kv_type);
 }
 
 void put(EntryKey::Builder b, const entry_key& k) {
@@ -402,6 +403,10 @@ struct body_writer {
       d[i].setDesired(x.desired);
       d[i].setServing(x.serving);
       d[i].setFamily(x.family);
+      d[i].setKvType(x.kv_type);
+      d[i].setKvBytesPerToken(x.kv_bytes_per_token);
+      d[i].setCapacity(x.capacity);
+      d[i].setKvTokens(x.kv_tokens);
     }
     b.setJobs(m.jobs);
     b.setRefused(m.refused);
@@ -446,7 +451,7 @@ load_request get(LoadRequest::Reader r) {
   return {text(r.getModel()), text(r.getDevice()), text(r.getShard()), r.getMaxRows(), r.getCapacity(), r.getBlockSize(), r.getPoolBlocks(),
           r.getPrefillChunk(), r.getTokenBudget(), r.getNoPrefixCache(), r.getNoPreempt(), r.getTensorParallel(),
           r.getPipelineParallel(), r.getAcrossNodes(), r.getWorldRank(), text(r.getGroup()), r.getReplicaId(), r.getExpertParallel(),
-          text(r.getSpeculative()), text(r.getDraftModel()), r.getDraftTokens()};
+          text(r.getSpeculative()), text(r.getDraftModel()), r.getDraftTokens(), text(r.getKvType())};
 }
 
 // nullopt: a device kind this build does not know.
@@ -652,7 +657,8 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
         m.replicas.push_back(std::move(y));
       }
       for (auto d : r.getDeployments())
-        m.deployments.push_back({text(d.getName()), text(d.getPath()), d.getDesired(), d.getServing(), text(d.getFamily())});
+        m.deployments.push_back({text(d.getName()), text(d.getPath()), d.getDesired(), d.getServing(), text(d.getFamily()),
+                                 text(d.getKvType()), d.getKvBytesPerToken(), d.getCapacity(), d.getKvTokens()});
       m.jobs = r.getJobs();
       m.refused = r.getRefused();
       return m;

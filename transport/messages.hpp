@@ -224,6 +224,8 @@ struct load_request {
   std::string speculative;
   std::string draft_model;
   std::int32_t draft_tokens = 0;
+  // The KV cache's element type (f32, f16, bf16, q8_0; model::with_kv_type); "": the default, f16.
+  std::string kv_type;
   friend bool operator==(const load_request&, const load_request&) = default;
 };
 
@@ -321,6 +323,10 @@ struct deployment_status {
   std::string name, path;
   std::int32_t desired = 0, serving = 0;
   std::string family;
+  // The KV cache each replica keeps: its element type, bytes per token (every layer), positions per
+  // sequence, and the tokens its pool holds (so kv_tokens / capacity sequences of full length fit).
+  std::string kv_type;
+  std::int64_t kv_bytes_per_token = 0, capacity = 0, kv_tokens = 0;
   friend bool operator==(const deployment_status&, const deployment_status&) = default;
 };
 

@@ -228,7 +228,17 @@ class interpreter {
         for (std::int64_t i = 0; i < n; ++i) out[i] = c[bc(i)] != 0 ? x[bx(i)] : y[by(i)];
         return from_doubles(ot, out);
       }
-      case op::cast: return from_doubles(ot, doubles(in[0]));
+      case op::cast: {
+        if (!is_quantized(ot.type)) return from_doubles(ot, doubles(in[0]));
+        // f32 rows to q8_0 blocks (a KV cache's write): ggml's reference quantization, row by row.
+        const auto x = view_of(in[0]);
+        tensor out(ot.type, ot.dims);
+        const std::int64_t row = ot.dims.back(), rows = row == 0 ? 0 : ot.dims.numel() / row;
+        for (std::int64_t r = 0; r < rows; ++r)
+          if (auto q = quantize_row(ot.type, reinterpret_cast<const float*>(x.data()) + r * row, out.data() + r * out.view().row_bytes(), row); !q)
+            return fail(eval_error_code::type_mismatch, q.error().message());
+        return out;
+      }
       case op::reduce_sum: case op::reduce_max: case op::reduce_mean: case op::arg_max:
         return reduce(e.code, in[0], norm_axis(a.axis, type_of(in[0]).dims.rank()), ot);
       case op::softmax: case op::log_softmax:

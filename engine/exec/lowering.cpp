@@ -77,6 +77,7 @@ std::optional<exec_error> check_state_rows(std::string_view state, std::int64_t 
 }
 
 bool computable_type(dtype t) { return t == dtype::f32 || t == dtype::i32 || t == dtype::i64 || t == dtype::boolean; }
+bool kv_storage_type(dtype t) { return t == dtype::f16 || t == dtype::bf16 || t == dtype::q8_0; }
 
 std::optional<exec_error> check_value_types(const graph::graph& g, const std::vector<bool>& runs, std::string_view target) {
   using graph::op;
@@ -85,13 +86,19 @@ std::optional<exec_error> check_value_types(const graph::graph& g, const std::ve
     const auto& e = g.equations()[i];
     const auto& t = g.info(e.out).type;
     const std::string where = "eqn " + std::to_string(i) + " (" + std::string(graph::op_name(e.code)) + ")";
-    if (!computable_type(t.type))
+    // A KV cache stored as f16, bf16 or q8_0: written by a cast of f32 rows and scatter_rows, read by
+    // attention. Nothing else computes in those types.
+    const bool kv_write = (e.code == op::cast || e.code == op::scatter_rows) && kv_storage_type(t.type);
+    if (!computable_type(t.type) && !kv_write)
       return exec_error{exec_error_code::unsupported, where,
                         "the " + std::string(target) + " target computes in f32 and i32; this value is " + t.str()};
-    for (auto v : e.inputs) {
+    for (std::size_t j = 0; j < e.inputs.size(); ++j) {
+      const auto v = e.inputs[j];
       const bool weight_operand = ((e.code == op::linear || e.code == op::linear_id) && v == e.inputs[1]) ||
                                   (e.code == op::gather_rows && v == e.inputs[0]);
-      if (!weight_operand && !computable_type(g.info(v).type.type))
+      const bool kv_operand = kv_storage_type(g.info(v).type.type) &&
+                              ((e.code == op::attention && (j == 1 || j == 2)) || (e.code == op::scatter_rows && (j == 0 || j == 2)));
+      if (!weight_operand && !kv_operand && !computable_type(g.info(v).type.type))
         return exec_error{exec_error_code::unsupported, where, "input of type " + g.info(v).type.str()};
     }
   }

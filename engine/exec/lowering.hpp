@@ -16,6 +16,9 @@ namespace troupe::exec {
 
 // The value types the targets compute in: f32, i32, i64 and boolean.
 bool computable_type(dtype t);
+// The element types a KV cache may be stored in besides f32 (model::with_kv_type): states of these
+// types, the casts and scatter_rows that write them and the attention that reads them are lowered.
+bool kv_storage_type(dtype t);
 
 // Every value a running equation (`runs`) computes or reads is computable (the stored weights linear
 // and gather_rows read excepted), or the unsupported refusal naming the equation and `target`.

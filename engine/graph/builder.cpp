@@ -187,7 +187,9 @@ value_id builder::state_input(const std::string& name, const tensor_type& type) 
       return {};
     }
   }
-  if (is_quantized(type.type) || !type.dims.checked_numel()) {
+  // Plain states, or a q8_0 KV cache (whole 32-value blocks per row).
+  const bool blocks_ok = type.type == dtype::q8_0 && type.dims.rank() >= 2 && type.dims.back() % 32 == 0;
+  if ((is_quantized(type.type) && !blocks_ok) || !type.dims.checked_numel()) {
     fail(bad_declaration{"state '" + name + "' has type " + type.str()});
     return {};
   }

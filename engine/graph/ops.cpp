@@ -27,6 +27,7 @@ infer_result refuse(std::string why) { return unexpected(std::move(why)); }
 
 bool is_plain(dtype t) { return !is_quantized(t); }
 bool is_index(dtype t) { return t == dtype::i32 || t == dtype::i64; }
+bool is_kv_element(dtype t) { return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16 || t == dtype::q8_0; }
 
 // A type is well formed when its element count is representable and a block type's last dimension
 // holds whole blocks.
@@ -110,7 +111,12 @@ infer_result infer_checked(op o, std::span<const tensor_type> in, const op_attrs
       return tensor_type{in[1].type, *s};
     }
     case op::cast:
-      if (!is_plain(in[0].type) || !is_plain(a.to)) return refuse("cast is between plain dtypes");
+      if (a.to == dtype::q8_0) {  // quantization of each 32-value block of the last axis (a KV cache's rows)
+        if (in[0].type != dtype::f32 || in[0].dims.rank() < 1 || in[0].dims.back() % 32 != 0)
+          return refuse("a cast to q8_0 takes f32 [..., 32 n]");
+        return tensor_type{a.to, in[0].dims};
+      }
+      if (!is_plain(in[0].type) || !is_plain(a.to)) return refuse("cast is between plain dtypes (or f32 to q8_0)");
       return tensor_type{a.to, in[0].dims};
     case op::reduce_sum: case op::reduce_max: case op::reduce_mean: case op::arg_max:
     case op::softmax: case op::log_softmax: {
@@ -210,7 +216,9 @@ infer_result infer_checked(op o, std::span<const tensor_type> in, const op_attrs
     }
     case op::scatter_rows: {
       const auto &d = in[0].dims, &ids = in[1].dims, &s = in[2].dims;
-      if (!is_plain(in[0].type) || in[0].type != in[2].type) return refuse("dst and src must share a plain dtype");
+      if (in[0].type != in[2].type || (!is_plain(in[0].type) && in[0].type != dtype::q8_0))
+        return refuse("dst and src must share a plain dtype (or q8_0)");
+      if (in[0].type == dtype::q8_0 && (d.rank() < 2 || d.back() % 32 != 0)) return refuse("q8_0 rows must be [R, ..., 32 n]");
       if (!is_index(in[1].type) || ids.rank() != 1) return refuse("ids must be i32 or i64 [N]");
       if (d.rank() < 1 || s.rank() != d.rank() || s[0] != ids[0]) return refuse("src must be [N, ...] like dst's rows");
       for (std::size_t i = 1; i < d.rank(); ++i)
@@ -237,8 +245,15 @@ infer_result infer_checked(op o, std::span<const tensor_type> in, const op_attrs
       if (in.size() >= 6 && (in[5].type != dtype::f32 || in[5].dims != troupe::shape{q.rank() == 3 ? q[1] : 0}))
         return refuse(in.size() == 6 ? "sinks must be f32 [Hq]" : "ALiBi slopes must be f32 [Hq]");
       if (in.size() == 7 && (in[6].type != dtype::f32 || in[6].dims != m)) return refuse("ALiBi distances must be f32 [R, T, C], as allow");
-      if (!is_float(in[0].type) || in[1].type != in[0].type || in[2].type != in[0].type) return refuse("q, k, v must share a float dtype");
+      if (!is_float(in[0].type)) return refuse("q must be float");
+      for (int i : {1, 2}) {
+        const auto t = in[static_cast<std::size_t>(i)].type;
+        if (t != in[0].type && !(in[0].type == dtype::f32 && is_kv_element(t)))
+          return refuse("k and v must have q's dtype, or be f16, bf16 or q8_0 (a KV cache's types) beside f32 queries");
+      }
       if (q.rank() != 3 || k.rank() != 3 || v.rank() != 3) return refuse("q must be [N, Hq, D], k and v [S, Hkv, D]");
+      if ((in[1].type == dtype::q8_0 && k[2] % 32 != 0) || (in[2].type == dtype::q8_0 && v[2] % 32 != 0))
+        return refuse("q8_0 keys and values hold whole 32-value blocks per head");
       if (k[2] != q[2] || v[0] != k[0] || v[1] != k[1]) return refuse("q, k, v disagree");
       if (k[1] == 0 || q[1] % k[1] != 0) return refuse("query heads must be a multiple of kv heads");
       if (!is_index(in[3].type) || ix.rank() != 2) return refuse("index must be i32 or i64 [R, C]");

@@ -32,7 +32,9 @@ enum class op : std::uint8_t {
   equal, less, less_equal, greater,
   // where(cond: boolean, a, b) with broadcasting of all three; a and b share a dtype.
   where,
-  // cast(x) to attrs.to; float to integer rounds half to even and saturates.
+  // cast(x) to attrs.to; float to integer rounds half to even and saturates. Also f32 [..., 32 n] to q8_0:
+  // each 32-value block of the last axis as ggml's quantize_row_q8_0_ref (d = amax / 127 stored as f16,
+  // codes round(x / d) half away from zero), the form a q8_0 KV cache is written in.
   cast,
   // Reductions along attrs.axis (keepdim per attrs). softmax/log_softmax keep the shape; arg_max is i32.
   reduce_sum, reduce_max, reduce_mean, softmax, log_softmax, arg_max,
@@ -47,7 +49,8 @@ enum class op : std::uint8_t {
   // block table (an embedding lookup starts the f32 residual stream), the table's dtype for an integer
   // table. An id outside [0, R) is an error of the step, never a read out of bounds.
   gather_rows,
-  // scatter_rows(dst [R, ...], ids integer [N], src [N, ...]) -> dst with row ids[i] replaced by src[i];
+  // scatter_rows(dst [R, ...], ids integer [N], src [N, ...]) -> dst with row ids[i] replaced by src[i]
+  // (rows of any plain dtype, or of q8_0 blocks);
   // a negative id skips its row (padding). Ids must be distinct.
   scatter_rows,
   // rms_norm(x [..., N], w [N]) = x / sqrt(mean(x^2) + eps) * w.
@@ -69,7 +72,9 @@ enum class op : std::uint8_t {
   // position minus the query's), adding slopes[h] * distance to head h's scores after the scale.
   // With attrs.ints = {Dv'} (1 <= Dv' <= Dv) the values are only the first Dv' dims of each v row and the
   // output is [N, Hq, Dv']: latent attention passes its cache of [c, k_pe] keys as v too, c being the
-  // value, so the cache holds c once.
+  // value, so the cache holds c once. Beside f32 queries, k and v may each be stored as f16, bf16 or
+  // q8_0 (a KV cache's element types, with whole 32-value blocks per head for q8_0): their values are
+  // the decoded ones; the output is f32.
   attention,
   // all_reduce(x) -> x's type: the element-wise sum of x over the ranks of the tensor-parallel group the
   // graph runs in (each rank runs its shard's graph; the executor is given the group). f32 only.

@@ -169,13 +169,16 @@ value_id decoder_trace::attend(value_id q, value_id k, value_id v, std::int32_t 
     const std::int64_t S = ctx_.shape().kv_slots();
     const auto kt = b.type_of(k).dims;  // copies: declaring values below may move the type table
     const std::string kname = "kv.k." + std::to_string(layer), vname = "kv.v." + std::to_string(layer);
-    keys = b.scatter_rows(b.state_input(kname, {dtype::f32, {S, kt[1], kt[2]}}), ctx_.write_map(), k);
+    // The cache's element type: the new rows are rounded to it as they are written (model::with_kv_type).
+    const dtype kvt = ctx_.kv_type;
+    auto stored = [&](value_id x) { return kvt == dtype::f32 ? x : b.cast(x, kvt); };
+    keys = b.scatter_rows(b.state_input(kname, {kvt, {S, kt[1], kt[2]}}), ctx_.write_map(), stored(k));
     b.state_output(kname, keys);
     if (shared) {
       values = keys;
     } else {
       const auto vt = b.type_of(v).dims;
-      values = b.scatter_rows(b.state_input(vname, {dtype::f32, {S, vt[1], vt[2]}}), ctx_.write_map(), v);
+      values = b.scatter_rows(b.state_input(vname, {kvt, {S, vt[1], vt[2]}}), ctx_.write_map(), stored(v));
       b.state_output(vname, values);
     }
     index = read_index();

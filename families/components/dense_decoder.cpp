@@ -9,13 +9,13 @@
 namespace troupe::families {
 
 namespace {
-void add_kv(std::vector<state_decl>& kv, const attention_params& a, std::int64_t l) {
+void add_kv(std::vector<state_decl>& kv, const attention_params& a, std::int64_t l, dtype t) {
   if (a.mla.kv_lora_rank > 0) {  // latent: one shared [c, k_pe] per token, whose c is the value too
-    kv.push_back({"kv.k." + std::to_string(l), dtype::f32, {1, a.mla.kv_lora_rank + a.head_dim}});
+    kv.push_back({"kv.k." + std::to_string(l), t, {1, a.mla.kv_lora_rank + a.head_dim}});
     return;
   }
-  kv.push_back({"kv.k." + std::to_string(l), dtype::f32, {a.kv_heads, a.head_dim}});
-  kv.push_back({"kv.v." + std::to_string(l), dtype::f32, {a.kv_heads, a.head_dim}});
+  kv.push_back({"kv.k." + std::to_string(l), t, {a.kv_heads, a.head_dim}});
+  kv.push_back({"kv.v." + std::to_string(l), t, {a.kv_heads, a.head_dim}});
 }
 }  // namespace
 
@@ -26,19 +26,20 @@ dense_decoder::dense_decoder(dense_decoder_spec spec, families::weight_map weigh
     const auto k = spec_.kind(l);
     if (k == dense_decoder_spec::layer_kind::mamba2) add_mamba2_states(kv, spec_.mamba2, l);
     else if (k == dense_decoder_spec::layer_kind::gated_delta) add_gated_delta_states(kv, spec_.gated_delta, l);
-    else if (k != dense_decoder_spec::layer_kind::ffn_only) add_kv(kv, spec_.attention[l], l);
+    else if (k != dense_decoder_spec::layer_kind::ffn_only) add_kv(kv, spec_.attention[l], l, spec_.kv_type);
   }
   schema_.add_program(program::step, std::move(kv));
   if (!spec_.recurrent()) schema_.add_program(program::encode, {});  // a recurrent mixer runs forward only
   if (spec_.mtp_layers > 0) {
     std::vector<state_decl> mtp;
-    add_kv(mtp, spec_.attention[spec_.stack.layers], spec_.stack.layers);
+    add_kv(mtp, spec_.attention[spec_.stack.layers], spec_.stack.layers, spec_.kv_type);
     schema_.add_program(program::draft, std::move(mtp));
   }
 }
 
 void dense_decoder::trace_into(const step_spec& spec, graph::builder& b) const {
   trace_context ctx(b, weights_, spec);
+  ctx.kv_type = spec_.kv_type;
   decoder_trace t(ctx);
   const auto mixer = [this](decoder_trace& d, graph::value_id x, std::int32_t l) {
     if (spec_.kind(l) == dense_decoder_spec::layer_kind::mamba2) return mamba2_mixer(d, x, l, spec_.mamba2);
@@ -560,6 +561,29 @@ result<std::unique_ptr<model>, model_error> dense_decoder::expert_parallel() con
     return unexpected(model_error{config_error{spec_.config.family, "expert_parallel", "set it on the whole model, before any split"}});
   dense_decoder_spec s = spec_;
   s.expert_parallel = true;
+  return std::unique_ptr<model>(new dense_decoder(std::move(s), weights_.derive(weights_.entries(), {})));
+}
+
+result<std::unique_ptr<model>, model_error> dense_decoder::with_kv_type(dtype t) const {
+  if (t != dtype::f32 && t != dtype::f16 && t != dtype::bf16 && t != dtype::q8_0)
+    return unexpected(model_error{config_error{spec_.config.family, "kv_type", "the KV cache is f32, f16, bf16 or q8_0, not " + std::string(name(t))}});
+  if (t == dtype::q8_0) {
+    const auto layers = static_cast<std::int64_t>(spec_.attention.size());
+    for (std::int64_t l = 0; l < layers; ++l) {
+      const auto k = spec_.kind(l);
+      if (k == dense_decoder_spec::layer_kind::mamba2 || k == dense_decoder_spec::layer_kind::gated_delta ||
+          k == dense_decoder_spec::layer_kind::ffn_only)
+        continue;
+      const auto& a = spec_.attention[static_cast<std::size_t>(l)];
+      const std::int64_t row = a.mla.kv_lora_rank > 0 ? a.mla.kv_lora_rank + a.head_dim : a.head_dim;
+      if (row % 32 != 0)
+        return unexpected(model_error{config_error{spec_.config.family, "kv_type",
+                                                   "a q8_0 KV cache needs cached head rows of whole 32-value blocks; layer " +
+                                                       std::to_string(l) + "'s are " + std::to_string(row) + " wide"}});
+    }
+  }
+  dense_decoder_spec s = spec_;
+  s.kv_type = t;
   return std::unique_ptr<model>(new dense_decoder(std::move(s), weights_.derive(weights_.entries(), {})));
 }
 

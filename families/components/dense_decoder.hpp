@@ -26,6 +26,7 @@ struct dense_decoder_spec {
   // A routed model's feed-forward per layer (empty, or experts 0 for a layer: the dense `ffn`).
   std::vector<moe_params> moe;
   bool expert_parallel = false;  // shards hold whole experts (model::expert_parallel)
+  dtype kv_type = dtype::f32;    // the attention KV states' element type (model::with_kv_type)
   // Multi-token-prediction layers after the stack (components/mtp.hpp), whose weights the checkpoint
   // keeps at layers [layers, layers + mtp_layers); `attention` and `moe` then hold their entries too.
   // The first is the model's draft program. Splits (shards, stages) leave them out.
@@ -67,6 +68,11 @@ class dense_decoder final : public model {
   // and the head on the last (a tied head keeps the embedding there too). At most one stage per layer.
   result<std::unique_ptr<model>, model_error> stage(int stage, int stages) const override;
   result<std::unique_ptr<model>, model_error> expert_parallel() const override;
+  // Any of f32, f16, bf16 and q8_0; q8_0 needs every attention layer's cached row per head (head_dim,
+  // or a latent layer's kv_lora_rank + rope dims) to be whole blocks of 32. A model without attention
+  // layers takes any of them and changes nothing.
+  result<std::unique_ptr<model>, model_error> with_kv_type(dtype t) const override;
+  dtype kv_type() const override { return spec_.kv_type; }
 
  protected:
   void trace_into(const step_spec& spec, graph::builder& b) const override;

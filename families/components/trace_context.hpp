@@ -18,6 +18,8 @@ class trace_context {
   const step_spec& spec;
   const step_shape& shape() const { return spec.shape; }
   bool stateful() const { return spec.program != program::encode; }
+  // The element type the attention KV states are stored as (model::with_kv_type).
+  dtype kv_type = dtype::f32;
 
   bool has(role r, std::int32_t layer = -1) const { return weights_.has({r, layer}); }
   stored_as stored(role r, std::int32_t layer = -1) const;

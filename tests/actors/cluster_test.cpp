@@ -12,6 +12,7 @@
 #include "families/fixtures/fixture.hpp"
 #include "tests/support/tiny_model.hpp"
 #include "transport/codec.hpp"
+#include "tests/support/served_model.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -67,10 +68,10 @@ TEST(cluster, concurrent_jobs_from_eight_clients_match_the_driver_alone) {
   ASSERT_TRUE(c) << c.error();
   auto& cluster = **c;
 
-  auto h = families::model_handle::load(fixture_path(), families::registry::builtin());
+  auto h = test::served_model(fixture_path());
   ASSERT_TRUE(h);
   exec::cpu::cpu_executor ex({1, std::nullopt});
-  auto ref = driver::driver<driver::unprepared>(*h, ex, small_cluster().driver).prepare();
+  auto ref = driver::driver<driver::unprepared>(h, ex, small_cluster().driver).prepare();
   ASSERT_TRUE(ref);
 
   constexpr int clients = 8, per_client = 8;
@@ -232,6 +233,48 @@ TEST(cluster, every_actor_survives_garbage) {
   auto r = cl->submit(job_for(4))->wait();
   EXPECT_FALSE(r.error);
   EXPECT_EQ(r.finish_reason, "length");
+}
+
+// The deployment's KV cache type reaches its replicas (the node types the handle it serves): a q8_0
+// cache's tokens are a driver's over the q8_0-typed model, greedy and sampled; the status names the
+// type and sizes the pool at it; an unknown type is refused at deploy by name.
+TEST(cluster, a_deployments_kv_type_reaches_its_replicas) {
+  auto o = small_cluster();
+  o.replicas = 1;
+  o.kv_type = "q8_0";
+  auto c = local_cluster::start(fixture_path(), o);
+  ASSERT_TRUE(c) << c.error();
+  auto h = families::model_handle::load(fixture_path(), families::registry::builtin());
+  ASSERT_TRUE(h);
+  auto typed = families::with_kv_type(*h, dtype::q8_0);
+  ASSERT_TRUE(typed);
+  exec::cpu::cpu_executor ex({1, std::nullopt});
+  auto ref = driver::driver<driver::unprepared>(*typed, ex, o.driver).prepare();
+  ASSERT_TRUE(ref);
+  auto cl = (*c)->connect();
+  for (int i : {0, 1, 4}) {
+    auto jb = cl->submit(job_for(i));
+    ASSERT_TRUE(jb) << jb.error().message;
+    const auto r = jb->wait();
+    EXPECT_FALSE(r.error) << (r.error ? r.error->message : "");
+    EXPECT_EQ(r.tokens, alone(*ref, job_for(i))) << "job " << i;
+  }
+  const auto st = (*c)->cluster_status();
+  ASSERT_TRUE(st);
+  ASSERT_EQ(st->deployments.size(), 1u);
+  const auto& d = st->deployments[0];
+  EXPECT_EQ(d.kv_type, "q8_0");
+  // The tiny llama's per-layer KV row (2 x kv_heads x head_dim values) at 34 bytes per 32, every layer.
+  const auto& cfg = (*h)->model().config();
+  EXPECT_EQ(d.kv_bytes_per_token, cfg.kv_elems_per_token_per_layer / 32 * 34 * cfg.layers);
+  EXPECT_EQ(d.capacity, 128);
+  EXPECT_EQ(d.kv_tokens, 8 * 128);
+
+  auto bad = small_cluster();
+  bad.kv_type = "q4_0";
+  auto refused = local_cluster::start(fixture_path(), bad);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().find("kv_type 'q4_0'"), std::string::npos) << refused.error();
 }
 
 TEST(cluster, the_registry_resolves_without_loading) {

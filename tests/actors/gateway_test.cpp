@@ -28,6 +28,7 @@
 #include "engine/text/chat_template.hpp"
 #include "families/fixtures/fixture.hpp"
 #include "tests/support/tiny_model.hpp"
+#include "tests/support/served_model.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -66,10 +67,10 @@ served serve(gateway_options g = {}, cluster_options co = options()) {
 // The engine's own answer: the same prompt ids and sampling through a driver.
 driver::generation engine(const std::vector<std::int32_t>& prompt, float temperature, std::uint64_t seed, std::int64_t max_tokens,
                           std::int32_t top_logprobs = 0) {
-  auto h = families::model_handle::load(fixture_path(), families::registry::builtin());
+  auto h = test::served_model(fixture_path());
   EXPECT_TRUE(h);
   exec::cpu::cpu_executor ex({1, std::nullopt});
-  auto d = driver::driver<driver::unprepared>(*h, ex, options().driver).prepare();
+  auto d = driver::driver<driver::unprepared>(h, ex, options().driver).prepare();
   EXPECT_TRUE(d);
   driver::seq_request r;
   r.prompt = prompt;
@@ -253,9 +254,9 @@ TEST(gateway, a_speculating_replica_answers_like_the_engine_and_reports_its_draf
 TEST(gateway, beam_search_answers_the_drivers_best_hypotheses) {
   auto s = serve();
   const auto prompt = encode("w300 w301 w302");
-  auto h = families::model_handle::load(fixture_path(), families::registry::builtin());
+  auto h = test::served_model(fixture_path());
   exec::cpu::cpu_executor ex({1, std::nullopt});
-  auto d = driver::driver<driver::unprepared>(*h, ex, options().driver).prepare();
+  auto d = driver::driver<driver::unprepared>(h, ex, options().driver).prepare();
   ASSERT_TRUE(d);
   driver::seq_request r;
   r.prompt = prompt;

@@ -15,6 +15,7 @@
 #include "apps/default_model.hpp"
 #include "families/fixtures/fixture.hpp"
 #include "tests/support/tiny_model.hpp"
+#include "tests/support/served_model.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -31,7 +32,7 @@ struct engine {
   exec::cpu::cpu_executor ex{exec::cpu::cpu_options{1, std::nullopt}};
   std::optional<driver::driver<driver::serving>> d;
   explicit engine(const fs::path& p) {
-    h = *families::model_handle::load(p, families::registry::builtin());
+    h = test::served_model(p);
     auto r = driver::driver<driver::unprepared>(h, ex, options().driver).prepare();
     EXPECT_TRUE(r);
     d.emplace(std::move(*r));

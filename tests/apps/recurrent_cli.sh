@@ -34,7 +34,7 @@ for model in "$tmp/m.gguf" "$tmp/n.gguf" "$tmp/q"; do
   done
 done
 out="$("$troupe" bench --model "$tmp/m.gguf" --prompt-len 16 --gen 4 --runs 1 2>&1)"
-grep -q "KV 0 bytes per token, recurrent 74752 bytes" <<< "$out" || { echo "$out"; exit 1; }
+grep -q "KV (f16) 0 bytes per token, recurrent 74752 bytes" <<< "$out" || { echo "$out"; exit 1; }
 err="$tmp/err"
 plan="$("$troupe" plan --model "$tmp/q" --node a=cpu:1GiB --json)"
 python3 - "$plan" <<'PY'

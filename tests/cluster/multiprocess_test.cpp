@@ -27,6 +27,7 @@
 #include "actors/model_needs.hpp"
 #include "families/fixtures/fixture.hpp"
 #include "placement/assign.hpp"
+#include "tests/support/served_model.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -169,9 +170,9 @@ transport::job_submit job_for(int i) {
 }
 
 std::vector<std::vector<std::int32_t>> reference(int n) {
-  auto h = families::model_handle::load(model_path(), families::registry::builtin());
+  auto h = test::served_model(model_path());
   exec::cpu::cpu_executor ex({1, std::nullopt});
-  auto d = driver::driver<driver::unprepared>(*h, ex, driver_opts()).prepare();
+  auto d = driver::driver<driver::unprepared>(h, ex, driver_opts()).prepare();
   std::vector<std::vector<std::int32_t>> out;
   for (int i = 0; i < n; ++i) {
     const auto j = job_for(i);
@@ -725,9 +726,9 @@ namespace {
 // What one replica of the test model commits on one device with `tokens` of KV (the coordinator's
 // memory model: placement::whole_replica_bytes over the model's requirements).
 std::uint64_t replica_bytes(std::int64_t tokens) {
-  auto h = families::model_handle::load(model_path(), families::registry::builtin());
+  auto h = test::served_model(model_path());  // the planner sizes KV at the deployment's (default) type
   EXPECT_TRUE(h);
-  auto req = requirements_of(**h);
+  auto req = requirements_of(*h);
   EXPECT_TRUE(req) << req.error();
   return placement::whole_replica_bytes(*req, tokens);
 }

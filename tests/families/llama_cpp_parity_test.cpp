@@ -95,8 +95,8 @@ struct reference_step {
 };
 
 std::vector<reference_step> run_llama_cpp(const fs::path& gguf, const std::vector<std::int32_t>& prompt, int steps, int topk = 5,
-                                          const std::vector<std::int32_t>& forced = {}) {
-  std::string cmd = "node tests/reference/llama_logprobs.mjs '" + gguf.string() + "' '" + nlohmann::json(prompt).dump() +
+                                          const std::vector<std::int32_t>& forced = {}, const std::string& kv_type = "") {
+  std::string cmd = (kv_type.empty() ? "" : "TROUPE_KV_TYPE=" + kv_type + " ") + "node tests/reference/llama_logprobs.mjs '" + gguf.string() + "' '" + nlohmann::json(prompt).dump() +
                     "' " + std::to_string(steps) + " " + std::to_string(topk);
   if (!forced.empty()) cmd += " '" + nlohmann::json(forced).dump() + "'";
   std::vector<reference_step> out;
@@ -124,6 +124,37 @@ double tolerance(const parity_case& c) {
   return c.family == "gemma" || c.family == "gemma2" || c.family == "gemma3" || c.family == "starcoder2" || c.family == "bloom" ? 3e-3 : 1e-3;
 }
 
+// The oracle on `h` greedily along llama.cpp's run `ref` of `prompt`: every top-5 log-probability within
+// `tol`, the greedy ids equal until a near-tie (llama.cpp's top-2 gap under 0.05, where the sequences may
+// part). Returns the positions compared and the worst |dlogprob| seen.
+std::pair<int, double> follow_llama_cpp(const std::shared_ptr<const model_handle>& h, const std::vector<std::int32_t>& prompt,
+                                        const std::vector<reference_step>& ref, double tol, std::int64_t capacity) {
+  app::oracle_runner run(h, capacity);
+  auto logits = run.feed(prompt);
+  int compared = 0;
+  double worst = 0;
+  for (std::size_t step = 0; step < ref.size(); ++step) {
+    EXPECT_TRUE(logits) << logits.error();
+    if (!logits) break;
+    const auto lp = log_softmax(*logits);
+    const auto& r = ref[step];
+    for (const auto& [id, ref_lp] : r.top) {
+      worst = std::max(worst, std::fabs(lp[id] - ref_lp));
+      EXPECT_NEAR(lp[id], ref_lp, tol) << "position " << prompt.size() + step << " token " << id;
+    }
+    const auto ours = static_cast<std::int32_t>(std::max_element(lp.begin(), lp.end()) - lp.begin());
+    if (ours != r.token) {
+      EXPECT_LT(r.top[0].second - r.top[1].second, 0.05)
+          << "greedy ids differ at position " << prompt.size() + step << ": troupe " << ours << ", llama.cpp " << r.token;
+      break;
+    }
+    ++compared;
+    const std::int32_t next[] = {ours};
+    logits = run.feed(next);
+  }
+  return {compared, worst};
+}
+
 class llama_cpp_parity : public ::testing::TestWithParam<parity_case> {};
 
 TEST_P(llama_cpp_parity, greedy_ids_and_top5_logprobs_match) {
@@ -146,28 +177,7 @@ TEST_P(llama_cpp_parity, greedy_ids_and_top5_logprobs_match) {
     SCOPED_TRACE(form.string());
     auto h = model_handle::load(form, registry::builtin());
     ASSERT_TRUE(h) << message(h.error());
-    app::oracle_runner run(*h, 128);
-    auto logits = run.feed(prompt);
-    int compared = 0;
-    double worst = 0;
-    for (int step = 0; step < steps; ++step) {
-      ASSERT_TRUE(logits) << logits.error();
-      const auto lp = log_softmax(*logits);
-      const auto& r = ref[step];
-      for (const auto& [id, ref_lp] : r.top) {
-        worst = std::max(worst, std::fabs(lp[id] - ref_lp));
-        EXPECT_NEAR(lp[id], ref_lp, tolerance(c)) << "position " << step << " token " << id;
-      }
-      const auto ours = static_cast<std::int32_t>(std::max_element(lp.begin(), lp.end()) - lp.begin());
-      const double gap = r.top[0].second - r.top[1].second;
-      if (ours != r.token) {
-        EXPECT_LT(gap, 0.05) << "greedy ids differ at position " << step << ": troupe " << ours << ", llama.cpp " << r.token;
-        break;  // a near-tie: the sequences may part here
-      }
-      ++compared;
-      const std::int32_t next[] = {ours};
-      logits = run.feed(next);
-    }
+    const auto [compared, worst] = follow_llama_cpp(*h, prompt, ref, tolerance(c), 128);
     std::printf("[ parity ] %s %s: %d/%d greedy positions identical, worst top-5 |dlogprob| %.2e\n", case_name(c).c_str(),
                 form.extension() == ".gguf" ? "gguf" : "safetensors", compared, steps, worst);
     EXPECT_GE(compared, 8) << "too few positions compared to mean anything";
@@ -274,6 +284,63 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_cpu_parity,
 // hold instead: troupe's CPU executor on the quantized file is at least as close to the f32 truth (the
 // oracle on the f32 file) as llama.cpp's own run of the same quantized file, both teacher-forced along
 // the truth's greedy continuation, measured as the mean |dlogprob| over the truth's top 5 per position.
+// The f32 truth (the oracle on `h`) along its own greedy continuation of `prompt`: per position its
+// log-probabilities, and the ids it picked (the teacher-forced path both contenders then follow).
+struct truth_path {
+  std::vector<std::vector<double>> logprobs;
+  std::vector<std::int32_t> forced;
+};
+truth_path truth_of(const std::shared_ptr<const model_handle>& h, const std::vector<std::int32_t>& prompt, int steps, std::int64_t capacity) {
+  truth_path t;
+  app::oracle_runner run(h, capacity);
+  auto l = run.feed(prompt);
+  for (int step = 0; step < steps; ++step) {
+    EXPECT_TRUE(l) << l.error();
+    if (!l) return t;
+    t.logprobs.push_back(log_softmax(*l));
+    const auto& lp = t.logprobs.back();
+    t.forced.push_back(static_cast<std::int32_t>(std::max_element(lp.begin(), lp.end()) - lp.begin()));
+    const std::int32_t next[] = {t.forced.back()};
+    l = run.feed(next);
+  }
+  return t;
+}
+
+// Mean |dlogprob| from the truth over its top 5 per position: of troupe's CPU executor on `h`
+// (teacher-forced along the truth's path) and of llama.cpp's run `ref` (its top 64 per position; a
+// truth token past them counts at the 64th's log-probability, an under-estimate of llama.cpp's error).
+std::pair<double, double> errors_from_truth(const truth_path& truth, const std::shared_ptr<const model_handle>& h,
+                                            const std::vector<std::int32_t>& prompt, const std::vector<reference_step>& ref,
+                                            std::int64_t capacity) {
+  exec::cpu::cpu_executor ex({2, std::nullopt});
+  auto run = app::exec_runner::create(h, ex, capacity);
+  EXPECT_TRUE(run) << run.error();
+  if (!run) return {INFINITY, 0};
+  auto logits = run->feed(prompt);
+  double ours = 0, theirs = 0;
+  const auto steps = truth.logprobs.size();
+  for (std::size_t step = 0; step < steps; ++step) {
+    EXPECT_TRUE(logits) << logits.error();
+    if (!logits) return {INFINITY, 0};
+    const auto lp = log_softmax(*logits);
+    const auto& t = truth.logprobs[step];
+    std::vector<std::int32_t> top(t.size());
+    std::iota(top.begin(), top.end(), 0);
+    std::partial_sort(top.begin(), top.begin() + 5, top.end(), [&](std::int32_t a, std::int32_t b) { return t[a] > t[b]; });
+    for (int i = 0; i < 5; ++i) {
+      const auto id = top[static_cast<std::size_t>(i)];
+      ours += std::fabs(lp[id] - t[id]);
+      double r = ref[step].top.back().second;
+      for (const auto& [rid, rlp] : ref[step].top)
+        if (rid == id) r = rlp;
+      theirs += std::fabs(r - t[id]);
+    }
+    const std::int32_t next[] = {truth.forced[step]};
+    logits = run->feed(next);
+  }
+  return {ours / (5.0 * static_cast<double>(steps)), theirs / (5.0 * static_cast<double>(steps))};
+}
+
 class llama_cpp_routed_quantized : public ::testing::TestWithParam<cpu_case> {};
 
 TEST_P(llama_cpp_routed_quantized, is_as_close_to_the_f32_truth_as_llama_cpp) {
@@ -290,51 +357,15 @@ TEST_P(llama_cpp_routed_quantized, is_as_close_to_the_f32_truth_as_llama_cpp) {
   for (int i = 0; i < 40; ++i) prompt.push_back(3 + (i * 131 + 17) % (d.vocab - 3));
   constexpr int steps = 32;
 
-  // The truth and its greedy continuation.
   auto th = model_handle::load(truth_file, registry::builtin());
   ASSERT_TRUE(th) << message(th.error());
-  app::oracle_runner truth_run(*th, 128);
-  std::vector<std::vector<double>> truth;
-  std::vector<std::int32_t> forced;
-  auto tl = truth_run.feed(prompt);
-  for (int step = 0; step < steps; ++step) {
-    ASSERT_TRUE(tl) << tl.error();
-    truth.push_back(log_softmax(*tl));
-    forced.push_back(static_cast<std::int32_t>(std::max_element(truth.back().begin(), truth.back().end()) - truth.back().begin()));
-    const std::int32_t next[] = {forced.back()};
-    tl = truth_run.feed(next);
-  }
-  // llama.cpp on the quantized file, its top 64 per position (the truth's top 5 are found among them or
-  // counted at the 64th's log-probability, an under-estimate of llama.cpp's error).
-  const auto ref = run_llama_cpp(gguf, prompt, steps, 64, forced);
+  const auto truth = truth_of(*th, prompt, steps, 128);
+  ASSERT_EQ(truth.forced.size(), static_cast<std::size_t>(steps));
+  const auto ref = run_llama_cpp(gguf, prompt, steps, 64, truth.forced);
   ASSERT_EQ(ref.size(), static_cast<std::size_t>(steps));
   auto h = model_handle::load(gguf, registry::builtin());
   ASSERT_TRUE(h) << message(h.error());
-  exec::cpu::cpu_executor ex({2, std::nullopt});
-  auto run = app::exec_runner::create(*h, ex, 128);
-  ASSERT_TRUE(run) << run.error();
-  auto logits = run->feed(prompt);
-  double ours_err = 0, ref_err = 0;
-  for (int step = 0; step < steps; ++step) {
-    ASSERT_TRUE(logits) << logits.error();
-    const auto lp = log_softmax(*logits);
-    const auto& t = truth[static_cast<std::size_t>(step)];
-    std::vector<std::int32_t> top(t.size());
-    std::iota(top.begin(), top.end(), 0);
-    std::partial_sort(top.begin(), top.begin() + 5, top.end(), [&](std::int32_t a, std::int32_t b) { return t[a] > t[b]; });
-    for (int i = 0; i < 5; ++i) {
-      const auto id = top[static_cast<std::size_t>(i)];
-      ours_err += std::fabs(lp[id] - t[id]);
-      double r = ref[step].top.back().second;
-      for (const auto& [rid, rlp] : ref[step].top)
-        if (rid == id) r = rlp;
-      ref_err += std::fabs(r - t[id]);
-    }
-    const std::int32_t next[] = {forced[static_cast<std::size_t>(step)]};
-    logits = run->feed(next);
-  }
-  ours_err /= 5.0 * steps;
-  ref_err /= 5.0 * steps;
+  const auto [ours_err, ref_err] = errors_from_truth(truth, *h, prompt, ref, 128);
   std::printf("[ parity ] routed %s: mean top-5 |dlogprob| from the f32 truth: troupe cpu %.3e, llama.cpp %.3e\n",
               cpu_case_name(c).c_str(), ours_err, ref_err);
   // "At least as close", with 10% for the activation rounding each side does its own way.
@@ -351,6 +382,92 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_routed_quantized,
                                            // so they are held to the same rule.
                                            cpu_case{"mamba2", dtype::q8_0}, cpu_case{"mamba2", dtype::q4_0},
                                            cpu_case{"nemotron_h", dtype::q8_0}, cpu_case{"qwen3_next", dtype::q8_0}),
+                         [](const auto& info) { return cpu_case_name(info.param); });
+
+// Rotary scaling as llama.cpp reads it from a GGUF (linear and YaRN from rope.scaling.*, Llama 3's from
+// the rope_freqs divisors) and as troupe reads it from either form (the HF form's rope_scaling): a
+// 180-token prompt over a trained context of 64 positions, so most positions lie past it, then 16
+// greedy tokens. The oracle on both forms against llama.cpp (f32 cache): greedy ids and top-5 within
+// the dense bound, 1e-3. (Dynamic NTK has no GGUF form: llama.cpp's converter drops it; its table is
+// checked against HF's formula in tests/families/rope_test.cpp.)
+struct rope_case {
+  std::string_view family, kind;
+  double factor;
+};
+std::string rope_case_name(const rope_case& c) {
+  return std::string(c.family) + "_" + std::string(c.kind) + "_x" + std::to_string(static_cast<int>(c.factor));
+}
+void PrintTo(const rope_case& c, std::ostream* os) { *os << rope_case_name(c); }
+
+class llama_cpp_rope_scaling : public ::testing::TestWithParam<rope_case> {};
+
+TEST_P(llama_cpp_rope_scaling, long_positions_match_llama_cpp) {
+  const auto c = GetParam();
+  auto d = dims_for({c.family, 64});
+  d.rope_scaling = std::string(c.kind);
+  d.rope_factor = c.factor;
+  d.rope_original = 64;
+  const auto dir = fs::temp_directory_path() / ("troupe-parity-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto gguf = dir / ("rope-" + rope_case_name(c) + ".gguf");
+  const auto hf = dir / ("rope-" + rope_case_name(c) + "-hf");
+  ASSERT_TRUE(write_fixture(c.family, d, gguf, true));
+  ASSERT_TRUE(write_fixture(c.family, d, hf, false));
+  std::vector<std::int32_t> prompt;
+  for (int i = 0; i < 180; ++i) prompt.push_back(3 + (i * 131 + 17) % (d.vocab - 3));
+  constexpr int steps = 16;
+  const auto ref = run_llama_cpp(gguf, prompt, steps);
+  ASSERT_EQ(ref.size(), static_cast<std::size_t>(steps)) << "llama.cpp produced no output for " << gguf;
+  for (const auto& form : {gguf, hf}) {
+    SCOPED_TRACE(form.string());
+    auto h = model_handle::load(form, registry::builtin());
+    ASSERT_TRUE(h) << message(h.error());
+    const auto [compared, worst] = follow_llama_cpp(*h, prompt, ref, 1e-3, 256);
+    std::printf("[ parity ] rope %s %s: %d/%d greedy positions identical, worst top-5 |dlogprob| %.2e\n", rope_case_name(c).c_str(),
+                form.extension() == ".gguf" ? "gguf" : "safetensors", compared, steps, worst);
+    EXPECT_GE(compared, 4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(rules, llama_cpp_rope_scaling,
+                         ::testing::Values(rope_case{"llama", "linear", 4.0}, rope_case{"llama", "yarn", 4.0},
+                                           rope_case{"llama", "llama3", 8.0}, rope_case{"qwen2", "yarn", 4.0}),
+                         [](const auto& info) { return rope_case_name(info.param); });
+
+// KV cache types against llama.cpp's own (--cache-type-k/-v, flash attention on): on a 200-token
+// prompt, teacher-forced along the f32 truth's greedy continuation, troupe's CPU executor with an f16 or
+// q8_0 cache is at least as close to the truth (the oracle with an f32 cache) as llama.cpp with the
+// same cache type, measured as the mean |dlogprob| over the truth's top 5 per position.
+class llama_cpp_kv_types : public ::testing::TestWithParam<cpu_case> {};
+
+TEST_P(llama_cpp_kv_types, a_typed_cache_is_as_close_to_the_truth_as_llama_cpp) {
+  const auto c = GetParam();
+  auto d = dims_for({c.family, 64});
+  const auto dir = fs::temp_directory_path() / ("troupe-parity-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto gguf = dir / ("kv-" + std::string(c.family) + ".gguf");
+  ASSERT_TRUE(write_fixture(c.family, d, gguf, true));
+  std::vector<std::int32_t> prompt;
+  for (int i = 0; i < 200; ++i) prompt.push_back(3 + (i * 131 + 17) % (d.vocab - 3));
+  constexpr int steps = 24;
+  auto th = model_handle::load(gguf, registry::builtin());
+  ASSERT_TRUE(th) << message(th.error());
+  const auto truth = truth_of(*th, prompt, steps, 256);
+  ASSERT_EQ(truth.forced.size(), static_cast<std::size_t>(steps));
+  const std::string kv = c.type == dtype::f16 ? "F16" : c.type == dtype::bf16 ? "BF16" : "Q8_0";
+  const auto ref = run_llama_cpp(gguf, prompt, steps, 64, truth.forced, kv);
+  ASSERT_EQ(ref.size(), static_cast<std::size_t>(steps));
+  auto typed = with_kv_type(*th, c.type);
+  ASSERT_TRUE(typed) << message(typed.error());
+  const auto [ours_err, ref_err] = errors_from_truth(truth, *typed, prompt, ref, 256);
+  std::printf("[ parity ] kv cache %s: mean top-5 |dlogprob| from the f32-cache truth: troupe cpu %.3e, llama.cpp %.3e\n",
+              cpu_case_name(c).c_str(), ours_err, ref_err);
+  EXPECT_LE(ours_err, 1.1 * ref_err + 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(types, llama_cpp_kv_types,
+                         ::testing::Values(cpu_case{"llama", dtype::f16}, cpu_case{"llama", dtype::q8_0}, cpu_case{"qwen2", dtype::f16},
+                                           cpu_case{"qwen2", dtype::q8_0}, cpu_case{"gemma2", dtype::q8_0}),
                          [](const auto& info) { return cpu_case_name(info.param); });
 
 // The embedded default model (models/troupe-kjv.gguf, a trained 3.7M-parameter Llama): llama.cpp

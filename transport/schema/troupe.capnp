@@ -274,6 +274,7 @@ struct LoadRequest {
   speculative @18 :Text;        # speculative decoding: "" none, "ngram", "model" (draftModel), "mtp"
   draftModel @19 :Text;         # the draft checkpoint, a path on the node
   draftTokens @20 :Int32;       # drafts per verify window; 0: the driver's default
+  kvType @21 :Text;             # the KV cache's element type: f32, f16, bf16, q8_0; empty: f16
 }
 
 # ---- nodes and the cluster --------------------------------------------------------------------------
@@ -388,6 +389,10 @@ struct DeploymentStatus {
   desired @2 :Int32;
   serving @3 :Int32;
   family @4 :Text;
+  kvType @5 :Text;              # the replicas' KV cache element type
+  kvBytesPerToken @6 :Int64;    # over every layer, at that type
+  capacity @7 :Int64;           # positions per sequence
+  kvTokens @8 :Int64;           # tokens a replica's KV pool holds
 }
 
 struct ClusterStatus {

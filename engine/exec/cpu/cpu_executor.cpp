@@ -135,7 +135,7 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
   // States: one buffer per name per executable, shared by every entry that declares it.
   for (const auto& s : gg.states()) {
     const auto& t = gg.info(s.in).type;
-    if (!computable_type(t.type))
+    if (!computable_type(t.type) && !kv_storage_type(t.type))
       return unexpected(exec_error{exec_error_code::unsupported, "state " + s.name, "dtype " + std::string(troupe::name(t.type))});
     auto it = ex.states.find(s.name);
     if (it == ex.states.end()) {

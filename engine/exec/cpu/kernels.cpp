@@ -26,6 +26,10 @@ void rms_norm(const float* x, const float* w, std::int64_t rows, std::int64_t n,
   kernels_detail::kernels_for(level).rms_norm(x, w, rows, n, eps, y);
 }
 
+void to_f16(const float* x, std::int64_t n, std::uint16_t* y, isa level) {
+  if (n > 0) kernels_detail::kernels_for(level).to_f16(x, n, y);
+}
+
 void ssm_scan_heads(const ssm_scan_args& a, std::int64_t h0, std::int64_t h1, isa level) {
   if (h1 > h0) kernels_detail::kernels_for(level).ssm_scan_heads(a, h0, h1);
 }

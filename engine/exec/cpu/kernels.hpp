@@ -9,13 +9,18 @@
 
 namespace troupe::exec::cpu {
 
-// attention over a KV map (see op::attention): q [R*T, Hq, D], k [S, Hkv, D], v [S, Hkv, Dv],
-// index [R, C] (rows of k/v), allow [R, T, C] (0/1 bytes), out [R*T, Hq, Dv]. Online softmax: no
-// score matrix is materialized. Allowed indices are in [0, S) (the caller checks).
+// The element types a KV cache's keys and values are read in (op::attention): f32, f16, bf16, or
+// q8_0 blocks (an f16 scale and 32 int8 codes per 32 values of a head), decoded in registers.
+enum class kv_elem : std::uint8_t { f32, f16, bf16, q8_0 };
+
+// attention over a KV map (see op::attention): q [R*T, Hq, D], k [S, Hkv, D], v [S, Hkv, Dv] (both of
+// element type `kv`), index [R, C] (rows of k/v), allow [R, T, C] (0/1 bytes), out [R*T, Hq, Dv].
+// Online softmax: no score matrix is materialized. Allowed indices are in [0, S) (the caller checks).
 struct attention_args {
   const float* q = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  kv_elem kv = kv_elem::f32;
   const std::int32_t* index = nullptr;
   const std::uint8_t* allow = nullptr;
   float* out = nullptr;
@@ -49,6 +54,9 @@ struct delta_rule_args {
   float* out = nullptr;
 };
 void delta_rule_heads(const delta_rule_args& a, std::int64_t h0, std::int64_t h1, isa level);
+
+// y = x rounded to f16, to nearest even (a KV cache's write).
+void to_f16(const float* x, std::int64_t n, std::uint16_t* y, isa level);
 
 // y = x / sqrt(mean(x^2) + eps) * w over rows of n (y may alias x).
 void rms_norm(const float* x, const float* w, std::int64_t rows, std::int64_t n, float eps, float* y, isa level);

@@ -154,7 +154,7 @@ result<entry_id, exec_error> cuda_executor::add_entry(executable_id exe, const g
   // States: one device buffer per name per executable, zeroed, shared by the entries that declare it.
   for (const auto& s : gg.states()) {
     const auto& t = gg.info(s.in).type;
-    if (!computable_type(t.type))
+    if (!computable_type(t.type) && !kv_storage_type(t.type))
       return unexpected(exec_error{exec_error_code::unsupported, "state " + s.name, "dtype " + std::string(troupe::name(t.type))});
     auto it = ex.states.find(s.name);
     if (it == ex.states.end()) {

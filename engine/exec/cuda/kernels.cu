@@ -9,6 +9,7 @@
 
 #include "engine/exec/cuda/kernels.hpp"
 #include "engine/exec/cuda/moe_math.hpp"
+#include "engine/exec/cuda/quant_math.hpp"
 
 namespace troupe::exec::cuda {
 namespace {
@@ -68,6 +69,8 @@ __device__ float binary_f(ew op, float a, float b) {
 __device__ double load_any(dtype t, const void* p, std::int64_t i) {
   switch (t) {
     case dtype::f32: return static_cast<const float*>(p)[i];
+    case dtype::f16: return quant::f16_bits_to_float(static_cast<const std::uint16_t*>(p)[i]);
+    case dtype::bf16: return quant::bf16_bits_to_float(static_cast<const std::uint16_t*>(p)[i]);
     case dtype::i32: return static_cast<const std::int32_t*>(p)[i];
     case dtype::i64: return static_cast<double>(static_cast<const std::int64_t*>(p)[i]);
     case dtype::boolean: return static_cast<const std::uint8_t*>(p)[i] != 0;
@@ -88,6 +91,8 @@ __device__ I saturate(double v, I lo, I hi) {
 __device__ void store_any(dtype t, void* p, std::int64_t i, double v) {
   switch (t) {
     case dtype::f32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
+    case dtype::f16: static_cast<std::uint16_t*>(p)[i] = quant::float_to_f16_bits(static_cast<float>(v)); return;
+    case dtype::bf16: static_cast<std::uint16_t*>(p)[i] = quant::float_to_bf16_bits(static_cast<float>(v)); return;
     case dtype::i32: static_cast<std::int32_t*>(p)[i] = saturate<std::int32_t>(v, INT32_MIN, INT32_MAX); return;
     case dtype::i64:
       static_cast<std::int64_t*>(p)[i] = saturate<std::int64_t>(v, INT64_MIN, INT64_MAX);
@@ -430,11 +435,11 @@ __global__ void attention_kernel(attention_launch a, int keys_per_tile) {
     __syncthreads();
     for (std::int64_t e = threadIdx.x; e < static_cast<std::int64_t>(tile) * a.D; e += blockDim.x) {
       const std::int64_t j = e / a.D, d = e % a.D;
-      ks[j * kstride + d] = a.k[(static_cast<std::int64_t>(a.ix32[r * a.C + c0 + j]) * a.Hkv + kvh) * a.D + d];
+      ks[j * kstride + d] = quant::kv_element(a.k, a.kv_type, (static_cast<std::int64_t>(a.ix32[r * a.C + c0 + j]) * a.Hkv + kvh) * a.D + d);
     }
     for (std::int64_t e = threadIdx.x; e < static_cast<std::int64_t>(tile) * a.Dv; e += blockDim.x) {
       const std::int64_t j = e / a.Dv, d = e % a.Dv;
-      vs[e] = a.v[(static_cast<std::int64_t>(a.ix32[r * a.C + c0 + j]) * a.Hkv + kvh) * (a.Vw > 0 ? a.Vw : a.Dv) + d];
+      vs[e] = quant::kv_element(a.v, a.kv_type, (static_cast<std::int64_t>(a.ix32[r * a.C + c0 + j]) * a.Hkv + kvh) * (a.Vw > 0 ? a.Vw : a.Dv) + d);
     }
     __syncthreads();
     if (!live) continue;
@@ -472,6 +477,12 @@ __global__ void attention_kernel(attention_launch a, int keys_per_tile) {
     const std::int64_t d = lane + 32 * i;
     if (d < a.Dv) a.out[(n * a.Hq + h) * a.Dv + d] = a.sinks != nullptr ? acc[i] * f : l > 0.0f ? acc[i] / l : 0.0f;
   }
+}
+
+__global__ void quantize_q8_0_kernel(const float* x, std::int64_t blocks, std::uint8_t* y) {
+  for (std::int64_t b = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; b < blocks;
+       b += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    quant::quantize_block_q8_0(x + b * 32, y + b * 34);
 }
 
 // ---- mixture-of-experts routing ----
@@ -591,6 +602,10 @@ void launch_attention(const attention_launch& a, step_flag* flag, std::int32_t e
   const std::size_t smem = (static_cast<std::size_t>(tile) * (a.D + 1 + a.Dv) + static_cast<std::size_t>(warps) * a.D) * sizeof(float);
   const dim3 grid(static_cast<unsigned>((a.T + warps - 1) / warps), static_cast<unsigned>(a.Hq), static_cast<unsigned>(a.R));
   attention_kernel<<<grid, warps * 32, smem, S(stream)>>>(a, tile);
+}
+
+void launch_quantize_q8_0(const float* x, std::int64_t blocks, void* y, void* stream) {
+  if (blocks > 0) quantize_q8_0_kernel<<<blocks_for(blocks), threads, 0, S(stream)>>>(x, blocks, static_cast<std::uint8_t*>(y));
 }
 
 void launch_top_k(const float* x, std::int64_t rows, std::int64_t E, std::int64_t k, std::int32_t* out, void* stream) {

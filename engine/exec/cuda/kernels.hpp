@@ -102,8 +102,9 @@ void launch_rope(float* x, std::int64_t T, std::int64_t H, std::int64_t D, dtype
 inline constexpr std::int64_t max_attention_dim = 256;
 struct attention_launch {
   const float* q = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
+  const void* k = nullptr;  // [S, Hkv, D] of kv_type (f32, f16, bf16 or q8_0)
+  const void* v = nullptr;  // [S, Hkv, Vw] of kv_type
+  dtype kv_type = dtype::f32;
   const void* index = nullptr;
   dtype index_type = dtype::i32;
   const std::uint8_t* allow = nullptr;
@@ -115,6 +116,9 @@ struct attention_launch {
   const float* sinks = nullptr;  // [Hq] or null: head h's sink joins its softmax's denominator
 };
 void launch_attention(const attention_launch& a, step_flag* flag, std::int32_t eqn, void* stream);
+// cast of f32 rows to q8_0 (a q8_0 KV cache's write): `blocks` blocks of 32 values, each as
+// quant::quantize_block_q8_0.
+void launch_quantize_q8_0(const float* x, std::int64_t blocks, void* y, void* stream);
 
 // Mixture-of-experts routing (op::top_k, op::take_along; linear_id's GEMV is linear_kernels.hpp's).
 // top_k: out [rows, k] i32 = the indices of each f32 row's k first elements in top_k's order.

@@ -142,6 +142,46 @@ TROUPE_HD std::uint16_t float_to_bf16_bits(float f) {
 #endif
 }
 
+// ---- KV cache elements ------------------------------------------------------------------------------
+// A KV cache row is f32, f16, bf16 or q8_0 (op::attention). Element i of the cache counted from `base`
+// (for q8_0, blocks of 34 bytes: an f16 d, then 32 int8 codes).
+TROUPE_HD float kv_element(const void* base, dtype t, std::int64_t i) {
+  switch (t) {
+    case dtype::f16: return f16_bits_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case dtype::bf16: return bf16_bits_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case dtype::q8_0: {
+      const auto* blk = static_cast<const std::uint8_t*>(base) + i / 32 * 34;
+      const float d = f16_bits_to_float(static_cast<std::uint16_t>(blk[0] | (blk[1] << 8)));
+      return d * static_cast<float>(static_cast<std::int8_t>(blk[2 + i % 32]));
+    }
+    default: return static_cast<const float*>(base)[i];
+  }
+}
+
+// One 32-value block of x as q8_0, ggml's quantize_row_q8_0_ref (core's quantize_row): d = amax / 127
+// stored as f16, codes round(x / d) half away from zero (NaN: 0).
+TROUPE_HD void quantize_block_q8_0(const float* x, std::uint8_t* blk) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) {
+    const float a = x[j] < 0.0f ? -x[j] : x[j];
+    amax = amax > a ? amax : a;
+  }
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const std::uint16_t h = float_to_f16_bits(d);
+  blk[0] = static_cast<std::uint8_t>(h & 0xff);
+  blk[1] = static_cast<std::uint8_t>(h >> 8);
+  for (int j = 0; j < 32; ++j) {
+    float v = x[j] * id;
+    int q = 0;
+    if (v == v) {
+      v = v < -128.0f ? -128.0f : v > 127.0f ? 127.0f : v;
+      q = static_cast<int>(roundf(v));
+    }
+    blk[2 + j] = static_cast<std::uint8_t>(static_cast<std::int8_t>(q));
+  }
+}
+
 // ---- loading bytes ---------------------------------------------------------------------------------
 // A loader reads little-endian weight bytes and f32 activations:
 //   u8(p), u16<Align>(p)           one byte, one 16-bit value

@@ -396,50 +396,97 @@ void rope(float* x, std::int64_t T, std::int64_t H, std::int64_t D, const std::i
 
 // ---- Attention ------------------------------------------------------------------------------------
 
+// How a kernel reads a KV cache's rows of element type E: `bytes(n)` of n elements (n a multiple of the
+// block for q8_0), and `load` / `load_n` of W (or the first n of W) values from element d of a row, as
+// f32 lanes. For q8_0, d is a multiple of W and W divides 32, so a load stays inside one block.
+template <class V, kv_elem E>
+struct kv_rows;
+
+template <class V>
+struct kv_rows<V, kv_elem::f32> {
+  using R = typename V::reg;
+  static constexpr std::int64_t bytes(std::int64_t n) { return n * 4; }
+  static R load(const unsigned char* row, std::int64_t d) { return V::load(reinterpret_cast<const float*>(row) + d); }
+  static R load_n(const unsigned char* row, std::int64_t d, std::int64_t n) {
+    return V::load_n(reinterpret_cast<const float*>(row) + d, n);
+  }
+};
+
+template <class V, kv_elem E>
+  requires(E == kv_elem::f16 || E == kv_elem::bf16)
+struct kv_rows<V, E> {
+  using R = typename V::reg;
+  static constexpr std::int64_t bytes(std::int64_t n) { return n * 2; }
+  static R load(const unsigned char* row, std::int64_t d) {
+    const auto* p = reinterpret_cast<const std::uint16_t*>(row) + d;
+    if constexpr (E == kv_elem::f16) return V::load_f16(p);
+    else return V::load_bf16(p);
+  }
+  static R load_n(const unsigned char* row, std::int64_t d, std::int64_t n) {
+    const auto* p = reinterpret_cast<const std::uint16_t*>(row) + d;
+    if constexpr (E == kv_elem::f16) return V::load_f16_n(p, n);
+    else return V::load_bf16_n(p, n);
+  }
+};
+
+template <class V>
+struct kv_rows<V, kv_elem::q8_0> {
+  using R = typename V::reg;
+  static constexpr std::int64_t bytes(std::int64_t n) { return n / 32 * 34; }
+  static R load(const unsigned char* row, std::int64_t d) {
+    const unsigned char* blk = row + d / 32 * 34;
+    const auto h = static_cast<std::uint16_t>(blk[0] | (blk[1] << 8));
+    return V::mul(V::set1(V::half(h)), V::load_i8(reinterpret_cast<const std::int8_t*>(blk + 2) + d % 32));
+  }
+  static R load_n(const unsigned char* row, std::int64_t d, std::int64_t n) {
+    return V::select(V::first(n), load(row, d), V::zero());
+  }
+};
+
 // Scores of one query against `width` keys (rows kp[j] + off) as one vector: one accumulator per key
 // over the head dimension, reduced together by sum_lanes.
-template <class V>
-[[gnu::always_inline]] inline typename V::reg score_block(const float* q, const float* const* kp, std::int64_t off,
+template <class V, class K>
+[[gnu::always_inline]] inline typename V::reg score_block(const float* q, const unsigned char* const* kp, std::int64_t off,
                                                           std::int64_t D) {
   constexpr int W = V::width;
   typename V::reg acc[W];
-  const float* k[W];
+  const unsigned char* k[W];
   for (int j = 0; j < W; ++j) {
     acc[j] = V::zero();
-    k[j] = kp[j] + off;
+    k[j] = kp[j] + K::bytes(off);
   }
   std::int64_t d = 0;
   for (; d + W <= D; d += W) {
     const auto qv = V::load(q + d);
 #pragma GCC unroll 16
-    for (int j = 0; j < W; ++j) acc[j] = V::fma(qv, V::load(k[j] + d), acc[j]);
+    for (int j = 0; j < W; ++j) acc[j] = V::fma(qv, K::load(k[j], d), acc[j]);
   }
   if (d < D) {
     const std::int64_t rem = D - d;
     const auto qv = V::load_n(q + d, rem);
 #pragma GCC unroll 16
-    for (int j = 0; j < W; ++j) acc[j] = V::fma(qv, V::load_n(k[j] + d, rem), acc[j]);
+    for (int j = 0; j < W; ++j) acc[j] = V::fma(qv, K::load_n(k[j], d, rem), acc[j]);
   }
   return V::sum_lanes(acc);
 }
 
 // acc[d0, d0 + width) (or its first `part` lanes) += sum_j p[j] * (vp[j] + off)[d0...], in four
 // interleaved accumulators so the FMA latency does not serialize the keys.
-template <class V, bool Partial>
-void pv_chunk(float* acc, const float* p, const float* const* vp, std::int64_t off, std::int64_t n, std::int64_t d0,
+template <class V, class K, bool Partial>
+void pv_chunk(float* acc, const float* p, const unsigned char* const* vp, std::int64_t off, std::int64_t n, std::int64_t d0,
               std::int64_t part) {
   using R = typename V::reg;
-  auto ld = [&](const float* src) { return Partial ? V::load_n(src, part) : V::load(src); };
-  const std::int64_t o = off + d0;
-  R a0 = ld(acc + d0), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
+  const std::int64_t o = K::bytes(off);
+  auto ld = [&](const unsigned char* row) { return Partial ? K::load_n(row + o, d0, part) : K::load(row + o, d0); };
+  R a0 = Partial ? V::load_n(acc + d0, part) : V::load(acc + d0), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
   std::int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
-    a0 = V::fma(V::set1(p[j]), ld(vp[j] + o), a0);
-    a1 = V::fma(V::set1(p[j + 1]), ld(vp[j + 1] + o), a1);
-    a2 = V::fma(V::set1(p[j + 2]), ld(vp[j + 2] + o), a2);
-    a3 = V::fma(V::set1(p[j + 3]), ld(vp[j + 3] + o), a3);
+    a0 = V::fma(V::set1(p[j]), ld(vp[j]), a0);
+    a1 = V::fma(V::set1(p[j + 1]), ld(vp[j + 1]), a1);
+    a2 = V::fma(V::set1(p[j + 2]), ld(vp[j + 2]), a2);
+    a3 = V::fma(V::set1(p[j + 3]), ld(vp[j + 3]), a3);
   }
-  for (; j < n; ++j) a0 = V::fma(V::set1(p[j]), ld(vp[j] + o), a0);
+  for (; j < n; ++j) a0 = V::fma(V::set1(p[j]), ld(vp[j]), a0);
   const R s = V::add(V::add(a0, a1), V::add(a2, a3));
   if (Partial) V::store_n(acc + d0, s, part);
   else V::store(acc + d0, s);
@@ -447,9 +494,10 @@ void pv_chunk(float* acc, const float* p, const float* const* vp, std::int64_t o
 
 // acc[0, Dv) += sum_j p[j] * (vp[j] + off)[0, Dv): blocks of acc_chunks vectors held in registers
 // across the keys, then single vectors, then the partial one.
-template <class V>
-void accumulate_pv(float* acc, const float* p, const float* const* vp, std::int64_t off, std::int64_t n, std::int64_t Dv) {
+template <class V, class K>
+void accumulate_pv(float* acc, const float* p, const unsigned char* const* vp, std::int64_t off, std::int64_t n, std::int64_t Dv) {
   constexpr int W = V::width, B = V::acc_chunks;
+  const std::int64_t o = K::bytes(off);
   std::int64_t d = 0;
   for (; d + B * W <= Dv; d += B * W) {
     typename V::reg a[B];
@@ -457,21 +505,22 @@ void accumulate_pv(float* acc, const float* p, const float* const* vp, std::int6
     for (int b = 0; b < B; ++b) a[b] = V::load(acc + d + b * W);
     for (std::int64_t j = 0; j < n; ++j) {
       const auto pj = V::set1(p[j]);
-      const float* v = vp[j] + off + d;
+      const unsigned char* v = vp[j] + o;
 #pragma GCC unroll 8
-      for (int b = 0; b < B; ++b) a[b] = V::fma(pj, V::load(v + b * W), a[b]);
+      for (int b = 0; b < B; ++b) a[b] = V::fma(pj, K::load(v, d + b * W), a[b]);
     }
 #pragma GCC unroll 8
     for (int b = 0; b < B; ++b) V::store(acc + d + b * W, a[b]);
   }
-  for (; d + W <= Dv; d += W) pv_chunk<V, false>(acc, p, vp, off, n, d, W);
-  if (d < Dv) pv_chunk<V, true>(acc, p, vp, off, n, d, Dv - d);
+  for (; d + W <= Dv; d += W) pv_chunk<V, K, false>(acc, p, vp, off, n, d, W);
+  if (d < Dv) pv_chunk<V, K, true>(acc, p, vp, off, n, d, Dv - d);
 }
 
 // One task (see attention_task): flash attention over tiles of the compacted keys, each tile's K and
 // V rows read from memory once for all of the task's queries.
-template <class V>
-void attention_task_run(const attention_args& a, const attention_task& tk) {
+template <class V, kv_elem E>
+void attention_task_typed(const attention_args& a, const attention_task& tk) {
+  using K = kv_rows<V, E>;
   constexpr int W = V::width;
   constexpr std::int64_t tile = attention_tile;
   using R = typename V::reg;
@@ -529,34 +578,36 @@ void attention_task_run(const attention_args& a, const attention_task& tk) {
   }
 
   alignas(64) float pc[tile];
-  const float* rows[2][2][tile];  // [current / next tile][K / V]: the task's first kv head in each row
-  const float* vc[tile];
+  const unsigned char* rows[2][2][tile];  // [current / next tile][K / V]: the task's first kv head in each row
+  const unsigned char* vc[tile];
   const R cap = V::set1(a.softcap);
   // Lines of one key's K (and V) rows over the task's kv heads, which are adjacent in memory.
-  const std::int64_t k_lines = (heads * D * 4 + 63) / 64, v_lines = (heads * Dv * 4 + 63) / 64;
+  const std::int64_t k_lines = (K::bytes(heads * D) + 63) / 64, v_lines = (K::bytes(heads * Vw) + 63) / 64;
   // Keys per step of the P.V loop: their V rows (8 KiB) stay in L1 while every query of the task
   // reads them, whatever the row stride (a stride of 512 bytes maps a whole tile onto few L1 sets).
   const std::int64_t pv_block = Dv * 4 * 32 <= 8192 ? 32 : Dv * 4 * 16 <= 8192 ? 16 : 8;
-  auto locate = [&](std::int64_t from, const float** kr, const float** vr) {
+  const auto* kbase = static_cast<const unsigned char*>(a.k);
+  const auto* vbase = static_cast<const unsigned char*>(a.v);
+  auto locate = [&](std::int64_t from, const unsigned char** kr, const unsigned char** vr) {
     const std::int64_t n = nk - from < tile ? nk - from : tile;
     for (std::int64_t j = 0; j < n; ++j) {
       const std::int64_t row = index[keys[from + j]];
-      kr[j] = a.k + (row * a.Hkv + tk.kh0) * D;
-      vr[j] = a.v + (row * a.Hkv + tk.kh0) * Vw;
+      kr[j] = kbase + K::bytes((row * a.Hkv + tk.kh0) * D);
+      vr[j] = vbase + K::bytes((row * a.Hkv + tk.kh0) * Vw);
     }
     return n;
   };
   // The rows of the next tile are fetched while this one is computed, a block at a time alongside
   // the loops that read the same block of this tile: the rows are scattered (paged KV), so the
   // hardware prefetcher cannot guess them, and all at once would overflow the miss queues.
-  auto prefetch = [](const float* const* r, std::int64_t from, std::int64_t to, std::int64_t lines) {
+  auto prefetch = [](const unsigned char* const* r, std::int64_t from, std::int64_t to, std::int64_t lines) {
     for (std::int64_t j = from; j < to; ++j)
-      for (std::int64_t l = 0; l < lines; ++l) __builtin_prefetch(r[j] + l * 16, 0, 2);
+      for (std::int64_t l = 0; l < lines; ++l) __builtin_prefetch(r[j] + l * 64, 0, 2);
   };
   if (nk > 0) locate(0, rows[0][0], rows[0][1]);
   for (std::int64_t base = 0, cur = 0; base < nk; base += tile, cur ^= 1) {
-    const float** kp = rows[cur][0];
-    const float** vp = rows[cur][1];
+    const unsigned char** kp = rows[cur][0];
+    const unsigned char** vp = rows[cur][1];
     const std::int64_t n = nk - base < tile ? nk - base : tile;
     const std::int64_t nw = (n + W - 1) / W * W;
     const std::int64_t next = base + tile < nk ? locate(base + tile, rows[cur ^ 1][0], rows[cur ^ 1][1]) : 0;
@@ -587,14 +638,14 @@ void attention_task_run(const attention_args& a, const attention_task& tk) {
         if (allowed[tt] == 0.0f) continue;
         const bool full = allowed[tt] == static_cast<float>(n);
         // ALiBi: the block's key-minus-query distances for this token (padding lanes 0, masked later).
-        alignas(64) float dist[W];
+        alignas(64) float dist[W] = {};
         if (a.alibi_slopes) {
           const float* drow = a.alibi_dist + (tk.r * a.T + tk.t0 + tt) * C;
           for (std::int64_t l = 0; l < W; ++l) dist[l] = jb + l < n ? drow[keys[base + jb + l]] : 0.0f;
         }
         for (std::int64_t qi = 0; qi < gq; ++qi) {
           const std::int64_t i = tt * gq + qi;
-          R sc = score_block<V>(qs + i * D, kp + jb, qi / G * D, D);
+          R sc = score_block<V, K>(qs + i * D, kp + jb, qi / G * D, D);
           if (capped) sc = V::mul(cap, v_tanh<V>(sc));
           if (a.alibi_slopes) sc = V::add(sc, V::mul(V::set1(a.alibi_slopes[tk.kh0 * G + qi]), V::load(dist)));
           if (!full) sc = V::add(sc, V::load(bias + tt * tile + jb));
@@ -643,7 +694,7 @@ void attention_task_run(const attention_args& a, const attention_task& tk) {
       prefetch(rows[cur ^ 1][1], jb < next ? jb : next, jb + kb < next ? jb + kb : next, v_lines);
       for (std::int64_t i = 0; i < nq; ++i)
         if (allowed[i / gq] == static_cast<float>(n))
-          accumulate_pv<V>(acc + i * Dv, sp + i * tile + jb, vp + jb, i % gq / G * Vw, kb, Dv);
+          accumulate_pv<V, K>(acc + i * Dv, sp + i * tile + jb, vp + jb, i % gq / G * Vw, kb, Dv);
     }
     for (std::int64_t i = 0; i < nq; ++i) {
       const float cnt = allowed[i / gq];
@@ -655,7 +706,7 @@ void attention_task_run(const attention_args& a, const attention_task& tk) {
         vc[m] = vp[j];
         m += pi[j] != 0.0f;
       }
-      accumulate_pv<V>(acc + i * Dv, pc, vc, i % gq / G * Vw, m, Dv);
+      accumulate_pv<V, K>(acc + i * Dv, pc, vc, i % gq / G * Vw, m, Dv);
     }
   }
 
@@ -673,6 +724,17 @@ void attention_task_run(const attention_args& a, const attention_task& tk) {
     std::int64_t d = 0;
     for (; d + W <= Dv; d += W) V::store(o + d, V::mul(V::load(ai + d), inv));
     if (d < Dv) V::store_n(o + d, V::mul(V::load_n(ai + d, Dv - d), inv), Dv - d);
+  }
+}
+
+// The task over keys and values of the args' element type.
+template <class V>
+void attention_task_run(const attention_args& a, const attention_task& tk) {
+  switch (a.kv) {
+    case kv_elem::f32: return attention_task_typed<V, kv_elem::f32>(a, tk);
+    case kv_elem::f16: return attention_task_typed<V, kv_elem::f16>(a, tk);
+    case kv_elem::bf16: return attention_task_typed<V, kv_elem::bf16>(a, tk);
+    case kv_elem::q8_0: return attention_task_typed<V, kv_elem::q8_0>(a, tk);
   }
 }
 
@@ -775,11 +837,20 @@ void delta_rule_heads(const delta_rule_args& a, std::int64_t h0, std::int64_t h1
   }
 }
 
+// y = x rounded to f16 (to nearest even), the whole vectors in registers and the tail one at a time.
+template <class V>
+void to_f16(const float* x, std::int64_t n, std::uint16_t* y) {
+  constexpr int W = V::width;
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) V::store_f16(y + i, V::load(x + i));
+  for (; i < n; ++i) y[i] = f32_to_f16(x[i]);
+}
+
 template <class V>
 constexpr kernel_table make_kernel_table() {
   return kernel_table{
       &attention_task_run<V>, &rms_norm<V>, &layer_norm<V>, &rope<V>, &softmax_rows<V>, &unary<V>, &gated<V>,
-      &ssm_scan_heads<V>, &delta_rule_heads<V>,
+      &ssm_scan_heads<V>, &delta_rule_heads<V>, &to_f16<V>,
   };
 }
 

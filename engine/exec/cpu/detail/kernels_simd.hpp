@@ -15,6 +15,8 @@
 #include <immintrin.h>
 #endif
 
+#include "engine/core/half.hpp"
+
 namespace troupe::exec::cpu::kernels_detail {
 
 // Portable C++: one lane, the libm functions for the transcendental ones.
@@ -28,6 +30,14 @@ struct simd_scalar {
   static reg set1(float x) { return x; }
   static reg load(const float* p) { return *p; }
   static reg load_n(const float* p, std::int64_t n) { return n > 0 ? *p : 0.0f; }
+  // Widening loads of a KV cache's stored elements (f16, bf16, int8 codes) and one f16 scalar.
+  static reg load_f16(const std::uint16_t* p) { return f16_to_f32(*p); }
+  static reg load_f16_n(const std::uint16_t* p, std::int64_t n) { return n > 0 ? f16_to_f32(*p) : 0.0f; }
+  static reg load_bf16(const std::uint16_t* p) { return bf16_to_f32(*p); }
+  static reg load_bf16_n(const std::uint16_t* p, std::int64_t n) { return n > 0 ? bf16_to_f32(*p) : 0.0f; }
+  static reg load_i8(const std::int8_t* p) { return static_cast<float>(*p); }
+  static float half(std::uint16_t h) { return f16_to_f32(h); }
+  static void store_f16(std::uint16_t* p, reg v) { *p = f32_to_f16(v); }
   static void store(float* p, reg v) { *p = v; }
   static void store_n(float* p, reg v, std::int64_t n) {
     if (n > 0) *p = v;
@@ -70,6 +80,23 @@ struct simd_avx2 {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
   static reg load_n(const float* p, std::int64_t n) { return _mm256_maskload_ps(p, tail(n)); }
+  static reg load_f16(const std::uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static __m128i load_u16_n(const std::uint16_t* p, std::int64_t n) {
+    alignas(16) std::uint16_t b[8] = {};
+    for (std::int64_t i = 0; i < n; ++i) b[i] = p[i];
+    return _mm_load_si128(reinterpret_cast<const __m128i*>(b));
+  }
+  static reg load_f16_n(const std::uint16_t* p, std::int64_t n) { return _mm256_cvtph_ps(load_u16_n(p, n)); }
+  static reg widen_bf16(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+  static reg load_bf16(const std::uint16_t* p) { return widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static reg load_bf16_n(const std::uint16_t* p, std::int64_t n) { return widen_bf16(load_u16_n(p, n)); }
+  static reg load_i8(const std::int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static float half(std::uint16_t h) { return _cvtsh_ss(h); }
+  static void store_f16(std::uint16_t* p, reg v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
   static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
   static void store_n(float* p, reg v, std::int64_t n) { _mm256_maskstore_ps(p, tail(n), v); }
   static mask first(std::int64_t n) { return _mm256_castsi256_ps(tail(n)); }
@@ -145,6 +172,18 @@ struct simd_avx512 {
   static reg load(const float* p) { return _mm512_loadu_ps(p); }
   static mask tail(std::int64_t n) { return static_cast<mask>((1u << n) - 1u); }
   static reg load_n(const float* p, std::int64_t n) { return _mm512_maskz_loadu_ps(tail(n), p); }
+  static reg load_f16(const std::uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static reg load_f16_n(const std::uint16_t* p, std::int64_t n) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail(n), p)); }
+  static reg widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+  static reg load_bf16(const std::uint16_t* p) { return widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static reg load_bf16_n(const std::uint16_t* p, std::int64_t n) { return widen_bf16(_mm256_maskz_loadu_epi16(tail(n), p)); }
+  static reg load_i8(const std::int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static float half(std::uint16_t h) { return _cvtsh_ss(h); }
+  static void store_f16(std::uint16_t* p, reg v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
   static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
   static void store_n(float* p, reg v, std::int64_t n) { _mm512_mask_storeu_ps(p, tail(n), v); }
   static mask first(std::int64_t n) { return tail(n); }

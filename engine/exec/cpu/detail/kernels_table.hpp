@@ -48,6 +48,7 @@ struct kernel_table {
   void (*gated)(unary_kind act, const float* g, const float* u, std::int64_t n, float* y);
   void (*ssm_scan_heads)(const ssm_scan_args& a, std::int64_t h0, std::int64_t h1);
   void (*delta_rule_heads)(const delta_rule_args& a, std::int64_t h0, std::int64_t h1);
+  void (*to_f16)(const float* x, std::int64_t n, std::uint16_t* y);
 };
 
 const kernel_table& scalar_kernels();

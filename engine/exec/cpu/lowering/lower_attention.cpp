@@ -42,8 +42,22 @@ instr lower_attention(lower_ctx& c) {
     case op::attention: {
       attention_args a;
       a.q = reinterpret_cast<const float*>(P(e.inputs[0]));
-      a.k = reinterpret_cast<const float*>(P(e.inputs[1]));
-      a.v = reinterpret_cast<const float*>(P(e.inputs[2]));
+      a.k = P(e.inputs[1]);
+      a.v = P(e.inputs[2]);
+      const auto kt = T(e.inputs[1]).type;
+      if (T(e.inputs[2]).type != kt || T(e.inputs[0]).type != dtype::f32) {
+        err = exec_error{exec_error_code::unsupported, where, "attention reads f32 queries over keys and values of one element type"};
+        return nullptr;
+      }
+      switch (kt) {
+        case dtype::f32: a.kv = kv_elem::f32; break;
+        case dtype::f16: a.kv = kv_elem::f16; break;
+        case dtype::bf16: a.kv = kv_elem::bf16; break;
+        case dtype::q8_0: a.kv = kv_elem::q8_0; break;
+        default:
+          err = exec_error{exec_error_code::unsupported, where, "keys and values of type " + std::string(troupe::name(kt))};
+          return nullptr;
+      }
       a.out = reinterpret_cast<float*>(out);
       const auto geo = attention_geometry_of(g, e);
       a.Hq = geo.Hq, a.D = geo.D, a.Hkv = geo.Hkv, a.Dv = geo.Dv, a.Vw = geo.Vw;

@@ -1,6 +1,8 @@
 // Elementwise: unary and binary arithmetic, comparisons, where, cast (the fused residual and gated epilogues of a linear start here).
 #include "engine/exec/cpu/lowering/lower.hpp"
 
+#include "engine/core/half.hpp"
+
 #include <algorithm>
 #include <cstring>
 
@@ -124,6 +126,30 @@ instr lower_elementwise(lower_ctx& c) {
     case op::cast: {
       const auto* x = P(e.inputs[0]);
       const auto from = T(e.inputs[0]).type, to = ot.type;
+      // The KV cache's writes (f32 rows to f16, bf16 or q8_0), split over the pool in whole rows.
+      if (from == dtype::f32 && (to == dtype::f16 || to == dtype::bf16 || to == dtype::q8_0)) {
+        const std::int64_t row = ot.dims.rank() ? ot.dims.back() : 1, rows = row ? n / row : 0;
+        const auto rb = static_cast<std::int64_t>(*storage_bytes(to, static_cast<std::uint64_t>(row)));
+        return [=]() -> std::optional<exec_error> {
+          const auto* src = reinterpret_cast<const float*>(x);
+          const std::int64_t per = std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(row, 1));
+          pool_ptr->parallel_for((rows + per - 1) / per, [&](std::int64_t c, int) {
+            for (std::int64_t r = c * per; r < std::min(rows, (c + 1) * per); ++r) {
+              const float* xr = src + r * row;
+              std::byte* yr = out + r * rb;
+              if (to == dtype::f16) {
+                to_f16(xr, row, reinterpret_cast<std::uint16_t*>(yr), lv);
+              } else if (to == dtype::bf16) {
+                auto* h = reinterpret_cast<std::uint16_t*>(yr);
+                for (std::int64_t j = 0; j < row; ++j) h[j] = f32_to_bf16(xr[j]);
+              } else {
+                (void)quantize_row(dtype::q8_0, xr, yr, row);  // whole blocks: the op's type check
+              }
+            }
+          });
+          return std::nullopt;
+        };
+      }
       return [=]() -> std::optional<exec_error> {
         for (std::int64_t j = 0; j < n; ++j) store_element(to, out, j, load_any(from, x, j));
         return std::nullopt;

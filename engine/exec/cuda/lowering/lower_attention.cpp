@@ -33,8 +33,13 @@ std::optional<exec_error> cuda_executor::lower_attention(lower_ctx& c) {
         a.sinks = reinterpret_cast<const float*>(P(e.inputs[5]));
       }
       a.q = reinterpret_cast<const float*>(P(e.inputs[0]));
-      a.k = reinterpret_cast<const float*>(P(e.inputs[1]));
-      a.v = reinterpret_cast<const float*>(P(e.inputs[2]));
+      a.k = P(e.inputs[1]);
+      a.v = P(e.inputs[2]);
+      a.kv_type = T(e.inputs[1]).type;
+      if (T(e.inputs[2]).type != a.kv_type || T(e.inputs[0]).type != dtype::f32)
+        return exec_error{exec_error_code::unsupported, where, "attention reads f32 queries over keys and values of one element type"};
+      if (a.kv_type != dtype::f32 && a.kv_type != dtype::f16 && a.kv_type != dtype::bf16 && a.kv_type != dtype::q8_0)
+        return exec_error{exec_error_code::unsupported, where, "keys and values of type " + std::string(troupe::name(a.kv_type))};
       a.index = P(e.inputs[3]);
       a.index_type = T(e.inputs[3]).type;
       a.allow = reinterpret_cast<const std::uint8_t*>(P(e.inputs[4]));

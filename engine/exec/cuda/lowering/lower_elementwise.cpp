@@ -61,6 +61,11 @@ std::optional<exec_error> cuda_executor::lower_elementwise(lower_ctx& c) {
       return device([=, m = *m] { launch_elementwise_nd(ew::where, t, t, c, a, b, m, out, flag, eqn, st); });
     }
     case op::cast: {
+      if (ot.type == dtype::q8_0) {  // f32 rows to q8_0 blocks (a q8_0 KV cache's write)
+        const auto* x = reinterpret_cast<const float*>(P(e.inputs[0]));
+        const std::int64_t blocks = n / 32;
+        return device([=] { launch_quantize_q8_0(x, blocks, out, st); });
+      }
       auto m = map_of(ot.dims, {dense_strides(ot.dims)});
       if (!m) return too_deep();
       const auto* x = P(e.inputs[0]);

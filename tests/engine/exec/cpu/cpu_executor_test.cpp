@@ -58,12 +58,9 @@ one_entry llama_entry(cpu_executor& ex, std::int64_t tokens, std::int64_t capaci
   return o;
 }
 
-class cpu_vs_oracle : public ::testing::TestWithParam<model_case> {};
-
-TEST_P(cpu_vs_oracle, prefill_and_decode_match_the_oracle_on_every_isa_level) {
-  const auto c = GetParam();
-  auto h = load_case(c);
-  ASSERT_TRUE(h);
+// The oracle's steps of `h` and the CPU executor's on every isa level this CPU runs, each within `bound`
+// (worst top-10 |dlogprob|); `name` labels the printed figures.
+void expect_every_level_matches_the_oracle(const std::shared_ptr<const families::model_handle>& h, double bound, const std::string& name) {
   const auto ref = troupe::testing::oracle_reference(h);
   ASSERT_EQ(ref.logprobs.size(), 5u);
   for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
@@ -72,10 +69,19 @@ TEST_P(cpu_vs_oracle, prefill_and_decode_match_the_oracle_on_every_isa_level) {
     cpu_executor ex({2, level});
     const auto got = troupe::testing::executor_steps(h, ex, ref);
     ASSERT_FALSE(got.empty());
-    const double worst = troupe::testing::worst_top10(ref, got, 2 * tolerance(c.format));
-    EXPECT_LT(worst, tolerance(c.format)) << "worst top-10 |dlogprob| " << worst;
-    std::printf("[ cpu ] %s %s: worst top-10 |dlogprob| vs oracle %.2e\n", case_name(c).c_str(), std::string(isa_name(level)).c_str(), worst);
+    const double worst = troupe::testing::worst_top10(ref, got, 2 * bound);
+    EXPECT_LT(worst, bound) << "worst top-10 |dlogprob| " << worst;
+    std::printf("[ cpu ] %s %s: worst top-10 |dlogprob| vs oracle %.2e\n", name.c_str(), std::string(isa_name(level)).c_str(), worst);
   }
+}
+
+class cpu_vs_oracle : public ::testing::TestWithParam<model_case> {};
+
+TEST_P(cpu_vs_oracle, prefill_and_decode_match_the_oracle_on_every_isa_level) {
+  const auto c = GetParam();
+  auto h = load_case(c);
+  ASSERT_TRUE(h);
+  expect_every_level_matches_the_oracle(h, tolerance(c.format), case_name(c));
 }
 
 std::vector<model_case> all_cases() {
@@ -105,6 +111,105 @@ std::vector<model_case> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(families, cpu_vs_oracle, ::testing::ValuesIn(all_cases()),
                          [](const auto& info) { return case_name(info.param); });
+
+// ---- KV cache element types (model::with_kv_type) --------------------------------------------------
+
+struct kv_case {
+  std::string_view family;
+  dtype kv;
+};
+std::string kv_case_name(const kv_case& c) { return std::string(c.family) + "_kv_" + std::string(troupe::name(c.kv)); }
+
+// How far a KV cache type may move the top-10 log-probabilities from the f32 cache's, on these
+// fixtures (random weights, 20 + 4 positions). Measured worst over the families below, then about 3x:
+// f16 keeps 11 significant bits of each key and value, bf16 8, q8_0 7 bits plus a shared scale per 32.
+double kv_bound(dtype t) { return t == dtype::f16 ? 5e-3 : t == dtype::bf16 ? 4e-2 : 4e-2; }
+
+// The oracle's log-probabilities of `h` along the prompt and tokens of `ref` (another model's path).
+std::vector<std::vector<double>> oracle_along(const std::shared_ptr<const families::model_handle>& h,
+                                              const troupe::testing::oracle_steps& ref) {
+  std::vector<std::vector<double>> out;
+  app::oracle_runner o(h, 32);
+  auto l = o.feed(ref.prompt);
+  EXPECT_TRUE(l) << (l ? "" : l.error());
+  if (!l) return out;
+  out.push_back(log_softmax(*l));
+  for (auto t : ref.decoded) {
+    auto d = o.feed(std::span(&t, 1));
+    EXPECT_TRUE(d) << (d ? "" : d.error());
+    if (!d) return out;
+    out.push_back(log_softmax(*d));
+  }
+  return out;
+}
+
+class cpu_kv_types : public ::testing::TestWithParam<kv_case> {};
+
+// A model whose KV cache is f16, bf16 or q8_0: its states are of that type and take that many bytes;
+// the CPU executor, reading the cache in place on every isa level, matches the oracle of the same model
+// (both round the new rows by the same rule); and the cache type moves the logits from the f32 cache's
+// by no more than its bound.
+TEST_P(cpu_kv_types, read_in_place_match_the_oracle_and_stay_within_the_type_bound) {
+  const auto c = GetParam();
+  auto h32 = load_case({c.family, dtype::f32, true});
+  ASSERT_TRUE(h32);
+  auto typed = families::with_kv_type(h32, c.kv);
+  ASSERT_TRUE(typed) << families::message(typed.error());
+  auto h = *typed;
+  EXPECT_EQ(h->model().kv_type(), c.kv);
+  std::int64_t kv_states = 0;
+  for (const auto& st : h->model().schema().states(families::program::step))
+    if (st.name.starts_with("kv.")) {
+      EXPECT_EQ(st.element, c.kv) << st.name;
+      ++kv_states;
+    }
+  EXPECT_GT(kv_states, 0);
+  EXPECT_EQ(families::kv_bytes_per_token_per_layer(h->model()),
+            static_cast<std::int64_t>(*storage_bytes(c.kv, static_cast<std::uint64_t>(h->model().config().kv_elems_per_token_per_layer))));
+
+  // Both round the new rows the same way, but from f32 values that differ in their last bits: a value
+  // at a rounding boundary (or a q8_0 block's largest, which sets its scale) may land one step apart,
+  // so the bound is the f32 one plus a tenth of the type's own.
+  expect_every_level_matches_the_oracle(h, tolerance(dtype::f32) + kv_bound(c.kv) / 10, kv_case_name(c));
+  const auto ref32 = troupe::testing::oracle_reference(h32);
+  const auto along = oracle_along(h, ref32);
+  ASSERT_EQ(along.size(), ref32.logprobs.size());
+  const double moved = troupe::testing::worst_top10(ref32, along, 2 * kv_bound(c.kv));
+  EXPECT_LT(moved, kv_bound(c.kv));
+  std::printf("[ cpu ] %s: KV %lld bytes/token/layer, worst top-10 |dlogprob| vs the f32 cache %.2e (bound %.0e)\n",
+              kv_case_name(c).c_str(), static_cast<long long>(families::kv_bytes_per_token_per_layer(h->model())), moved, kv_bound(c.kv));
+}
+
+std::vector<kv_case> kv_cases() {
+  std::vector<kv_case> v;
+  // Grouped-query attention (llama, qwen2 with biases), a softcap and sliding windows (gemma2), latent
+  // attention's shared [c, k_pe] cache (deepseek_v3) and a hybrid with gated attention (qwen3_next).
+  for (auto f : {"llama", "qwen2", "gemma2", "deepseek_v3", "qwen3_next"})
+    for (dtype t : {dtype::f16, dtype::bf16, dtype::q8_0}) v.push_back({f, t});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(types, cpu_kv_types, ::testing::ValuesIn(kv_cases()), [](const auto& info) { return kv_case_name(info.param); });
+
+TEST(cpu_executor, a_kv_type_the_model_cannot_hold_is_refused_by_name) {
+  auto h = load_case({"llama", dtype::f32, true});
+  ASSERT_TRUE(h);
+  auto bad = h->with_kv_type(dtype::q4_0);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(families::message(bad.error()).find("kv_type"), std::string::npos) << families::message(bad.error());
+  // q8_0 needs head rows of whole 32-value blocks: a head dim of 16 is refused, naming the layer.
+  families::fixture_dims d;
+  d.vocab = 300, d.hidden = 64, d.ffn = 96, d.heads = 4, d.kv_heads = 2, d.head_dim = 16, d.layers = 2;
+  const auto path = fs::temp_directory_path() / ("troupe-cpu-test-" + std::to_string(::getpid())) / "llama_d16.gguf";
+  fs::create_directories(path.parent_path());
+  ASSERT_TRUE(families::write_fixture("llama", d, path, true));
+  auto small = families::model_handle::load(path, families::registry::builtin());
+  ASSERT_TRUE(small);
+  auto q = (*small)->with_kv_type(dtype::q8_0);
+  ASSERT_FALSE(q);
+  EXPECT_NE(families::message(q.error()).find("layer 0"), std::string::npos) << families::message(q.error());
+  EXPECT_TRUE((*small)->with_kv_type(dtype::f16));
+}
 
 TEST(cpu_executor, refuses_bad_steps_without_touching_state) {
   cpu_executor ex;

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/half.hpp"
+#include "engine/core/quant.hpp"
 #include "engine/eval/oracle.hpp"
 #include "engine/graph/recurrent_math.hpp"
 #include "engine/graph/builder.hpp"
@@ -294,6 +296,106 @@ TEST_P(kernels, attention_values_as_a_prefix_of_the_keys_match_oracle) {
     attention(a, pool, level);
     expect_close(out, want, tol, "value prefix R" + std::to_string(R) + " T" + std::to_string(T) + " @" + std::string(isa_name(level)));
   }
+}
+
+// A KV cache stored as f16, bf16 or q8_0 (an f16 scale per 32 values of a head): the kernel decodes the
+// keys and values in registers; the oracle casts the same f32 rows to the type (the same rounding) and
+// reads them back. Decode over a long paged cache, a batch of rows, a chunked prefill with head dim 96,
+// and latent attention's values as a prefix of the keys. The tolerance is the f32 kernel's bound over
+// the decoded values: storage changes what is read, not how it is summed.
+TEST_P(kernels, attention_over_stored_kv_types_matches_oracle) {
+  const isa level = GetParam();
+  struct shape_case {
+    std::int64_t R, T, C, Hq, Hkv, D, Dv;
+    bool prefix;  // v = k's first Dv dims
+  };
+  for (const dtype t : {dtype::f16, dtype::bf16, dtype::q8_0})
+    for (const auto& c : {shape_case{1, 1, 700, 14, 2, 64, 64, false}, shape_case{3, 1, 300, 8, 8, 128, 128, false},
+                          shape_case{2, 20, 150, 8, 4, 96, 96, false}, shape_case{1, 7, 90, 8, 1, 96, 64, true}}) {
+      const std::int64_t S = c.C + 9, N = c.R * c.T, Vw = c.prefix ? c.D : c.Dv, G = c.Hq / c.Hkv;
+      std::mt19937 rng(static_cast<std::uint32_t>(c.C * 31 + c.D + static_cast<int>(t)));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      auto fill = [&](std::int64_t n) {
+        std::vector<float> v(static_cast<std::size_t>(n));
+        for (auto& x : v) x = normal(rng);
+        return v;
+      };
+      const auto q = fill(N * c.Hq * c.D), k = fill(S * c.Hkv * c.D), v = c.prefix ? k : fill(S * c.Hkv * c.Dv);
+      // The stored bytes the kernel reads, and their values (for the bound).
+      auto store = [&](const std::vector<float>& x, std::int64_t row) {
+        std::vector<std::byte> bytes(*storage_bytes(t, x.size()));
+        std::vector<float> back(x.size());
+        const auto rb = *storage_bytes(t, static_cast<std::uint64_t>(row));
+        for (std::size_t r = 0; r * row < x.size(); ++r) {
+          EXPECT_TRUE(quantize_row(t, x.data() + r * row, bytes.data() + r * rb, row));
+          EXPECT_TRUE(dequantize_row(t, bytes.data() + r * rb, back.data() + r * row, row));
+        }
+        return std::pair{bytes, back};
+      };
+      const auto [kb, kd] = store(k, c.D);
+      const auto [vb, vd] = store(v, Vw);
+      std::vector<std::uint8_t> allow(static_cast<std::size_t>(N * c.C));
+      std::vector<std::int32_t> index(static_cast<std::size_t>(c.R * c.C));
+      for (std::int64_t r = 0; r < c.R; ++r)
+        for (std::int64_t j = 0; j < c.C; ++j) {
+          index[r * c.C + j] = static_cast<std::int32_t>((j * 13 + r * 5) % S);
+          for (std::int64_t tt = 0; tt < c.T; ++tt) allow[(r * c.T + tt) * c.C + j] = j <= c.C - c.T + tt && (c.R < 3 || (j + r) % 3 != 0);
+        }
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+      const std::int64_t vdims = c.prefix ? c.Dv : 0;
+      std::vector<tensor> ins{f32s({N, c.Hq, c.D}, q), f32s({S, c.Hkv, c.D}, k)};
+      if (!c.prefix) ins.push_back(f32s({S, c.Hkv, c.Dv}, v));
+      ins.push_back(i32s({c.R, c.C}, index));
+      ins.push_back(bools({c.R, c.T, c.C}, allow));
+      const auto want = oracle(ins, [&](builder& b, const std::vector<value_id>& in) {
+        const auto ks = b.cast(in[1], t);
+        const auto vs = c.prefix ? ks : b.cast(in[2], t);
+        const std::size_t at = c.prefix ? 2 : 3;
+        return b.attention(in[0], ks, vs, in[at], in[at + 1], scale, 0.0, {}, vdims);
+      });
+      ASSERT_FALSE(want.empty());
+      std::vector<double> tol(want.size());
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t h = 0; h < c.Hq; ++h) {
+          const std::int64_t r = n / c.T, kh = h / G;
+          double A = 0, vmax = 0, cnt = 0;
+          for (std::int64_t j = 0; j < c.C; ++j) {
+            if (!allow[n * c.C + j]) continue;
+            const std::int64_t row = index[r * c.C + j];
+            double dot = 0;
+            for (std::int64_t d = 0; d < c.D; ++d) dot += std::fabs(q[(n * c.Hq + h) * c.D + d] * kd[(row * c.Hkv + kh) * c.D + d]);
+            A = std::max(A, scale * dot);
+            for (std::int64_t d = 0; d < c.Dv; ++d) vmax = std::max<double>(vmax, std::fabs(vd[(row * c.Hkv + kh) * Vw + d]));
+            ++cnt;
+          }
+          for (std::int64_t d = 0; d < c.Dv; ++d) tol[(n * c.Hq + h) * c.Dv + d] = vmax * (4.0 * c.D * u * A + (2.0 * cnt + 16.0) * u);
+        }
+      thread_pool pool(2);
+      std::vector<float> out(want.size(), std::numeric_limits<float>::quiet_NaN());
+      attention_args a;
+      a.q = q.data();
+      a.k = kb.data();
+      a.v = c.prefix ? kb.data() : vb.data();
+      a.kv = t == dtype::f16 ? kv_elem::f16 : t == dtype::bf16 ? kv_elem::bf16 : kv_elem::q8_0;
+      a.index = index.data();
+      a.allow = allow.data();
+      a.out = out.data();
+      a.R = c.R, a.T = c.T, a.C = c.C, a.Hq = c.Hq, a.Hkv = c.Hkv, a.D = c.D, a.Dv = c.Dv, a.Vw = c.prefix ? c.D : 0;
+      a.scale = scale;
+      attention(a, pool, level);
+      expect_close(out, want, tol,
+                   tag(std::string(troupe::name(t)) + " R" + std::to_string(c.R) + " T" + std::to_string(c.T) + " D" + std::to_string(c.D)));
+    }
+}
+
+TEST_P(kernels, to_f16_rounds_as_core_does) {
+  auto x = normal(1000, 3.0f);
+  x[3] = 65520.0f;   // rounds up to infinity
+  x[4] = 6e-8f;      // a subnormal f16
+  x[5] = -0.0f;
+  std::vector<std::uint16_t> y(x.size());
+  to_f16(x.data(), static_cast<std::int64_t>(x.size()), y.data(), level());
+  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_EQ(y[i], f32_to_f16(x[i])) << tag("to_f16") << " at " << i << " of " << x[i];
 }
 
 // ---- norms ----------------------------------------------------------------------------------------

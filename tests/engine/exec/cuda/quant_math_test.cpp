@@ -183,6 +183,31 @@ TYPED_TEST(QuantMathFormat, LayoutIsTheDtypeTable) {
   EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int n) { return n == 1; }));
 }
 
+// The KV cache's device reads and writes (attention's staging, a q8_0 cache's cast): every element of
+// an f16, bf16 or q8_0 row decodes as core's dequantize_row, and a q8_0 block is core's quantize_row
+// byte for byte, zeros, NaN and a block at f16's range included.
+TEST(QuantMathKv, ElementsAndQ8Blocks) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> x(32 * 6);
+  for (auto& v : x) v = normal(rng);
+  for (int j = 32; j < 64; ++j) x[j] = 0.0f;        // a zero block: d = 0, codes 0
+  x[70] = std::numeric_limits<float>::quiet_NaN();  // a NaN's code is 0
+  for (int j = 96; j < 128; ++j) x[j] = 60000.0f * (j % 2 ? 1.0f : -1.0f);
+  for (const dtype t : {dtype::f16, dtype::bf16, dtype::q8_0}) {
+    std::vector<std::byte> bytes(*storage_bytes(t, x.size()));
+    ASSERT_TRUE(quantize_row(t, x.data(), bytes.data(), static_cast<std::int64_t>(x.size())));
+    std::vector<float> want(x.size());
+    ASSERT_TRUE(dequantize_row(t, bytes.data(), want.data(), static_cast<std::int64_t>(x.size())));
+    for (std::size_t i = 0; i < x.size(); ++i)
+      EXPECT_TRUE(same_float(kv_element(bytes.data(), t, static_cast<std::int64_t>(i)), want[i])) << name(t) << " element " << i;
+    if (t != dtype::q8_0) continue;
+    std::vector<std::uint8_t> mine(bytes.size());
+    for (std::size_t b = 0; b < x.size() / 32; ++b) quantize_block_q8_0(x.data() + 32 * b, mine.data() + 34 * b);
+    EXPECT_EQ(std::memcmp(mine.data(), bytes.data(), bytes.size()), 0);
+  }
+}
+
 TEST(QuantMathLayout, OnlyTheKernelFormatsAreRead) {
   int supported = 0;
   for (int i = 0; i < dtype_count; ++i) supported += with_format(static_cast<dtype>(i), [](auto) {}) ? 1 : 0;

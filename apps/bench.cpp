@@ -772,7 +772,10 @@ int run_bench(const bench_options& o) {
                 "%lld sequences of %lld positions fit in 1 GiB\n",
                 kv_name.c_str(), static_cast<long long>(kv_per_token), static_cast<long long>(state_per_sequence),
                 static_cast<long long>(fit_per_gib), static_cast<long long>(o.prompt_len + o.gen));
-    if (active_bytes < model_bytes)
+    if (active_bytes < model_bytes && (*h)->model().config().experts == 0)
+      std::printf("the embedding table is read one row per token: %.1f MB read per decode step, the bound above is on these bytes\n",
+                  active_bytes / 1e6);
+    else if (active_bytes < model_bytes)
       std::printf("routed: %.1fM of %.1fM parameters active per token (%lld of %lld experts), %.1f MB read per decode step: "
                   "the bound above is on these bytes\n",
                   fp.active_params / 1e6, fp.params / 1e6, static_cast<long long>((*h)->model().config().experts_per_token),

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include "engine/exec/cpu/detail/kernels_table.hpp"
@@ -50,8 +51,11 @@ void attention(const attention_args& a, thread_pool& pool, isa level) {
   const std::int64_t G = a.Hq / a.Hkv;
   const std::int64_t threads = pool.size();
 
-  // Tokens per task; fewer when there are too few (row, kv head) pairs to give each thread two tasks.
-  std::int64_t bq = std::clamp<std::int64_t>(ceil_div(queries_per_task, G), 1, a.T);
+  // Tokens per task, made a whole number of 16-query vectors where the group allows (the block form's
+  // lanes); fewer when there are too few (row, kv head) pairs to give each thread two tasks.
+  std::int64_t bq = ceil_div(queries_per_task, G);
+  const std::int64_t lanes = 16 / std::gcd<std::int64_t>(G, 16);  // tokens that make G x tokens a multiple of 16
+  bq = std::clamp<std::int64_t>(ceil_div(bq, lanes) * lanes, 1, a.T);
   bq = std::min(bq, std::max<std::int64_t>(1, a.T / ceil_div(2 * threads, a.R * a.Hkv)));
   const std::int64_t blocks = ceil_div(a.T, bq);
   // One token per task (decode): the task takes every kv head, so that it streams whole K and V rows
@@ -71,7 +75,8 @@ void attention(const attention_args& a, thread_pool& pool, isa level) {
   // Sinks join in the merge: the tasks leave partial softmax states even when nothing is split.
   const bool merge = splits > 1 || a.sinks != nullptr;
   std::vector<float> part(merge ? static_cast<std::size_t>(units * splits * part_stride) : 0);
-  const auto scratch_floats = static_cast<std::size_t>(kernels_detail::attention_scratch_floats(bq, gq, a.D, a.Dv));
+  const auto scratch_floats = static_cast<std::size_t>(std::max(kernels_detail::attention_scratch_floats(bq, gq, a.D, a.Dv),
+                                                                  kernels_detail::attention_block_scratch_floats(bq, gq, a.D, a.Dv)));
 
   // Unit u is (row, head group, block) with later blocks first: under a causal mask they read the most
   // keys, and starting them first evens out the threads' finishing times.

@@ -516,6 +516,56 @@ void accumulate_pv(float* acc, const float* p, const unsigned char* const* vp, s
   if (d < Dv) pv_chunk<V, K, true>(acc, p, vp, off, n, d, Dv - d);
 }
 
+// Each of the task's nq queries done: its partial softmax state [max, sum, acc] for the merge of split
+// key ranges (tk.part), else its output row (out_row(i) of out) normalized by its sum.
+template <class V, class OutRow>
+void finish_queries(const attention_args& a, const attention_task& tk, std::int64_t nq, const float* acc, const float* mx,
+                    const float* sum, OutRow out_row) {
+  constexpr int W = V::width;
+  const std::int64_t Dv = a.Dv;
+  for (std::int64_t i = 0; i < nq; ++i) {
+    const float* ai = acc + i * Dv;
+    if (tk.part) {
+      float* dst = tk.part + i * (Dv + 2);
+      dst[0] = mx[i];
+      dst[1] = sum[i];
+      for (std::int64_t d = 0; d < Dv; ++d) dst[2 + d] = ai[d];
+      continue;
+    }
+    float* o = a.out + out_row(i) * Dv;
+    const auto inv = V::set1(sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f);  // no allowed key: zeros
+    std::int64_t d = 0;
+    for (; d + W <= Dv; d += W) V::store(o + d, V::mul(V::load(ai + d), inv));
+    if (d < Dv) V::store_n(o + d, V::mul(V::load_n(ai + d, Dv - d), inv), Dv - d);
+  }
+}
+
+// The keys some token of the task may read, in order, into tk.keys (branch-free compaction); returns
+// their count.
+inline std::int64_t compact_keys(const attention_args& a, const attention_task& tk, std::int64_t tokens, const std::uint8_t* allow0) {
+  std::int32_t* keys = tk.keys;
+  std::int64_t nk = 0;
+  if (tokens == 1) {
+    for (std::int64_t c = tk.c0; c < tk.c1; ++c) {
+      keys[nk] = static_cast<std::int32_t>(c);
+      nk += allow0[c] != 0;
+    }
+    return nk;
+  }
+  const std::int64_t len = tk.c1 - tk.c0;
+  std::uint8_t* any = tk.any;
+  for (std::int64_t c = 0; c < len; ++c) any[c] = allow0[tk.c0 + c];
+  for (std::int64_t t = 1; t < tokens; ++t) {
+    const std::uint8_t* row = allow0 + t * a.C + tk.c0;
+    for (std::int64_t c = 0; c < len; ++c) any[c] |= row[c];
+  }
+  for (std::int64_t c = 0; c < len; ++c) {
+    keys[nk] = static_cast<std::int32_t>(tk.c0 + c);
+    nk += any[c] != 0;
+  }
+  return nk;
+}
+
 // One task (see attention_task): flash attention over tiles of the compacted keys, each tile's K and
 // V rows read from memory once for all of the task's queries.
 template <class V, kv_elem E>
@@ -532,27 +582,9 @@ void attention_task_typed(const attention_args& a, const attention_task& tk) {
   // Query i is token i / gq, query head kh0 G + i % gq, kv head kh0 + i % gq / G.
   auto q_row = [&](std::int64_t i) { return (tk.r * a.T + tk.t0 + i / gq) * a.Hq + tk.kh0 * G + i % gq; };
 
-  // The keys some token of the block may read, in order (branch-free compaction).
-  std::int32_t* keys = tk.keys;
-  std::int64_t nk = 0;
-  if (tokens == 1) {
-    for (std::int64_t c = tk.c0; c < tk.c1; ++c) {
-      keys[nk] = static_cast<std::int32_t>(c);
-      nk += allow0[c] != 0;
-    }
-  } else {
-    const std::int64_t len = tk.c1 - tk.c0;
-    std::uint8_t* any = tk.any;
-    for (std::int64_t c = 0; c < len; ++c) any[c] = allow0[tk.c0 + c];
-    for (std::int64_t t = 1; t < tokens; ++t) {
-      const std::uint8_t* row = allow0 + t * C + tk.c0;
-      for (std::int64_t c = 0; c < len; ++c) any[c] |= row[c];
-    }
-    for (std::int64_t c = 0; c < len; ++c) {
-      keys[nk] = static_cast<std::int32_t>(tk.c0 + c);
-      nk += any[c] != 0;
-    }
-  }
+  // The keys some token of the block may read, in order.
+  const std::int32_t* keys = tk.keys;
+  const std::int64_t nk = compact_keys(a, tk, tokens, allow0);
 
   // Scratch (layout in kernels_table.hpp): queries pre-scaled (by scale / softcap under a softcap,
   // whose tanh then takes the dot product as is), output accumulators, running max and sum, the
@@ -710,26 +742,187 @@ void attention_task_typed(const attention_args& a, const attention_task& tk) {
     }
   }
 
-  for (std::int64_t i = 0; i < nq; ++i) {
-    const float* ai = acc + i * Dv;
-    if (tk.part) {
-      float* dst = tk.part + i * (Dv + 2);
-      dst[0] = mx[i];
-      dst[1] = sum[i];
-      for (std::int64_t d = 0; d < Dv; ++d) dst[2 + d] = ai[d];
-      continue;
-    }
-    float* o = a.out + q_row(i) * Dv;
-    const R inv = V::set1(sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f);  // no allowed key: zeros
-    std::int64_t d = 0;
-    for (; d + W <= Dv; d += W) V::store(o + d, V::mul(V::load(ai + d), inv));
-    if (d < Dv) V::store_n(o + d, V::mul(V::load_n(ai + d, Dv - d), inv), Dv - d);
-  }
+  finish_queries<V>(a, tk, nq, acc, mx, sum, q_row);
 }
 
-// The task over keys and values of the args' element type.
+// A row's first n values of a KV cache as f32 (a typed cache's tile decoded once for every query).
+template <class V, class K>
+void decode_kv_row(const unsigned char* src, std::int64_t n, float* dst) {
+  constexpr int W = V::width;
+  std::int64_t d = 0;
+  for (; d + W <= n; d += W) V::store(dst + d, K::load(src, d));
+  if (d < n) V::store_n(dst + d, K::load_n(src, d, n - d), n - d);
+}
+
+// A task of several tokens over one kv head (prefill and verify windows), as a small GEMM: the task's
+// queries are transposed once ([D][nqp], nqp the query count rounded up to 16), so each key's scores
+// against every query come out as vectors over queries (no horizontal sums), the online softmax runs
+// down those vectors, and P.V accumulates four queries at a time against each value vector. A typed
+// cache's tile is decoded to f32 once for all the queries. Layout of the scratch: qt [D][nqp], scores
+// [tile][nqp], max, sum and correction [nqp], accumulators [nq4][Dv] (nq4: nq rounded up to 4), the
+// decoded tile [tile][D] and [tile][Dv] (attention_block_scratch_floats).
+template <class V, kv_elem E>
+void attention_task_block(const attention_args& a, const attention_task& tk) {
+  using K = kv_rows<V, E>;
+  using R = typename V::reg;
+  constexpr int W = V::width;
+  constexpr std::int64_t tile = attention_tile;
+  const std::int64_t G = a.Hq / a.Hkv, tokens = tk.t1 - tk.t0, nq = tokens * G;
+  const std::int64_t nqp = (nq + 15) / 16 * 16, nq4 = (nq + 3) / 4 * 4;
+  const std::int64_t D = a.D, Dv = a.Dv, C = a.C, Vw = a.Vw > 0 ? a.Vw : a.Dv;
+  const std::int32_t* index = a.index + tk.r * C;
+  const std::uint8_t* allow0 = a.allow + (tk.r * a.T + tk.t0) * C;
+  const std::int64_t nk = compact_keys(a, tk, tokens, allow0);
+  const std::int32_t* keys = tk.keys;
+
+  float* qt = tk.scratch;
+  float* st = qt + D * nqp;
+  float* mx = st + tile * nqp;
+  float* sum = mx + nqp;
+  float* corr = sum + nqp;
+  float* acc = corr + nqp;
+  float* kf = acc + (nq4 * Dv + 15) / 16 * 16;
+  float* vf = kf + tile * D;
+  const bool capped = a.softcap > 0.0f;
+  const float qmul = capped ? a.scale / a.softcap : a.scale;
+  // Query i is token i / G and query head kh0 G + i % G.
+  for (std::int64_t i = 0; i < nqp; ++i) {
+    const float* q = i < nq ? a.q + ((tk.r * a.T + tk.t0 + i / G) * a.Hq + tk.kh0 * G + i % G) * D : nullptr;
+    for (std::int64_t d = 0; d < D; ++d) qt[d * nqp + i] = q ? q[d] * qmul : 0.0f;
+    mx[i] = -INFINITY;
+    sum[i] = 0.0f;
+  }
+  for (std::int64_t e = 0; e < nq4 * Dv; ++e) acc[e] = 0.0f;
+
+  const auto* kbase = static_cast<const unsigned char*>(a.k);
+  const auto* vbase = static_cast<const unsigned char*>(a.v);
+  const R cap = V::set1(a.softcap), ninf = V::set1(-INFINITY);
+  const float* kr[tile];
+  const float* vr[tile];
+  for (std::int64_t base = 0; base < nk; base += tile) {
+    const std::int64_t n = nk - base < tile ? nk - base : tile;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t row = index[keys[base + j]];
+      const unsigned char* kb = kbase + K::bytes((row * a.Hkv + tk.kh0) * D);
+      const unsigned char* vb = vbase + K::bytes((row * a.Hkv + tk.kh0) * Vw);
+      if constexpr (E == kv_elem::f32) {
+        kr[j] = reinterpret_cast<const float*>(kb);
+        vr[j] = reinterpret_cast<const float*>(vb);
+      } else {
+        decode_kv_row<V, K>(kb, D, kf + j * D);
+        decode_kv_row<V, K>(vb, Dv, vf + j * Dv);
+        kr[j] = kf + j * D;
+        vr[j] = vf + j * Dv;
+      }
+    }
+
+    // Scores: key j against every query, eight keys at a time (eight independent FMA chains).
+    for (std::int64_t qb = 0; qb < nqp; qb += W) {
+      std::int64_t j = 0;
+      for (; j + 8 <= n; j += 8) {
+        R s[8];
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u) s[u] = V::zero();
+        for (std::int64_t d = 0; d < D; ++d) {
+          const R qv = V::load(qt + d * nqp + qb);
+#pragma GCC unroll 8
+          for (int u = 0; u < 8; ++u) s[u] = V::fma(qv, V::set1(kr[j + u][d]), s[u]);
+        }
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u) V::store(st + (j + u) * nqp + qb, capped ? V::mul(cap, v_tanh<V>(s[u])) : s[u]);
+      }
+      for (; j < n; ++j) {
+        R s0 = V::zero();
+        for (std::int64_t d = 0; d < D; ++d) s0 = V::fma(V::load(qt + d * nqp + qb), V::set1(kr[j][d]), s0);
+        V::store(st + j * nqp + qb, capped ? V::mul(cap, v_tanh<V>(s0)) : s0);
+      }
+    }
+    // Masked (token, key) pairs: only where a token may not read the whole tile (a causal diagonal,
+    // a window's edge, a verify window's own future).
+    for (std::int64_t tt = 0; tt < tokens; ++tt) {
+      const std::uint8_t* at = allow0 + tt * C;
+      for (std::int64_t j = 0; j < n; ++j)
+        if (at[keys[base + j]] == 0)
+          for (std::int64_t g = 0; g < G; ++g) st[j * nqp + tt * G + g] = -INFINITY;
+    }
+
+    // The online softmax, down each column of queries: new max, weights, sum, correction.
+    for (std::int64_t qb = 0; qb < nqp; qb += W) {
+      R m = ninf;
+      for (std::int64_t j = 0; j < n; ++j) m = V::max(V::load(st + j * nqp + qb), m);
+      const R old = V::load(mx + qb);
+      const R m_new = V::max(m, old);
+      const R m_use = V::select(V::eq(m_new, ninf), V::zero(), m_new);  // nothing allowed yet: weights 0
+      const R c = V::select(V::eq(old, ninf), V::zero(), v_exp<V>(V::sub(old, m_use)));
+      R ps = V::zero();
+      for (std::int64_t j = 0; j < n; ++j) {
+        const R x = V::load(st + j * nqp + qb);
+        const R e = V::select(V::eq(x, ninf), V::zero(), v_exp<V>(V::sub(x, m_use)));
+        V::store(st + j * nqp + qb, e);
+        ps = V::add(ps, e);
+      }
+      V::store(sum + qb, V::fma(V::load(sum + qb), c, ps));
+      V::store(mx + qb, m_new);
+      V::store(corr + qb, c);
+    }
+
+    // P.V: four queries by two value vectors in registers across the tile's keys.
+    for (std::int64_t i0 = 0; i0 < nq4; i0 += 4) {
+      for (std::int64_t i = i0; i < i0 + 4; ++i) {
+        const float c = corr[i];
+        if (c == 1.0f) continue;
+        for (std::int64_t e = 0; e < Dv; ++e) acc[i * Dv + e] *= c;
+      }
+      std::int64_t d = 0;
+      for (; d + 2 * W <= Dv; d += 2 * W) {
+        R r[4][2];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) r[q][0] = V::load(acc + (i0 + q) * Dv + d), r[q][1] = V::load(acc + (i0 + q) * Dv + d + W);
+        for (std::int64_t j = 0; j < n; ++j) {
+          const R v0 = V::load(vr[j] + d), v1 = V::load(vr[j] + d + W);
+          const float* pj = st + j * nqp + i0;
+#pragma GCC unroll 4
+          for (int q = 0; q < 4; ++q) {
+            const R p = V::set1(pj[q]);
+            r[q][0] = V::fma(p, v0, r[q][0]);
+            r[q][1] = V::fma(p, v1, r[q][1]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) V::store(acc + (i0 + q) * Dv + d, r[q][0]), V::store(acc + (i0 + q) * Dv + d + W, r[q][1]);
+      }
+      for (; d < Dv; d += W) {
+        const std::int64_t part = Dv - d < W ? Dv - d : W;
+        R r[4];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) r[q] = V::load_n(acc + (i0 + q) * Dv + d, part);
+        for (std::int64_t j = 0; j < n; ++j) {
+          const R v0 = V::load_n(vr[j] + d, part);
+          const float* pj = st + j * nqp + i0;
+#pragma GCC unroll 4
+          for (int q = 0; q < 4; ++q) r[q] = V::fma(V::set1(pj[q]), v0, r[q]);
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) V::store_n(acc + (i0 + q) * Dv + d, r[q], part);
+      }
+    }
+  }
+
+  finish_queries<V>(a, tk, nq, acc, mx, sum, [&](std::int64_t i) { return (tk.r * a.T + tk.t0 + i / G) * a.Hq + tk.kh0 * G + i % G; });
+}
+
+// The task over keys and values of the args' element type: several tokens over one kv head as the
+// block form (ALiBi's per-token distances excepted), a decode token as the per-query form.
 template <class V>
 void attention_task_run(const attention_args& a, const attention_task& tk) {
+  if (tk.t1 - tk.t0 > 1 && tk.kh1 - tk.kh0 == 1 && a.alibi_slopes == nullptr) {
+    switch (a.kv) {
+      case kv_elem::f32: return attention_task_block<V, kv_elem::f32>(a, tk);
+      case kv_elem::f16: return attention_task_block<V, kv_elem::f16>(a, tk);
+      case kv_elem::bf16: return attention_task_block<V, kv_elem::bf16>(a, tk);
+      case kv_elem::q8_0: return attention_task_block<V, kv_elem::q8_0>(a, tk);
+    }
+  }
   switch (a.kv) {
     case kv_elem::f32: return attention_task_typed<V, kv_elem::f32>(a, tk);
     case kv_elem::f16: return attention_task_typed<V, kv_elem::f16>(a, tk);

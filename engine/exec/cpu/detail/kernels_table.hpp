@@ -25,6 +25,15 @@ constexpr std::int64_t attention_scratch_floats(std::int64_t tokens, std::int64_
   return tokens * queries_per_token * (D + Dv + 2 + attention_tile) + tokens * (attention_tile + 1);
 }
 
+// The block form's scratch (kernels_impl.hpp attention_task_block), for nq = tokens x group queries of
+// one kv head: the transposed queries and the tile's scores over nq rounded up to 16, three vectors of
+// per-query state, accumulators over nq rounded up to 4, and the tile decoded to f32.
+constexpr std::int64_t attention_block_scratch_floats(std::int64_t tokens, std::int64_t queries_per_token, std::int64_t D,
+                                                      std::int64_t Dv) {
+  const std::int64_t nq = tokens * queries_per_token, nqp = (nq + 15) / 16 * 16, nq4 = (nq + 3) / 4 * 4;
+  return nqp * (D + attention_tile + 3) + (nq4 * Dv + 15) / 16 * 16 + attention_tile * (D + Dv);
+}
+
 struct attention_task {
   std::int64_t r = 0, kh0 = 0, kh1 = 0, t0 = 0, t1 = 0, c0 = 0, c1 = 0;
   float* scratch = nullptr;

@@ -751,6 +751,7 @@ int run_bench(const bench_options& o) {
     j["active_weight_bytes"] = active_bytes;
     j["params"] = fp.params;
     j["active_params"] = fp.active_params;
+    j["experts"] = (*h)->model().config().experts;
     j["decode_bound_tok_s"] = bound;
     j["decode_fraction_of_bound"] = fraction;
     j["kv_type"] = kv_name;

@@ -13,7 +13,9 @@ out += `Date ${new Date().toISOString().slice(0, 10)}; ${cpu}, ${threads} thread
 out += `read bandwidth sampled after each troupe run (2 threads over 1 GiB): per row below.\n`;
 out += `Random weights, ${shape}.\n`;
 out += `llama.cpp: llama-bench (commit 80fb11a, -DGGML_NATIVE=ON), mean of 3 repetitions; troupe: \`troupe bench\`, median of 3 runs.\n`;
-const routed = rows.some(r => r.troupe.active_params < r.troupe.params);
+// Routed: the experts a token selects are what it reads (a tied embedding alone also lowers the active
+// share: one row per token, not routing).
+const routed = rows.some(r => (r.troupe.experts || 0) > 0);
 out += `Decode / bandwidth bound: each troupe run's decode against the read bandwidth measured right after it (${routed ? "the active weights, the selected experts' and every other, read once per token" : "weights read once per token"}), median over runs.\n`;
 if (routed) out += `Active parameters per token: ${(rows[0].troupe.active_params / 1e6).toFixed(1)}M of ${(rows[0].troupe.params / 1e6).toFixed(1)}M.\n`;
 out += `Prefill: ${prompt}-token prompt from an empty cache; decode: ${gen} tokens after it (batch 1; llama-bench's tg at depth ${prompt}).\n\n`;

@@ -10,13 +10,13 @@ out += `Date ${new Date().toISOString().slice(0, 10)}; ${cpu}, ${threads} thread
 out += `Random weights, ${shape}.\n`;
 out += `Each row: a prompt of DEPTH tokens prefilled from an empty cache, then ${gen} tokens decoded after it, `;
 out += `with the KV cache in the row's type on both sides. llama.cpp: llama-bench (commit 80fb11a, -DGGML_NATIVE=ON), `;
-out += `flash attention on, \`-ctk T -ctv T\`, pp at depth 0 and tg at depth DEPTH, mean of its repetitions; troupe: \`troupe bench --kv-type T\`, median of its runs.\n\n`;
+out += `flash attention on, \`-ctk T -ctv T\`, pp at depth 0 and tg at depth DEPTH, one repetition each; troupe: \`troupe bench --kv-type T\`, one run.\n\n`;
 out += `| weights | KV | depth | KV bytes/token | prefill llama.cpp tok/s | prefill troupe tok/s | ratio | decode llama.cpp tok/s | decode troupe tok/s | ratio |\n`;
 out += `| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n`;
 for (const r of rows) {
   const depth = x => x.n_depth || 0;
   const pp = r.llama.find(x => x.n_prompt > 0 && x.n_gen === 0 && depth(x) === 0);
-  const tg = r.llama.find(x => x.n_gen > 0 && x.n_prompt === 0 && depth(x) === r.depth);
+  const tg = (r.llama_tg || r.llama).find(x => x.n_gen > 0 && x.n_prompt === 0 && depth(x) === r.depth);
   const lp = pp ? pp.avg_ts : NaN, lt = tg ? tg.avg_ts : NaN;
   const tp = r.troupe.prefill_tok_s, tt = r.troupe.decode_tok_s;
   out += `| ${r.type} | ${r.kv} | ${r.depth} | ${r.troupe.kv_bytes_per_token} | ${lp.toFixed(1)} | ${tp.toFixed(1)} | ${(tp / lp).toFixed(2)} | ${lt.toFixed(2)} | ${tt.toFixed(2)} | ${(tt / lt).toFixed(2)} |\n`;

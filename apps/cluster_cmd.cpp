@@ -24,6 +24,7 @@
 #define TOML_EXCEPTIONS 0
 #include <toml++/toml.h>
 #include "actors/model_needs.hpp"
+#include "families/model.hpp"
 #include "cluster/certs.hpp"
 #include "cluster/link_guard.hpp"
 #include "cluster/remote.hpp"
@@ -59,6 +60,7 @@ struct deployment_entry {
   int replicas = 1;
   std::int64_t max_rows = 16, capacity = 0;
   std::string name;  // the served name; empty: the checkpoint's stem
+  std::string kv_type = "f16";  // the KV cache's element type (docs/kv-cache.md)
 };
 
 // Reads a cluster file into the options the flags left unset; the deployments it lists.
@@ -103,7 +105,7 @@ result<std::vector<deployment_entry>, std::string> apply_cluster_file(cluster_cm
     for (const auto& d : *deps) {
       const auto* dt = d.as_table();
       if (!dt) return unexpected(o.cluster_file + ": [[deployment]] entries are tables");
-      static const std::set<std::string> keys{"model", "replicas", "max_rows", "capacity", "name"};
+      static const std::set<std::string> keys{"model", "replicas", "max_rows", "capacity", "name", "kv_type"};
       for (const auto& [k, v] : *dt)
         if (!keys.contains(std::string(k.str()))) return unexpected(o.cluster_file + ": unknown key deployment." + std::string(k.str()));
       deployment_entry e;
@@ -113,6 +115,9 @@ result<std::vector<deployment_entry>, std::string> apply_cluster_file(cluster_cm
       e.max_rows = (*dt)["max_rows"].value_or(std::int64_t{16});
       e.capacity = (*dt)["capacity"].value_or(std::int64_t{0});
       e.name = (*dt)["name"].value_or(std::string());
+      e.kv_type = (*dt)["kv_type"].value_or(std::string("f16"));
+      if (!families::kv_type_from_name(e.kv_type))
+        return unexpected(o.cluster_file + ": deployment.kv_type is f32, f16, bf16 or q8_0, not '" + e.kv_type + "'");
       deployments.push_back(e);
     }
   return deployments;
@@ -344,7 +349,7 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     return 1;
   }
   std::vector<deployment_entry> todo;
-  if (!o.model.empty()) todo.push_back({o.model, o.replicas, o.max_rows, o.capacity, o.name});
+  if (!o.model.empty()) todo.push_back({o.model, o.replicas, o.max_rows, o.capacity, o.name, o.kv_type});
   else todo = file_deployments;
   if (todo.empty()) {
     // Neither --model nor [[deployment]] entries: the embedded model, at the path it has on this
@@ -354,7 +359,7 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
       std::fprintf(stderr, "%s\n", found.error().c_str());
       return 2;
     }
-    todo.push_back({*found, o.replicas, o.max_rows, o.capacity});
+    todo.push_back({*found, o.replicas, o.max_rows, o.capacity, "", o.kv_type});
   }
   for (const auto& e : todo) {
     driver::driver_options d;
@@ -408,7 +413,7 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     req.pipeline_parallel = pp > 1 ? pp : 0;
     req.across_nodes = across;
     req.expert_parallel = o.expert_parallel > 1;
-    req.kv_type = o.kv_type;
+    req.kv_type = e.kv_type;
     req.goal = o.plan;
     auto r = (*s)->deploy(req);
     if (bar) bar->finish(r.has_value());

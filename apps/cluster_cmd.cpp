@@ -393,7 +393,7 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
         std::fprintf(stderr, "troupe deploy: %s\n", describe(st.error()).c_str());
         return 1;
       }
-      auto split = plan_on_cluster(e.model, *st, o.plan);
+      auto split = plan_on_cluster(e.model, *st, o.plan, e.kv_type);
       if (!split) {
         std::fprintf(stderr, "troupe deploy: --plan %s: %s\n", o.plan.c_str(), split.error().c_str());
         return 1;

@@ -178,6 +178,8 @@ int main(int argc, char** argv) {
   pl->add_option("--min-kv-tokens", plan.min_kv_tokens, "KV tokens every replica holds at least")->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   pl->add_flag("--expert-parallel", plan.expert_parallel,
                "a routed model's ranks hold whole experts (ceil(experts / ranks) each) instead of a slice of every expert");
+  pl->add_option("--kv-type", plan.kv_type, "the KV cache's element type the deployment would use: f32, f16 (default), bf16 or q8_0")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   pl->add_flag("--json", plan.json);
   pl->callback([&] { rc = troupe::app::run_plan(plan); });
 

@@ -74,9 +74,21 @@ bool stages_cross_nodes(const placement::plan& p) {
   return false;
 }
 
+// The handle at `path` with its KV cache of the type named (f16 when empty), or why not.
+result<std::shared_ptr<const families::model_handle>, std::string> typed_handle(const std::string& path, const std::string& kv_type) {
+  const auto t = families::kv_type_from_name(kv_type.empty() ? "f16" : kv_type);
+  if (!t) return unexpected("the KV cache type is f32, f16, bf16 or q8_0, not '" + kv_type + "'");
+  auto h = families::model_handle::load(path, families::registry::builtin());
+  if (!h) return unexpected(families::message(h.error()));
+  auto typed = families::with_kv_type(*h, *t);
+  if (!typed) return unexpected(families::message(typed.error()));
+  return *typed;
+}
+
 }  // namespace
 
-result<planned_split, std::string> plan_on_cluster(const std::string& model, const transport::cluster_status& status, const std::string& goal) {
+result<planned_split, std::string> plan_on_cluster(const std::string& model, const transport::cluster_status& status, const std::string& goal,
+                                                   const std::string& kv_type) {
   const auto obj = objective_of(goal);
   if (!obj) return unexpected("--plan is latency, capacity or throughput, got '" + goal + "'");
   placement::inventory inv;
@@ -90,8 +102,8 @@ result<planned_split, std::string> plan_on_cluster(const std::string& model, con
     inv.nodes.push_back(std::move(pn));
   }
   if (inv.nodes.empty()) return unexpected(std::string("no node has joined"));
-  auto h = families::model_handle::load(model, families::registry::builtin());
-  if (!h) return unexpected(families::message(h.error()));
+  auto h = typed_handle(model, kv_type);
+  if (!h) return unexpected(h.error());
   auto req = requirements_of(**h);
   if (!req) return unexpected(req.error());
   placement::policy pol;
@@ -113,9 +125,9 @@ int run_plan(const plan_options& o) {
     std::fprintf(stderr, "%s\n", path.error().c_str());
     return 2;
   }
-  auto h = families::model_handle::load(*path, families::registry::builtin());
+  auto h = typed_handle(*path, o.kv_type);
   if (!h) {
-    std::fprintf(stderr, "troupe plan: %s\n", families::message(h.error()).c_str());
+    std::fprintf(stderr, "troupe plan: %s\n", h.error().c_str());
     return 2;
   }
   auto req = requirements_of(**h);

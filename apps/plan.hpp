@@ -20,6 +20,7 @@ struct plan_options {
   int replicas = 0;                 // 0: the goal's default
   std::int64_t min_kv_tokens = 1;
   bool expert_parallel = false;     // a routed model's tensor-parallel ranks hold whole experts
+  std::string kv_type = "f16";      // the KV cache's element type the deployment would use (docs/kv-cache.md)
   bool json = false;
 };
 
@@ -34,6 +35,8 @@ struct planned_split {
   bool across_nodes = false;
   std::string description;  // placement::describe
 };
-result<planned_split, std::string> plan_on_cluster(const std::string& model, const transport::cluster_status& status, const std::string& goal);
+// `kv_type` is the deployment's KV cache type (f16 when empty), which sizes the KV per token.
+result<planned_split, std::string> plan_on_cluster(const std::string& model, const transport::cluster_status& status, const std::string& goal,
+                                                   const std::string& kv_type = "");
 
 }  // namespace troupe::app

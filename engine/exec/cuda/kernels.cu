@@ -419,7 +419,12 @@ __global__ void attention_kernel(attention_launch a, int keys_per_tile) {
   float* qs = vs + keys_per_tile * a.Dv;              // [warps, D]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const std::int64_t h = blockIdx.y, r = blockIdx.z;
-  const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
+  // Split decode: block x is the key range (T = 1, one warp); otherwise the query tile.
+  const int split = a.splits > 1 ? static_cast<int>(blockIdx.x) : 0;
+  const std::int64_t t = (a.splits > 1 ? 0 : static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32)) + warp;
+  const std::int64_t span = (a.C + a.splits - 1) / a.splits;
+  const std::int64_t c_begin = split * span < a.C ? split * span : a.C;
+  const std::int64_t c_end = c_begin + span < a.C ? c_begin + span : a.C;
   const bool live = t < a.T;
   const std::int64_t kvh = h / (a.Hq / a.Hkv);
   const std::int64_t n = r * a.T + t;
@@ -430,8 +435,8 @@ __global__ void attention_kernel(attention_launch a, int keys_per_tile) {
   float acc[max_dims_per_lane];
   for (int i = 0; i < max_dims_per_lane; ++i) acc[i] = 0.0f;
   const std::uint8_t* allow_row = a.allow + (r * a.T + (live ? t : 0)) * a.C;
-  for (std::int64_t c0 = 0; c0 < a.C; c0 += keys_per_tile) {
-    const int tile = static_cast<int>(a.C - c0 < keys_per_tile ? a.C - c0 : keys_per_tile);
+  for (std::int64_t c0 = c_begin; c0 < c_end; c0 += keys_per_tile) {
+    const int tile = static_cast<int>(c_end - c0 < keys_per_tile ? c_end - c0 : keys_per_tile);
     __syncthreads();
     for (std::int64_t e = threadIdx.x; e < static_cast<std::int64_t>(tile) * a.D; e += blockDim.x) {
       const std::int64_t j = e / a.D, d = e % a.D;
@@ -472,11 +477,30 @@ __global__ void attention_kernel(attention_launch a, int keys_per_tile) {
     m = m_new;
   }
   if (!live) return;
+  if (a.splits > 1) {  // this range's partial state, merged by attention_merge_kernel
+    float* p = a.part + ((r * a.Hq + h) * a.splits + split) * (a.Dv + 2);
+    if (lane == 0) p[0] = m, p[1] = l;
+    for (int i = 0; i < max_dims_per_lane; ++i) {
+      const std::int64_t d = lane + 32 * i;
+      if (d < a.Dv) p[2 + d] = acc[i];
+    }
+    return;
+  }
   const float f = a.sinks != nullptr ? sink_factor(m, l, a.sinks[h]) : 0.0f;
   for (int i = 0; i < max_dims_per_lane; ++i) {
     const std::int64_t d = lane + 32 * i;
     if (d < a.Dv) a.out[(n * a.Hq + h) * a.Dv + d] = a.sinks != nullptr ? acc[i] * f : l > 0.0f ? acc[i] / l : 0.0f;
   }
+}
+
+// The merge of split decode attention: a block per (head, row), threads over the value dims.
+__global__ void attention_merge_kernel(attention_launch a) {
+  const std::int64_t h = blockIdx.y, r = blockIdx.z;
+  const float* p = a.part + (r * a.Hq + h) * a.splits * (a.Dv + 2);
+  float M = 0.0f;
+  const float inv = merge_splits_norm(p, a.splits, a.Dv + 2, a.sinks != nullptr ? a.sinks + h : nullptr, M);
+  for (std::int64_t d = threadIdx.x; d < a.Dv; d += blockDim.x)
+    a.out[(r * a.Hq + h) * a.Dv + d] = inv > 0.0f ? merge_splits_value(p, a.splits, a.Dv + 2, M, d) * inv : 0.0f;
 }
 
 __global__ void quantize_q8_0_kernel(const float* x, std::int64_t blocks, std::uint8_t* y) {
@@ -600,8 +624,12 @@ void launch_attention(const attention_launch& a, step_flag* flag, std::int32_t e
   const int warps = a.T < attn_warps ? static_cast<int>(a.T) : attn_warps;
   const int tile = a.D + a.Dv > 256 ? 16 : 32;
   const std::size_t smem = (static_cast<std::size_t>(tile) * (a.D + 1 + a.Dv) + static_cast<std::size_t>(warps) * a.D) * sizeof(float);
-  const dim3 grid(static_cast<unsigned>((a.T + warps - 1) / warps), static_cast<unsigned>(a.Hq), static_cast<unsigned>(a.R));
-  attention_kernel<<<grid, warps * 32, smem, S(stream)>>>(a, tile);
+  const bool split = a.splits > 1 && a.T == 1 && a.part != nullptr;
+  attention_launch b = a;
+  if (!split) b.splits = 1;
+  const dim3 grid(static_cast<unsigned>(split ? a.splits : (a.T + warps - 1) / warps), static_cast<unsigned>(a.Hq), static_cast<unsigned>(a.R));
+  attention_kernel<<<grid, warps * 32, smem, S(stream)>>>(b, tile);
+  if (split) attention_merge_kernel<<<dim3(1, static_cast<unsigned>(a.Hq), static_cast<unsigned>(a.R)), 128, 0, S(stream)>>>(b);
 }
 
 void launch_quantize_q8_0(const float* x, std::int64_t blocks, void* y, void* stream) {

@@ -114,7 +114,21 @@ struct attention_launch {
   std::int64_t Vw = 0;  // floats between a v row's heads (0: Dv); the values are each head's first Dv
   float scale = 1.0f, softcap = 0.0f;
   const float* sinks = nullptr;  // [Hq] or null: head h's sink joins its softmax's denominator
+  // Decode (T = 1) over a long cache: the keys split into `splits` ranges, a block each, their partial
+  // softmax states [max, sum, acc[Dv]] in part [R, Hq, splits, Dv + 2], merged by a second kernel
+  // (merge_splits_norm / merge_splits_value). 1: one block reads every key.
+  int splits = 1;
+  float* part = nullptr;
 };
+// Key ranges for decode attention over C keys with R x Hq (row, head) blocks: enough that the device's
+// multiprocessors (`sms`) get about two blocks each, each range at least 256 keys, at most 64 ranges.
+inline int attention_splits(std::int64_t T, std::int64_t C, std::int64_t R, std::int64_t Hq, int sms) {
+  if (T != 1 || C < 512) return 1;
+  std::int64_t s = (2 * static_cast<std::int64_t>(sms) + R * Hq - 1) / (R * Hq);
+  if (s > C / 256) s = C / 256;
+  if (s > 64) s = 64;
+  return s < 1 ? 1 : static_cast<int>(s);
+}
 void launch_attention(const attention_launch& a, step_flag* flag, std::int32_t eqn, void* stream);
 // cast of f32 rows to q8_0 (a q8_0 KV cache's write): `blocks` blocks of 32 values, each as
 // quant::quantize_block_q8_0.

@@ -46,4 +46,27 @@ TROUPE_HD float sink_factor(float m, float l, float sink) {
   return scale / (l * scale + expf(sink - m2));
 }
 
+// Split-K decode attention (flash-decoding): one query's softmax computed over disjoint key ranges,
+// each range leaving [max, sum, acc[Dv]] at part + s * stride (max -inf: no allowed key in it). The
+// merge: M the largest max (and the sink's logit, when `sink` is given), L = sum_s e^(m_s - M) l_s
+// (+ e^(sink - M)); the output is sum_s e^(m_s - M) acc_s / L. Returns 1 / L and sets M; 0 when no
+// range had an allowed key (the output is zeros, as the op says).
+TROUPE_HD float merge_splits_norm(const float* part, int splits, std::int64_t stride, const float* sink, float& M) {
+  M = -INFINITY;
+  for (int s = 0; s < splits; ++s) M = part[s * stride] > M ? part[s * stride] : M;
+  if (M == -INFINITY) return 0.0f;
+  if (sink != nullptr) M = *sink > M ? *sink : M;
+  float L = sink != nullptr ? expf(*sink - M) : 0.0f;
+  for (int s = 0; s < splits; ++s)
+    if (part[s * stride] != -INFINITY) L += expf(part[s * stride] - M) * part[s * stride + 1];
+  return L > 0.0f ? 1.0f / L : 0.0f;
+}
+// Value dimension d of the merged output before the 1 / L: sum_s e^(m_s - M) acc_s[d].
+TROUPE_HD float merge_splits_value(const float* part, int splits, std::int64_t stride, float M, std::int64_t d) {
+  float v = 0.0f;
+  for (int s = 0; s < splits; ++s)
+    if (part[s * stride] != -INFINITY) v += expf(part[s * stride] - M) * part[s * stride + 2 + d];
+  return v;
+}
+
 }  // namespace troupe::exec::cuda

@@ -59,6 +59,21 @@ std::optional<exec_error> cuda_executor::lower_attention(lower_ctx& c) {
       if (!ix) return device_fault(where, ix.error());
       scratch_bytes_ += static_cast<std::size_t>(std::max<std::int64_t>(a.R * a.C, 1)) * 4;
       a.ix32 = reinterpret_cast<std::int32_t*>(*ix);
+      // Decode over a long cache: split the keys so the device's multiprocessors all get work
+      // (flash-decoding), the partial states in scratch of their own.
+      int dev = 0, sms = 1;
+      if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        cudaGetLastError();
+        sms = 1;
+      }
+      a.splits = attention_splits(a.T, a.C, a.R, a.Hq, sms);
+      if (a.splits > 1) {
+        const auto part_bytes = static_cast<std::size_t>(a.R * a.Hq * a.splits * (a.Dv + 2)) * sizeof(float);
+        auto part = arena_.take(part_bytes);
+        if (!part) return device_fault(where, part.error());
+        scratch_bytes_ += part_bytes;
+        a.part = reinterpret_cast<float*>(*part);
+      }
       return device([=] { launch_attention(a, flag, eqn, st); });
     }
     default: break;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -112,6 +113,54 @@ TEST(moe_math, an_online_softmax_closed_by_sink_factor_is_the_oracles_attention)
           EXPECT_NEAR(acc[d] * f, w[(t * H + h) * D + d], 1e-5) << "sink " << sink << " query " << t << " head " << h;
       }
   }
+}
+
+// Split decode attention: the kernel's online softmax over each of 1..9 key ranges (some ranges with no
+// allowed key, one query with none at all), merged by merge_splits_norm / merge_splits_value, equals the
+// one-range softmax, with and without a sink.
+TEST(moe_math, split_decode_attention_merges_to_the_whole_softmax) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  constexpr std::int64_t C = 300, Dv = 40;
+  std::vector<float> score(C), value(C * Dv);
+  for (auto& x : score) x = normal(rng);
+  for (auto& x : value) x = normal(rng);
+  for (const int mask : {0, 1, 2})  // all allowed; every third key; none
+    for (const bool with_sink : {false, true}) {
+      std::vector<bool> allowed(C);
+      for (std::int64_t c = 0; c < C; ++c) allowed[c] = mask == 0 || (mask == 1 && c % 3 == 0 && c < 200);
+      const float sink = 1.5f;
+      // One range: the reference.
+      auto run = [&](std::int64_t c0, std::int64_t c1, float* out) {  // [m, l, acc[Dv]]
+        float m = -INFINITY, l = 0.0f;
+        std::vector<float> acc(Dv, 0.0f);
+        for (std::int64_t c = c0; c < c1; ++c) {
+          if (!allowed[c]) continue;
+          const float m2 = std::max(m, score[c]), alpha = m == -INFINITY ? 0.0f : std::exp(m - m2), p = std::exp(score[c] - m2);
+          l = l * alpha + p;
+          for (std::int64_t d = 0; d < Dv; ++d) acc[d] = acc[d] * alpha + p * value[c * Dv + d];
+          m = m2;
+        }
+        out[0] = m, out[1] = l;
+        for (std::int64_t d = 0; d < Dv; ++d) out[2 + d] = acc[d];
+      };
+      std::vector<float> whole(Dv + 2);
+      run(0, C, whole.data());
+      std::vector<float> want(Dv, 0.0f);
+      const float f = with_sink ? sink_factor(whole[0], whole[1], sink) : (whole[1] > 0 ? 1.0f / whole[1] : 0.0f);
+      for (std::int64_t d = 0; d < Dv; ++d) want[d] = whole[2 + d] * f;
+      for (int splits = 1; splits <= 9; ++splits) {
+        const std::int64_t span = (C + splits - 1) / splits;
+        std::vector<float> part(static_cast<std::size_t>(splits * (Dv + 2)));
+        for (int s = 0; s < splits; ++s) run(std::min(C, s * span), std::min(C, (s + 1) * span), part.data() + s * (Dv + 2));
+        float M = 0.0f;
+        const float inv = merge_splits_norm(part.data(), splits, Dv + 2, with_sink ? &sink : nullptr, M);
+        for (std::int64_t d = 0; d < Dv; ++d) {
+          const float got = inv > 0.0f ? merge_splits_value(part.data(), splits, Dv + 2, M, d) * inv : 0.0f;
+          EXPECT_NEAR(got, want[d], 1e-5 * (1.0f + std::fabs(want[d]))) << "mask " << mask << " sink " << with_sink << " splits " << splits;
+        }
+      }
+    }
 }
 
 }  // namespace

@@ -84,8 +84,7 @@ placement::replica_request request_of(const deployment_rec& dep) {
     rq.needs = requirements_of(dep.resolved);
     // The checkpoint was resolved at its own (f32) KV type: the deployment's type scales the bytes a
     // token takes (f16 and bf16 half, q8_0 34 bytes per 32 values).
-    const auto t = kv_type_of(dep.spec.load).value_or(dtype::f16);
-    rq.needs->kv_bytes_per_token_per_layer = (rq.needs->kv_bytes_per_token_per_layer * *storage_bytes(t, 32) + 127) / 128;
+    rq.needs->kv_bytes_per_token_per_layer = kv_bytes_at(rq.needs->kv_bytes_per_token_per_layer, kv_type_of(dep.spec.load).value_or(families::default_kv_type));
   }
   const auto o = replica_options(dep.spec.load, dep.resolved.max_positions);
   rq.want_kv_tokens = o.pool_blocks > 0 ? o.pool_blocks * o.block_size : o.max_rows * o.capacity;
@@ -627,11 +626,9 @@ transport::cluster_status status_of(const state& st) {
     for (const auto& [id, r] : st.replicas)
       if (r.model == name && r.state == transport::replica_state::serving) ++serving;
     transport::deployment_status ds{name, d.spec.load.model, d.spec.replicas, serving, d.resolved.family};
-    const auto kv = kv_type_of(d.spec.load).value_or(dtype::f16);
+    const auto kv = kv_type_of(d.spec.load).value_or(families::default_kv_type);
     ds.kv_type = std::string(troupe::name(kv));
-    // resolved at the checkpoint's own f32: the deployment's type scales it
-    ds.kv_bytes_per_token = static_cast<std::int64_t>((d.resolved.kv_bytes_per_token_per_layer * *storage_bytes(kv, 32) + 127) / 128) *
-                            static_cast<std::int64_t>(d.resolved.layers);
+    ds.kv_bytes_per_token = static_cast<std::int64_t>(kv_bytes_at(d.resolved.kv_bytes_per_token_per_layer, kv)) * static_cast<std::int64_t>(d.resolved.layers);
     const auto o = replica_options(d.spec.load, d.resolved.max_positions);
     ds.capacity = o.capacity;
     ds.kv_tokens = o.pool_blocks > 0 ? o.pool_blocks * o.block_size : o.max_rows * o.capacity;

@@ -110,10 +110,11 @@ transport::resolved_model resolve_checkpoint(const std::filesystem::path& path) 
 }
 
 result<dtype, std::string> kv_type_of(const transport::load_request& l) {
-  if (l.kv_type.empty()) return dtype::f16;
   if (auto t = families::kv_type_from_name(l.kv_type)) return *t;
   return unexpected("kv_type '" + l.kv_type.substr(0, 32) + "' is none of f32, f16, bf16 and q8_0");
 }
+
+std::uint64_t kv_bytes_at(std::uint64_t f32_bytes, dtype t) { return (f32_bytes * *storage_bytes(t, 32) + 127) / 128; }
 
 placement::requirements requirements_of(const transport::resolved_model& r) {
   placement::requirements q;

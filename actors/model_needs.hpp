@@ -41,6 +41,9 @@ driver::driver_options replica_options(const transport::load_request& l, std::in
 // The KV cache element type a load asks for: its kv_type by name, f16 when empty (llama.cpp's default),
 // or why not.
 result<dtype, std::string> kv_type_of(const transport::load_request& l);
+// KV bytes counted at f32 (a resolved checkpoint's), at the cache type `t`: f16 and bf16 half, q8_0 34
+// bytes per 32 values (rounded up).
+std::uint64_t kv_bytes_at(std::uint64_t f32_bytes, dtype t);
 // A driver's speculation as a load request carries it: the policy's name, its window, and the draft
 // checkpoint's absolute path (the node loads it).
 void put_speculation(transport::load_request& l, const driver::speculation_options& s);

@@ -62,15 +62,13 @@ result<std::shared_ptr<const families::model_handle>, std::string> handle_for(no
     }
     h = *loaded;
   }
-  auto kv = kv_type_of(d.load);
-  if (!kv) return unexpected(kv.error());
   std::shared_ptr<const families::model_handle> out = h;
   if (d.load.expert_parallel) {  // shards of this handle hold whole experts; the loaded one stays shared
     auto ep = h->expert_parallel();
     if (!ep) return unexpected(families::message(ep.error()));
     out = *ep;
   }
-  auto typed = families::with_kv_type(out, *kv);  // the deployment's KV cache type (a new handle; the loaded one stays f32)
+  auto typed = families::with_kv_type(out, d.load.kv_type);  // the deployment's KV cache type (a new handle; the loaded one stays f32)
   if (!typed) return unexpected(families::message(typed.error()));
   return *typed;
 }
@@ -89,7 +87,7 @@ result<driver::driver_options, std::string> options_for(node_state& st, const tr
     }
     h = *loaded;
   }
-  auto typed = families::with_kv_type(h, kv_type_of(l).value_or(dtype::f16));  // the draft's KV as the target's
+  auto typed = families::with_kv_type(h, l.kv_type);  // the draft's KV as the target's
   if (!typed) return unexpected("draft model: " + families::message(typed.error()));
   o.speculation.draft_model = *typed;
   return o;

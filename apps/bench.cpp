@@ -648,12 +648,7 @@ int run_bench(const bench_options& o) {
     std::fprintf(stderr, "troupe bench: %s\n", families::message(loaded.error()).c_str());
     return 2;
   }
-  const auto kvt = families::kv_type_from_name(o.kv_type);
-  if (!kvt) {
-    std::fprintf(stderr, "troupe bench: --kv-type is f32, f16, bf16 or q8_0, not '%s'\n", o.kv_type.c_str());
-    return 2;
-  }
-  auto h = families::with_kv_type(*loaded, *kvt);
+  auto h = families::with_kv_type(*loaded, o.kv_type);
   if (!h) {
     std::fprintf(stderr, "troupe bench: %s\n", families::message(h.error()).c_str());
     return 2;

@@ -140,18 +140,10 @@ int run_generate(const generate_options& o) {
     }
     h = std::move(*ep);
   }
-  {
-    const auto kvt = families::kv_type_from_name(o.kv_type);
-    if (!kvt) {
-      std::fprintf(stderr, "troupe generate: --kv-type is f32, f16, bf16 or q8_0, not '%s'\n", o.kv_type.c_str());
-      return 2;
-    }
-    auto typed = families::with_kv_type(*h, *kvt);
-    if (!typed) {
-      std::fprintf(stderr, "troupe generate: %s\n", families::message(typed.error()).c_str());
-      return 2;
-    }
-    h = std::move(*typed);
+  h = families::with_kv_type(*h, o.kv_type);
+  if (!h) {
+    std::fprintf(stderr, "troupe generate: %s\n", families::message(h.error()).c_str());
+    return 2;
   }
   const text::text_codec* codec = (*h)->text();
   std::vector<std::int32_t> prompt_ids = o.prompt_ids;

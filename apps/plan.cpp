@@ -76,11 +76,9 @@ bool stages_cross_nodes(const placement::plan& p) {
 
 // The handle at `path` with its KV cache of the type named (f16 when empty), or why not.
 result<std::shared_ptr<const families::model_handle>, std::string> typed_handle(const std::string& path, const std::string& kv_type) {
-  const auto t = families::kv_type_from_name(kv_type.empty() ? "f16" : kv_type);
-  if (!t) return unexpected("the KV cache type is f32, f16, bf16 or q8_0, not '" + kv_type + "'");
   auto h = families::model_handle::load(path, families::registry::builtin());
   if (!h) return unexpected(families::message(h.error()));
-  auto typed = families::with_kv_type(*h, *t);
+  auto typed = families::with_kv_type(*h, kv_type);
   if (!typed) return unexpected(families::message(typed.error()));
   return *typed;
 }

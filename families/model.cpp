@@ -161,6 +161,7 @@ std::int64_t kv_bytes_per_token_per_layer(const model& m) {
 }
 
 std::optional<dtype> kv_type_from_name(std::string_view n) {
+  if (n.empty()) return default_kv_type;
   for (auto t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0})
     if (n == name(t)) return t;
   return std::nullopt;

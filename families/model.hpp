@@ -46,7 +46,9 @@ weight_footprint footprint(const model& m);
 // Bytes of KV cache one token takes in one attention layer, at the model's kv_type() (q8_0: 34 bytes
 // per 32 values).
 std::int64_t kv_bytes_per_token_per_layer(const model& m);
-// The KV element types a deployment may choose, by name ("f32", "f16", "bf16", "q8_0"), or nullopt.
+// The KV element types a deployment may choose, by name ("f32", "f16", "bf16", "q8_0"), or nullopt;
+// the empty name is the deployments' default, f16 (llama.cpp's).
+inline constexpr dtype default_kv_type = dtype::f16;
 std::optional<dtype> kv_type_from_name(std::string_view name);
 
 class model {

@@ -68,6 +68,14 @@ result<std::shared_ptr<const model_handle>, model_error> with_kv_type(std::share
   return h->with_kv_type(t);
 }
 
+result<std::shared_ptr<const model_handle>, model_error> with_kv_type(std::shared_ptr<const model_handle> h, std::string_view type_name) {
+  const auto t = kv_type_from_name(type_name);
+  if (!t)
+    return unexpected(model_error{config_error{h ? h->model().config().family : std::string(), "kv_type",
+                                               "the KV cache is f32, f16, bf16 or q8_0, not '" + std::string(type_name.substr(0, 32)) + "'"}});
+  return with_kv_type(std::move(h), *t);
+}
+
 result<std::shared_ptr<const model_handle>, model_error> model_handle::stage(int stage, int stages) const { return over(model_->stage(stage, stages)); }
 
 result<std::shared_ptr<const model_handle>, model_error> model_handle::part(int rank, int tp, int stage, int pp) const {

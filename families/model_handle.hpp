@@ -64,6 +64,9 @@ class model_handle {
 // program (an encoder caches nothing), else h->with_kv_type(t). A deployment's --kv-type goes through
 // this, so its default applies to every model a deployment can serve.
 result<std::shared_ptr<const model_handle>, model_error> with_kv_type(std::shared_ptr<const model_handle> h, dtype t);
+// The same by the type's name (kv_type_from_name: empty is f16); an unknown name is a config_error on
+// kv_type naming it.
+result<std::shared_ptr<const model_handle>, model_error> with_kv_type(std::shared_ptr<const model_handle> h, std::string_view type_name);
 
 // The configuration of a checkpoint, read without its tensors.
 result<load::raw_config, model_error> read_config(const std::filesystem::path& path);

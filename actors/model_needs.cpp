@@ -18,13 +18,9 @@ result<placement::requirements, std::string> requirements_of(const families::mod
   // KV per layer); its recurrent state is per sequence, a fixed cost of the driver's rows, counted as
   // scratch for the default max_rows (every rank and stage keeps it whole: an overestimate under a
   // split). A model with no attention layer (Mamba2) has no KV for the planner to size: refused.
-  std::uint64_t kv_total = 0, state_per_sequence = 0;
+  const auto carried = families::state_bytes(h.model());
+  const auto kv_total = static_cast<std::uint64_t>(carried.per_token), state_per_sequence = static_cast<std::uint64_t>(carried.per_sequence);
   std::int64_t attention_layer = -1;
-  for (const auto& d : h.model().schema().states(families::program::step)) {
-    std::uint64_t n = 1;
-    for (auto x : d.slot_shape) n *= static_cast<std::uint64_t>(x);
-    (d.per_row ? state_per_sequence : kv_total) += storage_bytes(d.element, n).value_or(0);
-  }
   for (std::int64_t l = 0; l < spec.stack.layers && attention_layer < 0; ++l) {
     const auto k = spec.kind(l);
     if (k == families::dense_decoder_spec::layer_kind::attention_ffn || k == families::dense_decoder_spec::layer_kind::attention_only) attention_layer = l;

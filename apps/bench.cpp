@@ -722,12 +722,8 @@ int run_bench(const bench_options& o) {
   const double p = median(prefill), d = median(decode), fraction = median(fractions);
   // What a sequence carries: KV bytes per token (attention layers) and bytes per sequence (recurrent
   // layers' conv windows and scan states, whatever its length).
-  std::int64_t kv_per_token = 0, state_per_sequence = 0;
-  for (const auto& st : (*h)->model().schema().states(families::program::step)) {
-    std::int64_t elems = 1;
-    for (auto v : st.slot_shape) elems *= v;
-    (st.per_row ? state_per_sequence : kv_per_token) += static_cast<std::int64_t>(storage_bytes(st.element, static_cast<std::uint64_t>(elems)).value_or(0));
-  }
+  const auto carried = families::state_bytes((*h)->model());
+  const std::int64_t kv_per_token = carried.per_token, state_per_sequence = carried.per_sequence;
   // Sequences of this run's length (prompt and output) whose KV and state fit in 1 GiB.
   const std::int64_t per_sequence = kv_per_token * (o.prompt_len + o.gen) + state_per_sequence;
   const std::int64_t fit_per_gib = per_sequence > 0 ? (std::int64_t{1} << 30) / per_sequence : 0;

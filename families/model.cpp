@@ -153,6 +153,16 @@ result<std::unique_ptr<model>, model_error> model::with_kv_type(dtype t) const {
                                              "this family keeps no attention KV cache of another type (asked for " + std::string(name(t)) + ")"}});
 }
 
+sequence_state_bytes state_bytes(const model& m) {
+  sequence_state_bytes b;
+  for (const auto& d : m.schema().states(program::step)) {
+    std::uint64_t n = 1;
+    for (auto x : d.slot_shape) n *= static_cast<std::uint64_t>(x);
+    (d.per_row ? b.per_sequence : b.per_token) += static_cast<std::int64_t>(storage_bytes(d.element, n).value_or(0));
+  }
+  return b;
+}
+
 std::int64_t kv_bytes_per_token_per_layer(const model& m) {
   const auto elems = m.config().kv_elems_per_token_per_layer;
   const auto& i = info(m.kv_type());

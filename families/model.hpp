@@ -43,6 +43,13 @@ struct weight_footprint {
   double params = 0, bytes = 0, active_params = 0, active_bytes = 0;
 };
 weight_footprint footprint(const model& m);
+// What one sequence carries in the step program's states: bytes per token (the attention KV of every
+// layer, at the model's kv_type) and bytes per sequence whatever its length (recurrent layers' conv
+// windows and scan states).
+struct sequence_state_bytes {
+  std::int64_t per_token = 0, per_sequence = 0;
+};
+sequence_state_bytes state_bytes(const model& m);
 // Bytes of KV cache one token takes in one attention layer, at the model's kv_type() (q8_0: 34 bytes
 // per 32 values).
 std::int64_t kv_bytes_per_token_per_layer(const model& m);

@@ -566,36 +566,34 @@ inline std::int64_t compact_keys(const attention_args& a, const attention_task& 
   return nk;
 }
 
-// One task (see attention_task): flash attention over tiles of the compacted keys, each tile's K and
-// V rows read from memory once for all of the task's queries.
+// A decode task (one token; see attention_task): flash attention over tiles of the compacted keys, the
+// token's queries of every kv head of the task against each tile's K and V rows, which are read from
+// memory once (all heads of a key are adjacent). Every compacted key is allowed: no mask.
 template <class V, kv_elem E>
 void attention_task_typed(const attention_args& a, const attention_task& tk) {
   using K = kv_rows<V, E>;
   constexpr int W = V::width;
   constexpr std::int64_t tile = attention_tile;
   using R = typename V::reg;
-  const std::int64_t G = a.Hq / a.Hkv, heads = tk.kh1 - tk.kh0, gq = heads * G;
-  const std::int64_t tokens = tk.t1 - tk.t0, nq = tokens * gq;
+  const std::int64_t G = a.Hq / a.Hkv, heads = tk.kh1 - tk.kh0, nq = heads * G;
   const std::int64_t D = a.D, Dv = a.Dv, C = a.C, Vw = a.Vw > 0 ? a.Vw : a.Dv;
   const std::int32_t* index = a.index + tk.r * C;
   const std::uint8_t* allow0 = a.allow + (tk.r * a.T + tk.t0) * C;
-  // Query i is token i / gq, query head kh0 G + i % gq, kv head kh0 + i % gq / G.
-  auto q_row = [&](std::int64_t i) { return (tk.r * a.T + tk.t0 + i / gq) * a.Hq + tk.kh0 * G + i % gq; };
+  // Query i is query head kh0 G + i, of kv head kh0 + i / G.
+  auto q_row = [&](std::int64_t i) { return (tk.r * a.T + tk.t0) * a.Hq + tk.kh0 * G + i; };
 
-  // The keys some token of the block may read, in order.
+  // The keys the token may read, in order.
   const std::int32_t* keys = tk.keys;
-  const std::int64_t nk = compact_keys(a, tk, tokens, allow0);
+  const std::int64_t nk = compact_keys(a, tk, 1, allow0);
 
   // Scratch (layout in kernels_table.hpp): queries pre-scaled (by scale / softcap under a softcap,
-  // whose tanh then takes the dot product as is), output accumulators, running max and sum, the
-  // tile's scores (then weights) per query, and per token its mask over the tile and allowed count.
+  // whose tanh then takes the dot product as is), output accumulators, running max and sum, and the
+  // tile's scores (then weights) per query.
   float* qs = tk.scratch;
   float* acc = qs + nq * D;
   float* mx = acc + nq * Dv;
   float* sum = mx + nq;
   float* sp = sum + nq;
-  float* bias = sp + nq * tile;
-  float* allowed = bias + tokens * tile;
   const bool capped = a.softcap > 0.0f;
   const R qmul = V::set1(capped ? a.scale / a.softcap : a.scale);
   for (std::int64_t i = 0; i < nq; ++i) {
@@ -609,9 +607,7 @@ void attention_task_typed(const attention_args& a, const attention_task& tk) {
     sum[i] = 0.0f;
   }
 
-  alignas(64) float pc[tile];
   const unsigned char* rows[2][2][tile];  // [current / next tile][K / V]: the task's first kv head in each row
-  const unsigned char* vc[tile];
   const R cap = V::set1(a.softcap);
   // Lines of one key's K (and V) rows over the task's kv heads, which are adjacent in memory.
   const std::int64_t k_lines = (K::bytes(heads * D) + 63) / 64, v_lines = (K::bytes(heads * Vw) + 63) / 64;
@@ -643,52 +639,26 @@ void attention_task_typed(const attention_args& a, const attention_task& tk) {
     const std::int64_t n = nk - base < tile ? nk - base : tile;
     const std::int64_t nw = (n + W - 1) / W * W;
     const std::int64_t next = base + tile < nk ? locate(base + tile, rows[cur ^ 1][0], rows[cur ^ 1][1]) : 0;
-    for (std::int64_t j = n; j < nw; ++j) kp[j] = kp[0];  // padding lanes read a real row, then are masked
-
-    // Each token's mask over the tile. With one token every compacted key is allowed.
-    for (std::int64_t tt = 0; tt < tokens; ++tt) {
-      if (tokens == 1) {
-        allowed[tt] = static_cast<float>(n);
-        continue;
-      }
-      const std::uint8_t* at = allow0 + tt * C;
-      float* bt = bias + tt * tile;
-      std::int64_t cnt = 0;
-      for (std::int64_t j = 0; j < n; ++j) {
-        const bool ok = at[keys[base + j]] != 0;
-        bt[j] = ok ? 0.0f : -INFINITY;
-        cnt += ok;
-      }
-      for (std::int64_t j = n; j < nw; ++j) bt[j] = -INFINITY;
-      allowed[tt] = static_cast<float>(cnt);
-    }
+    for (std::int64_t j = n; j < nw; ++j) kp[j] = kp[0];  // padding lanes read a real row, then are dropped
 
     // Scores, key block outer: the block's rows of K stay in L1 for every query.
+    const float* drow = a.alibi_slopes ? a.alibi_dist + (tk.r * a.T + tk.t0) * C : nullptr;
     for (std::int64_t jb = 0; jb < nw; jb += W) {
       prefetch(rows[cur ^ 1][0], jb < next ? jb : next, jb + W < next ? jb + W : next, k_lines);
-      for (std::int64_t tt = 0; tt < tokens; ++tt) {
-        if (allowed[tt] == 0.0f) continue;
-        const bool full = allowed[tt] == static_cast<float>(n);
-        // ALiBi: the block's key-minus-query distances for this token (padding lanes 0, masked later).
-        alignas(64) float dist[W] = {};
-        if (a.alibi_slopes) {
-          const float* drow = a.alibi_dist + (tk.r * a.T + tk.t0 + tt) * C;
-          for (std::int64_t l = 0; l < W; ++l) dist[l] = jb + l < n ? drow[keys[base + jb + l]] : 0.0f;
-        }
-        for (std::int64_t qi = 0; qi < gq; ++qi) {
-          const std::int64_t i = tt * gq + qi;
-          R sc = score_block<V, K>(qs + i * D, kp + jb, qi / G * D, D);
-          if (capped) sc = V::mul(cap, v_tanh<V>(sc));
-          if (a.alibi_slopes) sc = V::add(sc, V::mul(V::set1(a.alibi_slopes[tk.kh0 * G + qi]), V::load(dist)));
-          if (!full) sc = V::add(sc, V::load(bias + tt * tile + jb));
-          V::store(sp + i * tile + jb, sc);
-        }
+      // ALiBi: the block's key-minus-query distances (padding lanes 0, dropped later).
+      alignas(64) float dist[W] = {};
+      if (drow)
+        for (std::int64_t l = 0; l < W; ++l) dist[l] = jb + l < n ? drow[keys[base + jb + l]] : 0.0f;
+      for (std::int64_t i = 0; i < nq; ++i) {
+        R sc = score_block<V, K>(qs + i * D, kp + jb, i / G * D, D);
+        if (capped) sc = V::mul(cap, v_tanh<V>(sc));
+        if (drow) sc = V::add(sc, V::mul(V::set1(a.alibi_slopes[tk.kh0 * G + i]), V::load(dist)));
+        V::store(sp + i * tile + jb, sc);
       }
     }
 
     // The online-softmax update of each query: new max, rescale of what was accumulated, weights.
     for (std::int64_t i = 0; i < nq; ++i) {
-      if (allowed[i / gq] == 0.0f) continue;
       float* si = sp + i * tile;
       for (std::int64_t j = n; j < nw; ++j) si[j] = -INFINITY;
       R mv = V::set1(-INFINITY);
@@ -718,27 +688,11 @@ void attention_task_typed(const attention_args& a, const attention_task& tk) {
       }
     }
 
-    // P.V. Tokens that may read the whole tile: key block outer, every query per block. Tokens with
-    // masked keys in the tile (the diagonal of a causal mask, a window's edge): only the keys with
-    // weight, so that a masked row is never read, as the op requires.
+    // P.V, key block outer, every query per block.
     for (std::int64_t jb = 0; jb < n; jb += pv_block) {
       const std::int64_t kb = n - jb < pv_block ? n - jb : pv_block;
       prefetch(rows[cur ^ 1][1], jb < next ? jb : next, jb + kb < next ? jb + kb : next, v_lines);
-      for (std::int64_t i = 0; i < nq; ++i)
-        if (allowed[i / gq] == static_cast<float>(n))
-          accumulate_pv<V, K>(acc + i * Dv, sp + i * tile + jb, vp + jb, i % gq / G * Vw, kb, Dv);
-    }
-    for (std::int64_t i = 0; i < nq; ++i) {
-      const float cnt = allowed[i / gq];
-      if (cnt == 0.0f || cnt == static_cast<float>(n)) continue;
-      const float* pi = sp + i * tile;
-      std::int64_t m = 0;
-      for (std::int64_t j = 0; j < n; ++j) {
-        pc[m] = pi[j];
-        vc[m] = vp[j];
-        m += pi[j] != 0.0f;
-      }
-      accumulate_pv<V, K>(acc + i * Dv, pc, vc, i % gq / G * Vw, m, Dv);
+      for (std::int64_t i = 0; i < nq; ++i) accumulate_pv<V, K>(acc + i * Dv, sp + i * tile + jb, vp + jb, i / G * Vw, kb, Dv);
     }
   }
 
@@ -837,13 +791,20 @@ void attention_task_block(const attention_args& a, const attention_task& tk) {
         V::store(st + j * nqp + qb, capped ? V::mul(cap, v_tanh<V>(s0)) : s0);
       }
     }
-    // Masked (token, key) pairs: only where a token may not read the whole tile (a causal diagonal,
-    // a window's edge, a verify window's own future).
+    // ALiBi's slope times each key's distance from the token, then the masked (token, key) pairs (a
+    // causal diagonal, a window's edge, a verify window's own future).
     for (std::int64_t tt = 0; tt < tokens; ++tt) {
       const std::uint8_t* at = allow0 + tt * C;
-      for (std::int64_t j = 0; j < n; ++j)
-        if (at[keys[base + j]] == 0)
-          for (std::int64_t g = 0; g < G; ++g) st[j * nqp + tt * G + g] = -INFINITY;
+      const float* drow = a.alibi_slopes ? a.alibi_dist + (tk.r * a.T + tk.t0 + tt) * C : nullptr;
+      for (std::int64_t j = 0; j < n; ++j) {
+        float* sj = st + j * nqp + tt * G;
+        if (at[keys[base + j]] == 0) {
+          for (std::int64_t g = 0; g < G; ++g) sj[g] = -INFINITY;
+        } else if (drow) {
+          const float dist = drow[keys[base + j]];
+          for (std::int64_t g = 0; g < G; ++g) sj[g] += a.alibi_slopes[tk.kh0 * G + g] * dist;
+        }
+      }
     }
 
     // The online softmax, down each column of queries: new max, weights, sum, correction.
@@ -911,11 +872,11 @@ void attention_task_block(const attention_args& a, const attention_task& tk) {
   finish_queries<V>(a, tk, nq, acc, mx, sum, [&](std::int64_t i) { return (tk.r * a.T + tk.t0 + i / G) * a.Hq + tk.kh0 * G + i % G; });
 }
 
-// The task over keys and values of the args' element type: several tokens over one kv head as the
-// block form (ALiBi's per-token distances excepted), a decode token as the per-query form.
+// The task over keys and values of the args' element type: several tokens (over one kv head: the plan
+// gives a multi-token task one) as the block form, a decode token as the per-query form.
 template <class V>
 void attention_task_run(const attention_args& a, const attention_task& tk) {
-  if (tk.t1 - tk.t0 > 1 && tk.kh1 - tk.kh0 == 1 && a.alibi_slopes == nullptr) {
+  if (tk.t1 - tk.t0 > 1) {
     switch (a.kv) {
       case kv_elem::f32: return attention_task_block<V, kv_elem::f32>(a, tk);
       case kv_elem::f16: return attention_task_block<V, kv_elem::f16>(a, tk);

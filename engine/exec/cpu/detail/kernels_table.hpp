@@ -15,14 +15,14 @@ namespace troupe::exec::cpu::kernels_detail {
 inline constexpr std::int64_t attention_tile = 64;
 
 // One attention task: the queries of tokens [t0, t1) of row r whose heads read kv heads [kh0, kh1)
-// (every query head of those groups), over the keys c in [c0, c1). Scratch is the caller's, per
-// thread: for nq = tokens x (kh1 - kh0) x group queries, `scratch` holds attention_scratch_floats()
-// floats, 64-byte aligned: scaled queries [nq][D], accumulators [nq][Dv], running max [nq] and sum
-// [nq], a tile's scores [nq][tile], and per token a tile's mask [tokens][tile] and allowed count
-// [tokens]; `keys` holds c1 - c0 ints and `any` c1 - c0 bytes.
+// (every query head of those groups), over the keys c in [c0, c1); several tokens read one kv head.
+// Scratch is the caller's, per thread, 64-byte aligned, the larger of the two forms' needs. The
+// per-query (decode) form, for nq = (kh1 - kh0) x group queries of one token, holds
+// attention_scratch_floats(): scaled queries [nq][D], accumulators [nq][Dv], running max [nq] and sum
+// [nq], and a tile's scores [nq][tile]; `keys` holds c1 - c0 ints and `any` c1 - c0 bytes.
 constexpr std::int64_t attention_scratch_floats(std::int64_t tokens, std::int64_t queries_per_token, std::int64_t D,
                                                 std::int64_t Dv) {
-  return tokens * queries_per_token * (D + Dv + 2 + attention_tile) + tokens * (attention_tile + 1);
+  return tokens * queries_per_token * (D + Dv + 2 + attention_tile);
 }
 
 // The block form's scratch (kernels_impl.hpp attention_task_block), for nq = tokens x group queries of

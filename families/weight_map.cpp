@@ -88,7 +88,16 @@ result<weight_map, weight_error> weight_map::build(const load::weight_store& sto
     if (is_integer(v->type()))
       return unexpected(weight_error{weight_error_code::unsupported_dtype, role, key, "a float or block type",
                                      std::string(name(v->type()))});
-    m.entries_.push_back({role, key, *v, stored});
+    std::optional<tensor_view> perm;
+    auto perm_key = [](const std::string& k) { return k.ends_with(".weight") ? k.substr(0, k.size() - 7) + ".input_perm" : std::string(); };
+    if (r.experts > 0) {
+      if (store.find(perm_key(key_for(r.key, layer, 0))))
+        return unexpected(weight_error{weight_error_code::unsupported_dtype, role, key_for(r.key, layer, 0), "experts without act-order (desc_act)",
+                                       "act-order"});
+    } else if (const auto pk = perm_key(key); !pk.empty()) {
+      perm = store.find(pk);
+    }
+    m.entries_.push_back({role, key, *v, stored, perm});
     return {};
   };
   for (const auto& r : rules) {

@@ -57,6 +57,9 @@ struct weight_entry {
   std::string key;  // the checkpoint tensor that feeds it
   tensor_view view;
   stored_as stored = stored_as::as_is;
+  // An act-order weight's column order (i32 [K], "<prefix>.input_perm" beside "<prefix>.weight"): the
+  // linear reads x[perm[j]] as its column j.
+  std::optional<tensor_view> input_perm;
 };
 
 enum class weight_error_code : std::uint8_t { missing, shape_mismatch, unsupported_dtype };

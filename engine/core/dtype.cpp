@@ -32,6 +32,11 @@ constexpr std::array<dtype_info, dtype_count> table = {{
     {"q6_k", 256, 210, false, false, 14u, std::nullopt},
     {"q8_k", 256, 292, false, false, 15u, std::nullopt},
     {"mxfp4", 32, 17, false, false, 39u, std::nullopt},
+    {"iq4_nl", 32, 18, false, false, 20u, std::nullopt},
+    {"iq4_xs", 256, 136, false, false, 23u, std::nullopt},
+    {"q4_a32", 32, 20, false, false, std::nullopt, std::nullopt},
+    {"q8_a32", 32, 40, false, false, std::nullopt, std::nullopt},
+    {"fp8_s32", 32, 36, false, false, std::nullopt, std::nullopt},
 }};
 
 }  // namespace

@@ -244,6 +244,159 @@ void quantize_mxfp4(const float* x, std::byte* dst) {
   for (int j = 0; j < qk / 2; ++j) dst[1 + j] = static_cast<std::byte>(code(x[j]) | (code(x[j + qk / 2]) << 4));
 }
 
+// IQ4_NL (ggml): one f16 d and 16 bytes of nibbles in q4_0's order, each an index into a fixed table of
+// 16 non-uniform int8 levels; the value is d x level. IQ4_XS: the same table in 256-superblocks of
+// eight 32-element sub-blocks, each scaled by d x (ls - 32) with a 6-bit ls (low 4 bits in scales_l,
+// high 2 in scales_h). ggml's encoders search several scales and weight by an importance; troupe's
+// (for fixtures and tests) takes the first candidate of that search, the block's signed maximum on
+// the table's lowest level, and the nearest level for every value.
+constexpr std::array<std::int8_t, 16> iq4nl_levels = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                      1,    13,   25,  38,  53,  69,  89,  113};
+
+void dequantize_iq4_nl(const std::byte* src, float* y) {
+  block_reader r(src);
+  const float d = r.f16();
+  const auto qs = r.u8s<qk / 2>();
+  for (int j = 0; j < qk / 2; ++j) {
+    y[j] = d * static_cast<float>(iq4nl_levels[qs[j] & 0x0f]);
+    y[j + qk / 2] = d * static_cast<float>(iq4nl_levels[qs[j] >> 4]);
+  }
+}
+
+// The level nearest to v (the lower on a tie); NaN takes the level nearest zero.
+int iq4nl_index(float v) {
+  if (std::isnan(v)) return 8;
+  if (v <= iq4nl_levels[0]) return 0;
+  if (v >= iq4nl_levels[15]) return 15;
+  int i = 0;
+  while (i < 15 && static_cast<float>(iq4nl_levels[i + 1]) < v) ++i;
+  return v - static_cast<float>(iq4nl_levels[i]) <= static_cast<float>(iq4nl_levels[i + 1]) - v ? i : i + 1;
+}
+
+// Codes of 32 values against scale d (0: all the level nearest zero).
+std::array<std::uint8_t, qk / 2> iq4nl_codes(const float* x, float d) {
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  std::array<std::uint8_t, qk / 2> qs;
+  for (int j = 0; j < qk / 2; ++j)
+    qs[j] = static_cast<std::uint8_t>(iq4nl_index(x[j] * id) | (iq4nl_index(x[j + qk / 2] * id) << 4));
+  return qs;
+}
+
+void quantize_iq4_nl(const float* x, std::byte* dst) {
+  const float d = f16_to_f32(f32_to_f16(signed_absmax(x, qk) / static_cast<float>(iq4nl_levels[0])));
+  block_writer w(dst);
+  w.u16(f32_to_f16(d));
+  w.u8s(iq4nl_codes(x, d));
+}
+
+void dequantize_iq4_xs(const std::byte* src, float* y) {
+  block_reader r(src);
+  const float d = r.f16();
+  const std::uint16_t scales_h = r.u16();
+  const auto scales_l = r.u8s<4>();
+  const auto qs = r.u8s<qk_k / 2>();
+  for (int ib = 0; ib < qk_k / 32; ++ib) {
+    const int ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0f) | (((scales_h >> (2 * ib)) & 3) << 4);
+    const float dl = d * static_cast<float>(ls - 32);
+    for (int j = 0; j < 16; ++j) {
+      y[32 * ib + j] = dl * static_cast<float>(iq4nl_levels[qs[16 * ib + j] & 0x0f]);
+      y[32 * ib + j + 16] = dl * static_cast<float>(iq4nl_levels[qs[16 * ib + j] >> 4]);
+    }
+  }
+}
+
+void quantize_iq4_xs(const float* x, std::byte* dst) {
+  std::array<float, qk_k / 32> scale{};
+  float max_scale = 0.0f, amax_scale = 0.0f;
+  for (int ib = 0; ib < qk_k / 32; ++ib) {
+    scale[ib] = signed_absmax(x + 32 * ib, 32) / static_cast<float>(iq4nl_levels[0]);
+    if (std::fabs(scale[ib]) > amax_scale) amax_scale = std::fabs(scale[ib]), max_scale = scale[ib];
+  }
+  const float d = f16_to_f32(f32_to_f16(-max_scale / 32.0f));
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  std::uint16_t scales_h = 0;
+  std::array<std::uint8_t, 4> scales_l{};
+  std::array<std::uint8_t, qk_k / 2> qs{};
+  for (int ib = 0; ib < qk_k / 32; ++ib) {
+    const int l = std::clamp(nearest_int(id * scale[ib]), -32, 31);
+    const int ls = l + 32;
+    scales_l[ib / 2] = static_cast<std::uint8_t>(scales_l[ib / 2] | ((ls & 0x0f) << (4 * (ib % 2))));
+    scales_h = static_cast<std::uint16_t>(scales_h | ((ls >> 4) << (2 * ib)));
+    const auto codes = iq4nl_codes(x + 32 * ib, d * static_cast<float>(l));
+    std::copy(codes.begin(), codes.end(), qs.begin() + 16 * ib);
+  }
+  block_writer w(dst);
+  w.u16(f32_to_f16(d));
+  w.u16(scales_h);
+  w.u8s(scales_l);
+  w.u8s(qs);
+}
+
+// troupe's affine row forms of the Hugging Face integer formats (GPTQ, AWQ, compressed-tensors): per
+// 32 elements a scale d (4-bit: f16, then a u8 zero z and a zero byte; 8-bit: f32, then z and three zero
+// bytes) and the codes q (4-bit: q4_0's nibble order; 8-bit: one byte each); the value is d x (q - z),
+// exact in f32. Their encoders (tests and fixtures; the loader copies the stored codes) fit the block's
+// range: d = (max - min) / (levels - 1) (rounded to f16 for 4 bits), z = round(-min / d), each code the
+// nearest level.
+template <int Levels>
+void dequantize_affine(const std::byte* src, float* y) {
+  block_reader r(src);
+  const float d = Levels == 16 ? r.f16() : r.f32();
+  const int z = r.u8();
+  for (int pad = 0; pad < (Levels == 16 ? 1 : 3); ++pad) (void)r.u8();
+  if constexpr (Levels == 16) {
+    const auto qs = r.u8s<qk / 2>();
+    for (int j = 0; j < qk / 2; ++j) {
+      y[j] = d * static_cast<float>((qs[j] & 0x0f) - z);
+      y[j + qk / 2] = d * static_cast<float>((qs[j] >> 4) - z);
+    }
+  } else {
+    const auto qs = r.u8s<qk>();
+    for (int j = 0; j < qk; ++j) y[j] = d * static_cast<float>(qs[j] - z);
+  }
+}
+
+template <int Levels>
+void quantize_affine(const float* x, std::byte* dst) {
+  const auto mm = block_min_max(x, qk);
+  const float lo = std::min(mm.min, 0.0f), hi = std::max(mm.max, 0.0f);
+  const float span = std::isfinite(hi - lo) ? hi - lo : FLT_MAX;
+  const float raw = span / static_cast<float>(Levels - 1);
+  float d = Levels == 16 ? f16_to_f32(f32_to_f16(raw)) : raw;
+  float id = d != 0.0f && std::isfinite(d) ? 1.0f / d : 0.0f;
+  if (!std::isfinite(id)) d = 0.0f, id = 0.0f;  // a subnormal d: every value codes as the zero
+  const int z = std::clamp(nearest_int(-lo * id), 0, Levels - 1);
+  auto code = [&](float v) { return std::clamp(nearest_int(v * id) + z, 0, Levels - 1); };
+  block_writer w(dst);
+  if constexpr (Levels == 16) w.u16(f32_to_f16(d));
+  else w.f32(d);
+  w.u8(static_cast<std::uint8_t>(z));
+  for (int pad = 0; pad < (Levels == 16 ? 1 : 3); ++pad) w.u8(0);
+  if constexpr (Levels == 16) {
+    for (int j = 0; j < qk / 2; ++j) w.u8(static_cast<std::uint8_t>(code(x[j]) | (code(x[j + qk / 2]) << 4)));
+  } else {
+    for (int j = 0; j < qk; ++j) w.u8(static_cast<std::uint8_t>(code(x[j])));
+  }
+}
+
+// FP8 with a scale (troupe's row form of FP8 checkpoints): per 32 elements an f32 s and 32 E4M3 codes;
+// the value is s x e4m3(q). The encoder puts the block's largest magnitude on E4M3's largest, 448.
+void dequantize_fp8_s32(const std::byte* src, float* y) {
+  block_reader r(src);
+  const float s = r.f32();
+  for (int j = 0; j < qk; ++j) y[j] = s * fp8_e4m3_to_f32(r.u8());
+}
+
+void quantize_fp8_s32(const float* x, std::byte* dst) {
+  float amax = 0.0f;
+  for (int j = 0; j < qk; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float s = std::isfinite(amax) ? amax / 448.0f : 0.0f;
+  block_writer w(dst);
+  w.f32(s);
+  // Divided rather than times 1 / s, which overflows for a subnormal s.
+  for (int j = 0; j < qk; ++j) w.u8(std::isnan(x[j]) || s == 0.0f ? 0 : f32_to_fp8_e4m3(x[j] / s));
+}
+
 void dequantize_q4_1(const std::byte* src, float* y) {
   block_reader r(src);
   const float d = r.f16();
@@ -850,6 +1003,11 @@ dequantize_block dequantizer(dtype t) {
     case dtype::q6_k: return dequantize_q6_k;
     case dtype::q8_k: return dequantize_q8_k;
     case dtype::mxfp4: return dequantize_mxfp4;
+    case dtype::iq4_nl: return dequantize_iq4_nl;
+    case dtype::iq4_xs: return dequantize_iq4_xs;
+    case dtype::q4_a32: return dequantize_affine<16>;
+    case dtype::q8_a32: return dequantize_affine<256>;
+    case dtype::fp8_s32: return dequantize_fp8_s32;
     case dtype::i64:
     case dtype::i32:
     case dtype::i16:
@@ -875,6 +1033,11 @@ quantize_block quantizer(dtype t) {
     case dtype::q8_0: return quantize_q8_0;
     case dtype::q8_k: return quantize_q8_k;
     case dtype::mxfp4: return quantize_mxfp4;
+    case dtype::iq4_nl: return quantize_iq4_nl;
+    case dtype::iq4_xs: return quantize_iq4_xs;
+    case dtype::q4_a32: return quantize_affine<16>;
+    case dtype::q8_a32: return quantize_affine<256>;
+    case dtype::fp8_s32: return quantize_fp8_s32;
     case dtype::q4_k: return quantize_q4_k;
     case dtype::q6_k: return quantize_q6_k;
     default: return nullptr;

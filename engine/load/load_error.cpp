@@ -21,6 +21,8 @@ std::string_view name(load_error_code code) {
     case load_error_code::bad_metadata: return "bad_metadata";
     case load_error_code::missing_key: return "missing_key";
     case load_error_code::wrong_type: return "wrong_type";
+    case load_error_code::unsupported_quantization: return "unsupported_quantization";
+    case load_error_code::bad_quantization: return "bad_quantization";
   }
   return "unknown";
 }

@@ -25,6 +25,8 @@ enum class load_error_code {
   bad_metadata,         // a metadata value of the wrong form
   missing_key,          // a config key that is absent
   wrong_type,           // a config key whose value has another type than asked for
+  unsupported_quantization,  // a quantized checkpoint in a form troupe does not implement (the field named)
+  bad_quantization,          // a quantized linear's stored tensors that disagree with each other or the config
 };
 
 std::string_view name(load_error_code code);

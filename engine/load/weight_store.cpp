@@ -4,6 +4,7 @@
 #include <fstream>
 #include <map>
 
+#include "engine/load/detail/mapped_file.hpp"
 #include "engine/load/safetensors.hpp"
 
 namespace troupe::load {
@@ -24,6 +25,8 @@ struct weight_store::impl {
   std::vector<safetensors_file> shards;
   std::map<std::string, tensor_view, std::less<>> tensors;
   std::size_t total_bytes = 0;
+  std::optional<hf_quant_config> quant;
+  std::vector<tensor> owned;  // the quantized linears in troupe's row form
 };
 
 namespace {
@@ -48,6 +51,9 @@ result<weight_store, load_error> weight_store::open(const std::filesystem::path&
     i->shards = dir->shards();
     for (const auto& s : i->shards)
       for (const auto& t : s.tensors()) i->tensors.emplace(t.name, t.view);
+    auto q = read_hf_quant(path);
+    if (!q) return troupe::unexpected(std::move(q.error()));
+    i->quant = std::move(*q);
   } else if (looks_like_gguf(path)) {
     auto g = gguf_file::open(path);
     if (!g) return troupe::unexpected(std::move(g.error()));
@@ -61,6 +67,33 @@ result<weight_store, load_error> weight_store::open(const std::filesystem::path&
     i->shards.push_back(std::move(*s));
   }
   for (const auto& [n, v] : i->tensors) i->total_bytes += v.bytes();
+  if (i->quant) {
+    std::vector<std::string> names;
+    for (const auto& [n, v] : i->tensors) names.push_back(n);
+    auto lookup = [&](std::string_view n) -> std::optional<tensor_view> {
+      const auto it = i->tensors.find(n);
+      if (it == i->tensors.end()) return std::nullopt;
+      return it->second;
+    };
+    auto linears = convert_hf_quant(*i->quant, names, lookup, (path / "config.json").string());
+    if (!linears) return troupe::unexpected(std::move(linears.error()));
+    i->owned.reserve(2 * linears->size());
+    for (auto& l : *linears) {
+      for (const auto& c : l.consumed) {
+        // The stored bytes are read once; their pages need not stay resident beside the row form.
+        if (const auto it = i->tensors.find(c); it != i->tensors.end()) {
+          detail::release_pages(it->second.data(), it->second.bytes());
+          i->tensors.erase(it);
+        }
+      }
+      i->owned.push_back(std::move(l.weight));
+      i->tensors.insert_or_assign(l.weight_name, i->owned.back().view());
+      if (l.input_perm) {
+        i->owned.push_back(std::move(*l.input_perm));
+        i->tensors.insert_or_assign(l.weight_name.substr(0, l.weight_name.size() - 7) + ".input_perm", i->owned.back().view());
+      }
+    }
+  }
   return weight_store(std::move(i));
 }
 
@@ -81,6 +114,8 @@ std::vector<std::string> weight_store::names() const {
   for (const auto& [n, v] : impl_->tensors) out.push_back(n);
   return out;
 }
+
+const std::optional<hf_quant_config>& weight_store::quantization() const { return impl_->quant; }
 
 std::optional<std::reference_wrapper<const gguf_file>> weight_store::gguf() const {
   if (!impl_->gguf) return std::nullopt;

@@ -3,6 +3,10 @@
 // Face directory (one model.safetensors or shards with an index). Tensors keep their stored dtype and
 // bytes (zero copy). A weight_store is a cheap handle: copies share the mappings, and every view it hands
 // out stays valid while any copy lives. It does not interpret names; families map roles to names.
+// A quantized Hugging Face directory (GPTQ, AWQ, FP8, compressed-tensors: engine/load/hf_quant.hpp)
+// shows each quantized linear as one "<prefix>.weight" in troupe's row form (q4_a32, q8_a32, fp8_s32),
+// built once at open, in place of the tensors it was stored as (and "<prefix>.input_perm" for
+// act-order GPTQ).
 #include <cstddef>
 #include <filesystem>
 #include <functional>
@@ -15,6 +19,7 @@
 #include "engine/core/result.hpp"
 #include "engine/core/tensor.hpp"
 #include "engine/load/gguf.hpp"
+#include "engine/load/hf_quant.hpp"
 #include "engine/load/load_error.hpp"
 
 namespace troupe::load {
@@ -33,6 +38,9 @@ class weight_store {
   std::vector<std::string> names() const;  // sorted
   std::size_t size() const;                // the number of tensors
   std::size_t total_bytes() const;         // of all tensor data as stored
+
+  // The quantization a Hugging Face directory declares, when it does.
+  const std::optional<hf_quant_config>& quantization() const;
 
   // The GGUF file itself (metadata included) when the checkpoint is one.
   std::optional<std::reference_wrapper<const gguf_file>> gguf() const;

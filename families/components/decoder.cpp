@@ -42,7 +42,7 @@ std::optional<troupe::shape> ffn_shape(role r, std::int64_t F, std::int64_t H) {
 
 value_id decoder_trace::projection(value_id x, role r, std::int32_t layer, bool reduce) {
   auto& b = ctx_.b;
-  auto y = b.linear(x, ctx_.weight(r, layer));
+  auto y = ctx_.linear(x, r, layer);
   if (reduce) y = b.all_reduce(y);
   if (const auto bias = bias_of(r); ctx_.has(bias, layer)) y = b.add(y, ctx_.vector_f32(bias, layer));
   return y;

@@ -541,6 +541,7 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
         owned.push_back(std::move(t));
       }
     } else if (r == role::attn_output || r == role::ffn_down) {
+      if (e.input_perm) return refuse(e.key + ": an act-order (desc_act) weight cannot be split along its input across ranks");
       const auto cols = r == role::attn_output ? o_cols : f_rows;
       auto t = columns_of(e.view, cols.first, cols.second);
       if (!t) return refuse(e.key + ": " + t.error());

@@ -48,18 +48,18 @@ value_id gated_delta_mixer(decoder_trace& d, value_id x, std::int32_t layer, con
 
   value_id qkv, z;
   if (ctx.has(role::attn_qkv, layer)) {
-    qkv = b.linear(x, ctx.weight(role::attn_qkv, layer));
-    z = b.linear(x, ctx.weight(role::attn_gate, layer));
+    qkv = ctx.linear(x, role::attn_qkv, layer);
+    z = ctx.linear(x, role::attn_gate, layer);
   } else {  // per key head [q | k | v | z]: gathered into [q... | k... | v...] and z
     const std::int64_t per = 2 * Dk + 2 * r * Dv;
-    const auto m = b.reshape(b.linear(x, ctx.weight(role::ssm_in, layer)), {N, Hk, per});
+    const auto m = b.reshape(ctx.linear(x, role::ssm_in, layer), {N, Hk, per});
     const auto q = b.reshape(b.slice(m, 2, 0, Dk), {N, kw});
     const auto k = b.reshape(b.slice(m, 2, Dk, 2 * Dk), {N, kw});
     const auto v = b.reshape(b.slice(m, 2, 2 * Dk, 2 * Dk + r * Dv), {N, vw});
     z = b.reshape(b.slice(m, 2, 2 * Dk + r * Dv, per), {N, vw});
     qkv = b.concat({q, k, v}, 1);
   }
-  const auto ba = b.reshape(b.linear(x, ctx.weight(role::ssm_ba, layer)), {N, Hk, 2 * r});
+  const auto ba = b.reshape(ctx.linear(x, role::ssm_ba, layer), {N, Hk, 2 * r});
   const auto beta = b.unary(op::sigmoid, b.reshape(b.slice(ba, 2, 0, r), {R, T, H}));
   const auto alpha = b.reshape(b.slice(ba, 2, r, 2 * r), {N, H});
   const auto A = ctx.has(role::ssm_a, layer) ? b.reshape(ctx.vector_f32(role::ssm_a, layer), {H})

@@ -27,7 +27,7 @@ value_id mamba2_mixer(decoder_trace& d, value_id x, std::int32_t layer, const ma
   const std::int64_t R = s.rows(), T = s.tokens(), N = R * T, S = s.state_rows();
   const std::int64_t D = p.inner, G = p.groups, NS = p.state, H = p.heads, P = p.head_dim(), Cc = p.conv_channels(), K = p.conv;
   const auto l = std::to_string(layer);
-  const auto zxbcdt = b.linear(x, ctx.weight(role::ssm_in, layer));
+  const auto zxbcdt = ctx.linear(x, role::ssm_in, layer);
   const auto z = b.slice(zxbcdt, 1, 0, D);
   const auto xbc = b.slice(zxbcdt, 1, D, D + Cc);
   auto dt = b.slice(zxbcdt, 1, D + Cc, D + Cc + H);

@@ -75,8 +75,12 @@ result<weight_map, weight_error> absorb_kv_b(const weight_map& m, const std::vec
     // Per head h, kv_b's rows [h (nope + V), h (nope + V) + nope) are W_uk[h] [nope, L] and the next V
     // rows W_uv[h] [V, L]. k_b[h] = W_uk[h]^T [L, nope] (f32: a transpose cannot keep block rows);
     // v_b[h] = W_uv[h] in the stored format.
+    // An act-order kv_b (GPTQ desc_act) stores its columns in its own order: both halves are decoded to
+    // f32 with the columns put back (k_b is f32 anyway; v_b's rows then cost 4 bytes a weight).
+    const std::int32_t* perm = e.input_perm ? reinterpret_cast<const std::int32_t*>(e.input_perm->data()) : nullptr;
+    auto col = [&](std::int64_t l) { return perm ? static_cast<std::int64_t>(perm[l]) : l; };
     auto kb = std::make_shared<tensor>(dtype::f32, troupe::shape{H, L, nope});
-    auto vb = std::make_shared<tensor>(v.type(), troupe::shape{H, V, L});
+    auto vb = std::make_shared<tensor>(perm ? dtype::f32 : v.type(), troupe::shape{H, V, L});
     std::vector<float> row(static_cast<std::size_t>(L));
     const std::size_t rb = v.row_bytes();
     for (std::int64_t h = 0; h < H; ++h) {
@@ -84,10 +88,18 @@ result<weight_map, weight_error> absorb_kv_b(const weight_map& m, const std::vec
         const std::byte* src = v.data() + static_cast<std::size_t>(h * (nope + V) + n) * rb;
         if (auto r = dequantize_row(v.type(), src, row.data(), L); !r)
           return unexpected(weight_error{weight_error_code::unsupported_dtype, e.role, e.key, "a float or block type", std::string(name(v.type()))});
-        for (std::int64_t l = 0; l < L; ++l) kb->as<float>()[(h * L + l) * nope + n] = row[static_cast<std::size_t>(l)];
+        for (std::int64_t l = 0; l < L; ++l) kb->as<float>()[(h * L + col(l)) * nope + n] = row[static_cast<std::size_t>(l)];
       }
-      std::memcpy(vb->data() + static_cast<std::size_t>(h * V) * rb, v.data() + static_cast<std::size_t>(h * (nope + V) + nope) * rb,
-                  static_cast<std::size_t>(V) * rb);
+      if (!perm) {
+        std::memcpy(vb->data() + static_cast<std::size_t>(h * V) * rb, v.data() + static_cast<std::size_t>(h * (nope + V) + nope) * rb,
+                    static_cast<std::size_t>(V) * rb);
+        continue;
+      }
+      for (std::int64_t r = 0; r < V; ++r) {
+        if (auto d = dequantize_row(v.type(), v.data() + static_cast<std::size_t>(h * (nope + V) + nope + r) * rb, row.data(), L); !d)
+          return unexpected(weight_error{weight_error_code::unsupported_dtype, e.role, e.key, "a float or block type", std::string(name(v.type()))});
+        for (std::int64_t l = 0; l < L; ++l) vb->as<float>()[(h * V + r) * L + col(l)] = row[static_cast<std::size_t>(l)];
+      }
     }
     out.push_back({{role::attn_k_b, e.role.layer}, e.key, kb->view(), stored_as::as_is});
     out.push_back({{role::attn_v_b, e.role.layer}, e.key, vb->view(), stored_as::as_is});

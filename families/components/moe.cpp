@@ -100,7 +100,7 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
   const op act = p.act == activation::gelu_tanh ? op::gelu_tanh : op::silu;
 
   // The router: scores over the experts, the k best, their weights.
-  auto logits = b.linear(x, ctx.weight(role::ffn_gate_inp, layer));
+  auto logits = ctx.linear(x, role::ffn_gate_inp, layer);
   if (ctx.has(role::ffn_gate_inp_bias, layer)) logits = b.add(logits, ctx.vector_f32(role::ffn_gate_inp_bias, layer));
   const auto scores = p.gate == gating::softmax    ? b.softmax(logits, -1)
                       : p.gate == gating::sigmoid ? b.unary(op::sigmoid, logits)
@@ -161,8 +161,8 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
   b.label(out, "moe_out");
 
   if (p.shared_width > 0) {
-    auto sh = b.mul(b.unary(act, b.linear(x, ctx.weight(role::ffn_gate_shexp, layer))), b.linear(x, ctx.weight(role::ffn_up_shexp, layer)));
-    sh = b.linear(sh, ctx.weight(role::ffn_down_shexp, layer));
+    auto sh = b.mul(b.unary(act, ctx.linear(x, role::ffn_gate_shexp, layer)), ctx.linear(x, role::ffn_up_shexp, layer));
+    sh = ctx.linear(sh, role::ffn_down_shexp, layer);
     if (p.shared_gated && ctx.has(role::ffn_gate_inp_shexp, layer)) {
       const auto g = b.linear(x, b.reshape(ctx.vector_f32(role::ffn_gate_inp_shexp, layer), {1, H}));  // [N, 1]
       sh = b.mul(sh, b.unary(op::sigmoid, g));

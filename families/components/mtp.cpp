@@ -22,7 +22,7 @@ void mtp_stack(decoder_trace& d, const stack_params& p, std::int32_t layer, cons
   b.push_scope("mtp");
   const auto en = b.rms_norm(e, ctx.vector_f32(role::nextn_enorm, layer), p.norm_eps);
   const auto hn = b.rms_norm(h, ctx.vector_f32(role::nextn_hnorm, layer), p.norm_eps);
-  auto x = b.linear(b.concat({en, hn}, 1), ctx.weight(role::nextn_eh_proj, layer));
+  auto x = ctx.linear(b.concat({en, hn}, 1), role::nextn_eh_proj, layer);
   b.label(x, "eh_proj");
   b.pop_scope();
   x = d.standard_layer(x, layer, p, mixer, ffn);

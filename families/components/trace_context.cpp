@@ -1,5 +1,8 @@
 #include "families/components/trace_context.hpp"
 
+#include <algorithm>
+#include <cstring>
+
 #include "families/model_schema.hpp"
 
 namespace troupe::families {
@@ -20,6 +23,24 @@ graph::value_id trace_context::weight(role r, std::int32_t layer) {
     return {};
   }
   return b.weight(w, {e->view.type(), e->view.shape()});
+}
+
+graph::value_id trace_context::linear(graph::value_id x, role r, std::int32_t layer) {
+  const auto w = weight(r, layer);
+  if (!b.ok()) return {};
+  const auto* e = weights_.find({r, layer});
+  if (e->input_perm) {
+    // x's columns in the weight's order: as rows of x^T, gathered, transposed back.
+    const auto& p = *e->input_perm;
+    const auto dims = b.type_of(x).dims;
+    const std::int64_t K = dims.back(), M = dims.numel() / std::max<std::int64_t>(K, 1);
+    tensor perm(dtype::i32, p.shape());
+    std::memcpy(perm.data(), p.data(), p.bytes());
+    const auto ids = b.literal(std::move(perm), "input_perm");
+    const auto t = b.transpose(b.reshape(x, {M, K}), {1, 0});
+    x = b.reshape(b.transpose(b.gather_rows(t, ids), {1, 0}), dims);
+  }
+  return b.linear(x, w);
 }
 
 graph::value_id trace_context::vector_f32(role r, std::int32_t layer) {

@@ -25,6 +25,9 @@ class trace_context {
   stored_as stored(role r, std::int32_t layer = -1) const;
   // The role's weight as stored (any dtype, for linear and gather_rows); a missing role fails the trace.
   graph::value_id weight(role r, std::int32_t layer = -1);
+  // x [.., K] through the role's [N, K] weight (graph::op::linear). An act-order weight (GPTQ desc_act,
+  // weight_entry::input_perm) takes x's columns in its stored order first.
+  graph::value_id linear(graph::value_id x, role r, std::int32_t layer = -1);
   // A vector weight (norm scale, bias) as f32, with a stored `minus_one` undone.
   graph::value_id vector_f32(role r, std::int32_t layer = -1);
 

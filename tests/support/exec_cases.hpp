@@ -35,10 +35,9 @@ inline std::string case_name(const model_case& c) {
 }
 inline void PrintTo(const model_case& c, std::ostream* os) { *os << case_name(c); }
 
-// The case's fixture (vocab 512, hidden 256, ffn 512, 4 heads over 2 KV heads of 64; 2 layers, gemma3
-// 6 so that its global layer is reached), under a directory named for `prefix` and this process.
-inline std::shared_ptr<const families::model_handle> load_case(const model_case& c, std::string_view prefix) {
-  namespace fs = std::filesystem;
+// The cases' fixture dimensions: vocab 512, hidden 256, ffn 512, 4 heads over 2 KV heads of 64; 2 layers,
+// gemma3 6 so that its global layer is reached.
+inline families::fixture_dims case_dims(std::string_view family, dtype format = dtype::f32) {
   families::fixture_dims d;
   d.vocab = 512;
   d.hidden = 256;
@@ -46,8 +45,15 @@ inline std::shared_ptr<const families::model_handle> load_case(const model_case&
   d.heads = 4;
   d.kv_heads = 2;
   d.head_dim = 64;
-  d.layers = c.family == "gemma3" ? 6 : 2;
-  d.matrix_type = c.format;
+  d.layers = family == "gemma3" ? 6 : 2;
+  d.matrix_type = format;
+  return d;
+}
+
+// The case's fixture under a directory named for `prefix` and this process.
+inline std::shared_ptr<const families::model_handle> load_case(const model_case& c, std::string_view prefix) {
+  namespace fs = std::filesystem;
+  const auto d = case_dims(c.family, c.format);
   const auto dir = fs::temp_directory_path() / (std::string(prefix) + "-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const auto path = dir / (case_name(c) + (c.gguf ? ".gguf" : ""));

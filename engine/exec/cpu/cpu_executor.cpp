@@ -49,7 +49,7 @@ struct cpu_executor::impl {
 
 double logprob_bound(dtype weights) {
   switch (weights) {
-    case dtype::f32: case dtype::f16: return 2e-4;
+    case dtype::f32: case dtype::f16: case dtype::fp8_s32: return 2e-4;  // FP8: f32 products of the exact weights
     case dtype::bf16: return 4e-2;
     default: return packable(weights) ? 0.25 : 1e-2;
   }

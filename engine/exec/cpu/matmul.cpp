@@ -179,6 +179,82 @@ void pack_mxfp4(const source_panel& s, std::int64_t k, std::byte* dst) {
   }
 }
 
+// Nibbles of one 32-block (16 bytes, q4_0's order) into q4_0's code layout at `q`, row r.
+void put_nibbles(std::byte* q, int r, const std::byte* nibbles) {
+  for (int g = 0; g < 4; ++g) std::memcpy(q + (g * panel_rows + r) * 4, nibbles + 4 * g, 4);
+}
+
+// IQ4_XS superblock: f16 d, u16 scales_h, 4 bytes scales_l, 128 bytes of nibbles (eight 32-blocks in
+// q4_0's order each); each block keeps d (ls - 32) as f32, computed as ggml computes it.
+void pack_iq4_xs(const source_panel& s, std::int64_t k, std::byte* dst) {
+  constexpr auto L = detail::iq4_xs_pairs;
+  for (int r = 0; r < panel_rows; ++r) {
+    const std::byte* src = s.row(r);
+    if (!src) continue;
+    for (std::int64_t sb = 0; sb < k / 256; ++sb) {
+      const std::byte* blk = src + sb * 136;
+      std::uint16_t dbits, sh;
+      std::memcpy(&dbits, blk, 2);
+      std::memcpy(&sh, blk + 2, 2);
+      const float d = f16_to_f32(dbits);
+      for (int ib = 0; ib < 8; ++ib) {
+        const std::int64_t b = 8 * sb + ib;
+        const int sl = static_cast<int>(std::to_integer<std::uint8_t>(blk[4 + ib / 2]));
+        const int ls = ((sl >> (4 * (ib % 2))) & 0x0f) | (((sh >> (2 * ib)) & 3) << 4);
+        const float dl = d * static_cast<float>(ls - 32);
+        std::memcpy(dst + L.scales(b) + r * 4, &dl, 4);
+        put_nibbles(dst + L.codes(b), r, blk + 8 + 16 * ib);
+      }
+    }
+  }
+}
+
+// q4_a32 block: f16 d, u8 z, a zero byte, 16 bytes of nibbles.
+void pack_q4_a32(const source_panel& s, std::int64_t k, std::byte* dst) {
+  constexpr auto L = detail::q4_a32_pairs;
+  for (int r = 0; r < panel_rows; ++r) {
+    const std::byte* src = s.row(r);
+    if (!src) continue;
+    for (std::int64_t b = 0; b < k / 32; ++b) {
+      const std::byte* blk = src + b * 20;
+      std::memcpy(dst + L.scales(b) + r * 2, blk, 2);
+      dst[L.zeros(b) + r] = blk[2];
+      put_nibbles(dst + L.codes(b), r, blk + 4);
+    }
+  }
+}
+
+// q8_a32 block: f32 d, u8 z, three zero bytes, 32 u8 codes; kept signed (less 128), as q8_0's codes.
+void pack_q8_a32(const source_panel& s, std::int64_t k, std::byte* dst) {
+  constexpr auto L = detail::q8_a32_pairs;
+  for (int r = 0; r < panel_rows; ++r) {
+    const std::byte* src = s.row(r);
+    if (!src) continue;
+    for (std::int64_t b = 0; b < k / 32; ++b) {
+      const std::byte* blk = src + b * 40;
+      std::memcpy(dst + L.scales(b) + r * 4, blk, 4);
+      dst[L.zeros(b) + r] = blk[4] ^ std::byte{0x80};
+      std::byte* q = dst + L.codes(b);
+      for (int g = 0; g < 8; ++g)
+        for (int t = 0; t < 4; ++t) q[(g * panel_rows + r) * 4 + t] = blk[8 + 4 * g + t] ^ std::byte{0x80};
+    }
+  }
+}
+
+// fp8_s32 block: f32 s, 32 E4M3 codes.
+void pack_fp8_s32(const source_panel& s, std::int64_t k, std::byte* dst) {
+  for (int r = 0; r < panel_rows; ++r) {
+    const std::byte* src = s.row(r);
+    if (!src) continue;
+    for (std::int64_t b = 0; b < k / 32; ++b) {
+      const std::byte* blk = src + b * 36;
+      std::byte* u = dst + static_cast<std::size_t>(b) * detail::fp8_s32_unit;
+      std::memcpy(u + r * 4, blk, 4);
+      for (int j = 0; j < 32; ++j) u[64 + j * panel_rows + r] = blk[4 + j];
+    }
+  }
+}
+
 // q4_k superblock: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles.
 void pack_q4_k(const source_panel& s, std::int64_t k, std::byte* dst) {
   const std::int64_t blocks = k / 256;
@@ -243,7 +319,12 @@ std::size_t panel_bytes(dtype t, std::int64_t k) {
     case dtype::bf16: return (uk + 1) / 2 * panel_rows * 4;
     case dtype::q8_0: return detail::paired_panel_bytes(k / 32, detail::q8_0_unit);
     case dtype::q4_0:
+    case dtype::iq4_nl:
     case dtype::mxfp4: return detail::paired_panel_bytes(k / 32, detail::q4_0_unit);
+    case dtype::iq4_xs: return detail::iq4_xs_pairs.panel_bytes(k / 32);
+    case dtype::q4_a32: return detail::q4_a32_pairs.panel_bytes(k / 32);
+    case dtype::q8_a32: return detail::q8_a32_pairs.panel_bytes(k / 32);
+    case dtype::fp8_s32: return uk / 32 * detail::fp8_s32_unit;
     case dtype::q4_k: return uk / 256 * detail::q4_k_unit;
     case dtype::q6_k: return detail::scale_run(k / 256) + uk / 256 * detail::q6_k_unit;
     default: return 0;
@@ -266,6 +347,11 @@ const detail::format_kernel& kernel_for(const detail::kernel_table& t, dtype typ
     case dtype::q8_0: return t.q8_0;
     case dtype::q4_0: return t.q4_0;
     case dtype::mxfp4: return t.mxfp4;
+    case dtype::iq4_nl: return t.iq4_nl;
+    case dtype::iq4_xs: return t.iq4_xs;
+    case dtype::q4_a32: return t.q4_a32;
+    case dtype::q8_a32: return t.q8_a32;
+    case dtype::fp8_s32: return t.fp8_s32;
     case dtype::q4_k: return t.q4_k;
     case dtype::q6_k: return t.q6_k;
     default: return t.f32;
@@ -296,6 +382,11 @@ bool packable(dtype t) {
     case dtype::q8_0:
     case dtype::q4_0:
     case dtype::mxfp4:
+    case dtype::iq4_nl:
+    case dtype::iq4_xs:
+    case dtype::q4_a32:
+    case dtype::q8_a32:
+    case dtype::fp8_s32:
     case dtype::q4_k:
     case dtype::q6_k: return true;
     default: return false;
@@ -353,6 +444,11 @@ result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w) {
       case dtype::q8_0: pack_q32<detail::q8_0_unit, 8>(s, k, dst); break;
       case dtype::q4_0: pack_q32<detail::q4_0_unit, 4>(s, k, dst); break;
       case dtype::mxfp4: pack_mxfp4(s, k, dst); break;
+      case dtype::iq4_nl: pack_q32<detail::q4_0_unit, 4>(s, k, dst); break;
+      case dtype::iq4_xs: pack_iq4_xs(s, k, dst); break;
+      case dtype::q4_a32: pack_q4_a32(s, k, dst); break;
+      case dtype::q8_a32: pack_q8_a32(s, k, dst); break;
+      case dtype::fp8_s32: pack_fp8_s32(s, k, dst); break;
       case dtype::q4_k: pack_q4_k(s, k, dst); break;
       case dtype::q6_k: pack_q6_k(s, k, dst); break;
       default: break;

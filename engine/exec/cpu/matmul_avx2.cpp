@@ -26,6 +26,13 @@ struct v256 {
   static vf load_f16(const std::byte* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
+  // 8 E4M3 bytes as f32 of value / 256 (see the avx512 level).
+  static vf e4m3_f(const std::byte* p) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
+    const __m128i mag = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7);
+    return _mm256_cvtph_ps(_mm_or_si128(sign, mag));
+  }
   static vi load_i(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
   static void store_i(std::int32_t* p, vi v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
   static void storeu_f(float* p, vf v) { _mm256_storeu_ps(p, v); }
@@ -102,6 +109,11 @@ const kernel_table& avx2_kernels() {
       .q4_k = {bytes256, prepare_q4_k<v256>, compute_q4_k<v256, 4>},
       .q6_k = {bytes256, prepare_q6_k<v256>, compute_q6_k<v256, 4>},
       .mxfp4 = {bytes32, prepare_q8_32<v256, mxfp4_offset>, compute_mxfp4<v256, 4>},
+      .iq4_nl = {bytes32, prepare_q8_32<v256, v256::q8_offset>, compute_iq4_nl<v256, 4>},
+      .iq4_xs = {bytes32, prepare_q8_32<v256, v256::q8_offset>, compute_iq4_xs<v256, 4>},
+      .q4_a32 = {bytes32, prepare_q8_32<v256, 1>, compute_q4_a32<v256, 4>},
+      .q8_a32 = {bytes32, prepare_q8_32<v256, 1>, compute_q8_a32<v256, 4>},
+      .fp8_s32 = {nullptr, nullptr, compute_fp8_s32<v256, 4>},
   };
   return t;
 }

@@ -34,6 +34,14 @@ struct v512 {
   static vf load_f16(const std::byte* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  // 16 E4M3 bytes as f32 of value / 256: sign to bit 15, exponent and mantissa to bits 7..14 of an f16
+  // (subnormals included), exact.
+  static vf e4m3_f(const std::byte* p) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
+    const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7);
+    return _mm512_cvtph_ps(_mm256_or_si256(sign, mag));
+  }
   static vi load_i(const void* p) { return _mm512_loadu_si512(p); }
   static void store_i(std::int32_t* p, vi v) { _mm512_store_si512(p, v); }
   static void storeu_f(float* p, vf v) { _mm512_storeu_ps(p, v); }
@@ -149,6 +157,11 @@ kernel_table make_table() {
       .q4_k = {bytes256, prepare_q4_k<v512>, compute_q4_k<v512, 8>},
       .q6_k = {bytes256, prepare_q6_k<v512>, compute_q6_k<v512, 10>},
       .mxfp4 = {bytes32, prepare_q8_32<v512, mxfp4_offset>, compute_mxfp4<v512, 8>},
+      .iq4_nl = {bytes32, prepare_q8_32<v512, v512::q8_offset>, compute_iq4_nl<v512, 8>},
+      .iq4_xs = {bytes32, prepare_q8_32<v512, v512::q8_offset>, compute_iq4_xs<v512, 8>},
+      .q4_a32 = {bytes32, prepare_q8_32<v512, 1>, compute_q4_a32<v512, 8>},
+      .q8_a32 = {bytes32, prepare_q8_32<v512, 1>, compute_q8_a32<v512, 8>},
+      .fp8_s32 = {nullptr, nullptr, compute_fp8_s32<v512, 6>},
   };
   if (has_bf16_dot()) t.bf16 = {bf16_act_bytes, prepare_bf16, compute_bf16_dot<8, 2>};
   return t;

@@ -21,6 +21,14 @@
 //   q6_k  d[K/256][16] f16 (padded to 64 bytes), then per 256-superblock ql[2 h][16 v][16 rows][4]
 //         (ggml's ql bytes 64h+4v..), qh[2 h][8 u][16 rows][4] (ggml's qh bytes 32h+4u..),
 //         scale[16 sub][16 rows] i8
+//   iq4_nl q4_0's layout; the codes index IQ4_NL's table of 16 int8 levels
+//   iq4_xs iq4_nl's code layout in 32-blocks, each block's scale d (ls - 32) as f32: per pair of blocks
+//         d[2][16] f32 (a 128-byte pair header), then the two blocks' codes
+//   q4_a32 per pair: d[2][16] f16, z[2][16] u8 (the zero points), 32 unused bytes, then q4_0's codes of
+//         the two blocks (unsigned nibbles)
+//   q8_a32 per pair: d[2][16] f32, z[2][16] i8 (the zero points less 128), 32 unused bytes, then q8_0's
+//         codes of the two blocks, less 128 (signed)
+//   fp8_s32 per 32-block: s[16] f32, then q[32 k][16 rows] E4M3 bytes
 // Vector loads stay 64-byte aligned, a panel holds the bytes of its 16 stored rows (q4_k adds 4 a
 // superblock row by unpacking its 6-bit scales; scale runs and an odd last block round up to 64 bytes),
 // and a final partial panel is padded with zero rows.
@@ -76,6 +84,29 @@ inline constexpr std::size_t paired_panel_bytes(std::int64_t blocks, std::size_t
   return static_cast<std::size_t>(blocks / 2) * pair_bytes(unit) + (blocks % 2 != 0 ? 64 + unit : 0);
 }
 
+// Pairs with a larger header (iq4_xs, q4_a32: 128 bytes; q8_a32: 192): the block's scales (of
+// `scale_bytes` each per row) and, after `zeros_at` bytes of the header, its zero points, 16 bytes a block.
+struct pair_layout {
+  std::size_t unit, header, scale_bytes, zeros_at;
+  constexpr std::size_t pair() const { return header + 2 * unit; }
+  constexpr std::size_t scales(std::int64_t b) const {
+    return static_cast<std::size_t>(b / 2) * pair() + static_cast<std::size_t>(b % 2) * 16 * scale_bytes;
+  }
+  constexpr std::size_t zeros(std::int64_t b) const {
+    return static_cast<std::size_t>(b / 2) * pair() + zeros_at + static_cast<std::size_t>(b % 2) * 16;
+  }
+  constexpr std::size_t codes(std::int64_t b) const {
+    return static_cast<std::size_t>(b / 2) * pair() + header + static_cast<std::size_t>(b % 2) * unit;
+  }
+  constexpr std::size_t panel_bytes(std::int64_t blocks) const {
+    return static_cast<std::size_t>(blocks / 2) * pair() + (blocks % 2 != 0 ? header + unit : 0);
+  }
+};
+inline constexpr pair_layout iq4_xs_pairs{q4_0_unit, 128, 4, 0};
+inline constexpr pair_layout q4_a32_pairs{q4_0_unit, 128, 2, 64};
+inline constexpr pair_layout q8_a32_pairs{q8_0_unit, 192, 4, 128};
+inline constexpr std::size_t fp8_s32_unit = 64 + 32 * 16;
+
 // Prepared activations, one row each (kernels that read f32 x need none).
 // 32-block rows (q8_0, q4_0): q[K] i8, then d[K/32] f32, then s[K/32] i32 (each block's sum of q times
 // the offset that level's kernel adds to the weights to make them unsigned).
@@ -111,7 +142,7 @@ struct format_kernel {
 };
 
 struct kernel_table {
-  format_kernel f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, mxfp4;
+  format_kernel f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, mxfp4, iq4_nl, iq4_xs, q4_a32, q8_a32, fp8_s32;
 };
 
 const kernel_table& scalar_kernels();

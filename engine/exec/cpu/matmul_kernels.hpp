@@ -319,9 +319,15 @@ void compute_bf16(const gemm_args& a) {
 inline constexpr std::int8_t e2m1_doubled_plus_12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 inline constexpr int mxfp4_offset = 12;
 
-// q4_0 and, with Fp4, MXFP4 (the same nibble layout; codes through a table, power-of-two scales).
-template <class V, int MR, bool Fp4 = false>
+// The nibble formats q4_0's tile walks: q4_0 (codes biased by 8), MXFP4 (the same layout; codes through
+// a table, power-of-two scales) and q4_a32 (unsigned codes with each row's own zero point, in pairs with
+// a larger header: the block's dot less zero x the activations' plain sum).
+enum class nibbles : std::uint8_t { q4_0, mxfp4, affine };
+
+template <class V, int MR, nibbles Kind = nibbles::q4_0>
 void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
+  constexpr bool Fp4 = Kind == nibbles::mxfp4;
+  constexpr bool Affine = Kind == nibbles::affine;
   const bool stream = m == a.m0;  // see prefetch_ahead
   constexpr int H = halves_of(V::lanes);
   const std::int64_t blocks = a.w->cols / 32;
@@ -335,13 +341,16 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
     typename V::vf f[MR];
     for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
     for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::size_t scales = Affine ? q4_a32_pairs.scales(b) : block_scales(b, q4_0_unit);
+      const std::byte* u = panel + (Affine ? q4_a32_pairs.codes(b) : block_codes(b, q4_0_unit)) + h * V::lanes * 4;
+      if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + scales, Affine ? q4_a32_pairs.pair() : pair_bytes(q4_0_unit));
       // MXFP4: 2^(e - 127) from the exponent byte's bits (e = 0, 2^-127, reads as 0); the table's
       // doubling is undone with the activation scale below.
       typename V::vf dw;
-      if constexpr (Fp4) dw = V::as_f(V::template slli32<23>(V::cvt_u8_i32(panel + block_scales(b, q4_0_unit) + h * V::lanes)));
-      else dw = V::load_f16(panel + block_scales(b, q4_0_unit) + h * V::lanes * 2);
-      const std::byte* u = panel + block_codes(b, q4_0_unit) + h * V::lanes * 4;
-      if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + block_scales(b, q4_0_unit), pair_bytes(q4_0_unit));
+      if constexpr (Fp4) dw = V::as_f(V::template slli32<23>(V::cvt_u8_i32(panel + scales + h * V::lanes)));
+      else dw = V::load_f16(panel + scales + h * V::lanes * 2);
+      [[maybe_unused]] typename V::vi z;
+      if constexpr (Affine) z = V::cvt_u8_i32(panel + q4_a32_pairs.zeros(b) + h * V::lanes);
       // Small row tiles are latency-bound: they run low and high nibbles as two chains of dot
       // products, and where byte dots take the full u8 range the high nibbles stay in place (16 times
       // their value) with their sum shifted back at the end. Large tiles have parallelism to spare and
@@ -368,8 +377,122 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
         } else if constexpr (split) {
           dot = V::add_i32(dot, acc_hi[i]);
         }
-        const typename V::vi c = V::sub_i32(dot, V::set1_i32(x[i].s[b]));
+        typename V::vi c;
+        if constexpr (Affine) c = V::sub_i32(dot, V::mullo_i32(z, V::set1_i32(x[i].s[b])));
+        else c = V::sub_i32(dot, V::set1_i32(x[i].s[b]));
         f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(Fp4 ? 0.5f * x[i].d[b] : x[i].d[b])), f[i]);
+      }
+    }
+    for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
+  }
+}
+
+// IQ4_NL's levels: the codes index them through a byte shuffle, giving signed int8 weights for q8_0's
+// dot (whose activation sums take back the level's offset where the level needs one).
+inline constexpr std::int8_t iq4nl_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// IQ4_NL (q4_0's layout, f16 scales) and IQ4_XS (repacked into 32-blocks with f32 scales).
+template <class V, int MR, bool Xs>
+void iq4_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
+  const bool stream = m == a.m0;  // see prefetch_ahead
+  constexpr int H = halves_of(V::lanes);
+  const std::int64_t blocks = a.w->cols / 32;
+  const std::byte* panel = a.w->panel(p);
+  row_acts x[MR];
+  for (int i = 0; i < MR; ++i) x[i] = acts32(a, m + i);
+  const typename V::vi low4 = V::set1_i8(0x0f);
+  const typename V::vi lut = V::bcast16(iq4nl_levels);
+  for (int h = 0; h < H; ++h) {
+    typename V::vf f[MR];
+    for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      typename V::vf dw;
+      const std::byte* u;
+      if constexpr (Xs) {
+        dw = V::loadu_f(at<float>(panel, iq4_xs_pairs.scales(b)) + h * V::lanes);
+        u = panel + iq4_xs_pairs.codes(b) + h * V::lanes * 4;
+        if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + iq4_xs_pairs.scales(b), iq4_xs_pairs.pair());
+      } else {
+        dw = V::load_f16(panel + block_scales(b, q4_0_unit) + h * V::lanes * 2);
+        u = panel + block_codes(b, q4_0_unit) + h * V::lanes * 4;
+        if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + block_scales(b, q4_0_unit), pair_bytes(q4_0_unit));
+      }
+      typename V::vi acc[MR];
+      for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
+      for (int g = 0; g < 4; ++g) {
+        const typename V::vi v = V::load_i(u + g * 64);
+        const typename V::vi lo = V::shuffle_i8(lut, V::and_i(v, low4));
+        const typename V::vi hi = V::shuffle_i8(lut, V::and_i(V::template srli16<4>(v), low4));
+        const typename V::vi lop = V::q8_weights(lo), hip = V::q8_weights(hi);
+        for (int i = 0; i < MR; ++i) {
+          acc[i] = V::dot_q8(acc[i], lop, lo, V::bcast4(x[i].q + 32 * b + 4 * g));
+          acc[i] = V::dot_q8(acc[i], hip, hi, V::bcast4(x[i].q + 32 * b + 16 + 4 * g));
+        }
+      }
+      for (int i = 0; i < MR; ++i) {
+        const typename V::vi c = V::q8_offset == 0 ? acc[i] : V::sub_i32(acc[i], V::set1_i32(x[i].s[b]));
+        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x[i].d[b])), f[i]);
+      }
+    }
+    for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
+  }
+}
+
+// q8_a32: q8_0's dot over the codes less 128, then each row's zero point (less 128) times the
+// activations' plain sum taken back, with the offset q8_0's dot adds where it adds one.
+template <class V, int MR>
+void q8_a_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
+  constexpr auto L = q8_a32_pairs;
+  const bool stream = m == a.m0;  // see prefetch_ahead
+  constexpr int H = halves_of(V::lanes);
+  const std::int64_t blocks = a.w->cols / 32;
+  const std::byte* panel = a.w->panel(p);
+  row_acts x[MR];
+  for (int i = 0; i < MR; ++i) x[i] = acts32(a, m + i);
+  for (int h = 0; h < H; ++h) {
+    typename V::vf f[MR];
+    for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const typename V::vf dw = V::loadu_f(at<float>(panel, L.scales(b)) + h * V::lanes);
+      const typename V::vi z = V::add_i32(V::set1_i32(V::q8_offset), V::cvt_i8_i32(panel + L.zeros(b) + h * V::lanes));
+      const std::byte* u = panel + L.codes(b) + h * V::lanes * 4;
+      if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + L.scales(b), L.pair());
+      typename V::vi acc[MR];
+      for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
+      for (int g = 0; g < 8; ++g) {
+        const typename V::vi w = V::load_i(u + g * 64);
+        const typename V::vi wp = V::q8_weights(w);
+        for (int i = 0; i < MR; ++i) acc[i] = V::dot_q8(acc[i], wp, w, V::bcast4(x[i].q + 32 * b + 4 * g));
+      }
+      for (int i = 0; i < MR; ++i) {
+        const typename V::vi c = V::sub_i32(acc[i], V::mullo_i32(z, V::set1_i32(x[i].s[b])));
+        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x[i].d[b])), f[i]);
+      }
+    }
+    for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
+  }
+}
+
+// fp8_s32: f32 activations against E4M3 codes widened in registers (as f16 of the value / 256, exact)
+// and scaled by the block's s x 256, so each weight is s x e4m3 rounded once, as the reference rounds it.
+template <class V, int MR>
+void fp8_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
+  const bool stream = m == a.m0;  // see prefetch_ahead
+  constexpr int H = halves_of(V::lanes);
+  const std::int64_t blocks = a.w->cols / 32;
+  const std::byte* panel = a.w->panel(p);
+  const float* x[MR];
+  for (int i = 0; i < MR; ++i) x[i] = at<float>(a.acts, static_cast<std::size_t>(m + i) * a.act_stride);
+  for (int h = 0; h < H; ++h) {
+    typename V::vf f[MR];
+    for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::byte* u = panel + static_cast<std::size_t>(b) * fp8_s32_unit;
+      if (h == 0) prefetch_ahead(stream, u, fp8_s32_unit);
+      const typename V::vf sv = V::mul_f(V::loadu_f(at<float>(u, 0) + h * V::lanes), V::set1_f(256.0f));
+      for (int j = 0; j < 32; ++j) {
+        const typename V::vf w = V::mul_f(V::e4m3_f(u + 64 + j * panel_rows + h * V::lanes), sv);
+        for (int i = 0; i < MR; ++i) f[i] = V::fmadd(w, V::set1_f(x[i][32 * b + j]), f[i]);
       }
     }
     for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
@@ -538,7 +661,27 @@ void compute_q4_0(const gemm_args& a) {
 }
 template <class V, int MR>
 void compute_mxfp4(const gemm_args& a) {
-  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q4_0_tile<V, R, true>(a, p, m); });
+  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q4_0_tile<V, R, nibbles::mxfp4>(a, p, m); });
+}
+template <class V, int MR>
+void compute_q4_a32(const gemm_args& a) {
+  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q4_0_tile<V, R, nibbles::affine>(a, p, m); });
+}
+template <class V, int MR>
+void compute_iq4_nl(const gemm_args& a) {
+  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { iq4_tile<V, R, false>(a, p, m); });
+}
+template <class V, int MR>
+void compute_iq4_xs(const gemm_args& a) {
+  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { iq4_tile<V, R, true>(a, p, m); });
+}
+template <class V, int MR>
+void compute_q8_a32(const gemm_args& a) {
+  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q8_a_tile<V, R>(a, p, m); });
+}
+template <class V, int MR>
+void compute_fp8_s32(const gemm_args& a) {
+  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { fp8_tile<V, R>(a, p, m); });
 }
 template <class V, int MR>
 void compute_q8_0(const gemm_args& a) {

@@ -158,83 +158,122 @@ act_row acts256(const gemm_args& a, std::int64_t m) {
           reinterpret_cast<const std::int32_t*>(r + act256_s(k)), reinterpret_cast<const std::int8_t*>(r + act256_hl(k))};
 }
 
-void compute_q8_0(const gemm_args& a) {
+// Walks the task's panels and rows over the 32-blocks of a format with int8 activations: acc[r] gains
+// block(panel, b, x, r), row r's f32 contribution of block b.
+template <class Block>
+void walk32(const gemm_args& a, Block&& block) {
   const std::int64_t blocks = a.w->cols / 32;
   for (std::int64_t p = a.p0; p < a.p1; ++p) {
     const std::byte* panel = a.w->panel(p);
     for (std::int64_t m = a.m0; m < a.m1; ++m) {
       const act_row x = acts32(a, m);
       float acc[panel_rows] = {};
-      for (std::int64_t b = 0; b < blocks; ++b) {
-        const std::byte* scales = panel + block_scales(b, q8_0_unit);
-        const std::byte* u = panel + block_codes(b, q8_0_unit);
-        for (int r = 0; r < panel_rows; ++r) {
-          int dot = 0;
-          for (int g = 0; g < 8; ++g) {
-            for (int t = 0; t < 4; ++t) {
-              dot += static_cast<std::int8_t>(u8_at(u, (g * panel_rows + r) * 4 + t)) * x.q[32 * b + 4 * g + t];
-            }
-          }
-          acc[r] += f16_at(scales, r) * x.d[b] * static_cast<float>(dot);
-        }
-      }
+      for (std::int64_t b = 0; b < blocks; ++b)
+        for (int r = 0; r < panel_rows; ++r) acc[r] += block(panel, b, x, r);
       store(a, m, p, acc);
     }
   }
 }
 
-void compute_q4_0(const gemm_args& a) {
-  const std::int64_t blocks = a.w->cols / 32;
-  for (std::int64_t p = a.p0; p < a.p1; ++p) {
-    const std::byte* panel = a.w->panel(p);
-    for (std::int64_t m = a.m0; m < a.m1; ++m) {
-      const act_row x = acts32(a, m);
-      float acc[panel_rows] = {};
-      for (std::int64_t b = 0; b < blocks; ++b) {
-        const std::byte* scales = panel + block_scales(b, q4_0_unit);
-        const std::byte* u = panel + block_codes(b, q4_0_unit);
-        const std::int8_t* xq = x.q + 32 * b;
-        for (int r = 0; r < panel_rows; ++r) {
-          int dot = 0;
-          for (int g = 0; g < 4; ++g) {
-            for (int t = 0; t < 4; ++t) {
-              const int v = u8_at(u, (g * panel_rows + r) * 4 + t);
-              dot += (v & 15) * xq[4 * g + t] + (v >> 4) * xq[16 + 4 * g + t];
-            }
-          }
-          // s holds 8 times the block's sum: the nibbles are stored biased by 8.
-          acc[r] += f16_at(scales, r) * x.d[b] * static_cast<float>(dot - x.s[b]);
-        }
-      }
-      store(a, m, p, acc);
+// Row r's dot of a 32-block of nibbles (q4_0's code layout at u) against xq, each code through `level`.
+template <class Level>
+int nibble_dot(const std::byte* u, int r, const std::int8_t* xq, Level level) {
+  int dot = 0;
+  for (int g = 0; g < 4; ++g)
+    for (int t = 0; t < 4; ++t) {
+      const int v = u8_at(u, (g * panel_rows + r) * 4 + t);
+      dot += level(v & 15) * xq[4 * g + t] + level(v >> 4) * xq[16 + 4 * g + t];
     }
-  }
+  return dot;
+}
+
+// Row r's dot of a 32-block of signed bytes (q8_0's code layout at u) against xq.
+int byte_dot(const std::byte* u, int r, const std::int8_t* xq) {
+  int dot = 0;
+  for (int g = 0; g < 8; ++g)
+    for (int t = 0; t < 4; ++t) dot += static_cast<std::int8_t>(u8_at(u, (g * panel_rows + r) * 4 + t)) * xq[4 * g + t];
+  return dot;
+}
+
+constexpr auto as_is = [](int v) { return v; };
+
+void compute_q8_0(const gemm_args& a) {
+  walk32(a, [](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
+    const int dot = byte_dot(panel + block_codes(b, q8_0_unit), r, x.q + 32 * b);
+    return f16_at(panel + block_scales(b, q8_0_unit), r) * x.d[b] * static_cast<float>(dot);
+  });
+}
+
+void compute_q4_0(const gemm_args& a) {
+  walk32(a, [](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
+    const int dot = nibble_dot(panel + block_codes(b, q4_0_unit), r, x.q + 32 * b, as_is);
+    // s holds 8 times the block's sum: the nibbles are stored biased by 8.
+    return f16_at(panel + block_scales(b, q4_0_unit), r) * x.d[b] * static_cast<float>(dot - x.s[b]);
+  });
 }
 
 // MXFP4: q4_0's walk with the E2M1 codes (doubled, as ggml keeps them) read through a table and each
 // block's scale 2^(e - 128) (the doubling undone); the activations' sums are not used.
 void compute_mxfp4(const gemm_args& a) {
   static constexpr int e2m1_doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  walk32(a, [](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
+    const int dot = nibble_dot(panel + block_codes(b, q4_0_unit), r, x.q + 32 * b, [](int v) { return e2m1_doubled[v]; });
+    const auto d = static_cast<float>(std::ldexp(1.0, static_cast<int>(u8_at(panel + block_scales(b, q4_0_unit), static_cast<std::size_t>(r))) - 128));
+    return d * x.d[b] * static_cast<float>(dot);
+  });
+}
+
+// q4_a32: unsigned nibbles, each row's zero point times the activations' plain sum (s) taken back.
+void compute_q4_a32(const gemm_args& a) {
+  walk32(a, [](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
+    constexpr auto L = q4_a32_pairs;
+    const int dot = nibble_dot(panel + L.codes(b), r, x.q + 32 * b, as_is);
+    const int z = u8_at(panel, L.zeros(b) + static_cast<std::size_t>(r));
+    return f16_at(panel + L.scales(b), r) * x.d[b] * static_cast<float>(dot - z * x.s[b]);
+  });
+}
+
+// IQ4_NL and IQ4_XS: the codes through IQ4_NL's table of levels; q4_0's layout (f16 scales) or the
+// repacked one with f32 scales.
+template <bool Xs>
+void compute_iq4(const gemm_args& a) {
+  static constexpr int levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  walk32(a, [](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
+    const std::byte* u = panel + (Xs ? iq4_xs_pairs.codes(b) : block_codes(b, q4_0_unit));
+    const int dot = nibble_dot(u, r, x.q + 32 * b, [](int v) { return levels[v]; });
+    float d;
+    if constexpr (Xs) std::memcpy(&d, panel + iq4_xs_pairs.scales(b) + 4 * r, 4);
+    else d = f16_at(panel + block_scales(b, q4_0_unit), r);
+    return d * x.d[b] * static_cast<float>(dot);
+  });
+}
+
+// q8_a32: the codes and zero points are stored less 128; (q - 128) . x - (z - 128) sum(x).
+void compute_q8_a32(const gemm_args& a) {
+  walk32(a, [](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
+    constexpr auto L = q8_a32_pairs;
+    const int dot = byte_dot(panel + L.codes(b), r, x.q + 32 * b);
+    const int z = static_cast<std::int8_t>(u8_at(panel, L.zeros(b) + static_cast<std::size_t>(r)));
+    float d;
+    std::memcpy(&d, panel + L.scales(b) + 4 * r, 4);
+    return d * x.d[b] * static_cast<float>(dot - z * x.s[b]);
+  });
+}
+
+// fp8_s32: f32 activations against s x e4m3(code), each weight rounded once.
+void compute_fp8_s32(const gemm_args& a) {
   const std::int64_t blocks = a.w->cols / 32;
   for (std::int64_t p = a.p0; p < a.p1; ++p) {
     const std::byte* panel = a.w->panel(p);
     for (std::int64_t m = a.m0; m < a.m1; ++m) {
-      const act_row x = acts32(a, m);
+      const float* x = x_row(a, m);
       float acc[panel_rows] = {};
       for (std::int64_t b = 0; b < blocks; ++b) {
-        const std::byte* scales = panel + block_scales(b, q4_0_unit);
-        const std::byte* u = panel + block_codes(b, q4_0_unit);
-        const std::int8_t* xq = x.q + 32 * b;
+        const std::byte* u = panel + static_cast<std::size_t>(b) * fp8_s32_unit;
         for (int r = 0; r < panel_rows; ++r) {
-          int dot = 0;
-          for (int g = 0; g < 4; ++g) {
-            for (int t = 0; t < 4; ++t) {
-              const int v = u8_at(u, (g * panel_rows + r) * 4 + t);
-              dot += e2m1_doubled[v & 15] * xq[4 * g + t] + e2m1_doubled[v >> 4] * xq[16 + 4 * g + t];
-            }
-          }
-          const auto d = static_cast<float>(std::ldexp(1.0, static_cast<int>(u8_at(scales, static_cast<std::size_t>(r))) - 128));
-          acc[r] += d * x.d[b] * static_cast<float>(dot);
+          float s;
+          std::memcpy(&s, u + 4 * r, 4);
+          for (int j = 0; j < 32; ++j) acc[r] += s * fp8_e4m3_to_f32(u8_at(u, static_cast<std::size_t>(64 + j * panel_rows + r))) * x[32 * b + j];
         }
       }
       store(a, m, p, acc);
@@ -319,6 +358,11 @@ const kernel_table& scalar_kernels() {
       .q4_k = {bytes256, prepare_q4_k, compute_q4_k},
       .q6_k = {bytes256, prepare_q6_k, compute_q6_k},
       .mxfp4 = {bytes32, prepare_q8_32<0>, compute_mxfp4},
+      .iq4_nl = {bytes32, prepare_q8_32<0>, compute_iq4<false>},
+      .iq4_xs = {bytes32, prepare_q8_32<0>, compute_iq4<true>},
+      .q4_a32 = {bytes32, prepare_q8_32<1>, compute_q4_a32},
+      .q8_a32 = {bytes32, prepare_q8_32<1>, compute_q8_a32},
+      .fp8_s32 = {nullptr, nullptr, compute_fp8_s32},
   };
   return t;
 }

@@ -41,6 +41,13 @@ result<std::shared_ptr<const mapped_file>, load_error> mapped_file::open(const s
   return std::shared_ptr<const mapped_file>(new mapped_file(addr, size));
 }
 
+void release_pages(const std::byte* p, std::size_t n) {
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<std::uintptr_t>(p) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<std::uintptr_t>(p) + n) / page * page;
+  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 mapped_file::~mapped_file() {
   if (addr_) ::munmap(addr_, size_);
 }

@@ -28,4 +28,8 @@ class mapped_file {
   std::size_t size_ = 0;
 };
 
+// Drops the pages wholly inside [p, p + n) of a read-only file mapping from this process's resident set
+// (the kernel reads them back from the file on a later touch): for bytes copied into another form.
+void release_pages(const std::byte* p, std::size_t n);
+
 }  // namespace troupe::load::detail

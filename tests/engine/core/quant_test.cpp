@@ -537,6 +537,41 @@ double error_bound(dtype t, const std::vector<float>& x, std::size_t i) {
       const auto sup = stats_of(block(256), 256);
       return sub.amax / 16 + sup.amax / 128 + sup.amax * 0x1p-10 + 4096 * 0x1p-25 + sup.amax * 0x1p-20;
     }
+    case dtype::iq4_nl: {
+      // d = signed max / -127 on the table's lowest level: the gaps between levels are at most 24, so
+      // rounding errs by 12 |d|, and the other side clips at 113 |d|, 14 |d| short of amax. Plus the f16
+      // rounding of d times up to 127.
+      const auto s = stats_of(block(32), 32);
+      const double d = s.amax / 127;
+      return 14 * d + 127 * f16_err(d) + s.amax * 0x1p-20;
+    }
+    case dtype::iq4_xs: {
+      // Each sub-block's ideal scale s_i = amax_i / 127 coded as d x l with d = max s / 32 and l in
+      // [-32, 31]: |d l| <= |s_i| + |d|, and a wrong-signed or clamped l misses the block's extreme by up
+      // to 127 |d|; inside, iq4_nl's 14 |d l|. Plus the f16 rounding of d times 127 x 32.
+      const auto sub = stats_of(block(32), 32);
+      double dmax = 0.0;
+      for (int b = 0; b < 8; ++b) dmax = std::max(dmax, stats_of(block(256) + 32 * b, 32).amax / 127 / 32);
+      return 14 * (sub.amax / 127 + dmax) + 127 * dmax + 4064 * f16_err(dmax) + sub.amax * 0x1p-20;
+    }
+    case dtype::q4_a32:
+    case dtype::q8_a32: {
+      // d = span / (levels - 1) (span over [min, max] widened to 0), zero rounded to a whole code: the
+      // grid reaches each end to within half a step, rounding to it errs by another half. Plus, for 4 bits,
+      // the f16 rounding of d times up to 15 (8 bits keep d in f32). A d of 1/id with id overflowing (a
+      // subnormal span) codes everything as z: off by at most amax.
+      const double levels = t == dtype::q4_a32 ? 15 : 255;
+      const auto s = stats_of(block(32), 32);
+      const double d = s.span() / levels;
+      if (t == dtype::q8_a32 && d < 1.0 / static_cast<double>(std::numeric_limits<float>::max())) return s.amax;
+      return d + (t == dtype::q4_a32 ? 16 * f16_err(d) : 0.0) + s.amax * 0x1p-20;
+    }
+    case dtype::fp8_s32: {
+      // s = amax / 448, so each x / s is inside E4M3's range: relative error 2^-4 (3 mantissa bits) for
+      // normal codes, half the 2^-9 subnormal spacing below 2^-6, times s.
+      const auto s = stats_of(block(32), 32);
+      return std::fabs(x[i]) * 0x1p-4 * (1 + 0x1p-20) + s.amax / 448 * 0x1p-10 + s.amax * 0x1p-20;
+    }
     default: return 0.0;
   }
 }
@@ -651,7 +686,9 @@ INSTANTIATE_TEST_SUITE_P(formats, quant_round_trip,
                                            format_case{dtype::q5_0, 0.06}, format_case{dtype::q5_1, 0.05},
                                            format_case{dtype::q4_k, 0.1}, format_case{dtype::q6_k, 0.03},
                                            format_case{dtype::f16, 1e-3}, format_case{dtype::bf16, 5e-3},
-                                           format_case{dtype::f32, 1e-12}),
+                                           format_case{dtype::f32, 1e-12}, format_case{dtype::iq4_nl, 0.12},
+                                           format_case{dtype::iq4_xs, 0.12}, format_case{dtype::q4_a32, 0.1},
+                                           format_case{dtype::q8_a32, 0.01}, format_case{dtype::fp8_s32, 0.04}),
                          [](const auto& p) { return std::string(name(p.param.type)); });
 
 // ---------------------------------------------------------------------------------------------
@@ -760,7 +797,8 @@ TEST(quant, supported_types) {
     EXPECT_EQ(supports_dequantize(t), is_quantized(t) || is_float(t)) << name(t);
   }
   for (dtype t : {dtype::q4_0, dtype::q4_1, dtype::q5_0, dtype::q5_1, dtype::q8_0, dtype::q8_k,
-                  dtype::q4_k, dtype::q6_k, dtype::f32, dtype::f16, dtype::bf16})
+                  dtype::q4_k, dtype::q6_k, dtype::f32, dtype::f16, dtype::bf16, dtype::iq4_nl, dtype::iq4_xs,
+                  dtype::q4_a32, dtype::q8_a32, dtype::fp8_s32})
     EXPECT_TRUE(supports_quantize(t)) << name(t);
   for (dtype t : {dtype::q8_1, dtype::q2_k, dtype::q3_k, dtype::q5_k, dtype::i32, dtype::boolean})
     EXPECT_FALSE(supports_quantize(t)) << name(t);

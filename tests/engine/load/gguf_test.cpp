@@ -70,8 +70,8 @@ std::vector<dtype> gguf_dtypes() {
 
 TEST(gguf, round_trips_every_dtype_gguf_can_store_in_versions_2_and_3) {
   const auto types = gguf_dtypes();
-  // f32 f16 bf16 f64 i8 i16 i32 i64, the twelve block types q4_0 .. q8_k, and mxfp4.
-  ASSERT_EQ(types.size(), 21u);
+  // f32 f16 bf16 f64 i8 i16 i32 i64, the twelve block types q4_0 .. q8_k, mxfp4, iq4_nl and iq4_xs.
+  ASSERT_EQ(types.size(), 23u);
   for (const std::uint32_t version : {2u, 3u}) {
     temp_dir dir;
     std::vector<std::vector<std::byte>> storage;

@@ -106,7 +106,8 @@ std::vector<double> modeled_activations(dtype t, isa level, const float* x, std:
   std::vector<double> xm(x, x + k);
   err->assign(static_cast<std::size_t>(k), 0.0);
   int block = 0;
-  if (t == dtype::q8_0 || t == dtype::q4_0) block = 32;
+  if (t == dtype::q8_0 || t == dtype::q4_0 || t == dtype::iq4_nl || t == dtype::iq4_xs || t == dtype::q4_a32 || t == dtype::q8_a32)
+    block = 32;
   if (t == dtype::q4_k || t == dtype::q6_k) block = 256;
   if (block > 0) {
     for (std::int64_t b = 0; b < k / block; ++b) {
@@ -134,7 +135,12 @@ std::vector<double> modeled_activations(dtype t, isa level, const float* x, std:
 double chain_length(dtype t, std::int64_t k) {
   switch (t) {
     case dtype::q8_0:
-    case dtype::q4_0: return static_cast<double>(k / 32) + 3;
+    case dtype::q4_0:
+    case dtype::iq4_nl:
+    case dtype::iq4_xs:
+    case dtype::q4_a32:
+    case dtype::q8_a32: return static_cast<double>(k / 32) + 3;
+    case dtype::fp8_s32: return static_cast<double>(k) + 3;
     case dtype::q4_k: return static_cast<double>(k / 256) + 6;
     case dtype::q6_k: return static_cast<double>(k / 256) + 4;
     default: return static_cast<double>(k) + 2;
@@ -197,7 +203,12 @@ check_result run_case(const weights& w, const packed_matrix& pm, std::int64_t M,
 std::vector<std::int64_t> ks_for(dtype t) {
   switch (t) {
     case dtype::q8_0:
-    case dtype::q4_0: return {32, 96, 288, 768};
+    case dtype::q4_0:
+    case dtype::iq4_nl:
+    case dtype::q4_a32:
+    case dtype::q8_a32:
+    case dtype::fp8_s32: return {32, 96, 288, 768};
+    case dtype::iq4_xs:
     case dtype::q4_k:
     case dtype::q6_k: return {256, 768};
     default: return {1, 7, 33, 96, 288, 768};
@@ -240,7 +251,7 @@ TEST_P(matmul_format, matches_reference_on_every_level) {
 
 INSTANTIATE_TEST_SUITE_P(formats, matmul_format,
                          ::testing::Values(dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k,
-                                           dtype::q6_k),
+                                           dtype::q6_k, dtype::iq4_nl, dtype::iq4_xs, dtype::q4_a32, dtype::q8_a32, dtype::fp8_s32),
                          [](const auto& info) { return std::string(name(info.param)); });
 
 // The split of work over threads must not change what is computed: every pool size and level gives a

@@ -11,6 +11,7 @@ class weight_map_source final : public exec::weight_source {
  public:
   explicit weight_map_source(const families::weight_map& w) : w_(w) {}
   std::optional<tensor_view> find(const graph::weight_role& role) const override { return w_.view(role); }
+  void release(const tensor_view& bytes) const override { w_.store().release_pages(bytes); }
 
  private:
   const families::weight_map& w_;

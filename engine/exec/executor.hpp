@@ -57,6 +57,9 @@ class weight_source {
  public:
   virtual ~weight_source() = default;
   virtual std::optional<tensor_view> find(const graph::weight_role& role) const = 0;
+  // The executor holds `bytes` (part of a view find returned) in its own form and will not read them
+  // again: a source whose bytes are a file mapping may drop their pages (a later touch reads them back).
+  virtual void release(const tensor_view& bytes) const { (void)bytes; }
 };
 
 struct step_inputs {

@@ -27,6 +27,8 @@ struct weight_store::impl {
   std::size_t total_bytes = 0;
   std::optional<hf_quant_config> quant;
   std::vector<tensor> owned;  // the quantized linears in troupe's row form
+  // The byte ranges of the file mappings (from each file's first tensor byte to its last).
+  std::vector<std::pair<const std::byte*, const std::byte*>> mapped;
 };
 
 namespace {
@@ -67,6 +69,17 @@ result<weight_store, load_error> weight_store::open(const std::filesystem::path&
     i->shards.push_back(std::move(*s));
   }
   for (const auto& [n, v] : i->tensors) i->total_bytes += v.bytes();
+  auto span_of = [](const std::vector<named_view>& ts) {
+    std::pair<const std::byte*, const std::byte*> r{nullptr, nullptr};
+    for (const auto& t : ts) {
+      if (t.view.bytes() == 0) continue;
+      if (!r.first || t.view.data() < r.first) r.first = t.view.data();
+      if (!r.second || t.view.data() + t.view.bytes() > r.second) r.second = t.view.data() + t.view.bytes();
+    }
+    return r;
+  };
+  if (i->gguf) i->mapped.push_back(span_of(i->gguf->tensors()));
+  for (const auto& s : i->shards) i->mapped.push_back(span_of(s.tensors()));
   if (i->quant) {
     std::vector<std::string> names;
     for (const auto& [n, v] : i->tensors) names.push_back(n);
@@ -116,6 +129,13 @@ std::vector<std::string> weight_store::names() const {
 }
 
 const std::optional<hf_quant_config>& weight_store::quantization() const { return impl_->quant; }
+
+void weight_store::release_pages(const tensor_view& bytes) const {
+  const std::byte* b = bytes.data();
+  const std::byte* e = b + bytes.bytes();
+  for (const auto& [lo, hi] : impl_->mapped)
+    if (lo && b >= lo && e <= hi) return detail::release_pages(b, bytes.bytes());
+}
 
 std::optional<std::reference_wrapper<const gguf_file>> weight_store::gguf() const {
   if (!impl_->gguf) return std::nullopt;

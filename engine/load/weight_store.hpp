@@ -39,6 +39,11 @@ class weight_store {
   std::size_t size() const;                // the number of tensors
   std::size_t total_bytes() const;         // of all tensor data as stored
 
+  // Drops the resident pages wholly inside `bytes` when they lie in one of the checkpoint's file mappings
+  // (a later read faults them back in from the file); anything else (a row form the store built, memory
+  // of the caller's) is left alone. For bytes a reader has copied into a form of its own.
+  void release_pages(const tensor_view& bytes) const;
+
   // The quantization a Hugging Face directory declares, when it does.
   const std::optional<hf_quant_config>& quantization() const;
 

@@ -393,7 +393,7 @@ bool packable(dtype t) {
   }
 }
 
-result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w) {
+result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w, const std::function<void(const tensor_view&)>& consumed) {
   const dtype t = w.type();
   if (!packable(t) && supports_dequantize(t) && w.shape().rank() == 2 && w.data() != nullptr) {
     // A block format without its own kernel (q4_1, q5_0, q5_1, ...): decoded once to f16 and run by the
@@ -434,6 +434,7 @@ result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w) {
   l->panel_bytes = panel_bytes(t, k);
   l->data = detail::allocate_weights(static_cast<std::size_t>(l->panels) * l->panel_bytes);
   const std::size_t row_bytes = k > 0 ? w.row_bytes() : 0;
+  const std::byte* from = w.data();  // the first source byte not yet reported consumed
   for (std::int64_t p = 0; p < l->panels && k > 0; ++p) {
     const source_panel s{w.data(), row_bytes, p * panel_rows, n};
     std::byte* dst = l->data.get() + static_cast<std::size_t>(p) * l->panel_bytes;
@@ -452,6 +453,15 @@ result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w) {
       case dtype::q4_k: pack_q4_k(s, k, dst); break;
       case dtype::q6_k: pack_q6_k(s, k, dst); break;
       default: break;
+    }
+    // The rows packed since the last report, in runs of 64 KiB or more; a report starts at the page
+    // that holds its first byte, so a page the previous run ended inside goes with this one.
+    if (consumed) {
+      const std::byte* to = w.data() + static_cast<std::size_t>(std::min(n, (p + 1) * panel_rows)) * row_bytes;
+      if (to - from >= (std::ptrdiff_t{1} << 16) || p + 1 == l->panels) {
+        consumed(tensor_view(dtype::u8, troupe::shape{static_cast<std::int64_t>(to - from)}, from));
+        from = std::max(w.data(), reinterpret_cast<const std::byte*>(reinterpret_cast<std::uintptr_t>(to) & ~std::uintptr_t{4095}));
+      }
     }
   }
   packed_matrix m;

@@ -15,6 +15,7 @@
 //  * q4_k, q6_k: the same with 256-element activation blocks (ggml's q8_K).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -32,7 +33,10 @@ class packed_matrix {
  public:
   // A [N, K] weight in one of the packable formats, or in another block format core decodes (run as f16);
   // anything else is refused with the reason.
-  static result<packed_matrix, std::string> pack(const tensor_view& w);
+  // `consumed`, when given, is told each panel's source rows once they are packed (a weight source whose
+  // bytes are a file mapping drops their pages: packing then holds the packed form plus one panel of
+  // the file, not both in full).
+  static result<packed_matrix, std::string> pack(const tensor_view& w, const std::function<void(const tensor_view&)>& consumed = {});
 
   dtype type() const;
   std::int64_t rows() const;  // N

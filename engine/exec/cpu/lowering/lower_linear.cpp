@@ -12,8 +12,8 @@ instr lower_linear_into(lower_ctx& c, const graph::equation& le, float* y, const
   const auto& wt = T(wv);
   const packed_matrix* pm = nullptr;
   const auto wb = std::find_if(g.weights().begin(), g.weights().end(), [&](const auto& w) { return w.value == wv; });
-  auto pack = [&](const tensor_view& view) -> std::optional<packed_matrix> {
-    auto pk = packed_matrix::pack(view);
+  auto pack = [&](const tensor_view& view, bool stored = false) -> std::optional<packed_matrix> {
+    auto pk = stored ? packed_matrix::pack(view, [&](const tensor_view& rows) { ex.weights->release(rows); }) : packed_matrix::pack(view);
     if (!pk) {
       err = exec_error{exec_error_code::unsupported, where, "cannot pack the weight: " + pk.error()};
       return std::nullopt;
@@ -24,7 +24,7 @@ instr lower_linear_into(lower_ctx& c, const graph::equation& le, float* y, const
     const auto key = wb->role.str();
     auto it = ex.packed.find(key);
     if (it == ex.packed.end()) {
-      auto pk = pack(*ex.weights->find(wb->role));
+      auto pk = pack(*ex.weights->find(wb->role), true);
       if (!pk) return nullptr;
       it = ex.packed.emplace(key, std::move(*pk)).first;
     }

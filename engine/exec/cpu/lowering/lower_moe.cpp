@@ -62,7 +62,8 @@ instr lower_moe(lower_ctx& c) {
         std::vector<packed_matrix> mats;
         mats.reserve(static_cast<std::size_t>(E));
         for (std::int64_t x = 0; x < E; ++x) {
-          auto pk = packed_matrix::pack(tensor_view(wt.type, troupe::shape{N, K}, full.data() + static_cast<std::size_t>(x) * per));
+          auto pk = packed_matrix::pack(tensor_view(wt.type, troupe::shape{N, K}, full.data() + static_cast<std::size_t>(x) * per),
+                                        [&](const tensor_view& rows) { ex.weights->release(rows); });
           if (!pk) {
             err = exec_error{exec_error_code::unsupported, where, "cannot pack expert " + std::to_string(x) + ": " + pk.error()};
             return nullptr;

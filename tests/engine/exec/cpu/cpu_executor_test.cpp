@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cctype>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "tests/support/exec_cases.hpp"
@@ -610,6 +612,61 @@ TEST(cpu_executor, fuses_a_gated_feed_forward_middle_without_running_the_activat
         EXPECT_NEAR(ys[0].as<float>()[i], want, tol) << i;
       }
     }
+  }
+}
+
+}  // namespace
+}  // namespace troupe::exec::cpu
+
+namespace troupe::exec::cpu {
+namespace {
+
+// The resident bytes of this process's mappings of `path` (/proc/self/smaps).
+std::size_t resident_of(const fs::path& path) {
+  std::ifstream in("/proc/self/smaps");
+  std::string line;
+  bool mine = false;
+  std::size_t kb = 0;
+  const auto want = fs::canonical(path).string();
+  while (std::getline(in, line)) {
+    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') != std::string::npos) {
+      mine = line.size() >= want.size() && line.compare(line.size() - want.size(), want.size(), want) == 0;
+    } else if (mine && line.rfind("Rss:", 0) == 0) {
+      kb += std::stoull(line.substr(4));
+    }
+  }
+  return kb * 1024;
+}
+
+// Loading packs each weight into the executor's own layout and gives the file's pages back as it goes:
+// what stays resident of the mapped GGUF is its header and the embedding rows the steps looked up, not
+// a second copy of the weights.
+TEST(cpu_executor, loading_gives_the_mapped_files_pages_back_as_it_packs) {
+  for (dtype t : {dtype::q8_0, dtype::q4_k, dtype::f16}) {
+    SCOPED_TRACE(std::string(name(t)));
+    auto d = troupe::testing::case_dims("llama", t);
+    d.vocab = 1024;
+    d.hidden = 512;
+    d.ffn = 1536;
+    d.layers = 4;
+    d.heads = 8;
+    d.kv_heads = 4;
+    const auto dir = fs::temp_directory_path() / ("troupe-cpu-release-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    const auto path = dir / ("llama-" + std::string(name(t)) + ".gguf");
+    ASSERT_TRUE(families::write_fixture("llama", d, path, true));
+    auto h = families::model_handle::load(path, families::registry::builtin());
+    ASSERT_TRUE(h);
+    cpu_executor ex({2, std::nullopt});
+    auto run = app::exec_runner::create(*h, ex, 32);
+    ASSERT_TRUE(run) << run.error();
+    const std::int32_t prompt[] = {5, 9, 300, 17};
+    ASSERT_TRUE(run->feed(prompt));
+    const auto size = fs::file_size(path);
+    const auto resident = resident_of(path);
+    std::printf("[ cpu ] %s: %zu of the file's %zu bytes resident after loading\n", std::string(name(t)).c_str(), resident,
+                static_cast<std::size_t>(size));
+    EXPECT_LT(resident, size / 10);
   }
 }
 

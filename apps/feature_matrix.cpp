@@ -117,8 +117,8 @@ int run_feature_matrix() {
               "both checkpoint forms, loaded, and each program is traced (a 4-token step over a contiguous and a\n"
               "paged cache, and an encode pass). A cell says what traced. The oracle runs a 4-token prompt; the CPU\n"
               "executor runs it too and must give the oracle's log-probabilities within its bound for the weight\n"
-              "format (2e-4 for f32 and f16, 4e-2 for bf16, 0.25 for block formats with their own kernels, whose\n"
-              "activations are quantized as llama.cpp does, 1e-2 for q4_1, q5_0 and q5_1, which run decoded to f16).\n"
+              "format (2e-4 for f32, f16 and FP8, 4e-2 for bf16, 0.25 for the block formats, whose activations are\n"
+              "quantized as llama.cpp does).\n"
               "The CUDA executor (docs/cuda-executor.md) lowers the same graphs; its parity with the oracle needs a\n"
               "device, so it is checked by tests/engine/exec/cuda/cuda_executor_test.cpp and scripts/gpu-check,\n"
               "not here (this table is the same on every machine). Encoder-only families (bert, nomic_bert) offer the\n"
@@ -181,21 +181,36 @@ int run_feature_matrix() {
   std::printf("\n## Weight formats\n\n"
               "The llama fixture with its matrices stored in each format (norms and embeddings as the format's\n"
               "converter keeps them), loaded and run as above. llama.cpp parity of the block formats is checked by\n"
-              "tests/families/llama_cpp_parity_test.cpp.\n\n");
+              "tests/families/llama_cpp_parity_test.cpp. The quantized Hugging Face forms (GPTQ, AWQ, FP8,\n"
+              "compressed-tensors) are named by method with the row form they run in (docs/checkpoints.md); their\n"
+              "logits against the f32 checkpoint of the same values are held by\n"
+              "tests/families/quantized_checkpoint_test.cpp.\n\n");
   std::printf("| format | form | loads | oracle | cpu executor |\n| --- | --- | --- | --- | --- |\n");
-  const std::pair<dtype, bool> formats[] = {{dtype::f32, false}, {dtype::f16, false}, {dtype::bf16, false},
-                                            {dtype::f32, true},  {dtype::f16, true},  {dtype::bf16, true},
-                                            {dtype::q8_0, true}, {dtype::q4_0, true}, {dtype::q4_1, true},
-                                            {dtype::q5_0, true}, {dtype::q5_1, true}, {dtype::q4_k, true},
-                                            {dtype::q6_k, true}};
-  for (const auto& [format, gguf] : formats) {
+  // The GGUF and plain safetensors forms by matrix type; the quantized Hugging Face forms by method
+  // (fixture_dims::hf_quant), run in their row form (docs/checkpoints.md).
+  struct weight_format {
+    dtype type;
+    bool gguf;
+    const char* hf_quant = "";
+  };
+  const weight_format formats[] = {{dtype::f32, false}, {dtype::f16, false}, {dtype::bf16, false}, {dtype::f32, true},
+                                   {dtype::f16, true},  {dtype::bf16, true},  {dtype::q8_0, true},  {dtype::q4_0, true},
+                                   {dtype::q4_1, true}, {dtype::q5_0, true},  {dtype::q5_1, true},  {dtype::q2_k, true}, {dtype::q3_k, true}, {dtype::q4_k, true},
+                                   {dtype::q5_k, true}, {dtype::q6_k, true}, {dtype::iq4_nl, true}, {dtype::iq4_xs, true},
+                                   {dtype::q4_a32, false, "gptq"}, {dtype::q4_a32, false, "gptq-act"}, {dtype::q8_a32, false, "gptq-8bit"},
+                                   {dtype::q4_a32, false, "awq"}, {dtype::fp8_s32, false, "fp8-block"}, {dtype::fp8_s32, false, "fp8-channel"},
+                                   {dtype::q4_a32, false, "ct-int4"}, {dtype::q8_a32, false, "ct-int8"}};
+  for (const auto& [format, gguf, hf_quant] : formats) {
     families::fixture_dims d;
     d.vocab = 300;
     d.hidden = 256;
     d.ffn = 512;
     d.head_dim = 64;
-    d.matrix_type = format;
-    const auto path = dir / ("llama-" + std::string(name(format)) + (gguf ? ".gguf" : "-hf"));
+    const bool quantized_hf = *hf_quant != '\0';
+    d.matrix_type = quantized_hf ? dtype::f32 : format;
+    d.hf_quant = hf_quant;
+    const std::string label = quantized_hf ? std::string(hf_quant) + " (" + std::string(name(format)) + ")" : std::string(name(format));
+    const auto path = dir / ("llama-" + (quantized_hf ? std::string(hf_quant) : std::string(name(format))) + (gguf ? ".gguf" : "-hf"));
     std::string loads = "yes", oracle = "-", cpu = "-";
     if (auto w = write_fixture("llama", d, path, gguf); !w) {
       loads = "no fixture: " + w.error().message();
@@ -205,8 +220,7 @@ int run_feature_matrix() {
       std::tie(oracle, cpu) = oracle_and_cpu(*h, format);
     }
     for (const std::string* c : std::initializer_list<const std::string*>{&loads, &oracle, &cpu}) failures += c->rfind("yes", 0) != 0;
-    std::printf("| %s | %s | %s | %s | %s |\n", std::string(name(format)).c_str(), gguf ? "GGUF" : "safetensors", loads.c_str(),
-                oracle.c_str(), cpu.c_str());
+    std::printf("| %s | %s | %s | %s | %s |\n", label.c_str(), gguf ? "GGUF" : "safetensors", loads.c_str(), oracle.c_str(), cpu.c_str());
   }
   fs::remove_all(dir);
   return failures ? 1 : 0;

@@ -92,6 +92,16 @@ int run_inspect(const inspect_options& opt) {
     t["bytes"] = v.bytes();
     tensors.push_back(t);
   }
+  // The quantization: a Hugging Face directory's declared one (and the row form troupe runs it in), or the
+  // block formats a GGUF file's tensors are stored in.
+  if (const auto& q = store->quantization()) {
+    out["quantization"] = q->summary();
+  } else {
+    std::string blocks;
+    for (const auto& [t, n] : by_type)
+      if (const auto d = dtype_from_name(t); d && is_quantized(*d)) blocks += (blocks.empty() ? "" : ", ") + t + " x" + std::to_string(n);
+    out["quantization"] = blocks.empty() ? std::string("none") : blocks;
+  }
   out["tensor_count"] = store->size();
   out["total_bytes"] = store->total_bytes();
   out["dtypes"] = by_type;
@@ -110,6 +120,7 @@ int run_inspect(const inspect_options& opt) {
                                         : "");
   std::printf("path:    %s\nformat:  %s\ntensors: %zu (%.2f MiB)\n", opt.model.c_str(), out["format"].get<std::string>().c_str(),
               store->size(), static_cast<double>(store->total_bytes()) / (1 << 20));
+  std::printf("quant:   %s\n", out["quantization"].get<std::string>().c_str());
   std::printf("dtypes: ");
   for (const auto& [t, n] : by_type) std::printf(" %s x%zu", t.c_str(), n);
   std::printf("\nconfig:\n");

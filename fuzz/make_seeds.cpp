@@ -2,8 +2,10 @@
 // troupe's own writers (so the seeds follow the formats as troupe reads them) and a few hand-written
 // headers and configs. scripts/fuzz runs it before fuzzing, so no seed is committed.
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string_view>
 #include <vector>
 
@@ -85,6 +87,42 @@ bool config_seeds(const std::filesystem::path& dir) {
          write_text(dir / "dotted.json", R"({"a.b":1,"a":{"b":{"c":[1.5,2]},"d":"x"},"e":true})");
 }
 
+// A config length, a quantization config and a safetensors image of one small linear per method.
+bool hf_quant_seeds(const std::filesystem::path& dir) {
+  auto seed = [&](const char* file, std::string_view config, std::vector<named_view> tensors) {
+    const auto tmp = dir / (std::string(file) + ".st");
+    if (!write_safetensors(tmp, tensors)) return false;
+    std::ifstream in(tmp, std::ios::binary);
+    std::vector<char> st((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::filesystem::remove(tmp);
+    std::vector<char> out(4 + config.size());
+    const auto len = static_cast<std::uint32_t>(config.size());
+    std::memcpy(out.data(), &len, 4);
+    std::memcpy(out.data() + 4, config.data(), config.size());
+    out.insert(out.end(), st.begin(), st.end());
+    return write_file(dir / file, out.data(), out.size());
+  };
+  const auto qw = bytes_of(4 * 4 * 16), qz = bytes_of(4 * 2), sc = bytes_of(2 * 16 * 1), gi = bytes_of(4 * 32);
+  const auto e4 = bytes_of(16 * 32), s4 = bytes_of(4);
+  return seed("gptq", R"({"quantization_config":{"quant_method":"gptq","bits":4,"group_size":32,"desc_act":true,"sym":false}})",
+              {{"m.qweight", tensor_view(dtype::i32, {4, 16}, qw.data())},
+               {"m.qzeros", tensor_view(dtype::i32, {1, 2}, qz.data())},
+               {"m.scales", tensor_view(dtype::f16, {1, 16}, sc.data())},
+               {"m.g_idx", tensor_view(dtype::i32, {32}, gi.data())}}) &&
+         seed("awq", R"({"quantization_config":{"quant_method":"awq","bits":4,"group_size":32,"version":"gemm","zero_point":true}})",
+              {{"m.qweight", tensor_view(dtype::i32, {32, 2}, qw.data())},
+               {"m.qzeros", tensor_view(dtype::i32, {1, 2}, qz.data())},
+               {"m.scales", tensor_view(dtype::f16, {1, 16}, sc.data())}}) &&
+         seed("fp8", R"({"quantization_config":{"quant_method":"fp8","fmt":"e4m3","weight_block_size":[128,128]}})",
+              {{"m.weight", tensor_view(dtype::fp8_e4m3, {16, 32}, e4.data())},
+               {"m.weight_scale_inv", tensor_view(dtype::f32, {1, 1}, s4.data())}}) &&
+         seed("ct", R"({"quantization_config":{"quant_method":"compressed-tensors","format":"pack-quantized","config_groups":{"g":{"weights":{"num_bits":4,"type":"int","symmetric":false,"strategy":"group","group_size":32}}}}})",
+              {{"m.weight_packed", tensor_view(dtype::i32, {16, 4}, qw.data())},
+               {"m.weight_shape", tensor_view(dtype::i32, {2}, gi.data())},
+               {"m.weight_scale", tensor_view(dtype::f16, {16, 1}, sc.data())},
+               {"m.weight_zero_point", tensor_view(dtype::i32, {2, 1}, qz.data())}});
+}
+
 // One envelope of each message kind the transport knows.
 bool transport_seeds(const std::filesystem::path& dir) {
   using namespace troupe::transport;
@@ -124,10 +162,10 @@ int main(int argc, char** argv) {
   }
   const std::filesystem::path out = argv[1];
   const std::filesystem::path st = out / "safetensors_header_fuzz", gg = out / "gguf_fuzz",
-                              cj = out / "config_json_fuzz", tr = out / "transport_decode_fuzz";
+                              cj = out / "config_json_fuzz", tr = out / "transport_decode_fuzz", hq = out / "hf_quant_fuzz";
   std::error_code ec;
-  for (const auto& d : {st, gg, cj, tr}) std::filesystem::create_directories(d, ec);
-  if (ec || !safetensors_seeds(st) || !gguf_seeds(gg) || !config_seeds(cj) || !transport_seeds(tr)) {
+  for (const auto& d : {st, gg, cj, tr, hq}) std::filesystem::create_directories(d, ec);
+  if (ec || !safetensors_seeds(st) || !gguf_seeds(gg) || !config_seeds(cj) || !transport_seeds(tr) || !hf_quant_seeds(hq)) {
     std::fprintf(stderr, "%s: cannot write the seeds under %s\n", argv[0], out.c_str());
     return 1;
   }

@@ -726,7 +726,7 @@ struct affine_fit {
 };
 
 affine_fit fit_scale_min(const float* x, const float* w, int n, int nmax, float rmin, float rdelta,
-                         int nstep, std::uint8_t* codes) {
+                         int nstep, std::uint8_t* codes, bool use_mad = false) {
   float min = x[0];
   float max = x[0];
   float sum_w = w[0];
@@ -749,7 +749,7 @@ affine_fit fit_scale_min(const float* x, const float* w, int n, int nmax, float 
     const int l = std::clamp(nearest_int(iscale * (x[i] - min)), 0, nmax);
     codes[i] = static_cast<std::uint8_t>(l);
     const float diff = scale * static_cast<float>(l) + min - x[i];
-    best_error += w[i] * (diff * diff);
+    best_error += w[i] * (use_mad ? std::fabs(diff) : diff * diff);
   }
   std::array<std::uint8_t, qk_k> trial;
   for (int is = 0; is <= nstep; ++is) {
@@ -776,7 +776,7 @@ affine_fit fit_scale_min(const float* x, const float* w, int n, int nmax, float 
     float error = 0.0f;
     for (int i = 0; i < n; ++i) {
       const float diff = this_scale * static_cast<float>(trial[i]) + this_min - x[i];
-      error += w[i] * (diff * diff);
+      error += w[i] * (use_mad ? std::fabs(diff) : diff * diff);
     }
     if (error < best_error) {
       std::copy(trial.begin(), trial.begin() + n, codes);
@@ -840,7 +840,12 @@ float fit_symmetric(const float* x, int n, int nmax, std::uint8_t* codes) {
 // ggml's quantize_row_q4_K_ref: per 32-element sub-block an affine fit weighted by
 // rms(sub-block) + |x|, the eight scales and eight mins quantized to 6 bits against the largest of
 // each, then every element re-coded against the quantized scale and min.
-void quantize_q4_k(const float* x, std::byte* dst) {
+// q4_k and q5_k (ggml's quantize_row_q4_K_ref / q5_K_ref): an affine fit per 32-element sub-block with
+// 15 or 31 levels, scales and mins quantized to 6 bits, then every element re-coded. q5_k keeps the
+// fifth bit of element l of sub-block s in bit s of qh[l].
+template <bool Five>
+void quantize_q45_k(const float* x, std::byte* dst) {
+  constexpr int nmax = Five ? 31 : 15;
   std::array<std::uint8_t, qk_k> codes;
   std::array<float, 8> scales;
   std::array<float, 8> mins;
@@ -853,7 +858,7 @@ void quantize_q4_k(const float* x, std::byte* dst) {
     const float av_x = std::sqrt(sum_x2 / 32.0f);
     std::array<float, 32> weights;
     for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
-    const auto fit = fit_scale_min(xs, weights.data(), 32, 15, -1.0f, 0.1f, 20, codes.data() + 32 * j);
+    const auto fit = fit_scale_min(xs, weights.data(), 32, nmax, Five ? -0.5f : -1.0f, 0.1f, Five ? 15 : 20, codes.data() + 32 * j);
     scales[j] = fit.scale;
     mins[j] = fit.min;
     if (scales[j] > max_scale) max_scale = scales[j];
@@ -880,20 +885,177 @@ void quantize_q4_k(const float* x, std::byte* dst) {
     const float ml = dmin * static_cast<float>(sm.min);
     for (int i = 0; i < 32; ++i) {
       const int l = nearest_int((x[32 * j + i] + ml) / dl);
-      codes[32 * j + i] = static_cast<std::uint8_t>(std::clamp(l, 0, 15));
+      codes[32 * j + i] = static_cast<std::uint8_t>(std::clamp(l, 0, nmax));
     }
   }
   std::array<std::uint8_t, qk_k / 2> qs;
+  std::array<std::uint8_t, qk_k / 8> qh{};
   for (int c = 0; c < 4; ++c) {
     for (int l = 0; l < 32; ++l) {
-      qs[32 * c + l] = static_cast<std::uint8_t>(codes[64 * c + l] | (codes[64 * c + 32 + l] << 4));
+      const int lo = codes[64 * c + l], hi = codes[64 * c + 32 + l];
+      qs[32 * c + l] = static_cast<std::uint8_t>((lo & 15) | ((hi & 15) << 4));
+      qh[l] = static_cast<std::uint8_t>(qh[l] | ((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
     }
   }
   block_writer w(dst);
   w.u16(d16);
   w.u16(dmin16);
   w.u8s(packed);
+  if constexpr (Five) w.u8s(qh);
   w.u8s(qs);
+}
+
+// ggml's make_q3_quants with its rmse refinement: a symmetric fit of n values to codes in
+// [-nmax, nmax - 1] (returned offset by nmax), weighted by x^2; returns the scale.
+float fit_q3(const float* x, int n, int nmax, std::uint8_t* codes) {
+  float max = 0.0f, amax = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[i];
+    }
+  }
+  if (amax < group_max_eps) {
+    for (int i = 0; i < n; ++i) codes[i] = 0;
+    return 0.0f;
+  }
+  const float iscale = -static_cast<float>(nmax) / max;
+  std::array<int, 16> l{};
+  float sumlx = 0.0f, suml2 = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    l[i] = std::clamp(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+    const float w = x[i] * x[i], fl = static_cast<float>(l[i]);
+    sumlx += w * x[i] * fl;
+    suml2 += w * fl * fl;
+  }
+  for (int itry = 0; itry < 5; ++itry) {
+    int changed = 0;
+    for (int i = 0; i < n; ++i) {
+      const float w = x[i] * x[i];
+      const float fl = static_cast<float>(l[i]);
+      float slx = sumlx - w * x[i] * fl;
+      if (slx > 0.0f) {
+        float sl2 = suml2 - w * fl * fl;
+        const int nl = std::clamp(nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
+        if (nl != l[i]) {
+          const float fn = static_cast<float>(nl);
+          slx += w * x[i] * fn;
+          sl2 += w * fn * fn;
+          if (sl2 > 0.0f && slx * slx * suml2 > sumlx * sumlx * sl2) {
+            l[i] = nl;
+            sumlx = slx;
+            suml2 = sl2;
+            ++changed;
+          }
+        }
+      }
+    }
+    if (changed == 0) break;
+  }
+  for (int i = 0; i < n; ++i) codes[i] = static_cast<std::uint8_t>(l[i] + nmax);
+  return suml2 > 0.0f ? sumlx / suml2 : 0.0f;  // ggml divides by 0 (NaN) when every x^2 underflows
+}
+
+// ggml's quantize_row_q3_K_ref: a fit per 16-element sub-block, the sixteen scales quantized to 6 bits
+// (biased by 32) against the one of largest magnitude, every element re-coded in [-4, 3]; the third
+// bit of element j goes to bit j / 32 of hmask[j % 32], the low two bits to qs as q2_k keeps them.
+void quantize_q3_k(const float* x, std::byte* dst) {
+  std::array<std::uint8_t, qk_k> codes;
+  std::array<float, 16> scales;
+  float max_scale = 0.0f, amax = 0.0f;
+  for (int j = 0; j < 16; ++j) {
+    scales[j] = fit_q3(x + 16 * j, 16, 4, codes.data() + 16 * j);
+    const float a = std::fabs(scales[j]);
+    if (a > amax) {
+      amax = a;
+      max_scale = scales[j];
+    }
+  }
+  std::array<std::uint8_t, 12> packed{};
+  std::uint16_t d16 = 0;
+  if (max_scale != 0.0f) {
+    const float iscale = -32.0f / max_scale;
+    for (int j = 0; j < 16; ++j) {
+      int l = std::clamp(nearest_int(iscale * scales[j]), -32, 31) + 32;
+      if (j < 8) packed[j] = static_cast<std::uint8_t>(l & 0x0f);
+      else packed[j - 8] = static_cast<std::uint8_t>(packed[j - 8] | ((l & 0x0f) << 4));
+      l >>= 4;
+      packed[8 + j % 4] = static_cast<std::uint8_t>(packed[8 + j % 4] | (l << (2 * (j / 4))));
+    }
+    d16 = f32_to_f16(ieee_div(1.0f, iscale));
+  }
+  const float d = f16_to_f32(d16);
+  for (int j = 0; j < 16; ++j) {
+    const float dl = d * static_cast<float>(unpack_q3_scale(packed, j));
+    if (dl == 0.0f) continue;
+    for (int i = 0; i < 16; ++i) codes[16 * j + i] = static_cast<std::uint8_t>(std::clamp(nearest_int(x[16 * j + i] / dl), -4, 3) + 4);
+  }
+  std::array<std::uint8_t, qk_k / 8> hmask{};
+  for (int j = 0; j < qk_k; ++j) {
+    if (codes[j] > 3) {
+      hmask[j % 32] = static_cast<std::uint8_t>(hmask[j % 32] | (1 << (j / 32)));
+      codes[j] = static_cast<std::uint8_t>(codes[j] - 4);
+    }
+  }
+  std::array<std::uint8_t, qk_k / 4> qs;
+  for (int j = 0; j < qk_k; j += 128) {
+    for (int l = 0; l < 32; ++l) {
+      qs[j / 4 + l] = static_cast<std::uint8_t>(codes[j + l] | (codes[j + l + 32] << 2) | (codes[j + l + 64] << 4) | (codes[j + l + 96] << 6));
+    }
+  }
+  block_writer w(dst);
+  w.u8s(hmask);
+  w.u8s(qs);
+  w.u8s(packed);
+  w.u16(d16);
+}
+
+// ggml's quantize_row_q2_K_ref: an affine fit per 16-element sub-block with 4 levels (absolute error,
+// weighted by |x|), the scales and mins quantized to 4 bits against their largest, every element re-coded.
+void quantize_q2_k(const float* x, std::byte* dst) {
+  std::array<std::uint8_t, qk_k> codes;
+  std::array<float, 16> scales, mins;
+  float max_scale = 0.0f, max_min = 0.0f;
+  for (int j = 0; j < 16; ++j) {
+    std::array<float, 16> weights;
+    for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
+    const auto fit = fit_scale_min(x + 16 * j, weights.data(), 16, 3, -0.5f, 0.1f, 15, codes.data() + 16 * j, true);
+    scales[j] = fit.scale;
+    mins[j] = fit.min;
+    max_scale = std::max(max_scale, scales[j]);
+    max_min = std::max(max_min, mins[j]);
+  }
+  std::array<std::uint8_t, 16> sm{};
+  std::uint16_t d16 = 0, dmin16 = 0;
+  if (max_scale > 0.0f) {
+    const float iscale = 15.0f / max_scale;
+    for (int j = 0; j < 16; ++j) sm[j] = static_cast<std::uint8_t>(std::clamp(nearest_int(iscale * scales[j]), 0, 15));
+    d16 = f32_to_f16(max_scale / 15.0f);
+  }
+  if (max_min > 0.0f) {
+    const float iscale = 15.0f / max_min;
+    for (int j = 0; j < 16; ++j) sm[j] = static_cast<std::uint8_t>(sm[j] | (std::clamp(nearest_int(iscale * mins[j]), 0, 15) << 4));
+    dmin16 = f32_to_f16(max_min / 15.0f);
+  }
+  const float d = f16_to_f32(d16), dmin = f16_to_f32(dmin16);
+  for (int j = 0; j < 16; ++j) {
+    const float dl = d * static_cast<float>(sm[j] & 0x0f);
+    if (dl == 0.0f) continue;
+    const float ml = dmin * static_cast<float>(sm[j] >> 4);
+    for (int i = 0; i < 16; ++i) codes[16 * j + i] = static_cast<std::uint8_t>(std::clamp(nearest_int((x[16 * j + i] + ml) / dl), 0, 3));
+  }
+  std::array<std::uint8_t, qk_k / 4> qs;
+  for (int j = 0; j < qk_k; j += 128) {
+    for (int l = 0; l < 32; ++l) {
+      qs[j / 4 + l] = static_cast<std::uint8_t>(codes[j + l] | (codes[j + l + 32] << 2) | (codes[j + l + 64] << 4) | (codes[j + l + 96] << 6));
+    }
+  }
+  block_writer w(dst);
+  w.u8s(sm);
+  w.u8s(qs);
+  w.u16(d16);
+  w.u16(dmin16);
 }
 
 // ggml's quantize_row_q6_K_ref: a symmetric fit per 16-element sub-block, the sixteen scales
@@ -1038,7 +1200,10 @@ quantize_block quantizer(dtype t) {
     case dtype::q4_a32: return quantize_affine<16>;
     case dtype::q8_a32: return quantize_affine<256>;
     case dtype::fp8_s32: return quantize_fp8_s32;
-    case dtype::q4_k: return quantize_q4_k;
+    case dtype::q4_k: return quantize_q45_k<false>;
+    case dtype::q5_k: return quantize_q45_k<true>;
+    case dtype::q3_k: return quantize_q3_k;
+    case dtype::q2_k: return quantize_q2_k;
     case dtype::q6_k: return quantize_q6_k;
     default: return nullptr;
   }

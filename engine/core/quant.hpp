@@ -25,7 +25,7 @@ struct quant_error {
 };
 
 // dequantize_row: every block format and every plain float type. quantize_row: q4_0, q4_1, q5_0,
-// q5_1, q8_0, q8_k, q4_k, q6_k and the plain float types.
+// q5_1, q8_0, q8_k, q4_k, q5_k, q6_k, mxfp4, iq4_nl, iq4_xs, the repacked forms and the plain float types.
 bool supports_dequantize(dtype t);
 bool supports_quantize(dtype t);
 

@@ -224,6 +224,41 @@ void pack_q4_a32(const source_panel& s, std::int64_t k, std::byte* dst) {
   }
 }
 
+// Calls fn(r, b, block) for each of the panel's present rows r and its `blocks` stored blocks of
+// `block_bytes` bytes each.
+template <class Fn>
+void each_block(const source_panel& s, std::int64_t blocks, std::size_t block_bytes, Fn&& fn) {
+  for (int r = 0; r < panel_rows; ++r) {
+    const std::byte* src = s.row(r);
+    if (!src) continue;
+    for (std::int64_t b = 0; b < blocks; ++b) fn(r, b, src + b * block_bytes);
+  }
+}
+
+// q4_1 block: f16 d, f16 m, 16 bytes of nibbles. q5_0: f16 d, u32 qh, 16 bytes of nibbles. q5_1: f16 d,
+// f16 m, u32 qh, 16 bytes. The fifth bits go to q5's word layout (matmul_detail.hpp).
+template <bool Min, bool Fifth>
+void pack_q4_1_q5(const source_panel& s, std::int64_t k, std::byte* dst) {
+  constexpr auto L = Fifth ? (Min ? detail::q5_1_pairs : detail::q5_0_pairs) : detail::q4_1_pairs;
+  constexpr std::size_t block_bytes = 2 + (Min ? 2 : 0) + (Fifth ? 4 : 0) + 16;
+  each_block(s, k / 32, block_bytes, [&](int r, std::int64_t b, const std::byte* blk) {
+    std::memcpy(dst + L.scales(b) + r * 2, blk, 2);
+    if constexpr (Min) std::memcpy(dst + L.zeros(b) + r * 2, blk + 2, 2);
+    const std::byte* codes = blk + block_bytes - 16;
+    put_nibbles(dst + L.codes(b), r, codes);
+    if constexpr (Fifth) {
+      std::uint32_t qh, word = 0;
+      std::memcpy(&qh, codes - 4, 4);
+      for (int g = 0; g < 4; ++g)
+        for (int t = 0; t < 4; ++t) {
+          word |= ((qh >> (4 * g + t)) & 1u) << (8 * t + g);
+          word |= ((qh >> (16 + 4 * g + t)) & 1u) << (8 * t + 4 + g);
+        }
+      std::memcpy(dst + L.codes(b) + detail::q4_0_unit + r * 4, &word, 4);
+    }
+  });
+}
+
 // q8_a32 block: f32 d, u8 z, three zero bytes, 32 u8 codes; kept signed (less 128), as q8_0's codes.
 void pack_q8_a32(const source_panel& s, std::int64_t k, std::byte* dst) {
   constexpr auto L = detail::q8_a32_pairs;
@@ -255,15 +290,19 @@ void pack_fp8_s32(const source_panel& s, std::int64_t k, std::byte* dst) {
   }
 }
 
-// q4_k superblock: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles.
-void pack_q4_k(const source_panel& s, std::int64_t k, std::byte* dst) {
+// q4_k superblock: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles. q5_k: the
+// same with 32 bytes of fifth bits (bit s of qh[l] for element l of sub-block s) before the nibbles.
+template <bool Five>
+void pack_q45_k(const source_panel& s, std::int64_t k, std::byte* dst) {
+  constexpr std::size_t block_bytes = Five ? 176 : 144, unit = Five ? detail::q5_k_unit : detail::q4_k_unit;
+  constexpr std::size_t qs_at = Five ? 48 : 16;
   const std::int64_t blocks = k / 256;
   for (int r = 0; r < panel_rows; ++r) {
     const std::byte* src = s.row(r);
     if (!src) continue;
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::byte* blk = src + b * 144;
-      std::byte* u = dst + b * detail::q4_k_unit;
+      const std::byte* blk = src + b * block_bytes;
+      std::byte* u = dst + b * unit;
       std::memcpy(u + r * 2, blk, 2);
       std::memcpy(u + detail::q4_k_dmin + r * 2, blk + 2, 2);
       std::uint8_t sm[12];
@@ -282,8 +321,21 @@ void pack_q4_k(const source_panel& s, std::int64_t k, std::byte* dst) {
       }
       for (int c = 0; c < 4; ++c) {
         for (int g = 0; g < 8; ++g) {
-          std::memcpy(u + detail::q4_k_q + ((c * 8 + g) * panel_rows + r) * 4, blk + 16 + 32 * c + 4 * g, 4);
+          std::memcpy(u + detail::q4_k_q + ((c * 8 + g) * panel_rows + r) * 4, blk + qs_at + 32 * c + 4 * g, 4);
         }
+      }
+      if constexpr (Five) {
+        const std::byte* qh = blk + 16;
+        for (int c = 0; c < 4; ++c)
+          for (int w = 0; w < 2; ++w)
+            for (int t = 0; t < 4; ++t) {
+              std::uint8_t byte = 0;
+              for (int g = 0; g < 4; ++g) {
+                const auto bits = std::to_integer<std::uint8_t>(qh[4 * (4 * w + g) + t]);
+                byte = static_cast<std::uint8_t>(byte | (((bits >> (2 * c)) & 1) << g) | (((bits >> (2 * c + 1)) & 1) << (4 + g)));
+              }
+              u[detail::q5_k_h + ((c * 2 + w) * panel_rows + r) * 4 + t] = std::byte{byte};
+            }
       }
     }
   }
@@ -293,22 +345,50 @@ void pack_q4_k(const source_panel& s, std::int64_t k, std::byte* dst) {
 void pack_q6_k(const source_panel& s, std::int64_t k, std::byte* dst) {
   const std::int64_t blocks = k / 256;
   std::byte* body = dst + detail::scale_run(blocks);
-  for (int r = 0; r < panel_rows; ++r) {
-    const std::byte* src = s.row(r);
-    if (!src) continue;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::byte* blk = src + b * 210;
-      std::byte* u = body + b * detail::q6_k_unit;
-      std::memcpy(dst + (b * panel_rows + r) * 2, blk + 208, 2);
-      for (int h = 0; h < 2; ++h) {
-        for (int v = 0; v < 16; ++v) std::memcpy(u + ((h * 16 + v) * panel_rows + r) * 4, blk + 64 * h + 4 * v, 4);
-        for (int w = 0; w < 8; ++w) {
-          std::memcpy(u + detail::q6_k_qh + ((h * 8 + w) * panel_rows + r) * 4, blk + 128 + 32 * h + 4 * w, 4);
-        }
+  each_block(s, blocks, 210, [&](int r, std::int64_t b, const std::byte* blk) {
+    std::byte* u = body + b * detail::q6_k_unit;
+    std::memcpy(dst + (b * panel_rows + r) * 2, blk + 208, 2);
+    for (int h = 0; h < 2; ++h) {
+      for (int v = 0; v < 16; ++v) std::memcpy(u + ((h * 16 + v) * panel_rows + r) * 4, blk + 64 * h + 4 * v, 4);
+      for (int w = 0; w < 8; ++w) {
+        std::memcpy(u + detail::q6_k_qh + ((h * 8 + w) * panel_rows + r) * 4, blk + 128 + 32 * h + 4 * w, 4);
       }
-      for (int j = 0; j < 16; ++j) u[detail::q6_k_scale + j * panel_rows + r] = blk[192 + j];
     }
-  }
+    for (int j = 0; j < 16; ++j) u[detail::q6_k_scale + j * panel_rows + r] = blk[192 + j];
+  });
+}
+
+// q3_k superblock: 32 bytes hmask, 64 bytes qs, 12 bytes of 6-bit scales (biased by 32), f16 d. q2_k
+// (Two): 16 bytes of 4-bit scales (low) and mins (high), 64 bytes qs, f16 d, f16 dmin.
+template <bool Two>
+void pack_q23_k(const source_panel& s, std::int64_t k, std::byte* dst) {
+  constexpr std::size_t block_bytes = Two ? 84 : 110, qs_at = Two ? 16 : 32, d_at = Two ? 80 : 108;
+  constexpr std::size_t unit = Two ? detail::q2_k_unit : detail::q3_k_unit;
+  const std::int64_t blocks = k / 256;
+  std::byte* body = dst + detail::scale_run(blocks);
+  each_block(s, blocks, block_bytes, [&](int r, std::int64_t b, const std::byte* blk) {
+    std::byte* u = body + b * unit;
+    std::memcpy(dst + (b * panel_rows + r) * 2, blk + d_at, 2);
+    for (int n = 0; n < 2; ++n)
+      for (int v = 0; v < 8; ++v) std::memcpy(u + ((n * 8 + v) * panel_rows + r) * 4, blk + qs_at + 32 * n + 4 * v, 4);
+    if constexpr (Two) {
+      std::memcpy(u + detail::q2_k_dmin + r * 2, blk + 82, 2);
+      for (int j = 0; j < 16; ++j) {
+        const auto sm = std::to_integer<std::uint8_t>(blk[j]);
+        u[detail::q2_k_scale + j * panel_rows + r] = std::byte{static_cast<std::uint8_t>(sm & 0x0f)};
+        u[detail::q2_k_min + j * panel_rows + r] = std::byte{static_cast<std::uint8_t>(sm >> 4)};
+      }
+    } else {
+      for (int v = 0; v < 8; ++v) std::memcpy(u + detail::q3_k_hm + (v * panel_rows + r) * 4, blk + 4 * v, 4);
+      std::uint8_t sc[12];
+      std::memcpy(sc, blk + 96, 12);
+      for (int j = 0; j < 16; ++j) {
+        const int low = j < 8 ? (sc[j] & 0x0f) : (sc[j - 8] >> 4);
+        const int high = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+        u[detail::q3_k_scale + j * panel_rows + r] = static_cast<std::byte>(static_cast<std::int8_t>((low | (high << 4)) - 32));
+      }
+    }
+  });
 }
 
 std::size_t panel_bytes(dtype t, std::int64_t k) {
@@ -324,9 +404,15 @@ std::size_t panel_bytes(dtype t, std::int64_t k) {
     case dtype::iq4_xs: return detail::iq4_xs_pairs.panel_bytes(k / 32);
     case dtype::q4_a32: return detail::q4_a32_pairs.panel_bytes(k / 32);
     case dtype::q8_a32: return detail::q8_a32_pairs.panel_bytes(k / 32);
+    case dtype::q4_1: return detail::q4_1_pairs.panel_bytes(k / 32);
+    case dtype::q5_0: return detail::q5_0_pairs.panel_bytes(k / 32);
+    case dtype::q5_1: return detail::q5_1_pairs.panel_bytes(k / 32);
     case dtype::fp8_s32: return uk / 32 * detail::fp8_s32_unit;
     case dtype::q4_k: return uk / 256 * detail::q4_k_unit;
+    case dtype::q5_k: return uk / 256 * detail::q5_k_unit;
     case dtype::q6_k: return detail::scale_run(k / 256) + uk / 256 * detail::q6_k_unit;
+    case dtype::q3_k: return detail::scale_run(k / 256) + uk / 256 * detail::q3_k_unit;
+    case dtype::q2_k: return detail::scale_run(k / 256) + uk / 256 * detail::q2_k_unit;
     default: return 0;
   }
 }
@@ -352,7 +438,13 @@ const detail::format_kernel& kernel_for(const detail::kernel_table& t, dtype typ
     case dtype::q4_a32: return t.q4_a32;
     case dtype::q8_a32: return t.q8_a32;
     case dtype::fp8_s32: return t.fp8_s32;
+    case dtype::q4_1: return t.q4_1;
+    case dtype::q5_0: return t.q5_0;
+    case dtype::q5_1: return t.q5_1;
     case dtype::q4_k: return t.q4_k;
+    case dtype::q5_k: return t.q5_k;
+    case dtype::q3_k: return t.q3_k;
+    case dtype::q2_k: return t.q2_k;
     case dtype::q6_k: return t.q6_k;
     default: return t.f32;
   }
@@ -387,7 +479,13 @@ bool packable(dtype t) {
     case dtype::q4_a32:
     case dtype::q8_a32:
     case dtype::fp8_s32:
+    case dtype::q4_1:
+    case dtype::q5_0:
+    case dtype::q5_1:
     case dtype::q4_k:
+    case dtype::q5_k:
+    case dtype::q3_k:
+    case dtype::q2_k:
     case dtype::q6_k: return true;
     default: return false;
   }
@@ -396,9 +494,9 @@ bool packable(dtype t) {
 result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w, const std::function<void(const tensor_view&)>& consumed) {
   const dtype t = w.type();
   if (!packable(t) && supports_dequantize(t) && w.shape().rank() == 2 && w.data() != nullptr) {
-    // A block format without its own kernel (q4_1, q5_0, q5_1, ...): decoded once to f16 and run by the
-    // f16 kernel. f16 keeps every decoded value to 2^-11 relative, far inside the error of the 8-bit
-    // activations the block kernels use; it costs 2 bytes a weight instead of the format's 0.6-0.7.
+    // A block format without its own kernel (q8_1, q8_k: activation formats no checkpoint stores as
+    // weights): decoded once to f16 and run by the f16 kernel. f16 keeps every decoded value to 2^-11
+    // relative, far inside the error of the 8-bit activations the block kernels use.
     const std::int64_t n = w.shape()[0], k = w.shape()[1];
     const auto block = static_cast<std::int64_t>(info(t).block_elems);
     if (n < 0 || k < 0 || k % block != 0)
@@ -450,7 +548,13 @@ result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w, con
       case dtype::q4_a32: pack_q4_a32(s, k, dst); break;
       case dtype::q8_a32: pack_q8_a32(s, k, dst); break;
       case dtype::fp8_s32: pack_fp8_s32(s, k, dst); break;
-      case dtype::q4_k: pack_q4_k(s, k, dst); break;
+      case dtype::q4_1: pack_q4_1_q5<true, false>(s, k, dst); break;
+      case dtype::q5_0: pack_q4_1_q5<false, true>(s, k, dst); break;
+      case dtype::q5_1: pack_q4_1_q5<true, true>(s, k, dst); break;
+      case dtype::q4_k: pack_q45_k<false>(s, k, dst); break;
+      case dtype::q5_k: pack_q45_k<true>(s, k, dst); break;
+      case dtype::q3_k: pack_q23_k<false>(s, k, dst); break;
+      case dtype::q2_k: pack_q23_k<true>(s, k, dst); break;
       case dtype::q6_k: pack_q6_k(s, k, dst); break;
       default: break;
     }

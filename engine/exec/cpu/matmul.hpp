@@ -1,6 +1,7 @@
 #pragma once
 // Matrix products over packed weights: y[M, N] = x[M, K] W^T for a weight W [N, K] stored as f32, f16,
-// bf16, q8_0, q4_0, mxfp4, q4_k or q6_k. Weights are packed once, at load, into a kernel-friendly layout of
+// bf16, q8_0, q4_0, q4_1, q5_0, q5_1, mxfp4, iq4_nl, iq4_xs, q4_k, q6_k or the repacked Hugging Face forms
+// (q4_a32, q8_a32, fp8_s32). Weights are packed once, at load, into a kernel-friendly layout of
 // the same format (never widened to f32 copies); activations are f32 and may be quantized on the fly
 // (to 8-bit blocks, as llama.cpp does) where integer dot products win. M = 1 is the decode GEMV; large
 // M is the prefill GEMM.
@@ -9,9 +10,10 @@
 //  * f32, f16: the products in f32 with FMA.
 //  * bf16: the same; on an avx512 CPU with BF16 the activations are first rounded to bf16 (relative
 //    error up to 2^-8 each) and multiplied with vdpbf16ps.
-//  * q8_0, q4_0, mxfp4: activations rounded to int8 per 32-element block (scale amax / 127, to nearest
+//  * q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, q4_a32, q8_a32, mxfp4: activations rounded to int8 per 32-element block (scale amax / 127, to nearest
 //    even), integer dot products per block, scaled in f32 (mxfp4's E2M1 codes through a table, its
-//    E8M0 scales exact: the q8_0 kernel's result over the same values, bit for bit).
+//    E8M0 scales exact: the q8_0 kernel's result over the same values, bit for bit). The formats with
+//    a block minimum (q4_1, q5_1) add m times the block's activation sum as a second f32 term.
 //  * q4_k, q6_k: the same with 256-element activation blocks (ggml's q8_K).
 #include <cstddef>
 #include <cstdint>

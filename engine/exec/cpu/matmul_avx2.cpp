@@ -66,6 +66,7 @@ struct v256 {
   static vi add_i32(vi a, vi b) { return _mm256_add_epi32(a, b); }
   static vi sub_i32(vi a, vi b) { return _mm256_sub_epi32(a, b); }
   static vi mullo_i32(vi a, vi b) { return _mm256_mullo_epi32(a, b); }
+  static vi srl16(vi v, int n) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)); }
   template <int N>
   static vi srli16(vi v) { return _mm256_srli_epi16(v, N); }
   template <int N>
@@ -114,6 +115,12 @@ const kernel_table& avx2_kernels() {
       .q4_a32 = {bytes32, prepare_q8_32<v256, 1>, compute_q4_a32<v256, 4>},
       .q8_a32 = {bytes32, prepare_q8_32<v256, 1>, compute_q8_a32<v256, 4>},
       .fp8_s32 = {nullptr, nullptr, compute_fp8_s32<v256, 4>},
+      .q4_1 = {bytes32, prepare_q8_32<v256, 1>, compute_nibbles<v256, 4, nibbles::q4_1>},
+      .q5_0 = {bytes32, prepare_q8_32<v256, 16>, compute_nibbles<v256, 4, nibbles::q5_0>},
+      .q5_1 = {bytes32, prepare_q8_32<v256, 1>, compute_nibbles<v256, 4, nibbles::q5_1>},
+      .q5_k = {bytes256, prepare_q4_k<v256>, compute_q4_k<v256, 4, true>},
+      .q3_k = {bytes256, prepare_q6_k<v256, 4>, compute_q6_k<v256, 4, k16::q3>},
+      .q2_k = {bytes256, prepare_q6_k<v256, 1>, compute_q6_k<v256, 4, k16::q2>},
   };
   return t;
 }

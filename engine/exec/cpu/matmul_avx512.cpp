@@ -68,6 +68,7 @@ struct v512 {
   static vi add_i32(vi a, vi b) { return _mm512_add_epi32(a, b); }
   static vi sub_i32(vi a, vi b) { return _mm512_sub_epi32(a, b); }
   static vi mullo_i32(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
+  static vi srl16(vi v, int n) { return _mm512_srl_epi16(v, _mm_cvtsi32_si128(n)); }
   template <int N>
   static vi srli16(vi v) { return _mm512_srli_epi16(v, N); }
   template <int N>
@@ -162,6 +163,12 @@ kernel_table make_table() {
       .q4_a32 = {bytes32, prepare_q8_32<v512, 1>, compute_q4_a32<v512, 8>},
       .q8_a32 = {bytes32, prepare_q8_32<v512, 1>, compute_q8_a32<v512, 8>},
       .fp8_s32 = {nullptr, nullptr, compute_fp8_s32<v512, 6>},
+      .q4_1 = {bytes32, prepare_q8_32<v512, 1>, compute_nibbles<v512, 8, nibbles::q4_1>},
+      .q5_0 = {bytes32, prepare_q8_32<v512, 16>, compute_nibbles<v512, 8, nibbles::q5_0>},
+      .q5_1 = {bytes32, prepare_q8_32<v512, 1>, compute_nibbles<v512, 8, nibbles::q5_1>},
+      .q5_k = {bytes256, prepare_q4_k<v512>, compute_q4_k<v512, 8, true>},
+      .q3_k = {bytes256, prepare_q6_k<v512, 4>, compute_q6_k<v512, 10, k16::q3>},
+      .q2_k = {bytes256, prepare_q6_k<v512, 1>, compute_q6_k<v512, 10, k16::q2>},
   };
   if (has_bf16_dot()) t.bf16 = {bf16_act_bytes, prepare_bf16, compute_bf16_dot<8, 2>};
   return t;

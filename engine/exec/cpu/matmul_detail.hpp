@@ -18,9 +18,15 @@
 //   q4_k  per 256-superblock: d[16] f16, dmin[16] f16, scale[8 sub][16 rows] u8, min[2 h][16 rows][4]
 //         u8 (the min of sub-block 4h+t at [h][row][t]), q[4 c][8 g][16 rows][4] u8: ggml's bytes
 //         32c+4g.. of each row, low nibbles elements 64c+4g.., high nibbles 64c+32+4g..
+//   q5_k  q4_k's unit, then the fifth bits h[4 c][2 w][16 rows][4] u8: byte t of word (c, w) holds in bit
+//         g the fifth bit of element 64c+4(4w+g)+t and in bit 4+g that of element 64c+32+4(4w+g)+t
 //   q6_k  d[K/256][16] f16 (padded to 64 bytes), then per 256-superblock ql[2 h][16 v][16 rows][4]
 //         (ggml's ql bytes 64h+4v..), qh[2 h][8 u][16 rows][4] (ggml's qh bytes 32h+4u..),
 //         scale[16 sub][16 rows] i8
+//   q3_k  q6_k's leading d run, then per 256-superblock ql[2 n][8 v][16 rows][4] (ggml's qs bytes 32n+4v..),
+//         hm[8 v][16 rows][4] (ggml's hmask bytes 4v..), scale[16 sub][16 rows] i8 (unbiased)
+//   q2_k  q6_k's leading d run, then per 256-superblock q3_k's ql, scale[16 sub][16 rows] u8, min[16 sub]
+//         [16 rows] u8, dmin[16] f16 (padded to 64 bytes)
 //   iq4_nl q4_0's layout; the codes index IQ4_NL's table of 16 int8 levels
 //   iq4_xs iq4_nl's code layout in 32-blocks, each block's scale d (ls - 32) as f32: per pair of blocks
 //         d[2][16] f32 (a 128-byte pair header), then the two blocks' codes
@@ -29,6 +35,11 @@
 //   q8_a32 per pair: d[2][16] f32, z[2][16] i8 (the zero points less 128), 32 unused bytes, then q8_0's
 //         codes of the two blocks, less 128 (signed)
 //   fp8_s32 per 32-block: s[16] f32, then q[32 k][16 rows] E4M3 bytes
+//   q4_1  per pair: d[2][16] f16, m[2][16] f16 (the block minimums), then q4_0's codes (unsigned)
+//   q5_0  per pair: d[2][16] f16, then per block q4_0's codes of the low nibbles and the fifth bits,
+//         h[16 rows] u32: byte t of a row's word holds in bit g the fifth bit of element 4g+t and in
+//         bit 4+g that of element 16+4g+t, so group g's bits are one shift and mask away
+//   q5_1  q4_1's header with q5_0's blocks
 // Vector loads stay 64-byte aligned, a panel holds the bytes of its 16 stored rows (q4_k adds 4 a
 // superblock row by unpacking its 6-bit scales; scale runs and an odd last block round up to 64 bytes),
 // and a final partial panel is padded with zero rows.
@@ -66,10 +77,15 @@ inline constexpr std::size_t q8_0_unit = 16 * 32;
 inline constexpr std::size_t q4_0_unit = 16 * 16;
 inline constexpr std::size_t q4_k_unit = 32 + 32 + 128 + 128 + 16 * 128;
 inline constexpr std::size_t q6_k_unit = 16 * 128 + 16 * 64 + 256;
+inline constexpr std::size_t q5_k_unit = q4_k_unit + 512;
+inline constexpr std::size_t q3_k_unit = 16 * 64 + 8 * 64 + 256;
+inline constexpr std::size_t q3_k_hm = 1024, q3_k_scale = 1536;
+inline constexpr std::size_t q2_k_unit = 16 * 64 + 256 + 256 + 64;
+inline constexpr std::size_t q2_k_scale = 1024, q2_k_min = 1280, q2_k_dmin = 1536;
 // Offsets inside a q4_k / q6_k unit.
-inline constexpr std::size_t q4_k_dmin = 32, q4_k_scale = 64, q4_k_min = 192, q4_k_q = 320;
+inline constexpr std::size_t q4_k_dmin = 32, q4_k_scale = 64, q4_k_min = 192, q4_k_q = 320, q5_k_h = q4_k_unit;
 inline constexpr std::size_t q6_k_qh = 2048, q6_k_scale = 3072;
-// The leading f16 scale run of a q6_k panel with `blocks` superblocks.
+// The leading f16 scale run of a q6_k (q3_k) panel with `blocks` superblocks.
 inline constexpr std::size_t scale_run(std::int64_t blocks) { return round64(static_cast<std::size_t>(blocks) * 32); }
 // q8_0 / q4_0 panels hold blocks in pairs, [2][16] f16 scales then the two blocks' codes, so a panel
 // is one aligned stream; a last odd block pads its scales to 64 bytes. Offsets of block b:
@@ -84,16 +100,17 @@ inline constexpr std::size_t paired_panel_bytes(std::int64_t blocks, std::size_t
   return static_cast<std::size_t>(blocks / 2) * pair_bytes(unit) + (blocks % 2 != 0 ? 64 + unit : 0);
 }
 
-// Pairs with a larger header (iq4_xs, q4_a32: 128 bytes; q8_a32: 192): the block's scales (of
-// `scale_bytes` each per row) and, after `zeros_at` bytes of the header, its zero points, 16 bytes a block.
+// Pairs with a larger header (iq4_xs, q4_a32, q4_1: 128 bytes; q8_a32: 192) or a larger unit (q5_0,
+// q5_1): the block's scales (of `scale_bytes` each per row) and, after `zeros_at` bytes of the header,
+// its zero points or minimums (of `zero_bytes` each per row).
 struct pair_layout {
-  std::size_t unit, header, scale_bytes, zeros_at;
+  std::size_t unit, header, scale_bytes, zeros_at, zero_bytes = 1;
   constexpr std::size_t pair() const { return header + 2 * unit; }
   constexpr std::size_t scales(std::int64_t b) const {
     return static_cast<std::size_t>(b / 2) * pair() + static_cast<std::size_t>(b % 2) * 16 * scale_bytes;
   }
   constexpr std::size_t zeros(std::int64_t b) const {
-    return static_cast<std::size_t>(b / 2) * pair() + zeros_at + static_cast<std::size_t>(b % 2) * 16;
+    return static_cast<std::size_t>(b / 2) * pair() + zeros_at + static_cast<std::size_t>(b % 2) * 16 * zero_bytes;
   }
   constexpr std::size_t codes(std::int64_t b) const {
     return static_cast<std::size_t>(b / 2) * pair() + header + static_cast<std::size_t>(b % 2) * unit;
@@ -105,6 +122,11 @@ struct pair_layout {
 inline constexpr pair_layout iq4_xs_pairs{q4_0_unit, 128, 4, 0};
 inline constexpr pair_layout q4_a32_pairs{q4_0_unit, 128, 2, 64};
 inline constexpr pair_layout q8_a32_pairs{q8_0_unit, 192, 4, 128};
+// A q5 block: q4_0's codes, then the fifth bits of its 16 rows.
+inline constexpr std::size_t q5_unit = q4_0_unit + 64;
+inline constexpr pair_layout q4_1_pairs{q4_0_unit, 128, 2, 64, 2};
+inline constexpr pair_layout q5_0_pairs{q5_unit, 64, 2, 0, 0};
+inline constexpr pair_layout q5_1_pairs{q5_unit, 128, 2, 64, 2};
 inline constexpr std::size_t fp8_s32_unit = 64 + 32 * 16;
 
 // Prepared activations, one row each (kernels that read f32 x need none).
@@ -142,7 +164,7 @@ struct format_kernel {
 };
 
 struct kernel_table {
-  format_kernel f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, mxfp4, iq4_nl, iq4_xs, q4_a32, q8_a32, fp8_s32;
+  format_kernel f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, mxfp4, iq4_nl, iq4_xs, q4_a32, q8_a32, fp8_s32, q4_1, q5_0, q5_1, q5_k, q3_k, q2_k;
 };
 
 const kernel_table& scalar_kernels();

@@ -92,15 +92,16 @@ void prepare_q4_k(const float* x, std::int64_t k, std::byte* out) {
   }
 }
 
-template <class V>
+template <class V, int Offset = 32>
 void prepare_q6_k(const float* x, std::int64_t k, std::byte* out) {
   auto* q = reinterpret_cast<std::int8_t*>(out);
   auto* d = reinterpret_cast<float*>(out + act256_d(k));
   auto* s = reinterpret_cast<std::int32_t*>(out + act256_s(k));
   for (std::int64_t b = 0; b < k / 256; ++b) {
     d[b] = quantize_block<V>(x + 256 * b, 256, q + 256 * b);
-    // The 6-bit codes are stored biased by 32; each 16-group's correction is 32 times its sum.
-    for (int j = 0; j < 16; ++j) s[16 * b + j] = 32 * sum_i8(q + 256 * b + 16 * j, 16);
+    // The 6-bit codes are stored biased by 32 (q3_k's 3-bit ones by 4); each 16-group's correction is
+    // that times its sum.
+    for (int j = 0; j < 16; ++j) s[16 * b + j] = Offset * sum_i8(q + 256 * b + 16 * j, 16);
   }
 }
 
@@ -320,14 +321,28 @@ inline constexpr std::int8_t e2m1_doubled_plus_12[16] = {12, 13, 14, 15, 16, 18,
 inline constexpr int mxfp4_offset = 12;
 
 // The nibble formats q4_0's tile walks: q4_0 (codes biased by 8), MXFP4 (the same layout; codes through
-// a table, power-of-two scales) and q4_a32 (unsigned codes with each row's own zero point, in pairs with
-// a larger header: the block's dot less zero x the activations' plain sum).
-enum class nibbles : std::uint8_t { q4_0, mxfp4, affine };
+// a table, power-of-two scales), q4_a32 (unsigned codes with each row's own zero point, in pairs with
+// a larger header: the block's dot less zero x the activations' plain sum), q4_1 (unsigned codes, a
+// block minimum m: m x the activations' sum as a second term), and q5_0 / q5_1 (q4_0 / q4_1 with a
+// fifth bit per code, or'ed in from the word after the block's nibbles).
+enum class nibbles : std::uint8_t { q4_0, mxfp4, affine, q4_1, q5_0, q5_1 };
+
+template <nibbles Kind>
+constexpr pair_layout nibble_layout() {
+  if constexpr (Kind == nibbles::affine) return q4_a32_pairs;
+  else if constexpr (Kind == nibbles::q4_1) return q4_1_pairs;
+  else if constexpr (Kind == nibbles::q5_0) return q5_0_pairs;
+  else if constexpr (Kind == nibbles::q5_1) return q5_1_pairs;
+  else return pair_layout{q4_0_unit, 64, 2, 0, 0};  // block_scales / block_codes
+}
 
 template <class V, int MR, nibbles Kind = nibbles::q4_0>
 void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   constexpr bool Fp4 = Kind == nibbles::mxfp4;
   constexpr bool Affine = Kind == nibbles::affine;
+  constexpr bool Min = Kind == nibbles::q4_1 || Kind == nibbles::q5_1;
+  constexpr bool Fifth = Kind == nibbles::q5_0 || Kind == nibbles::q5_1;
+  constexpr pair_layout L = nibble_layout<Kind>();
   const bool stream = m == a.m0;  // see prefetch_ahead
   constexpr int H = halves_of(V::lanes);
   const std::int64_t blocks = a.w->cols / 32;
@@ -336,27 +351,34 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   for (int i = 0; i < MR; ++i) x[i] = acts32(a, m + i);
   const typename V::vi low4 = V::set1_i8(0x0f);
   const typename V::vi high4 = V::set1_i8(0xf0);
+  [[maybe_unused]] const typename V::vi bit4 = V::set1_i8(0x10);
   [[maybe_unused]] const typename V::vi lut = V::bcast16(e2m1_doubled_plus_12);
   for (int h = 0; h < H; ++h) {
     typename V::vf f[MR];
     for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::size_t scales = Affine ? q4_a32_pairs.scales(b) : block_scales(b, q4_0_unit);
-      const std::byte* u = panel + (Affine ? q4_a32_pairs.codes(b) : block_codes(b, q4_0_unit)) + h * V::lanes * 4;
-      if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + scales, Affine ? q4_a32_pairs.pair() : pair_bytes(q4_0_unit));
+      const std::size_t scales = L.scales(b);
+      const std::byte* u = panel + L.codes(b) + h * V::lanes * 4;
+      if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + scales, L.pair());
       // MXFP4: 2^(e - 127) from the exponent byte's bits (e = 0, 2^-127, reads as 0); the table's
       // doubling is undone with the activation scale below.
       typename V::vf dw;
       if constexpr (Fp4) dw = V::as_f(V::template slli32<23>(V::cvt_u8_i32(panel + scales + h * V::lanes)));
       else dw = V::load_f16(panel + scales + h * V::lanes * 2);
       [[maybe_unused]] typename V::vi z;
-      if constexpr (Affine) z = V::cvt_u8_i32(panel + q4_a32_pairs.zeros(b) + h * V::lanes);
+      if constexpr (Affine) z = V::cvt_u8_i32(panel + L.zeros(b) + h * V::lanes);
+      [[maybe_unused]] typename V::vf mw;
+      if constexpr (Min) mw = V::load_f16(panel + L.zeros(b) + h * V::lanes * 2);
+      // The fifth bits of group g sit in bits g and 4 + g of each byte (q5's word layout); shifted
+      // down by one per group, they are always bits 0 and 4.
+      [[maybe_unused]] typename V::vi fifth;
+      if constexpr (Fifth) fifth = V::load_i(u + q4_0_unit);
       // Small row tiles are latency-bound: they run low and high nibbles as two chains of dot
       // products, and where byte dots take the full u8 range the high nibbles stay in place (16 times
       // their value) with their sum shifted back at the end. Large tiles have parallelism to spare and
       // spend one shift per weight vector instead of two operations per row.
       constexpr bool split = MR <= 2;
-      constexpr bool in_place = split && V::full_u8_dot && !Fp4;
+      constexpr bool in_place = split && V::full_u8_dot && !Fp4 && !Fifth;
       typename V::vi acc[MR], acc_hi[MR];
       for (int i = 0; i < MR; ++i) acc[i] = acc_hi[i] = V::zero_i();
       for (int g = 0; g < 4; ++g) {
@@ -364,6 +386,11 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
         typename V::vi lo = V::and_i(v, low4);
         typename V::vi hi = in_place ? V::and_i(v, high4) : V::and_i(V::template srli16<4>(v), low4);
         if constexpr (Fp4) lo = V::shuffle_i8(lut, lo), hi = V::shuffle_i8(lut, hi);
+        if constexpr (Fifth) {
+          lo = V::or_i(lo, V::and_i(V::template slli16<4>(fifth), bit4));
+          hi = V::or_i(hi, V::and_i(fifth, bit4));
+          fifth = V::template srli16<1>(fifth);
+        }
         for (int i = 0; i < MR; ++i) {
           acc[i] = V::dot_u8s8(acc[i], lo, V::bcast4(x[i].q + 32 * b + 4 * g));
           typename V::vi& target = split ? acc_hi[i] : acc[i];
@@ -379,8 +406,10 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
         }
         typename V::vi c;
         if constexpr (Affine) c = V::sub_i32(dot, V::mullo_i32(z, V::set1_i32(x[i].s[b])));
+        else if constexpr (Min) c = dot;
         else c = V::sub_i32(dot, V::set1_i32(x[i].s[b]));
         f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(Fp4 ? 0.5f * x[i].d[b] : x[i].d[b])), f[i]);
+        if constexpr (Min) f[i] = V::fmadd(mw, V::set1_f(x[i].d[b] * static_cast<float>(x[i].s[b])), f[i]);
       }
     }
     for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
@@ -534,9 +563,12 @@ void q8_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
 // k-quants against 256-element int8 activations (ggml's q8_K): integer dots per sub-block, times the
 // sub-block's integer scale, summed in int32 over the superblock, then scaled once.
 
-template <class V, int MR>
+// q4_k, and q5_k (Five) whose codes take their fifth bit from the word layout after the unit's nibbles,
+// as q5_0's do: group g's bits are bit g % 4 (low nibbles) and 4 + g % 4 (high) of word g / 4.
+template <class V, int MR, bool Five = false>
 void q4_k_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   const bool stream = m == a.m0;  // see prefetch_ahead
+  constexpr std::size_t unit = Five ? q5_k_unit : q4_k_unit;
   constexpr int H = halves_of(V::lanes);
   const std::int64_t blocks = a.w->cols / 256;
   row_acts x[MR];
@@ -547,8 +579,8 @@ void q4_k_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
     typename V::vf f[MR];
     for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::byte* u = a.w->panel(p) + static_cast<std::size_t>(b) * q4_k_unit;
-      if (h == 0) prefetch_ahead(stream, u, q4_k_unit);
+      const std::byte* u = a.w->panel(p) + static_cast<std::size_t>(b) * unit;
+      if (h == 0) prefetch_ahead(stream, u, unit);
       for (int j = 0; j < 8; ++j) V::store_i(sc[j], V::cvt_u8_i32(u + q4_k_scale + j * panel_rows + h * V::lanes));
       typename V::vi isum[MR];
       for (int i = 0; i < MR; ++i) isum[i] = V::zero_i();
@@ -556,9 +588,15 @@ void q4_k_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
         const std::byte* qv = u + q4_k_q + (sub / 2) * 8 * 64 + h * V::lanes * 4;
         typename V::vi acc[MR];
         for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
+        [[maybe_unused]] typename V::vi fifth = V::zero_i();
         for (int g = 0; g < 8; ++g) {
           const typename V::vi v = V::load_i(qv + g * 64);
-          const typename V::vi w = V::and_i(sub % 2 == 0 ? v : V::template srli16<4>(v), low4);
+          typename V::vi w = V::and_i(sub % 2 == 0 ? v : V::template srli16<4>(v), low4);
+          if constexpr (Five) {
+            if (g % 4 == 0) fifth = V::load_i(u + q5_k_h + ((sub / 2) * 2 + g / 4) * 64 + h * V::lanes * 4);
+            w = V::or_i(w, V::and_i(sub % 2 == 0 ? V::template slli16<4>(fifth) : fifth, V::set1_i8(0x10)));
+            fifth = V::template srli16<1>(fifth);
+          }
           for (int i = 0; i < MR; ++i) acc[i] = V::dot_u8s8(acc[i], w, V::bcast4(x[i].q + 256 * b + 32 * sub + 4 * g));
         }
         const typename V::vi s = V::load_i(sc[sub]);
@@ -604,8 +642,37 @@ typename V::vi q6_group(const std::byte* u, int hf, int j, int h) {
   return V::or_i(lo, V::and_i(hi, V::set1_i8(0x30)));
 }
 
-template <class V, int MR>
+// The same for q3_k (0..7, biased by 4): the low 2 bits of ggml's qs byte l of half hf at bits 2 (j / 8),
+// the third from hmask byte l at bit 4 hf + j / 8, where l = 16 (j / 4 % 2) + 4 (j % 4) is the byte offset
+// of group j's elements within their 32-element run.
+template <class V>
+typename V::vi q3_group(const std::byte* u, int hf, int j, int h) {
+  const int run = j / 8, v = 4 * ((j / 4) % 2) + j % 4;
+  const std::size_t lane_off = static_cast<std::size_t>(h) * V::lanes * 4;
+  const typename V::vi ql = V::load_i(u + (hf * 8 + v) * 64 + lane_off);
+  const typename V::vi hm = V::load_i(u + q3_k_hm + v * 64 + lane_off);
+  const typename V::vi lo = V::and_i(V::srl16(ql, 2 * run), V::set1_i8(3));
+  const typename V::vi hb = V::and_i(V::srl16(hm, 4 * hf + run), V::set1_i8(1));
+  return V::or_i(lo, V::template slli16<2>(hb));
+}
+
+// q2_k's 2-bit codes (0..3): q3_k's low bits alone.
+template <class V>
+typename V::vi q2_group(const std::byte* u, int hf, int j, int h) {
+  const int run = j / 8, v = 4 * ((j / 4) % 2) + j % 4;
+  const typename V::vi ql = V::load_i(u + (hf * 8 + v) * 64 + static_cast<std::size_t>(h) * V::lanes * 4);
+  return V::and_i(V::srl16(ql, 2 * run), V::set1_i8(3));
+}
+
+// q6_k, q3_k and q2_k in one walk: 16-element sub-blocks with int8 scales (q6_k, q3_k: signed, the codes
+// biased; q2_k: unsigned, with a min per sub-block times the 16-group's plain sum taken off).
+enum class k16 : std::uint8_t { q6, q3, q2 };
+
+template <class V, int MR, k16 Kind = k16::q6>
 void q6_k_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
+  constexpr bool Two = Kind == k16::q2;
+  constexpr std::size_t unit = Kind == k16::q6 ? q6_k_unit : Kind == k16::q3 ? q3_k_unit : q2_k_unit;
+  constexpr std::size_t scale_at = Kind == k16::q6 ? q6_k_scale : Kind == k16::q3 ? q3_k_scale : q2_k_scale;
   const bool stream = m == a.m0;  // see prefetch_ahead
   constexpr int H = halves_of(V::lanes);
   const std::int64_t blocks = a.w->cols / 256;
@@ -618,30 +685,51 @@ void q6_k_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
     typename V::vf f[MR];
     for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::byte* u = body + static_cast<std::size_t>(b) * q6_k_unit;
-      if (h == 0) prefetch_ahead(stream, u, q6_k_unit);
-      for (int j = 0; j < 16; ++j) V::store_i(sc[j], V::cvt_i8_i32(u + q6_k_scale + j * panel_rows + h * V::lanes));
-      typename V::vi isum[MR];
-      for (int i = 0; i < MR; ++i) isum[i] = V::zero_i();
+      const std::byte* u = body + static_cast<std::size_t>(b) * unit;
+      if (h == 0) prefetch_ahead(stream, u, unit);
+      for (int j = 0; j < 16; ++j)
+        V::store_i(sc[j], Two ? V::cvt_u8_i32(u + scale_at + j * panel_rows + h * V::lanes)
+                              : V::cvt_i8_i32(u + scale_at + j * panel_rows + h * V::lanes));
+      typename V::vi isum[MR], msum[MR];
+      for (int i = 0; i < MR; ++i) isum[i] = msum[i] = V::zero_i();
       for (int hf = 0; hf < 2; ++hf) {
         for (int sub = 0; sub < 8; ++sub) {
           typename V::vi acc[MR];
           for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
           for (int t = 0; t < 4; ++t) {
-            const typename V::vi w = q6_group<V>(u, hf, 4 * sub + t, h);
+            typename V::vi w;
+            if constexpr (Kind == k16::q6) w = q6_group<V>(u, hf, 4 * sub + t, h);
+            else if constexpr (Kind == k16::q3) w = q3_group<V>(u, hf, 4 * sub + t, h);
+            else w = q2_group<V>(u, hf, 4 * sub + t, h);
             for (int i = 0; i < MR; ++i) {
               acc[i] = V::dot_u8s8(acc[i], w, V::bcast4(x[i].q + 256 * b + 128 * hf + 16 * sub + 4 * t));
             }
           }
           const typename V::vi s = V::load_i(sc[8 * hf + sub]);
-          for (int i = 0; i < MR; ++i) {
-            const typename V::vi c = V::sub_i32(acc[i], V::set1_i32(x[i].s[16 * b + 8 * hf + sub]));
-            isum[i] = V::add_i32(isum[i], V::mullo_i32(c, s));
+          if constexpr (Two) {
+            const typename V::vi mn = V::cvt_u8_i32(u + q2_k_min + (8 * hf + sub) * panel_rows + h * V::lanes);
+            for (int i = 0; i < MR; ++i) {
+              isum[i] = V::add_i32(isum[i], V::mullo_i32(acc[i], s));
+              msum[i] = V::add_i32(msum[i], V::mullo_i32(mn, V::set1_i32(x[i].s[16 * b + 8 * hf + sub])));
+            }
+          } else {
+            for (int i = 0; i < MR; ++i) {
+              const typename V::vi c = V::sub_i32(acc[i], V::set1_i32(x[i].s[16 * b + 8 * hf + sub]));
+              isum[i] = V::add_i32(isum[i], V::mullo_i32(c, s));
+            }
           }
         }
       }
       const typename V::vf dw = V::load_f16(scales + (b * panel_rows + h * V::lanes) * 2);
-      for (int i = 0; i < MR; ++i) f[i] = V::fmadd(V::cvt_f(isum[i]), V::mul_f(dw, V::set1_f(x[i].d[b])), f[i]);
+      if constexpr (Two) {
+        const typename V::vf dm = V::load_f16(u + q2_k_dmin + h * V::lanes * 2);
+        for (int i = 0; i < MR; ++i) {
+          const typename V::vf t = V::fmsub(dw, V::cvt_f(isum[i]), V::mul_f(dm, V::cvt_f(msum[i])));
+          f[i] = V::fmadd(t, V::set1_f(x[i].d[b]), f[i]);
+        }
+      } else {
+        for (int i = 0; i < MR; ++i) f[i] = V::fmadd(V::cvt_f(isum[i]), V::mul_f(dw, V::set1_f(x[i].d[b])), f[i]);
+      }
     }
     for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
   }
@@ -667,6 +755,10 @@ template <class V, int MR>
 void compute_q4_a32(const gemm_args& a) {
   quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q4_0_tile<V, R, nibbles::affine>(a, p, m); });
 }
+template <class V, int MR, nibbles Kind>
+void compute_nibbles(const gemm_args& a) {
+  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q4_0_tile<V, R, Kind>(a, p, m); });
+}
 template <class V, int MR>
 void compute_iq4_nl(const gemm_args& a) {
   quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { iq4_tile<V, R, false>(a, p, m); });
@@ -687,13 +779,13 @@ template <class V, int MR>
 void compute_q8_0(const gemm_args& a) {
   quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q8_0_tile<V, R>(a, p, m); });
 }
-template <class V, int MR>
+template <class V, int MR, bool Five = false>
 void compute_q4_k(const gemm_args& a) {
-  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q4_k_tile<V, R>(a, p, m); });
+  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q4_k_tile<V, R, Five>(a, p, m); });
 }
-template <class V, int MR>
+template <class V, int MR, k16 Kind = k16::q6>
 void compute_q6_k(const gemm_args& a) {
-  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q6_k_tile<V, R>(a, p, m); });
+  quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { q6_k_tile<V, R, Kind>(a, p, m); });
 }
 
 }  // namespace

@@ -68,6 +68,8 @@ void prepare_q8_256(const float* x, std::int64_t k, std::byte* out, int group, i
 
 void prepare_q4_k(const float* x, std::int64_t k, std::byte* out) { prepare_q8_256(x, k, out, 32, 1); }
 void prepare_q6_k(const float* x, std::int64_t k, std::byte* out) { prepare_q8_256(x, k, out, 16, 32); }
+void prepare_q3_k(const float* x, std::int64_t k, std::byte* out) { prepare_q8_256(x, k, out, 16, 4); }
+void prepare_q2_k(const float* x, std::int64_t k, std::byte* out) { prepare_q8_256(x, k, out, 16, 1); }
 std::size_t bytes32(std::int64_t k) { return act32_bytes(k); }
 std::size_t bytes256(std::int64_t k) { return act256_bytes(k); }
 
@@ -233,6 +235,42 @@ void compute_q4_a32(const gemm_args& a) {
   });
 }
 
+// Row r's dot of a q5 block (q4_0's codes at u, the fifth bits after them) against xq: unsigned 5-bit codes.
+int q5_dot(const std::byte* u, int r, const std::int8_t* xq) {
+  std::uint32_t word;
+  std::memcpy(&word, u + q4_0_unit + 4 * r, 4);
+  int dot = 0;
+  for (int g = 0; g < 4; ++g)
+    for (int t = 0; t < 4; ++t) {
+      const int v = u8_at(u, (g * panel_rows + r) * 4 + t);
+      const int lo = (v & 15) | static_cast<int>((word >> (8 * t + g)) & 1u) << 4;
+      const int hi = (v >> 4) | static_cast<int>((word >> (8 * t + 4 + g)) & 1u) << 4;
+      dot += lo * xq[4 * g + t] + hi * xq[16 + 4 * g + t];
+    }
+  return dot;
+}
+
+// q4_1 / q5_1: d * q + m per weight, so d x.d dot + m x.d (the activations' plain sum, s).
+template <bool Fifth>
+void compute_min32(const gemm_args& a) {
+  walk32(a, [](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
+    constexpr auto L = Fifth ? q5_1_pairs : q4_1_pairs;
+    const std::byte* u = panel + L.codes(b);
+    const int dot = Fifth ? q5_dot(u, r, x.q + 32 * b) : nibble_dot(u, r, x.q + 32 * b, as_is);
+    return f16_at(panel + L.scales(b), r) * x.d[b] * static_cast<float>(dot) +
+           f16_at(panel + L.zeros(b), r) * (x.d[b] * static_cast<float>(x.s[b]));
+  });
+}
+
+// q5_0: unsigned 5-bit codes, 16 times the activations' sum (s) taken back.
+void compute_q5_0(const gemm_args& a) {
+  walk32(a, [](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
+    constexpr auto L = q5_0_pairs;
+    const int dot = q5_dot(panel + L.codes(b), r, x.q + 32 * b);
+    return f16_at(panel + L.scales(b), r) * x.d[b] * static_cast<float>(dot - x.s[b]);
+  });
+}
+
 // IQ4_NL and IQ4_XS: the codes through IQ4_NL's table of levels; q4_0's layout (f16 scales) or the
 // repacked one with f32 scales.
 template <bool Xs>
@@ -281,69 +319,105 @@ void compute_fp8_s32(const gemm_args& a) {
   }
 }
 
-void compute_q4_k(const gemm_args& a) {
+// q4_k, and q5_k with each code's fifth bit from its word layout (matmul_detail.hpp).
+// Walks the task's panels and rows over the 256-superblocks of a k-quant: acc[r] gains
+// block(panel, b, x, r), row r's f32 contribution of superblock b (the panel's blocks and any leading
+// scale run are the block's to find).
+template <class Block>
+void walk256(const gemm_args& a, Block&& block) {
   const std::int64_t blocks = a.w->cols / 256;
   for (std::int64_t p = a.p0; p < a.p1; ++p) {
+    const std::byte* panel = a.w->panel(p);
     for (std::int64_t m = a.m0; m < a.m1; ++m) {
       const act_row x = acts256(a, m);
       float acc[panel_rows] = {};
-      for (std::int64_t b = 0; b < blocks; ++b) {
-        const std::byte* u = a.w->panel(p) + b * q4_k_unit;
-        const std::int8_t* xq = x.q + 256 * b;
-        for (int r = 0; r < panel_rows; ++r) {
-          int isum = 0;
-          int msum = 0;
-          for (int sub = 0; sub < 8; ++sub) {
-            const int c = sub / 2;
-            const int shift = 4 * (sub % 2);
-            int dot = 0;
-            for (int l = 0; l < 32; ++l) {
-              const int v = (u8_at(u, q4_k_q + ((c * 8 + l / 4) * panel_rows + r) * 4 + l % 4) >> shift) & 15;
-              dot += v * xq[32 * sub + l];
-            }
-            isum += u8_at(u, q4_k_scale + sub * panel_rows + r) * dot;
-            msum += u8_at(u, q4_k_min + ((sub / 4) * panel_rows + r) * 4 + sub % 4) * x.s[8 * b + sub];
-          }
-          acc[r] += x.d[b] * (f16_at(u, r) * static_cast<float>(isum) -
-                              f16_at(u + q4_k_dmin, r) * static_cast<float>(msum));
-        }
-      }
+      for (std::int64_t b = 0; b < blocks; ++b)
+        for (int r = 0; r < panel_rows; ++r) acc[r] += block(panel, b, x, r);
       store(a, m, p, acc);
     }
   }
 }
 
+template <bool Five>
+void compute_q45_k(const gemm_args& a) {
+  walk256(a, [](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
+    const std::byte* u = panel + b * (Five ? q5_k_unit : q4_k_unit);
+    const std::int8_t* xq = x.q + 256 * b;
+    int isum = 0, msum = 0;
+    for (int sub = 0; sub < 8; ++sub) {
+      const int c = sub / 2;
+      const int shift = 4 * (sub % 2);
+      int dot = 0;
+      for (int l = 0; l < 32; ++l) {
+        int v = (u8_at(u, q4_k_q + ((c * 8 + l / 4) * panel_rows + r) * 4 + l % 4) >> shift) & 15;
+        if constexpr (Five) {
+          const int g = l / 4, bit = g % 4 + 4 * (sub % 2);
+          v |= ((u8_at(u, q5_k_h + ((c * 2 + g / 4) * panel_rows + r) * 4 + l % 4) >> bit) & 1) << 4;
+        }
+        dot += v * xq[32 * sub + l];
+      }
+      isum += u8_at(u, q4_k_scale + sub * panel_rows + r) * dot;
+      msum += u8_at(u, q4_k_min + ((sub / 4) * panel_rows + r) * 4 + sub % 4) * x.s[8 * b + sub];
+    }
+    return x.d[b] * (f16_at(u, r) * static_cast<float>(isum) - f16_at(u + q4_k_dmin, r) * static_cast<float>(msum));
+  });
+}
+
 void compute_q6_k(const gemm_args& a) {
   const std::int64_t blocks = a.w->cols / 256;
-  for (std::int64_t p = a.p0; p < a.p1; ++p) {
-    const std::byte* scales = a.w->panel(p);
-    const std::byte* body = scales + scale_run(blocks);
-    for (std::int64_t m = a.m0; m < a.m1; ++m) {
-      const act_row x = acts256(a, m);
-      float acc[panel_rows] = {};
-      for (std::int64_t b = 0; b < blocks; ++b) {
-        const std::byte* u = body + b * q6_k_unit;
-        const std::int8_t* xq = x.q + 256 * b;
-        for (int r = 0; r < panel_rows; ++r) {
-          int isum = 0;
-          for (int sub = 0; sub < 16; ++sub) {
-            int dot = 0;
-            for (int i = 0; i < 16; ++i) {
-              const int e = 16 * sub + i;
-              const int h = e / 128, e1 = e % 128;
-              const int lo_byte = e1 % 64, hi_byte = e1 % 32;
-              const int lo = (u8_at(u, ((h * 16 + lo_byte / 4) * panel_rows + r) * 4 + lo_byte % 4) >> (4 * (e1 / 64))) & 15;
-              const int hi = (u8_at(u, q6_k_qh + ((h * 8 + hi_byte / 4) * panel_rows + r) * 4 + hi_byte % 4) >> (2 * (e1 / 32))) & 3;
-              dot += ((lo | (hi << 4)) - 32) * xq[e];
-            }
-            isum += static_cast<std::int8_t>(u8_at(u, q6_k_scale + sub * panel_rows + r)) * dot;
-          }
-          acc[r] += x.d[b] * f16_at(scales, b * panel_rows + r) * static_cast<float>(isum);
+  walk256(a, [blocks](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
+    const std::byte* u = panel + scale_run(blocks) + b * q6_k_unit;
+    const std::int8_t* xq = x.q + 256 * b;
+    int isum = 0;
+    for (int sub = 0; sub < 16; ++sub) {
+      int dot = 0;
+      for (int i = 0; i < 16; ++i) {
+        const int e = 16 * sub + i;
+        const int h = e / 128, e1 = e % 128;
+        const int lo_byte = e1 % 64, hi_byte = e1 % 32;
+        const int lo = (u8_at(u, ((h * 16 + lo_byte / 4) * panel_rows + r) * 4 + lo_byte % 4) >> (4 * (e1 / 64))) & 15;
+        const int hi = (u8_at(u, q6_k_qh + ((h * 8 + hi_byte / 4) * panel_rows + r) * 4 + hi_byte % 4) >> (2 * (e1 / 32))) & 3;
+        dot += ((lo | (hi << 4)) - 32) * xq[e];
+      }
+      isum += static_cast<std::int8_t>(u8_at(u, q6_k_scale + sub * panel_rows + r)) * dot;
+    }
+    return x.d[b] * f16_at(panel, b * panel_rows + r) * static_cast<float>(isum);
+  });
+}
+
+// q3_k: 3-bit codes (low two bits from ql, the third from hm) biased by 4, signed scales per 16. q2_k
+// (Two): the 2-bit codes alone, unsigned scales, less dmin min times the 16-group's plain sum (s).
+template <bool Two>
+void compute_q23_k(const gemm_args& a) {
+  const std::int64_t blocks = a.w->cols / 256;
+  walk256(a, [blocks](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
+    const std::byte* u = panel + scale_run(blocks) + b * (Two ? q2_k_unit : q3_k_unit);
+    const std::int8_t* xq = x.q + 256 * b;
+    int isum = 0, msum = 0;
+    for (int sub = 0; sub < 16; ++sub) {
+      int dot = 0;
+      for (int i = 0; i < 16; ++i) {
+        const int e = 16 * sub + i;
+        const int n = e / 128, jj = (e % 128) / 32, l = e % 32;
+        const int lo = (u8_at(u, ((n * 8 + l / 4) * panel_rows + r) * 4 + l % 4) >> (2 * jj)) & 3;
+        if constexpr (Two) {
+          dot += lo * xq[e];
+        } else {
+          const int hb = (u8_at(u, q3_k_hm + ((l / 4) * panel_rows + r) * 4 + l % 4) >> (4 * n + jj)) & 1;
+          dot += ((lo | (hb << 2)) - 4) * xq[e];
         }
       }
-      store(a, m, p, acc);
+      if constexpr (Two) {
+        isum += u8_at(u, q2_k_scale + sub * panel_rows + r) * dot;
+        msum += u8_at(u, q2_k_min + sub * panel_rows + r) * x.s[16 * b + sub];
+      } else {
+        isum += static_cast<std::int8_t>(u8_at(u, q3_k_scale + sub * panel_rows + r)) * dot;
+      }
     }
-  }
+    const float dw = f16_at(panel, b * panel_rows + r);
+    return Two ? x.d[b] * (dw * static_cast<float>(isum) - f16_at(u + q2_k_dmin, r) * static_cast<float>(msum))
+               : x.d[b] * dw * static_cast<float>(isum);
+  });
 }
 
 }  // namespace
@@ -355,7 +429,7 @@ const kernel_table& scalar_kernels() {
       .bf16 = {nullptr, nullptr, compute_bf16},
       .q8_0 = {bytes32, prepare_q8_32<0>, compute_q8_0},
       .q4_0 = {bytes32, prepare_q8_32<8>, compute_q4_0},
-      .q4_k = {bytes256, prepare_q4_k, compute_q4_k},
+      .q4_k = {bytes256, prepare_q4_k, compute_q45_k<false>},
       .q6_k = {bytes256, prepare_q6_k, compute_q6_k},
       .mxfp4 = {bytes32, prepare_q8_32<0>, compute_mxfp4},
       .iq4_nl = {bytes32, prepare_q8_32<0>, compute_iq4<false>},
@@ -363,6 +437,12 @@ const kernel_table& scalar_kernels() {
       .q4_a32 = {bytes32, prepare_q8_32<1>, compute_q4_a32},
       .q8_a32 = {bytes32, prepare_q8_32<1>, compute_q8_a32},
       .fp8_s32 = {nullptr, nullptr, compute_fp8_s32},
+      .q4_1 = {bytes32, prepare_q8_32<1>, compute_min32<false>},
+      .q5_0 = {bytes32, prepare_q8_32<16>, compute_q5_0},
+      .q5_1 = {bytes32, prepare_q8_32<1>, compute_min32<true>},
+      .q5_k = {bytes256, prepare_q4_k, compute_q45_k<true>},
+      .q3_k = {bytes256, prepare_q3_k, compute_q23_k<false>},
+      .q2_k = {bytes256, prepare_q2_k, compute_q23_k<true>},
   };
   return t;
 }

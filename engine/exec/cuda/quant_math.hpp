@@ -230,6 +230,19 @@ struct run8 {
   float offset;
 };
 
+// The two runs of a piece of q4_0-ordered nibbles held in two little-endian words: run h the low (h = 0)
+// or high (h = 1) nibble of each of the 8 bytes, each code through `level`, with one scale and offset.
+template <class Level>
+TROUPE_HD void nibble_runs(const std::uint32_t (&q)[2], float scale, float offset, Level level, run8 (&out)[2]) {
+  TROUPE_QUANT_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    TROUPE_QUANT_UNROLL
+    for (int i = 0; i < 8; ++i) out[h].code[i] = level((q[i / 4] >> (8 * (i & 3) + 4 * h)) & 0xfu);
+    out[h].scale = scale;
+    out[h].offset = offset;
+  }
+}
+
 // Each format: block_elems weights in block_bytes bytes, read as `pieces` pieces; run_elem(p, h) is
 // the first element (within the block) of run h of piece p; load_piece<A> fills a piece's two runs
 // from a block aligned to A. Plain formats (f32, f16, bf16) have no blocks; they are read in pieces
@@ -332,13 +345,7 @@ struct fmt_q4_0 {
     const float d = f16_bits_to_float(static_cast<std::uint16_t>(ld.template u16<A>(blk)));
     std::uint32_t q[2];
     ld.template words<align_min(A, 2), 2>(blk + 2 + 8 * p, q);
-    TROUPE_QUANT_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      TROUPE_QUANT_UNROLL
-      for (int i = 0; i < 8; ++i) out[h].code[i] = code_to_float<8>((q[i / 4] >> (8 * (i & 3) + 4 * h)) & 0xfu);
-      out[h].scale = d;
-      out[h].offset = 0.0f;
-    }
+    nibble_runs(q, d, 0.0f, [](std::uint32_t c) { return code_to_float<8>(c); }, out);
   }
 };
 
@@ -421,6 +428,136 @@ struct fmt_q6_k {
   }
 };
 
+// IQ4_NL's 16 levels (ggml's kvalues_iq4nl); the code of a nibble is its level.
+TROUPE_HD float iq4nl_level(std::uint32_t nibble) {
+  // Selects rather than an indexed table so the device keeps it in registers.
+  constexpr std::int8_t levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  float v = 0.0f;
+  TROUPE_QUANT_UNROLL
+  for (std::uint32_t j = 0; j < 16; ++j) v = nibble == j ? static_cast<float>(levels[j]) : v;
+  return v;
+}
+
+// iq4_nl: q4_0's block (f16 d at 0, qs[16] at 2, the same nibble order); w = d * level(nibble).
+struct fmt_iq4_nl {
+  static constexpr dtype type = dtype::iq4_nl;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 32, block_bytes = 18, pieces = 2, affine = 1;
+  static constexpr int max_align = 2, mid_align = 2;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return 8 * p + 16 * h; }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    const float d = f16_bits_to_float(static_cast<std::uint16_t>(ld.template u16<A>(blk)));
+    std::uint32_t q[2];
+    ld.template words<align_min(A, 2), 2>(blk + 2 + 8 * p, q);
+    nibble_runs(q, d, 0.0f, [](std::uint32_t c) { return iq4nl_level(c); }, out);
+  }
+};
+
+// iq4_xs: f16 d at 0, u16 scales_h at 2, scales_l[4] at 4, qs[128] at 8; sub-block ib (32 elements) is
+// qs[16ib .. 16ib + 16) in q4_0's nibble order, w = (d * (ls - 32)) * level(nibble) with the 6-bit ls
+// from scales_l's nibble ib and scales_h's bits 2ib, 2ib + 1. Piece p = 2ib + u: qs[8p .. 8p + 8), run 0
+// the low nibbles (elements 32ib + 8u..), run 1 the high (32ib + 16 + 8u..).
+struct fmt_iq4_xs {
+  static constexpr dtype type = dtype::iq4_xs;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 256, block_bytes = 136, pieces = 16, affine = 1;
+  static constexpr int max_align = 8, mid_align = 4;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return 32 * (p >> 1) + 16 * h + 8 * (p & 1); }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    std::uint32_t head[2];  // d | scales_h << 16, then scales_l
+    ld.template words<align_min(A, 8), 2>(blk, head);
+    std::uint32_t q[2];
+    ld.template words<align_min(A, 8), 2>(blk + 8 + 8 * p, q);
+    const int ib = p >> 1;
+    const float d = f16_bits_to_float(static_cast<std::uint16_t>(head[0] & 0xffffu));
+    const std::uint32_t ls = ((head[1] >> (4 * ib)) & 0xfu) | (((head[0] >> (16 + 2 * ib)) & 3u) << 4);
+    const float dl = mul_rn(d, code_to_float<32>(ls));
+    nibble_runs(q, dl, 0.0f, [](std::uint32_t c) { return iq4nl_level(c); }, out);
+  }
+};
+
+// q4_a32 (troupe's row form of GPTQ / AWQ / compressed-tensors 4-bit): f16 d at 0, u8 zero z at 2, qs[16]
+// at 4 in q4_0's nibble order; w = d * (q - z), the code q - z exact.
+struct fmt_q4_a32 {
+  static constexpr dtype type = dtype::q4_a32;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 32, block_bytes = 20, pieces = 2, affine = 1;
+  static constexpr int max_align = 4, mid_align = 4;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return 8 * p + 16 * h; }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    std::uint32_t head[1];
+    ld.template words<align_min(A, 4), 1>(blk, head);
+    const float d = f16_bits_to_float(static_cast<std::uint16_t>(head[0] & 0xffffu));
+    const float z = code_to_float<0>((head[0] >> 16) & 0xffu);
+    std::uint32_t q[2];
+    ld.template words<align_min(A, 4), 2>(blk + 4 + 8 * p, q);
+    nibble_runs(q, d, 0.0f, [z](std::uint32_t c) { return code_to_float<0>(c) - z; }, out);
+  }
+};
+
+// q8_a32 (8-bit GPTQ / compressed-tensors int8): f32 d at 0, u8 zero z at 4, qs[32] at 8; w = d * (q - z).
+// Piece p: qs[16p .. 16p + 16).
+struct fmt_q8_a32 {
+  static constexpr dtype type = dtype::q8_a32;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 32, block_bytes = 40, pieces = 2, affine = 1;
+  static constexpr int max_align = 8, mid_align = 4;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return 16 * p + 8 * h; }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    std::uint32_t head[2];
+    ld.template words<align_min(A, 8), 2>(blk, head);
+    const float d = float_of(head[0]);
+    const float z = code_to_float<0>(head[1] & 0xffu);
+    std::uint32_t q[4];
+    ld.template words<align_min(A, 8), 4>(blk + 8 + 16 * p, q);
+    TROUPE_QUANT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      TROUPE_QUANT_UNROLL
+      for (int i = 0; i < 8; ++i) out[h].code[i] = code_to_float<0>((q[2 * h + i / 4] >> (8 * (i & 3))) & 0xffu) - z;
+      out[h].scale = d;
+      out[h].offset = 0.0f;
+    }
+  }
+};
+
+// An E4M3 byte's value (OCP fp8 e4m3fn: no infinities, 0x7f and 0xff NaN), exact.
+TROUPE_HD float e4m3_to_float(std::uint32_t b) {
+  const std::uint32_t sign = (b & 0x80u) << 24, e = (b >> 3) & 0xfu, m = b & 7u;
+  if (e == 15u && m == 7u) return float_of(sign | 0x7fc00000u);
+  if (e == 0u) {  // subnormal: m * 2^-9
+    const float v = code_to_float<0>(m) * 0x1p-9f;
+    return sign != 0 ? -v : v;
+  }
+  return float_of(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+// fp8_s32 (FP8 checkpoints): f32 s at 0, E4M3 codes[32] at 4; w = s * e4m3(code). Piece p: codes[16p ..).
+struct fmt_fp8_s32 {
+  static constexpr dtype type = dtype::fp8_s32;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 32, block_bytes = 36, pieces = 2, affine = 1;
+  static constexpr int max_align = 4, mid_align = 4;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return 16 * p + 8 * h; }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    std::uint32_t head[1];
+    ld.template words<align_min(A, 4), 1>(blk, head);
+    std::uint32_t q[4];
+    ld.template words<align_min(A, 4), 4>(blk + 4 + 16 * p, q);
+    TROUPE_QUANT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      TROUPE_QUANT_UNROLL
+      for (int i = 0; i < 8; ++i) out[h].code[i] = e4m3_to_float((q[2 * h + i / 4] >> (8 * (i & 3))) & 0xffu);
+      out[h].scale = float_of(head[0]);
+      out[h].offset = 0.0f;
+    }
+  }
+};
+
 // Calls fn(F{}) for the format that reads `t`; false when no format does.
 template <class Fn>
 bool with_format(dtype t, Fn&& fn) {
@@ -432,6 +569,11 @@ bool with_format(dtype t, Fn&& fn) {
     case dtype::q4_0: fn(fmt_q4_0{}); return true;
     case dtype::q4_k: fn(fmt_q4_k{}); return true;
     case dtype::q6_k: fn(fmt_q6_k{}); return true;
+    case dtype::iq4_nl: fn(fmt_iq4_nl{}); return true;
+    case dtype::iq4_xs: fn(fmt_iq4_xs{}); return true;
+    case dtype::q4_a32: fn(fmt_q4_a32{}); return true;
+    case dtype::q8_a32: fn(fmt_q8_a32{}); return true;
+    case dtype::fp8_s32: fn(fmt_fp8_s32{}); return true;
     default: return false;
   }
 }

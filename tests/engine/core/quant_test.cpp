@@ -415,6 +415,8 @@ TEST(quant, quantized_bytes_match_ggml_reference) {
       {dtype::q5_0, 0xb36cd9d59770f84eull}, {dtype::q5_1, 0x64c5904fd2ea8340ull},
       {dtype::q8_0, 0xb38ba85333a6df8full}, {dtype::q8_k, 0xc4f48020397c4ab7ull},
       {dtype::q4_k, 0x384e58a7a6f9215eull}, {dtype::q6_k, 0x04a66a33e34217b6ull},
+      {dtype::q2_k, 0xa783646a7e56c33aull}, {dtype::q3_k, 0x6ba202924d1cc5f3ull},
+      {dtype::q5_k, 0x69fae751f30cc085ull},
   };
   for (const auto& c : cases) EXPECT_EQ(fnv1a(encode(c.type, x)), c.hash) << name(c.type);
 }
@@ -524,6 +526,31 @@ double error_bound(dtype t, const std::vector<float>& x, std::size_t i) {
       const auto sup = stats_of(block(256), 256);
       return sub.span() / 15 + sup.span() / 63 + sup.span() * 0x1p-10 + 1008 * 0x1p-25 +
              sup.amax * 0x1p-20;
+    }
+    case dtype::q5_k: {
+      // q4_k's reasoning with 32 levels: one step span_sub/31, the coded scale and min span_super/63,
+      // f16 rounding times at most 63 * 31 + 63 = 2016.
+      const auto sub = stats_of(block(32), 32);
+      const auto sup = stats_of(block(256), 256);
+      return sub.span() / 31 + sup.span() / 63 + sup.span() * 0x1p-10 + 2016 * 0x1p-25 + sup.amax * 0x1p-20;
+    }
+    case dtype::q2_k: {
+      // Per 16-element sub-block an affine grid of 4 levels (one step span_sub/3 covers rounding and the
+      // fit's clipping); scale and min coded in 4 bits against the super-block's largest: half a code of
+      // scale times 3 levels and half a code of min, each about span_super/30, add span_super/15. f16
+      // rounding of d and dmin times at most 15 * 3 + 15 = 60.
+      const auto sub = stats_of(block(16), 16);
+      const auto sup = stats_of(block(256), 256);
+      return sub.span() / 3 + sup.span() / 15 + sup.span() * 0x1p-10 + 60 * 0x1p-25 + sup.amax * 0x1p-20;
+    }
+    case dtype::q3_k: {
+      // Per 16-element sub-block a symmetric grid of 8 levels ([-4, 3]) with step about amax_sub/4: the
+      // fit's rounding and the clipping of the short side stay within two steps, amax_sub/2. The scales
+      // coded in 6 bits against the largest (-> -32): half a code, amax_super/256, times 4 levels,
+      // doubled as for q6_k: amax_super/32. f16 rounding of d times at most 32 * 4 = 128.
+      const auto sub = stats_of(block(16), 16);
+      const auto sup = stats_of(block(256), 256);
+      return sub.amax / 2 + sup.amax / 32 + sup.amax * 0x1p-10 + 128 * 0x1p-25 + sup.amax * 0x1p-20;
     }
     case dtype::q6_k: {
       // Per 16-element sub-block a symmetric grid of 64 levels with step about amax_sub/32: rounding
@@ -684,7 +711,8 @@ INSTANTIATE_TEST_SUITE_P(formats, quant_round_trip,
                          ::testing::Values(format_case{dtype::q8_0, 0.01}, format_case{dtype::q8_k, 0.01},
                                            format_case{dtype::q4_0, 0.12}, format_case{dtype::q4_1, 0.1},
                                            format_case{dtype::q5_0, 0.06}, format_case{dtype::q5_1, 0.05},
-                                           format_case{dtype::q4_k, 0.1}, format_case{dtype::q6_k, 0.03},
+                                           format_case{dtype::q2_k, 0.35}, format_case{dtype::q3_k, 0.2}, format_case{dtype::q4_k, 0.1}, format_case{dtype::q5_k, 0.05},
+                                           format_case{dtype::q6_k, 0.03},
                                            format_case{dtype::f16, 1e-3}, format_case{dtype::bf16, 5e-3},
                                            format_case{dtype::f32, 1e-12}, format_case{dtype::iq4_nl, 0.12},
                                            format_case{dtype::iq4_xs, 0.12}, format_case{dtype::q4_a32, 0.1},
@@ -780,11 +808,11 @@ TEST(quant, rejects_rows_that_are_not_whole_blocks) {
 TEST(quant, rejects_unsupported_types) {
   std::vector<std::byte> bytes(4096);
   std::vector<float> floats(4096);
-  const auto q = quantize_row(dtype::q2_k, floats.data(), bytes.data(), 256);
+  const auto q = quantize_row(dtype::q8_1, floats.data(), bytes.data(), 256);
   ASSERT_FALSE(q.has_value());
   EXPECT_EQ(q.error().code, quant_error_code::unsupported_type);
-  EXPECT_EQ(q.error().type, dtype::q2_k);
-  EXPECT_NE(q.error().message().find("q2_k"), std::string::npos) << q.error().message();
+  EXPECT_EQ(q.error().type, dtype::q8_1);
+  EXPECT_NE(q.error().message().find("q8_1"), std::string::npos) << q.error().message();
 
   const auto d = dequantize_row(dtype::i32, bytes.data(), floats.data(), 4);
   ASSERT_FALSE(d.has_value());
@@ -798,9 +826,9 @@ TEST(quant, supported_types) {
   }
   for (dtype t : {dtype::q4_0, dtype::q4_1, dtype::q5_0, dtype::q5_1, dtype::q8_0, dtype::q8_k,
                   dtype::q4_k, dtype::q6_k, dtype::f32, dtype::f16, dtype::bf16, dtype::iq4_nl, dtype::iq4_xs,
-                  dtype::q4_a32, dtype::q8_a32, dtype::fp8_s32})
+                  dtype::q4_a32, dtype::q8_a32, dtype::fp8_s32, dtype::q5_k, dtype::q3_k, dtype::q2_k})
     EXPECT_TRUE(supports_quantize(t)) << name(t);
-  for (dtype t : {dtype::q8_1, dtype::q2_k, dtype::q3_k, dtype::q5_k, dtype::i32, dtype::boolean})
+  for (dtype t : {dtype::q8_1, dtype::i32, dtype::boolean})
     EXPECT_FALSE(supports_quantize(t)) << name(t);
 }
 

@@ -96,7 +96,7 @@ std::vector<model_case> all_cases() {
     v.push_back({"llama", t, true});
     v.push_back({"qwen2", t, true});
   }
-  for (dtype t : {dtype::q4_1, dtype::q5_0, dtype::q5_1}) v.push_back({"llama", t, true});
+  for (dtype t : {dtype::q4_1, dtype::q5_0, dtype::q5_1, dtype::q2_k, dtype::q3_k, dtype::q5_k}) v.push_back({"llama", t, true});
   v.push_back({"gemma2", dtype::q8_0, true});
   v.push_back({"phi3", dtype::q4_k, true});
   v.push_back({"qwen3", dtype::bf16, false});

@@ -44,7 +44,7 @@ struct weights {
   std::int64_t n = 0, k = 0;
   std::vector<std::byte> stored;
   std::vector<float> deq;        // dequantized, [n, k]
-  std::vector<float> min_shift;  // q4_k: the sub-block's dmin * min for each element, else 0
+  std::vector<float> min_shift;  // q4_k: the sub-block's dmin * min, q4_1 / q5_1 minus the block's m, else 0
   tensor_view view() const { return {type, shape{n, k}, stored.data()}; }
 };
 
@@ -67,10 +67,11 @@ weights make_weights(dtype t, std::int64_t n, std::int64_t k, std::mt19937& rng)
   w.deq.resize(src.size());
   EXPECT_TRUE(dequantize_row(t, w.stored.data(), w.deq.data(), n * k).has_value());
   w.min_shift.assign(src.size(), 0.0f);
-  if (t == dtype::q4_k) {
-    // ggml's block: f16 d, f16 dmin, 6-bit scales and mins in 12 bytes, 128 bytes of nibbles.
+  if (t == dtype::q4_k || t == dtype::q5_k) {
+    // ggml's block: f16 d, f16 dmin, 6-bit scales and mins in 12 bytes, (q5_k: 32 bytes of fifth bits,)
+    // 128 bytes of nibbles.
     for (std::int64_t b = 0; b < n * k / 256; ++b) {
-      const std::byte* blk = w.stored.data() + b * 144;
+      const std::byte* blk = w.stored.data() + b * (t == dtype::q4_k ? 144 : 176);
       std::uint16_t dmin_bits;
       std::memcpy(&dmin_bits, blk + 2, 2);
       const float dmin = f16_to_f32(dmin_bits);
@@ -80,6 +81,28 @@ weights make_weights(dtype t, std::int64_t n, std::int64_t k, std::mt19937& rng)
         const int m = j < 4 ? (s[j + 4] & 63) : ((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
         for (int l = 0; l < 32; ++l) w.min_shift[b * 256 + 32 * j + l] = dmin * static_cast<float>(m);
       }
+    }
+  }
+  if (t == dtype::q2_k) {
+    // ggml's block: 16 bytes of 4-bit scales (low) and mins (high), 64 bytes of codes, f16 d, f16 dmin.
+    for (std::int64_t b = 0; b < n * k / 256; ++b) {
+      const std::byte* blk = w.stored.data() + b * 84;
+      std::uint16_t dmin_bits;
+      std::memcpy(&dmin_bits, blk + 82, 2);
+      const float dmin = f16_to_f32(dmin_bits);
+      for (int j = 0; j < 16; ++j) {
+        const int m = std::to_integer<int>(blk[j]) >> 4;
+        for (int l = 0; l < 16; ++l) w.min_shift[b * 256 + 16 * j + l] = dmin * static_cast<float>(m);
+      }
+    }
+  }
+  if (t == dtype::q4_1 || t == dtype::q5_1) {
+    // Their kernels sum d*q and m as two terms: both magnitudes round (q4_k's convention, negated).
+    const std::size_t block_bytes = t == dtype::q4_1 ? 20 : 24;
+    for (std::int64_t b = 0; b < n * k / 32; ++b) {
+      std::uint16_t m_bits;
+      std::memcpy(&m_bits, w.stored.data() + b * block_bytes + 2, 2);
+      for (int l = 0; l < 32; ++l) w.min_shift[b * 32 + l] = -f16_to_f32(m_bits);
     }
   }
   return w;
@@ -106,9 +129,10 @@ std::vector<double> modeled_activations(dtype t, isa level, const float* x, std:
   std::vector<double> xm(x, x + k);
   err->assign(static_cast<std::size_t>(k), 0.0);
   int block = 0;
-  if (t == dtype::q8_0 || t == dtype::q4_0 || t == dtype::iq4_nl || t == dtype::iq4_xs || t == dtype::q4_a32 || t == dtype::q8_a32)
+  if (t == dtype::q8_0 || t == dtype::q4_0 || t == dtype::iq4_nl || t == dtype::iq4_xs || t == dtype::q4_a32 ||
+      t == dtype::q8_a32 || t == dtype::q4_1 || t == dtype::q5_0 || t == dtype::q5_1)
     block = 32;
-  if (t == dtype::q4_k || t == dtype::q6_k) block = 256;
+  if (t == dtype::q2_k || t == dtype::q3_k || t == dtype::q4_k || t == dtype::q5_k || t == dtype::q6_k) block = 256;
   if (block > 0) {
     for (std::int64_t b = 0; b < k / block; ++b) {
       float amax = 0.0f;
@@ -139,9 +163,15 @@ double chain_length(dtype t, std::int64_t k) {
     case dtype::iq4_nl:
     case dtype::iq4_xs:
     case dtype::q4_a32:
-    case dtype::q8_a32: return static_cast<double>(k / 32) + 3;
+    case dtype::q8_a32:
+    case dtype::q5_0: return static_cast<double>(k / 32) + 3;
+    case dtype::q4_1:
+    case dtype::q5_1: return static_cast<double>(k / 32) + 4;
     case dtype::fp8_s32: return static_cast<double>(k) + 3;
-    case dtype::q4_k: return static_cast<double>(k / 256) + 6;
+    case dtype::q2_k:
+    case dtype::q4_k:
+    case dtype::q5_k: return static_cast<double>(k / 256) + 6;
+    case dtype::q3_k:
     case dtype::q6_k: return static_cast<double>(k / 256) + 4;
     default: return static_cast<double>(k) + 2;
   }
@@ -207,9 +237,15 @@ std::vector<std::int64_t> ks_for(dtype t) {
     case dtype::iq4_nl:
     case dtype::q4_a32:
     case dtype::q8_a32:
+    case dtype::q4_1:
+    case dtype::q5_0:
+    case dtype::q5_1:
     case dtype::fp8_s32: return {32, 96, 288, 768};
     case dtype::iq4_xs:
+    case dtype::q2_k:
+    case dtype::q3_k:
     case dtype::q4_k:
+    case dtype::q5_k:
     case dtype::q6_k: return {256, 768};
     default: return {1, 7, 33, 96, 288, 768};
   }
@@ -251,7 +287,8 @@ TEST_P(matmul_format, matches_reference_on_every_level) {
 
 INSTANTIATE_TEST_SUITE_P(formats, matmul_format,
                          ::testing::Values(dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k,
-                                           dtype::q6_k, dtype::iq4_nl, dtype::iq4_xs, dtype::q4_a32, dtype::q8_a32, dtype::fp8_s32),
+                                           dtype::q6_k, dtype::iq4_nl, dtype::iq4_xs, dtype::q4_a32, dtype::q8_a32, dtype::fp8_s32,
+                                           dtype::q4_1, dtype::q5_0, dtype::q5_1, dtype::q5_k, dtype::q3_k, dtype::q2_k),
                          [](const auto& info) { return std::string(name(info.param)); });
 
 // The split of work over threads must not change what is computed: every pool size and level gives a
@@ -278,7 +315,7 @@ TEST(matmul, any_pool_size) {
 TEST(matmul, rows_do_not_depend_on_the_batch) {
   std::mt19937 rng(2024);
   constexpr std::int64_t n = 257, k = 768;
-  for (const dtype t : {dtype::q8_0, dtype::q4_0, dtype::f32, dtype::f16, dtype::bf16, dtype::q4_k, dtype::q6_k}) {
+  for (const dtype t : {dtype::q8_0, dtype::q4_0, dtype::f32, dtype::f16, dtype::bf16, dtype::q4_k, dtype::q6_k, dtype::q5_1, dtype::q5_k, dtype::q3_k, dtype::q2_k}) {
     const weights w = make_weights(t, n, k, rng);
     auto pm = packed_matrix::pack(w.view());
     ASSERT_TRUE(pm.has_value()) << pm.error();
@@ -402,34 +439,25 @@ TEST(matmul, pack_refuses_what_it_cannot_lay_out) {
   EXPECT_FALSE(packable(dtype::i32));
   EXPECT_FALSE(packed_matrix::pack(tensor_view(dtype::i32, shape{4, 256}, bytes.data())).has_value());
   // A block format without its own kernel must still be whole blocks per row.
-  EXPECT_FALSE(packed_matrix::pack(tensor_view(dtype::q5_k, shape{4, 128}, bytes.data())).has_value());
+  EXPECT_FALSE(packed_matrix::pack(tensor_view(dtype::q8_k, shape{4, 128}, bytes.data())).has_value());
   EXPECT_FALSE(packed_matrix::pack(tensor_view(dtype::f32, shape{2, 4, 8}, bytes.data())).has_value());
   const auto odd = packed_matrix::pack(tensor_view(dtype::q8_0, shape{4, 48}, bytes.data()));
   ASSERT_FALSE(odd.has_value());
   EXPECT_NE(odd.error().find("48"), std::string::npos);
 }
 
-// A block format without its own kernel (q5_k here) packs decoded to f16: its products are the f16
-// kernel's over the decoded weights rounded to f16.
+// A block format without its own kernel (q8_k here, an activation format no checkpoint stores as weights)
+// packs decoded to f16: its products are the f16 kernel's over the decoded weights rounded to f16.
 TEST(matmul, other_block_formats_run_decoded_to_f16) {
-  EXPECT_FALSE(packable(dtype::q5_k));
+  EXPECT_FALSE(packable(dtype::q8_k));
   constexpr std::int64_t n = 8, k = 512;
   std::mt19937 rng(11);
   std::normal_distribution<float> g(0.0f, 1.0f);
-  // q5_k has no quantizer in core: random bytes with small finite block scales (d, dmin: the first two
-  // f16 of each 176-byte block) are a valid q5_k matrix for a decode-equivalence check.
-  std::vector<std::byte> q(*storage_bytes(dtype::q5_k, n * k));
-  std::uniform_int_distribution<int> byte(0, 255);
-  for (auto& b : q) b = static_cast<std::byte>(byte(rng));
-  for (std::int64_t r = 0; r < n; ++r) {  // keep the f16 scales finite and small
-    for (std::int64_t blk = 0; blk < k / 256; ++blk) {
-      std::byte* d = q.data() + static_cast<std::size_t>(r) * (*storage_bytes(dtype::q5_k, k)) + static_cast<std::size_t>(blk) * (*storage_bytes(dtype::q5_k, 256));
-      const std::uint16_t h = f32_to_f16(0.01f), hm = f32_to_f16(0.005f);
-      std::memcpy(d, &h, 2);
-      std::memcpy(d + 2, &hm, 2);
-    }
-  }
-  auto pm = packed_matrix::pack(tensor_view(dtype::q5_k, shape{n, k}, q.data()));
+  std::vector<float> src(static_cast<std::size_t>(n * k));
+  for (auto& v : src) v = g(rng);
+  std::vector<std::byte> q(*storage_bytes(dtype::q8_k, n * k));
+  ASSERT_TRUE(quantize_row(dtype::q8_k, src.data(), q.data(), n * k).has_value());
+  auto pm = packed_matrix::pack(tensor_view(dtype::q8_k, shape{n, k}, q.data()));
   ASSERT_TRUE(pm.has_value()) << pm.error();
   EXPECT_EQ(pm->type(), dtype::f16);
   std::vector<float> x(static_cast<std::size_t>(k));
@@ -439,7 +467,7 @@ TEST(matmul, other_block_formats_run_decoded_to_f16) {
   matmul(*pm, x.data(), k, 1, y.data(), n, pool, isa::scalar);
   std::vector<float> row(static_cast<std::size_t>(k));
   for (std::int64_t r = 0; r < n; ++r) {
-    ASSERT_TRUE(dequantize_row(dtype::q5_k, q.data() + static_cast<std::size_t>(r) * (*storage_bytes(dtype::q5_k, k)), row.data(), k));
+    ASSERT_TRUE(dequantize_row(dtype::q8_k, q.data() + static_cast<std::size_t>(r) * (*storage_bytes(dtype::q8_k, k)), row.data(), k));
     double want = 0, scale = 0;
     for (std::int64_t c = 0; c < k; ++c) {
       want += static_cast<double>(f16_to_f32(f32_to_f16(row[static_cast<std::size_t>(c)]))) * x[static_cast<std::size_t>(c)];

@@ -156,7 +156,8 @@ TEST(QuantMathHalf, CodesConvertExactly) {
 
 template <class F>
 class QuantMathFormat : public ::testing::Test {};
-using formats = ::testing::Types<fmt_f32, fmt_f16, fmt_bf16, fmt_q8_0, fmt_q4_0, fmt_q4_k, fmt_q6_k>;
+using formats = ::testing::Types<fmt_f32, fmt_f16, fmt_bf16, fmt_q8_0, fmt_q4_0, fmt_q4_k, fmt_q6_k, fmt_iq4_nl, fmt_iq4_xs, fmt_q4_a32,
+                                 fmt_q8_a32, fmt_fp8_s32>;
 TYPED_TEST_SUITE(QuantMathFormat, formats);
 
 TYPED_TEST(QuantMathFormat, LayoutIsTheDtypeTable) {
@@ -211,7 +212,7 @@ TEST(QuantMathKv, ElementsAndQ8Blocks) {
 TEST(QuantMathLayout, OnlyTheKernelFormatsAreRead) {
   int supported = 0;
   for (int i = 0; i < dtype_count; ++i) supported += with_format(static_cast<dtype>(i), [](auto) {}) ? 1 : 0;
-  EXPECT_EQ(supported, 7);
+  EXPECT_EQ(supported, 12);
 }
 
 TEST(QuantMathLayout, AlignmentChoice) {

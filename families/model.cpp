@@ -85,7 +85,8 @@ std::vector<step_input> step_inputs(program p, const step_shape& s, std::int64_t
                              {graph::slot_kind::positions, per_token},
                              {graph::slot_kind::kv_write_map, per_token},
                              {graph::slot_kind::kv_read_map, {dtype::i32, {s.rows(), s.capacity()}}},
-                             {graph::slot_kind::state_rows, {dtype::i32, {s.rows()}}}};
+                             {graph::slot_kind::state_rows, {dtype::i32, {s.rows()}}},
+                             {graph::slot_kind::adapter_rows, {dtype::i32, {s.rows()}}}};
   if (p == program::draft && hidden > 0) in.push_back({graph::slot_kind::hidden_states, {dtype::f32, {n, hidden}}});
   return in;
 }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/graph/weight_roles.hpp"
+
 namespace troupe::families {
 
 enum class kv_layout_kind : std::uint8_t { contiguous, paged };
@@ -73,10 +75,20 @@ class step_shape {
 enum class program : std::uint8_t { step, encode, draft };
 std::string_view program_name(program p);
 
+// LoRA adapters served beside the base weights (docs/adapters.md): `slots` resident adapters of rank at
+// most `rank`, over the target linears. Zero slots: no adapter path is traced.
+struct lora_spec {
+  std::int64_t slots = 0;
+  std::int64_t rank = 0;
+  std::vector<graph::tensor_role> targets;
+  friend bool operator==(const lora_spec&, const lora_spec&) = default;
+};
+
 struct step_spec {
   families::program program = families::program::step;
   step_shape shape{1, 1, 1};
   std::vector<std::string> carried_inputs;  // request inputs this step binds (names from the schema)
+  lora_spec lora;                           // traced into the step program only
 };
 
 }  // namespace troupe::families

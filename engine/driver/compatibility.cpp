@@ -41,6 +41,8 @@ constexpr refused_pair compatibility_table[] = {
     {feature::recurrent_state, feature::draft_policy, "rejected draft tokens cannot be rolled back out of recurrent state"},
     {feature::recurrent_state, feature::beam_search, "a beam fork would have to copy and reorder its recurrent state rows"},
     {feature::adapter, feature::placement, "adapters are loaded per executable, not split across a placement"},
+    {feature::adapter, feature::beam_search, "beams fork rows of one adapter slot; not offered together yet"},
+    {feature::adapter, feature::recurrent_state, "adapters target attention and feed-forward linears; recurrent models are not offered with them yet"},
     {feature::resume, feature::placement, "a saved sequence is tied to the executable that computed it"},
 };
 
@@ -62,6 +64,7 @@ bool implemented(feature f) {
     case feature::draft_policy:
     case feature::beam_search:
     case feature::recurrent_state:
+    case feature::adapter:
       return true;
     default:
       return false;

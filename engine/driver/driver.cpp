@@ -26,6 +26,9 @@ std::string_view name(driver_error_code c) {
     case driver_error_code::program_not_offered: return "program_not_offered";
     case driver_error_code::step_failed: return "step_failed";
     case driver_error_code::unbound_slot: return "unbound_slot";
+    case driver_error_code::unknown_adapter: return "unknown_adapter";
+    case driver_error_code::bad_adapter: return "bad_adapter";
+    case driver_error_code::adapter_busy: return "adapter_busy";
   }
   return "unknown";
 }
@@ -121,6 +124,8 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
     return unexpected(driver_error{driver_error_code::incompatible, "the request's features do not compose", std::nullopt, *c});
   for (auto f : active)
     if (!implemented(f)) return refuse(driver_error_code::unsupported_feature, std::string(name(f)) + " is not offered by this driver");
+  if (!req.adapter.empty() && !st.adapters.contains(req.adapter))
+    return refuse(driver_error_code::unknown_adapter, "adapter '" + req.adapter + "' is not loaded in this driver");
   if (req.beams < 1) return refuse(driver_error_code::bad_request, "beams must be at least 1");
   if (req.beams > 1) {
     const auto& sp = req.sampling;

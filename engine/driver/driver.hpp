@@ -22,6 +22,7 @@
 // (engine/exec/sampling.hpp); draws are keyed by (seed, index of the token in its sequence), so a
 // sequence samples the same tokens alone or in any batch.
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -115,6 +116,9 @@ enum class driver_error_code : std::uint8_t {
   program_not_offered,  // the model offers no such program (encode)
   step_failed,          // the executor refused or failed a step
   unbound_slot,         // a traced entry has a slot no driver input binds (prepare)
+  unknown_adapter,      // a request or unload names an adapter the driver has not loaded
+  bad_adapter,          // an adapter the driver cannot serve (unreadable, another model's shapes, rank past max_rank)
+  adapter_busy,         // unloading an adapter that sequences still use
 };
 std::string_view name(driver_error_code c);
 
@@ -180,6 +184,29 @@ struct speculation_options {
   exec::executor* draft_executor = nullptr;                    // model: its executor (null: the target's)
 };
 
+// LoRA adapters (docs/adapters.md): up to `slots` adapters resident at once, of rank at most
+// `max_rank`, over the `targets` linears; every step entry adds each token's B_s (A_s x) for its row's
+// slot s (the adapter_rows slot, -1 for none), so rows with different adapters and none share a step.
+// Loaded adapters past the slots wait in host memory; a request's adapter takes a free slot or the one
+// used longest ago by no running sequence. slots = 0: no adapter path is traced and adapters are refused.
+// attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down.
+std::vector<graph::tensor_role> default_adapter_targets();
+
+struct adapter_options {
+  std::int64_t slots = 0;
+  std::int64_t max_rank = 16;
+  std::vector<graph::tensor_role> targets = default_adapter_targets();
+};
+
+struct adapter_info {
+  std::string name;
+  std::string path;
+  std::int64_t rank = 0;
+  double scale = 0;
+  std::int32_t slot = -1;   // resident in this slot (-1: in host memory only)
+  std::int64_t users = 0;   // running sequences using it
+};
+
 struct driver_options {
   std::int64_t max_rows = 16;         // sequences decoding together
   std::int64_t capacity = 1024;       // positions per sequence (prompt and output)
@@ -211,6 +238,7 @@ struct driver_options {
   // decode steps run back to back on the executor (executor::step_chain), each pick fed to the next
   // step; 1: off.
   std::int64_t chain_steps = 1;
+  adapter_options adapters;
 };
 
 enum class finish_reason : std::uint8_t {
@@ -255,7 +283,7 @@ struct seq_request {
   std::int32_t beams = 1;
   float length_penalty = 1.0f;
   bool early_stopping = false;
-  std::string adapter;
+  std::string adapter;  // a LoRA adapter loaded into the driver (load_adapter), by name; empty: the base model
   bool resume = false;
   bool speculate = true;  // false: this request opts out of the driver's draft policy
 };
@@ -386,6 +414,13 @@ class driver<serving> {
   // One embedding per row: its encode hidden states pooled (mean, first token, last token) and
   // L2-normalized when `how` says so (families/pooling.hpp: what the checkpoint declares).
   result<std::vector<std::vector<float>>, driver_error> embed(std::span<const std::vector<std::int32_t>> rows, const families::pooling& how);
+
+  // LoRA adapters (adapter_options): a PEFT directory read and checked against the model under `name`
+  // (replacing nothing: a name already loaded is refused), served to requests that name it; unload is
+  // refused while a waiting or running sequence uses it.
+  result<void, driver_error> load_adapter(const std::string& name, const std::filesystem::path& dir);
+  result<void, driver_error> unload_adapter(const std::string& name);
+  std::vector<adapter_info> adapters() const;
 
   driver_counters counters() const;
   std::vector<entry_key> entries() const;

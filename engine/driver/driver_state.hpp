@@ -45,6 +45,19 @@ struct sequence {
   std::int64_t limit = -1;           // a draft model's mirror: does not grow past this many tokens (-1: no bound)
   seq_id group = 0;                  // a beam of the beam search of sequence `group` (itself for the first beam)
   std::int32_t state_row = -1;       // a recurrent model: its row of every state pool while it holds blocks
+  std::int32_t adapter_slot = -1;    // its LoRA adapter's slot while it runs (-1: none)
+};
+
+// A LoRA adapter the driver has read (adapters.cpp): per target (role, layer), A zero-padded to
+// [max_rank, K] and B scaled and zero-padded to [N, max_rank].
+struct loaded_adapter {
+  std::string path;
+  std::int64_t rank = 0;
+  double scale = 0;
+  std::map<std::pair<graph::tensor_role, std::int32_t>, std::pair<tensor, tensor>> mats;
+  std::int32_t slot = -1;
+  std::int64_t users = 0;
+  std::uint64_t last_used = 0;
 };
 
 // A beam search: its live beams (sequences; the first is the request's own), their summed
@@ -67,7 +80,7 @@ inline std::vector<std::int64_t> buckets(std::int64_t first, std::int64_t last) 
 // What a step's inputs hold, by slot kind: the driver computes these, and bind() hands every slot
 // of an entry (resolved when the entry was added) the value of its kind.
 struct step_values {
-  tensor_view token_ids, positions, token_mask, kv_read_map, kv_write_map, state_rows;
+  tensor_view token_ids, positions, token_mask, kv_read_map, kv_write_map, state_rows, adapter_rows;
   tensor_view hidden_states;  // a draft program's: the target's hidden state at each token
 };
 
@@ -77,16 +90,23 @@ struct step_values {
 struct step_maps {
   step_maps(std::int64_t rows, std::int64_t tokens, std::int64_t capacity)
       : ids(dtype::i32, {rows * tokens}), pos(dtype::i32, {rows * tokens}), write(dtype::i32, {rows * tokens}), read(dtype::i32, {rows, capacity}),
-        state(dtype::i32, {rows}) {
+        state(dtype::i32, {rows}), adapter(dtype::i32, {rows}) {
     std::fill_n(state.as<std::int32_t>(), rows, -1);
+    std::fill_n(adapter.as<std::int32_t>(), rows, -1);
     std::fill_n(ids.as<std::int32_t>(), rows * tokens, 0);
     std::fill_n(pos.as<std::int32_t>(), rows * tokens, 0);
     std::fill_n(write.as<std::int32_t>(), rows * tokens, -1);
     std::fill_n(read.as<std::int32_t>(), rows * capacity, -1);
   }
-  tensor ids, pos, write, read, state;  // state: each row's recurrent state row (-1: none)
+  tensor ids, pos, write, read, state, adapter;  // state: each row's recurrent state row; adapter: its LoRA slot (-1: none)
+  // Row r serves sequence s: its recurrent state row and adapter slot.
+  void row_of(std::int64_t r, const sequence& s) {
+    state.as<std::int32_t>()[r] = s.state_row;
+    adapter.as<std::int32_t>()[r] = s.adapter_slot;
+  }
   step_values values() const {
-    return {.token_ids = ids.view(), .positions = pos.view(), .kv_read_map = read.view(), .kv_write_map = write.view(), .state_rows = state.view()};
+    return {.token_ids = ids.view(), .positions = pos.view(), .kv_read_map = read.view(), .kv_write_map = write.view(), .state_rows = state.view(),
+            .adapter_rows = adapter.view()};
   }
 };
 
@@ -140,6 +160,17 @@ struct driver_state {
   // pool, max_rows of them; the prefix cache is off (the table's recurrent_state x prefix_cache).
   bool recurrent = false;
   std::vector<std::int32_t> free_state_rows;
+  // LoRA adapters (adapters.cpp): loaded by name, slot_owner[s] the one resident in slot s.
+  std::map<std::string, loaded_adapter> adapters;
+  std::vector<std::string> slot_owner;
+  std::uint64_t adapter_clock = 0;
+  families::lora_spec lora_spec() const;
+  result<void, driver_error> make_adapter_pools();
+  // Makes s's adapter resident (a free slot, or the least recently used idle one); false: every slot
+  // is used by a running sequence (s waits).
+  result<bool, driver_error> acquire_adapter(sequence& s);
+  void release_adapter(sequence& s);
+  std::uint64_t root_of(const sequence& s) const;  // the prefix cache's root hash: per adapter
   std::int64_t state_pool_rows() const { return recurrent ? options.max_rows : 0; }
   // The model's draft program (MTP) over `rows` x `tokens`, its KV in the target's blocks.
   entry_key draft_key(std::int64_t rows, std::int64_t tokens) const {

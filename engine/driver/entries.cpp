@@ -49,8 +49,18 @@ result<void, driver_error> driver_state::validate() {
     // The table refuses the prefix cache with recurrent state: it is off for this model, not an error.
     options.prefix_cache = false;
   }
+  const auto& ad = o.adapters;
+  if (ad.slots < 0 || ad.slots > 64) return bad("adapters.slots must lie in [0, 64]");
+  if (ad.slots > 0) {
+    if (ad.max_rank < 1 || ad.max_rank > 256) return bad("adapters.max_rank must lie in [1, 256]");
+    if (ad.targets.empty()) return bad("adapters.targets names no linear");
+    for (auto t : ad.targets)
+      if (!graph::lora_pools_of(t)) return bad("adapters.targets: " + std::string(graph::role_name(t)) + " is not a linear an adapter may target");
+  }
   std::vector<feature> active;
   if (recurrent) active.push_back(feature::recurrent_state);
+  if (ad.slots > 0) active.push_back(feature::adapter);
+  if (!o.other_ranks.empty()) active.push_back(feature::placement);
   if (sp.kind != draft_kind::none) active.push_back(feature::draft_policy);
   if (o.paged) active.push_back(feature::paged_pool);
   if (o.prefix_cache) active.push_back(feature::prefix_cache);
@@ -80,6 +90,7 @@ result<void, driver_error> driver_state::add(const entry_key& k) {
   spec.program = k.program;
   spec.shape = k.shape;
   spec.carried_inputs = k.carried;
+  if (k.program == families::program::step) spec.lora = lora_spec();
   auto g = handle->model().trace(spec, options.limits);
   if (!g) return unexpected(driver_error{driver_error_code::prepare_failed, "trace of " + k.str() + ": " + g.error().message()});
   // Every slot resolved now: one the driver computes, or a refusal naming it before anything is compiled.
@@ -96,6 +107,9 @@ result<void, driver_error> driver_state::add(const entry_key& k) {
         [[fallthrough]];
       case graph::slot_kind::state_rows:
         if (recurrent) break;  // each sequence's row of the state pools
+        [[fallthrough]];
+      case graph::slot_kind::adapter_rows:
+        if (options.adapters.slots > 0) break;  // each row's adapter slot
         [[fallthrough]];
       case graph::slot_kind::seq_lens:
       case graph::slot_kind::request_input:
@@ -147,6 +161,7 @@ exec::step_inputs driver_state::bind(const entry_key& k, const step_values& v) c
       case graph::slot_kind::kv_write_map: in.slots[s.name] = v.kv_write_map; break;
       case graph::slot_kind::hidden_states: in.slots[s.name] = v.hidden_states; break;
       case graph::slot_kind::state_rows: in.slots[s.name] = v.state_rows; break;
+      case graph::slot_kind::adapter_rows: in.slots[s.name] = v.adapter_rows; break;
       default: break;  // refused when the entry was added
     }
   }
@@ -229,6 +244,7 @@ result<void, driver_error> driver_state::prepare() {
   if (options.connect)
     if (auto c = options.connect(); !c) return unexpected(driver_error{driver_error_code::prepare_failed, "joining the replica's ranks: " + c.error()});
   weights = std::make_unique<weight_map_source>(handle->model().weights());
+  if (auto p = make_adapter_pools(); !p) return p;
   auto exe_or = ex->load(*weights);
   if (!exe_or) return unexpected(driver_error{driver_error_code::prepare_failed, "load: " + exe_or.error().message()});
   exe = *exe_or;

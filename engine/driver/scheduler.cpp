@@ -20,6 +20,7 @@ struct timed {
 // ---- sequences --------------------------------------------------------------------------------------
 
 void driver_state::free_blocks(sequence& s) {
+  release_adapter(s);  // a readmission takes a slot again
   if (s.state_row >= 0) {  // its recurrent state goes with its blocks: a readmission recomputes it from position 0
     free_state_rows.push_back(s.state_row);
     s.state_row = -1;
@@ -73,7 +74,7 @@ result<void, driver_error> driver_state::admit(sequence& s) {
   // to compute (its logits give the next pick).
   const std::int64_t bs = block_size;
   const std::int64_t full = (static_cast<std::int64_t>(s.tokens.size()) - 1) / bs;
-  std::uint64_t parent = root_hash;
+  std::uint64_t parent = root_of(s);
   for (std::int64_t b = 0; b < full; ++b) {
     const std::span<const std::int32_t> toks(s.tokens.data() + b * bs, static_cast<std::size_t>(bs));
     const auto h = chain_hash(parent, toks);
@@ -122,7 +123,7 @@ void driver_state::publish_full_blocks(sequence& s) {
   while (static_cast<std::int64_t>(s.chain.size()) < s.computed / bs) {
     const auto b = static_cast<std::int64_t>(s.chain.size());
     const std::span<const std::int32_t> toks(s.tokens.data() + b * bs, static_cast<std::size_t>(bs));
-    const auto parent = b == 0 ? root_hash : s.chain.back();
+    const auto parent = b == 0 ? root_of(s) : s.chain.back();
     const auto h = chain_hash(parent, toks);
     const auto blk = s.blocks[static_cast<std::size_t>(b)];
     if (!pool->published(blk)) (void)pool->publish(blk, h, parent, toks);
@@ -201,7 +202,7 @@ result<void, driver_error> driver_state::run_decode(std::vector<sequence*>& rows
     idp[r] = s.tokens[static_cast<std::size_t>(p)];
     pp[r] = static_cast<std::int32_t>(p);
     wp[r] = slot_of(s, p);
-    m.state.as<std::int32_t>()[r] = s.state_row;
+    m.row_of(r, s);
     for (std::int64_t j = 0; j <= p; ++j) rp[r * C + j] = slot_of(s, j);
     heads.push_back({s.id, s.req.sampling, static_cast<std::uint64_t>(s.generated), s.req.head == head_kind::logits});
   }
@@ -281,7 +282,7 @@ result<bool, driver_error> driver_state::run_chain(std::vector<sequence*>& rows,
     m.ids.as<std::int32_t>()[r] = s.tokens[static_cast<std::size_t>(p)];
     m.pos.as<std::int32_t>()[r] = static_cast<std::int32_t>(p);
     m.write.as<std::int32_t>()[r] = slot_of(s, p);
-    m.state.as<std::int32_t>()[r] = s.state_row;
+    m.row_of(r, s);
     // Every slot the chain writes is in the read map from the start; the causal mask hides the later ones.
     for (std::int64_t j = 0; j < p + n; ++j) m.read.as<std::int32_t>()[r * C + j] = slot_of(s, j);
     for (std::int64_t i = 0; i < n; ++i) {
@@ -392,7 +393,7 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
       wp[r * T + t] = real ? slot_of(s, p + t) : -1;
     }
     for (std::int64_t j = 0; j <= p + k; ++j) rp[r * C + j] = slot_of(s, j);
-    maps.state.as<std::int32_t>()[r] = s.state_row;
+    maps.row_of(r, s);
   }
   const auto in = bind(key, maps.values());
   std::optional<others_run> others;
@@ -484,7 +485,7 @@ result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n
   }
   const std::int64_t end = s.computed + n;
   for (std::int64_t j = 0; j < end; ++j) m.read.as<std::int32_t>()[j] = slot_of(s, j);
-  m.state.as<std::int32_t>()[0] = s.state_row;
+  m.row_of(0, s);
   const auto in = bind(key, m.values());
   ++report.executor_steps;
   result<std::vector<exec::sampled_row>, exec::exec_error> picks = std::vector<exec::sampled_row>{};
@@ -541,6 +542,10 @@ result<step_report, driver_error> driver_state::round() {
     if (s.req.beams > 1 && static_cast<std::int64_t>(running.size()) + reserved_rows() + s.req.beams > options.max_rows) break;
     const auto need = (static_cast<std::int64_t>(s.tokens.size()) + block_size) / block_size;
     if (!running.empty() && pool->available() < need) break;
+    // Its adapter resident first: with every slot held by running sequences it waits for one.
+    auto ready = acquire_adapter(s);
+    if (!ready) return unexpected(ready.error());
+    if (!*ready) break;
     waiting.pop_front();
     if (auto a = admit(s); !a) return unexpected(a.error());
     if (auto g = groups.find(s.id); g != groups.end()) g->second.reserved = s.req.beams - 1;

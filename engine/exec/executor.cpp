@@ -94,6 +94,10 @@ result<void, exec_error> executor::copy_state_rows(executable_id, std::span<cons
   return unexpected(exec_error{exec_error_code::unsupported, "copy_state_rows", "this executor does not copy state rows"});
 }
 
+result<void, exec_error> executor::reload_expert(executable_id, const graph::weight_role& role, std::int64_t) {
+  return unexpected(exec_error{exec_error_code::unsupported, "weight " + role.str(), "this executor does not reload weights"});
+}
+
 result<std::vector<sampled_row>, exec_error> executor::step_sample(entry_id entry, const step_inputs& in,
                                                                    std::span<const sample_row_request> rows, const mask_hook& masks,
                                                                    step_outputs* rest) {

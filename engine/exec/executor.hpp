@@ -129,6 +129,12 @@ class executor {
   // anything is copied. The base executor has no states to copy and answers unsupported.
   virtual result<void, exec_error> copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows);
 
+  // Reads expert `index` of the stacked weight `role` (a linear_id weight [E, N, K]) again from the
+  // executable's weight source, whose bytes for it changed (a LoRA adapter loaded into a slot of the
+  // driver's pools). Nothing to do when no entry has read the weight yet. The base executor answers
+  // unsupported.
+  virtual result<void, exec_error> reload_expert(executable_id exe, const graph::weight_role& role, std::int64_t index);
+
   // Head::Sample: the step's `logits` rows (one per row of the shape, the last token of each) are
   // sampled where they were computed; rows[i] is row i, rows past rows.size() are padding. The picks
   // are recorded into each row's sequence history. The base class runs the host rules of

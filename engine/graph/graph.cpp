@@ -18,6 +18,7 @@ std::string_view slot_kind_name(slot_kind k) {
     case slot_kind::seq_lens: return "seq_lens";
     case slot_kind::hidden_states: return "hidden_states";
     case slot_kind::request_input: return "request_input";
+    case slot_kind::adapter_rows: return "adapter_rows";
   }
   return "unknown";
 }
@@ -121,7 +122,7 @@ result<void, verify_error> verify(const graph& g) {
   std::set<std::string> names;
   for (const auto& s : g.slots()) {
     const std::string where = "slot " + s.slot.name;
-    if (static_cast<int>(s.slot.kind) > static_cast<int>(slot_kind::request_input)) return bad(where, "unknown slot kind");
+    if (static_cast<int>(s.slot.kind) > static_cast<int>(slot_kind::adapter_rows)) return bad(where, "unknown slot kind");
     if (s.slot.name.empty()) return bad(where, "unnamed slot");
     if (!names.insert(s.slot.name).second) return bad(where, "slot declared twice");
     if (auto r = define(s.value, value_kind::slot, where); !r) return r;

@@ -31,6 +31,7 @@ enum class value_kind : std::uint8_t { slot, weight, literal, state_in, computed
 // over by the driver from the target's step).
 enum class slot_kind : std::uint8_t {
   token_ids, positions, token_mask, kv_read_map, kv_write_map, state_rows, seq_lens, hidden_states, request_input,
+  adapter_rows,  // i32 [rows]: each row's LoRA adapter slot (-1: none), a driver-pass input
 };
 std::string_view slot_kind_name(slot_kind k);
 

@@ -48,4 +48,18 @@ bool is_expert_stack(tensor_role r) {
   }
 }
 
+std::optional<lora_pools> lora_pools_of(tensor_role target) {
+  using enum tensor_role;
+  switch (target) {
+    case attn_q: return lora_pools{attn_q_lora_a, attn_q_lora_b};
+    case attn_k: return lora_pools{attn_k_lora_a, attn_k_lora_b};
+    case attn_v: return lora_pools{attn_v_lora_a, attn_v_lora_b};
+    case attn_output: return lora_pools{attn_output_lora_a, attn_output_lora_b};
+    case ffn_gate: return lora_pools{ffn_gate_lora_a, ffn_gate_lora_b};
+    case ffn_up: return lora_pools{ffn_up_lora_a, ffn_up_lora_b};
+    case ffn_down: return lora_pools{ffn_down_lora_a, ffn_down_lora_b};
+    default: return std::nullopt;
+  }
+}
+
 }  // namespace troupe::graph

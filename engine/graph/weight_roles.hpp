@@ -34,7 +34,12 @@ namespace troupe::graph {
   /* Mamba2 (GGUF blk.N.ssm_a and ssm_d carry no .weight suffix; ssm_a_log is HF's A_log) */              \
   X(ssm_in) X(ssm_conv1d) X(ssm_conv1d_bias) X(ssm_dt_bias) X(ssm_a) X(ssm_a_log) X(ssm_d) X(ssm_norm) X(ssm_out) \
   /* Gated DeltaNet (Qwen3-Next): the output gate's projection (z) and the fused beta/alpha projection */ \
-  X(attn_gate) X(ssm_ba)
+  X(attn_gate) X(ssm_ba)                                                                                   \
+  /* LoRA adapter pools of the targets (the driver's, not the checkpoint's): A [slots, rank, K] and      \
+     B [slots, N, rank] per target linear, slot s holding a resident adapter's matrices (zero-padded) */  \
+  X(attn_q_lora_a) X(attn_q_lora_b) X(attn_k_lora_a) X(attn_k_lora_b) X(attn_v_lora_a) X(attn_v_lora_b)     \
+  X(attn_output_lora_a) X(attn_output_lora_b) X(ffn_gate_lora_a) X(ffn_gate_lora_b) X(ffn_up_lora_a)        \
+  X(ffn_up_lora_b) X(ffn_down_lora_a) X(ffn_down_lora_b)
 
 enum class tensor_role : std::uint8_t {
   none,  // no role: a weight binding without one is refused by the builder and by validate
@@ -51,5 +56,11 @@ std::optional<tensor_role> role_from_name(std::string_view name);
 tensor_role bias_of(tensor_role r);
 // Routed-expert tensors: [experts, ...] stacks that expert parallelism splits by expert.
 bool is_expert_stack(tensor_role r);
+// The LoRA pools (A, B) of a linear an adapter may target (attn_q, attn_k, attn_v, attn_output,
+// ffn_gate, ffn_up, ffn_down), or nullopt.
+struct lora_pools {
+  tensor_role a, b;
+};
+std::optional<lora_pools> lora_pools_of(tensor_role target);
 
 }  // namespace troupe::graph

@@ -23,6 +23,8 @@ std::string_view name(load_error_code code) {
     case load_error_code::wrong_type: return "wrong_type";
     case load_error_code::unsupported_quantization: return "unsupported_quantization";
     case load_error_code::bad_quantization: return "bad_quantization";
+    case load_error_code::unsupported_adapter: return "unsupported_adapter";
+    case load_error_code::bad_adapter: return "bad_adapter";
   }
   return "unknown";
 }

@@ -27,6 +27,8 @@ enum class load_error_code {
   wrong_type,           // a config key whose value has another type than asked for
   unsupported_quantization,  // a quantized checkpoint in a form troupe does not implement (the field named)
   bad_quantization,          // a quantized linear's stored tensors that disagree with each other or the config
+  unsupported_adapter,       // a LoRA adapter in a form troupe does not implement (the field named)
+  bad_adapter,               // a LoRA adapter whose tensors disagree with each other or with its config
 };
 
 std::string_view name(load_error_code code);

@@ -40,7 +40,36 @@ graph::value_id trace_context::linear(graph::value_id x, role r, std::int32_t la
     const auto t = b.transpose(b.reshape(x, {M, K}), {1, 0});
     x = b.reshape(b.transpose(b.gather_rows(t, ids), {1, 0}), dims);
   }
-  return b.linear(x, w);
+  const auto y = b.linear(x, w);
+  const auto& l = spec.lora;
+  if (l.slots > 0 && layer >= 0 && spec.program == program::step && std::ranges::find(l.targets, r) != l.targets.end())
+    return b.add(y, lora(x, r, layer, e->view.shape()[0]));
+  return y;
+}
+
+graph::value_id trace_context::lora(graph::value_id x, role r, std::int32_t layer, std::int64_t n) {
+  const auto pools = graph::lora_pools_of(r);
+  if (!pools) {
+    b.fail(graph::bad_declaration{"no LoRA pools for role " + std::string(graph::role_name(r))});
+    return {};
+  }
+  const auto dims = b.type_of(x).dims;
+  const std::int64_t K = dims.back(), T = dims.numel() / std::max<std::int64_t>(K, 1);
+  const std::int64_t S = spec.lora.slots, R = spec.lora.rank;
+  if (!adapter_ids_.valid()) {
+    // Each row's slot for each of its tokens: [rows] -> [rows, tokens] -> [tokens, 1].
+    const auto rows = adapter_rows();
+    const std::int64_t rn = shape().rows(), tn = shape().tokens();
+    adapter_ids_ = b.reshape(b.broadcast(b.reshape(rows, {rn, 1}), {rn, tn}), {rn * tn, 1});
+  }
+  const auto a = b.weight({pools->a, layer}, {dtype::f32, {S, R, K}});
+  const auto bw = b.weight({pools->b, layer}, {dtype::f32, {S, n, R}});
+  const auto h = b.linear_id(b.reshape(x, {T, K}), a, adapter_ids_);  // [T, 1, R]
+  const auto d = b.linear_id(h, bw, adapter_ids_);                     // [T, 1, n]
+  std::vector<std::int64_t> out(static_cast<std::size_t>(dims.rank()));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = dims[static_cast<std::int64_t>(i)];
+  out.back() = n;
+  return b.reshape(d, troupe::shape(std::span<const std::int64_t>(out)));
 }
 
 graph::value_id trace_context::vector_f32(role r, std::int32_t layer) {
@@ -68,6 +97,7 @@ graph::value_id trace_context::write_map() { return declare(b, write_map_, graph
 graph::value_id trace_context::read_map() { return declare(b, read_map_, graph::slot_kind::kv_read_map, spec); }
 graph::value_id trace_context::token_mask() { return declare(b, token_mask_, graph::slot_kind::token_mask, spec); }
 graph::value_id trace_context::state_rows() { return declare(b, state_rows_, graph::slot_kind::state_rows, spec); }
+graph::value_id trace_context::adapter_rows() { return declare(b, adapter_rows_, graph::slot_kind::adapter_rows, spec); }
 graph::value_id trace_context::hidden_states(std::int64_t hidden) {
   return declare(b, hidden_states_, graph::slot_kind::hidden_states, spec, hidden);
 }

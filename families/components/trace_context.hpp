@@ -26,7 +26,9 @@ class trace_context {
   // The role's weight as stored (any dtype, for linear and gather_rows); a missing role fails the trace.
   graph::value_id weight(role r, std::int32_t layer = -1);
   // x [.., K] through the role's [N, K] weight (graph::op::linear). An act-order weight (GPTQ desc_act,
-  // weight_entry::input_perm) takes x's columns in its stored order first.
+  // weight_entry::input_perm) takes x's columns in its stored order first. With LoRA slots in the spec
+  // and the role among its targets, each token adds B_s (A_s x) of its row's adapter slot s
+  // (graph::op::linear_id over the role's pools; a row without an adapter adds nothing).
   graph::value_id linear(graph::value_id x, role r, std::int32_t layer = -1);
   // A vector weight (norm scale, bias) as f32, with a stored `minus_one` undone.
   graph::value_id vector_f32(role r, std::int32_t layer = -1);
@@ -38,12 +40,15 @@ class trace_context {
   graph::value_id read_map();
   graph::value_id token_mask();
   graph::value_id state_rows();
+  graph::value_id adapter_rows();
   // The draft program's hidden_states f32 [tokens, hidden].
   graph::value_id hidden_states(std::int64_t hidden);
 
  private:
   const weight_map& weights_;
-  graph::value_id token_ids_, positions_, write_map_, read_map_, token_mask_, hidden_states_, state_rows_;
+  graph::value_id token_ids_, positions_, write_map_, read_map_, token_mask_, hidden_states_, state_rows_, adapter_rows_;
+  graph::value_id adapter_ids_;  // adapter_rows per token, [tokens, 1]
+  graph::value_id lora(graph::value_id x, role r, std::int32_t layer, std::int64_t n);
 };
 
 }  // namespace troupe::families

@@ -91,6 +91,24 @@ result<void, exec_error> cpu_executor::copy_state_rows(executable_id exe, std::s
   return {};
 }
 
+result<void, exec_error> cpu_executor::reload_expert(executable_id exe, const graph::weight_role& role, std::int64_t index) {
+  if (exe.value >= impl_->exes.size()) return unexpected(exec_error{exec_error_code::unknown_id, "executable", "not loaded here"});
+  auto& ex = *impl_->exes[exe.value];
+  const std::lock_guard lock(impl_->structure);
+  const auto it = ex.experts.find(role.str());
+  if (it == ex.experts.end()) return {};  // packed from the source when an entry first reads it
+  const auto full = ex.weights->find(role);
+  const std::int64_t E = static_cast<std::int64_t>(it->second.size());
+  if (!full || full->shape().rank() != 3 || full->shape()[0] != E || index < 0 || index >= E)
+    return unexpected(exec_error{exec_error_code::bad_binding, "weight " + role.str(), "expert " + std::to_string(index) + " is not in the source's stack"});
+  const std::int64_t N = full->shape()[1], K = full->shape()[2];
+  const auto per = *storage_bytes(full->type(), static_cast<std::uint64_t>(N * K));
+  auto pk = packed_matrix::pack(tensor_view(full->type(), troupe::shape{N, K}, full->data() + static_cast<std::size_t>(index) * per));
+  if (!pk) return unexpected(exec_error{exec_error_code::unsupported, "weight " + role.str(), pk.error()});
+  it->second[static_cast<std::size_t>(index)] = std::move(*pk);
+  return {};
+}
+
 result<tensor, exec_error> cpu_executor::read_state(executable_id exe, const std::string& name) const {
   if (exe.value >= impl_->exes.size()) return unexpected(exec_error{exec_error_code::unknown_id, "executable", "not loaded here"});
   const auto& st = impl_->exes[exe.value]->states;

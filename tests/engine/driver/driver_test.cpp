@@ -505,7 +505,7 @@ TEST(driver, admission_refusals_are_typed_and_take_nothing) {
   EXPECT_EQ(code(logits), driver_error_code::no_head);
   auto adapter = request(prompt(4, 1), 4);
   adapter.adapter = "sql-lora";
-  EXPECT_EQ(code(adapter), driver_error_code::unsupported_feature);
+  EXPECT_EQ(code(adapter), driver_error_code::unknown_adapter);  // this driver loaded no adapter
   auto beams = request(prompt(4, 1), 4, 0.7f);
   beams.beams = 4;
   EXPECT_EQ(code(beams), driver_error_code::bad_request);  // beams rank by log-probability: temperature 0
@@ -587,7 +587,8 @@ TEST(driver, the_compatibility_table_is_the_one_place_pairs_are_refused) {
   EXPECT_FALSE(c->reason.empty());
   EXPECT_TRUE(implemented(feature::paged_pool));
   EXPECT_TRUE(implemented(feature::beam_search));
-  EXPECT_FALSE(implemented(feature::adapter));
+  EXPECT_TRUE(implemented(feature::adapter));
+  EXPECT_FALSE(implemented(feature::resume));
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "engine/exec/cuda/cuda_executor.hpp"
 #include "engine/exec/sampling.hpp"
+#include "engine/load/peft.hpp"
 #include "families/fixtures/fixture.hpp"
 #include "families/model_handle.hpp"
 
@@ -225,6 +226,16 @@ int run_generate(const generate_options& o) {
     opt.token_budget = opt.prefill_chunk + 1;
     opt.prefix_cache = false;
     opt.chain_steps = o.chain;
+    if (!o.adapter.empty()) {
+      // One slot of the adapter's own rank (the pools hold max_rank columns per target linear).
+      auto a = load::read_peft_adapter(o.adapter);
+      if (!a) {
+        std::fprintf(stderr, "troupe generate: --adapter: %s\n", a.error().message().c_str());
+        return 2;
+      }
+      opt.adapters.slots = 1;
+      opt.adapters.max_rank = a->rank;
+    }
     if (o.speculation.any()) {
       auto sp = speculation_of(o.speculation);
       if (!sp) {
@@ -242,6 +253,13 @@ int run_generate(const generate_options& o) {
       return 1;
     }
     driver::seq_request req;
+    if (!o.adapter.empty()) {
+      if (auto a = prepared->load_adapter("adapter", o.adapter); !a) {
+        std::fprintf(stderr, "troupe generate: %s\n", a.error().message().c_str());
+        return 2;
+      }
+      req.adapter = "adapter";
+    }
     req.prompt = prompt_ids;
     req.max_tokens = o.max_tokens;
     req.sampling.temperature = static_cast<float>(o.temperature);
@@ -365,6 +383,19 @@ int run_generate(const generate_options& o) {
 }
 
 int run_fixture(const fixture_options& o) {
+  if (!o.lora_over.empty()) {
+    families::lora_fixture l;
+    l.rank = o.lora_rank;
+    l.alpha = 2.0 * static_cast<double>(o.lora_rank);
+    l.seed = o.seed;
+    auto r = o.merged_with.empty() ? families::write_lora_adapter(o.lora_over, l, o.out) : families::write_lora_merged(o.lora_over, o.merged_with, o.out);
+    if (!r) {
+      std::fprintf(stderr, "troupe %s\n", r.error().message().c_str());
+      return 2;
+    }
+    std::printf("%s\n", o.out.c_str());
+    return 0;
+  }
   families::fixture_dims d;
   std::int64_t* fields[] = {&d.vocab, &d.hidden, &d.ffn, &d.layers, &d.heads, &d.kv_heads, &d.head_dim, &d.max_positions};
   if (o.dims.size() > std::size(fields)) {

@@ -39,6 +39,7 @@ struct generate_options {
   double length_penalty = 1.0;
   bool early_stopping = false;
   std::int64_t chain = 1;          // the driver path: chained decode, up to this many steps per executor call
+  std::string adapter;             // the driver path (cpu): a PEFT LoRA adapter directory applied to the request
 };
 int run_generate(const generate_options& opt);
 
@@ -53,6 +54,10 @@ struct fixture_options {
   bool mtp = false;  // deepseek_v3: a multi-token-prediction layer
   std::vector<std::int64_t> experts;  // routed families: experts, experts per token, expert width, shared width (any prefix)
   std::vector<std::int64_t> ssm;      // recurrent families: state size, groups, conv kernel, expansion (any prefix)
+  std::string lora_over;              // write a PEFT LoRA adapter over this HF checkpoint to --out instead
+  std::int64_t lora_rank = 4;
+  std::uint64_t seed = 1;
+  std::string merged_with;            // write --lora-over's checkpoint with this adapter merged to --out instead
 };
 int run_fixture(const fixture_options& opt);
 

@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
   g->add_flag("--early-stopping", gen.early_stopping, "beam search: end once --beams hypotheses are in");
   g->add_option("--chain", gen.chain, "chained decode: up to K decode steps per executor call when nothing needs the host between tokens")
       ->check(CLI::Range(1, 1024));
+  g->add_option("--adapter", gen.adapter, "a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) applied to the request");
   g->add_option("--backend", gen.backend, "cpu, oracle or cuda");
   g->add_option("--device", gen.device, "--backend cuda: the GPU to run on")->check(CLI::Range(0, 1024));
   g->add_option("--threads", gen.threads);
@@ -165,6 +166,10 @@ int main(int argc, char** argv) {
                  "recurrent families: state size, B/C groups, conv kernel, expansion (any prefix; qwen3_next: head width, key heads, "
                  "kernel, value heads per key head)")
       ->delimiter(',');
+  fx->add_option("--lora-over", fix.lora_over, "write a PEFT LoRA adapter over this Hugging Face checkpoint to --out (every q/k/v/o and gate/up/down linear)");
+  fx->add_option("--lora-rank", fix.lora_rank, "--lora-over: the adapter's rank")->check(CLI::Range(1, 256));
+  fx->add_option("--seed", fix.seed, "--lora-over: the adapter's seed");
+  fx->add_option("--merged-with", fix.merged_with, "with --lora-over BASE: write BASE with this adapter merged into its weights to --out");
   fx->callback([&] { rc = troupe::app::run_fixture(fix); });
 
   troupe::app::bench_options bench;

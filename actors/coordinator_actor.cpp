@@ -68,6 +68,33 @@ const deployment_rec* deployment_for(const state& st, const std::string& model, 
   return nullptr;
 }
 
+// A deployment's LoRA adapter by name (load_request::adapters holds "name=path").
+bool serves_adapter(const deployment_rec& d, std::string_view name) {
+  for (const auto& a : d.spec.load.adapters)
+    if (std::string_view(a).substr(0, a.find('=')) == name) return true;
+  return false;
+}
+
+// A job whose model names an adapter rather than a deployment ("served:adapter", or the adapter's own
+// name, as vLLM lists its LoRA modules as models) is for the deployment that loaded it, with the adapter.
+void resolve_adapter(const state& st, transport::job_submit& j) {
+  if (!j.adapter.empty() || st.deployments.contains(j.model)) return;
+  if (const auto colon = j.model.rfind(':'); colon != std::string::npos) {
+    const auto it = st.deployments.find(j.model.substr(0, colon));
+    if (it != st.deployments.end() && serves_adapter(it->second, std::string_view(j.model).substr(colon + 1))) {
+      j.adapter = j.model.substr(colon + 1);
+      j.model = it->first;
+      return;
+    }
+  }
+  for (const auto& [name, d] : st.deployments)
+    if (serves_adapter(d, j.model)) {
+      j.adapter = j.model;
+      j.model = name;
+      return;
+    }
+}
+
 // Admission and routing: (job id, "", model) or (0, error bytes, "").
 caf::result<std::uint64_t, std::string, std::string> route(actor_t* self, const std::string& bytes, const caf::actor& client) {
   auto& st = self->state;
@@ -82,6 +109,7 @@ caf::result<std::uint64_t, std::string, std::string> route(actor_t* self, const 
   if (static_cast<std::int64_t>(st.jobs.size()) >= st.max_outstanding)
     return refuse(transport::error_code::overloaded, "the cluster holds " + std::to_string(st.jobs.size()) + " jobs, its bound", transport::retry::overloaded);
   std::string why;
+  resolve_adapter(st, *j);
   const auto* dep = deployment_for(st, j->model, why);
   if (!dep) return refuse(transport::error_code::unknown_model, why, transport::retry::failed);
   const auto& model = dep->spec.model;

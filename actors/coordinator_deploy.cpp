@@ -632,6 +632,7 @@ transport::cluster_status status_of(const state& st) {
     const auto o = replica_options(d.spec.load, d.resolved.max_positions);
     ds.capacity = o.capacity;
     ds.kv_tokens = o.pool_blocks > 0 ? o.pool_blocks * o.block_size : o.max_rows * o.capacity;
+    for (const auto& a : d.spec.load.adapters) ds.adapters.push_back(a.substr(0, a.find('=')));
     s.deployments.push_back(std::move(ds));
   }
   s.jobs = static_cast<std::int64_t>(st.jobs.size());

@@ -197,6 +197,7 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
         r.stop_ids = j->stop_ids;
         r.ignore_eos = j->ignore_eos;
         r.speculate = !j->no_speculation;
+        r.adapter = j->adapter;
         if (j->beams > 1) {
           r.beams = j->beams;
           r.length_penalty = j->length_penalty;
@@ -208,7 +209,13 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
         r.guided = {static_cast<guide::guide_kind>(j->guide.kind), j->guide.text};
         const auto prompt_len = static_cast<std::int64_t>(r.prompt.size());
         auto id = st.drv->open(std::move(r));
-        if (!id) return refuse(j->job_id, client, transport::error_code_named(driver::name(id.error().code)).value_or(transport::error_code::internal), id.error().message(), transport::retry::failed);
+        if (!id) {
+          // An adapter this replica has not loaded is a model no deployment serves, as the API reports it.
+          const auto code = id.error().code == driver::driver_error_code::unknown_adapter
+                                ? transport::error_code::unknown_model
+                                : transport::error_code_named(driver::name(id.error().code)).value_or(transport::error_code::invalid_request);
+          return refuse(j->job_id, client, code, id.error().message(), transport::retry::failed);
+        }
         driver_job dj{j->job_id, client, prompt_len, static_cast<std::int64_t>(j->prior_output.size()), s.top_logprobs > 0, std::nullopt, false};
         if (j->deadline_ms > 0) dj.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(j->deadline_ms);
         spdlog::debug("event=job_admitted job={} seq={} prompt_tokens={} prior_output={}", j->job_id, *id, prompt_len, j->prior_output.size());

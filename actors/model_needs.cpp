@@ -164,6 +164,14 @@ driver::driver_options replica_options(const transport::load_request& l, std::in
   if (l.speculative == "mtp") o.speculation.kind = driver::draft_kind::mtp;
   if (l.speculative == "model") o.speculation.kind = driver::draft_kind::model;  // the node loads draft_model
   if (l.draft_tokens > 0) o.speculation.tokens = l.draft_tokens;
+  if (!l.adapters.empty() || l.adapter_slots > 0) {
+    for (const auto& a : l.adapters) {
+      const auto eq = a.find('=');
+      o.adapters.preload.emplace_back(eq == std::string::npos ? a : a.substr(0, eq), eq == std::string::npos ? std::string() : a.substr(eq + 1));
+    }
+    o.adapters.slots = l.adapter_slots > 0 ? l.adapter_slots : std::max<std::int64_t>(1, static_cast<std::int64_t>(l.adapters.size()));
+    o.adapters.max_rank = l.max_adapter_rank > 0 ? l.max_adapter_rank : 16;
+  }
   return o;
 }
 

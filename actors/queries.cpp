@@ -48,8 +48,15 @@ std::vector<std::string> served_models(caf::actor_system& sys, const coordinator
   std::vector<std::string> out;
   auto st = cluster_status_of(sys, coordinator);
   if (!st) return out;
-  for (const auto& d : st->deployments)
-    if (d.serving > 0) out.push_back(d.name);
+  for (const auto& d : st->deployments) {
+    if (d.serving == 0) continue;
+    out.push_back(d.name);
+    // Its LoRA adapters, as vLLM lists its LoRA modules: by name, and as SERVED:NAME.
+    for (const auto& a : d.adapters) {
+      out.push_back(a);
+      out.push_back(d.name + ":" + a);
+    }
+  }
   return out;
 }
 

@@ -231,6 +231,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   sv->add_option("--kv-type", serve.kv_type, "the KV cache's element type: f32, f16 (default, as llama.cpp), bf16 or q8_0 (an f16 scale per 32 values)")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   sv->add_option("--max-outstanding", serve.max_outstanding, "jobs admitted and not finished; more get 429")->check(CLI::Range(1, 1 << 20));
+  sv->add_option("--lora-modules", serve.lora_modules,
+                 "LoRA adapters NAME=PATH (PEFT directories), served as model NAME or SERVED:NAME (repeat or comma-separate)")
+      ->delimiter(',');
+  sv->add_option("--max-loras", serve.max_loras, "adapters resident at once per replica (0: all of --lora-modules)")->check(CLI::Range(0, 64));
+  sv->add_option("--max-lora-rank", serve.max_lora_rank, "the largest adapter rank served")->check(CLI::Range(1, 256));
   add_speculation_flags(sv, serve.speculation);
   sv->callback([&] { rc = troupe::app::run_serve(serve); });
 

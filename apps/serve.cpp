@@ -61,6 +61,15 @@ int run_serve(const serve_options& o) {
   c.kv_type = o.kv_type;
   c.pipeline_parallel = o.pipeline_parallel;
   c.max_outstanding = o.max_outstanding;
+  for (const auto& m : o.lora_modules) {
+    if (m.find('=') == std::string::npos || m.front() == '=' || m.back() == '=') {
+      std::fprintf(stderr, "troupe serve: --lora-modules takes NAME=PATH, not '%s'\n", m.c_str());
+      return 2;
+    }
+  }
+  c.adapters = o.lora_modules;
+  c.adapter_slots = o.max_loras;
+  c.max_adapter_rank = o.max_lora_rank;
   if (o.speculation.any()) {
     auto sp = speculation_of(o.speculation, false);  // the node loads the draft checkpoint
     if (!sp) {

@@ -2,6 +2,7 @@
 #include "apps/speculation_flags.hpp"
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace troupe::app {
 
@@ -20,6 +21,9 @@ struct serve_options {
   int threads = 0;  // per executor; 0: one per core
   std::int64_t max_outstanding = 1024;
   speculation_flags speculation;  // every replica's draft policy
+  std::vector<std::string> lora_modules;  // NAME=PATH: LoRA adapters every replica loads (docs/adapters.md)
+  int max_loras = 0;
+  int max_lora_rank = 16;
 };
 int run_serve(const serve_options& o);
 

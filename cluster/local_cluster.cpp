@@ -67,6 +67,13 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
   d.load.pipeline_parallel = options.pipeline_parallel;
   d.load.expert_parallel = options.expert_parallel;
   d.load.kv_type = options.kv_type;
+  for (const auto& a : options.adapters) {
+    // Paths as the node will open them: absolute, so the node's working directory does not matter.
+    const auto eq = a.find('=');
+    d.load.adapters.push_back(eq == std::string::npos ? a : a.substr(0, eq + 1) + std::filesystem::absolute(a.substr(eq + 1)).lexically_normal().string());
+  }
+  d.load.adapter_slots = options.adapter_slots;
+  d.load.max_adapter_rank = options.max_adapter_rank;
   put_speculation(d.load, options.driver.speculation);
   caf::scoped_actor self{*s->sys};
   std::string err;

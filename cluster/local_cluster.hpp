@@ -23,6 +23,11 @@ struct cluster_options {
   std::int32_t pipeline_parallel = 1;      // stages per replica, each over a range of the layers
   bool expert_parallel = false;            // the tensor_parallel ranks hold whole experts (model::expert_parallel)
   std::string kv_type;                     // the KV cache's element type (f32, f16, bf16, q8_0); "": f16
+  // LoRA adapters every replica loads, "name=path" (docs/adapters.md); requests name them as model
+  // "name" or "served:name". Slots resident at once (0: all) and the largest rank (0: 16).
+  std::vector<std::string> adapters;
+  std::int32_t adapter_slots = 0;
+  std::int32_t max_adapter_rank = 0;
   std::int64_t max_outstanding = 1024;     // jobs admitted cluster-wide and not finished; more: overloaded
   std::int64_t max_per_replica = 256;      // jobs one replica may hold (queued or running)
   int scheduler_threads = 2;               // CAF's worker threads (drivers run on their own threads)

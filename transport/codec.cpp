@@ -199,6 +199,10 @@ void put(LoadRequest::Builder b, const load_request& l) {
   b.setDraftModel(l.draft_model);
   b.setDraftTokens(l.draft_tokens);
   b.setKvType(l.kv_type);
+  auto ads = b.initAdapters(static_cast<unsigned>(l.adapters.size()));
+  for (unsigned i = 0; i < l.adapters.size(); ++i) ads.set(i, l.adapters[i]);
+  b.setAdapterSlots(l.adapter_slots);
+  b.setMaxAdapterRank(l.max_adapter_rank);
 }
 
 void put(EntryKey::Builder b, const entry_key& k) {
@@ -268,6 +272,7 @@ struct body_writer {
     b.setBeams(m.beams);
     b.setLengthPenalty(m.length_penalty);
     b.setEarlyStopping(m.early_stopping);
+    b.setAdapter(m.adapter);
     if (m.guide.kind != guide_kind::none) {
       auto g = b.initGuide();
       g.setKind(static_cast<GuideKind>(m.guide.kind));
@@ -407,6 +412,8 @@ struct body_writer {
       d[i].setKvBytesPerToken(x.kv_bytes_per_token);
       d[i].setCapacity(x.capacity);
       d[i].setKvTokens(x.kv_tokens);
+      auto ads = d[i].initAdapters(static_cast<unsigned>(x.adapters.size()));
+      for (unsigned k = 0; k < x.adapters.size(); ++k) ads.set(k, x.adapters[k]);
     }
     b.setJobs(m.jobs);
     b.setRefused(m.refused);
@@ -451,7 +458,8 @@ load_request get(LoadRequest::Reader r) {
   return {text(r.getModel()), text(r.getDevice()), text(r.getShard()), r.getMaxRows(), r.getCapacity(), r.getBlockSize(), r.getPoolBlocks(),
           r.getPrefillChunk(), r.getTokenBudget(), r.getNoPrefixCache(), r.getNoPreempt(), r.getTensorParallel(),
           r.getPipelineParallel(), r.getAcrossNodes(), r.getWorldRank(), text(r.getGroup()), r.getReplicaId(), r.getExpertParallel(),
-          text(r.getSpeculative()), text(r.getDraftModel()), r.getDraftTokens(), text(r.getKvType())};
+          text(r.getSpeculative()), text(r.getDraftModel()), r.getDraftTokens(), text(r.getKvType()), get_texts(r.getAdapters()),
+          r.getAdapterSlots(), r.getMaxAdapterRank()};
 }
 
 // nullopt: a device kind this build does not know.
@@ -528,6 +536,7 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       m.beams = r.getBeams();
       m.length_penalty = r.getLengthPenalty();
       m.early_stopping = r.getEarlyStopping();
+      m.adapter = text(r.getAdapter());
       if (r.hasGuide()) {
         const auto g = r.getGuide();
         const auto k = static_cast<unsigned>(g.getKind());
@@ -658,7 +667,7 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       }
       for (auto d : r.getDeployments())
         m.deployments.push_back({text(d.getName()), text(d.getPath()), d.getDesired(), d.getServing(), text(d.getFamily()),
-                                 text(d.getKvType()), d.getKvBytesPerToken(), d.getCapacity(), d.getKvTokens()});
+                                 text(d.getKvType()), d.getKvBytesPerToken(), d.getCapacity(), d.getKvTokens(), get_texts(d.getAdapters())});
       m.jobs = r.getJobs();
       m.refused = r.getRefused();
       return m;

@@ -77,6 +77,7 @@ struct job_submit {
   std::int32_t beams = 0;       // > 1: a beam search of that width (driver.hpp: seq_request::beams)
   float length_penalty = 1.0f;
   bool early_stopping = false;
+  std::string adapter;  // a LoRA adapter the replica has loaded (load_request::adapters), by name
   friend bool operator==(const job_submit&, const job_submit&) = default;
 };
 
@@ -226,6 +227,11 @@ struct load_request {
   std::int32_t draft_tokens = 0;
   // The KV cache's element type (f32, f16, bf16, q8_0; model::with_kv_type); "": the default, f16.
   std::string kv_type;
+  // LoRA adapters every replica loads (docs/adapters.md): "name=path" of PEFT directories on the node,
+  // how many are resident at once (0: all of them) and the largest rank (0: 16).
+  std::vector<std::string> adapters;
+  std::int32_t adapter_slots = 0;
+  std::int32_t max_adapter_rank = 0;
   friend bool operator==(const load_request&, const load_request&) = default;
 };
 
@@ -327,6 +333,7 @@ struct deployment_status {
   // sequence, and the tokens its pool holds (so kv_tokens / capacity sequences of full length fit).
   std::string kv_type;
   std::int64_t kv_bytes_per_token = 0, capacity = 0, kv_tokens = 0;
+  std::vector<std::string> adapters;  // the LoRA adapters its replicas load (served as NAME and SERVED:NAME)
   friend bool operator==(const deployment_status&, const deployment_status&) = default;
 };
 

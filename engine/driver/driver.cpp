@@ -78,7 +78,12 @@ result<driver<serving>, std::pair<driver<unprepared>, driver_error>> driver<unpr
     auto err = r.error();
     return unexpected(std::pair<driver<unprepared>, driver_error>(driver<unprepared>(std::move(s_)), std::move(err)));
   }
-  return driver<serving>(std::move(s_));
+  const auto preload = s_->options.adapters.preload;
+  driver<serving> d(std::move(s_));
+  for (const auto& [name, path] : preload)
+    if (auto a = d.load_adapter(name, path); !a)
+      return unexpected(std::pair<driver<unprepared>, driver_error>(driver<unprepared>(std::move(d.s_)), a.error()));
+  return d;
 }
 
 // ---- driver<serving> --------------------------------------------------------------------------------

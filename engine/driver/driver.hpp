@@ -196,6 +196,9 @@ struct adapter_options {
   std::int64_t slots = 0;
   std::int64_t max_rank = 16;
   std::vector<graph::tensor_role> targets = default_adapter_targets();
+  // (name, PEFT directory) pairs prepare() loads (load_adapter) once the entries are ready; one that
+  // does not load fails the preparation.
+  std::vector<std::pair<std::string, std::string>> preload;
 };
 
 struct adapter_info {

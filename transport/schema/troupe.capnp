@@ -93,6 +93,7 @@ struct JobSubmit {
   beams @18 :Int32;           # > 1: a beam search of that width
   lengthPenalty @19 :Float32 = 1.0;  # beams ranked by logprob / length^lengthPenalty
   earlyStopping @20 :Bool;    # end the search once `beams` hypotheses are in
+  adapter @21 :Text;          # a LoRA adapter the replica has loaded, by name; empty: the base model
 }
 
 # engine/guide/spec.hpp's kinds, in its order.
@@ -275,6 +276,9 @@ struct LoadRequest {
   draftModel @19 :Text;         # the draft checkpoint, a path on the node
   draftTokens @20 :Int32;       # drafts per verify window; 0: the driver's default
   kvType @21 :Text;             # the KV cache's element type: f32, f16, bf16, q8_0; empty: f16
+  adapters @22 :List(Text);     # LoRA adapters every replica loads, "name=path" (a PEFT directory on the node)
+  adapterSlots @23 :Int32;      # adapters resident at once; 0: as many as listed (at least 1 when any are)
+  maxAdapterRank @24 :Int32;    # the largest adapter rank served; 0: 16
 }
 
 # ---- nodes and the cluster --------------------------------------------------------------------------
@@ -393,6 +397,7 @@ struct DeploymentStatus {
   kvBytesPerToken @6 :Int64;    # over every layer, at that type
   capacity @7 :Int64;           # positions per sequence
   kvTokens @8 :Int64;           # tokens a replica's KV pool holds
+  adapters @9 :List(Text);      # the LoRA adapters its replicas load, by name
 }
 
 struct ClusterStatus {

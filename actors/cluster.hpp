@@ -83,6 +83,12 @@ class serving_backend {
   virtual std::vector<std::string> models() = 0;
   // Whether the coordinator is reachable (false at once when its link was lost).
   virtual bool healthy() { return true; }
+  // Loads (a path on the serving nodes) or unloads (no path) a LoRA adapter in every replica of `model`
+  // ("": the only deployment) while serving; why not, or "" when done (docs/adapters.md).
+  virtual std::string adapter(const std::string& model, const std::string& name, const std::string& path) {
+    (void)model, (void)name, (void)path;
+    return "this server does not load adapters at run time";
+  }
 };
 
 }  // namespace troupe::actors

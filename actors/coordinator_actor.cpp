@@ -331,6 +331,44 @@ coordinator_actor::behavior_type coordinator(actor_t* self, registry_actor regis
           if (r.driver && r.state != transport::replica_state::preparing) v.push_back(caf::actor_cast<caf::actor>(r.driver));
         return v;
       },
+      // A LoRA adapter loaded into (path given) or unloaded from every serving replica of a deployment;
+      // the deployment's list follows, so routing, /v1/models and later replicas see it.
+      [=](adapter_atom, const std::string& model, const std::string& name, const std::string& path) -> caf::result<std::string> {
+        auto& st = self->state;
+        std::string why;
+        const auto* found = deployment_for(st, model, why);
+        if (!found) return why;
+        const std::string dep_name = found->spec.model;
+        if (name.empty() || name.find_first_of(":=,") != std::string::npos) return "an adapter name is non-empty, without ':', '=' or ','";
+        const bool has = serves_adapter(*found, name);
+        if (path.empty() && !has) return "deployment '" + dep_name + "' has no adapter '" + name + "'";
+        if (!path.empty() && has) return "deployment '" + dep_name + "' has an adapter '" + name + "' already";
+        std::vector<driver_actor_t> drivers;
+        for (const auto& [id, r] : st.replicas)
+          if (r.model == dep_name && r.state == transport::replica_state::serving && r.driver) drivers.push_back(r.driver);
+        if (drivers.empty()) return "no replica of '" + dep_name + "' serves right now";
+        auto rp = self->make_response_promise<std::string>();
+        auto pending = std::make_shared<std::size_t>(drivers.size());
+        auto first = std::make_shared<std::string>();
+        auto answered = [=](const std::string& e) mutable {
+          if (!e.empty() && first->empty()) *first = e;
+          if (--*pending > 0) return;
+          if (first->empty()) {
+            auto it = self->state.deployments.find(dep_name);
+            if (it != self->state.deployments.end()) {
+              auto& list = it->second.spec.load.adapters;
+              if (path.empty()) std::erase_if(list, [&](const std::string& a) { return std::string_view(a).substr(0, a.find('=')) == name; });
+              else list.push_back(name + "=" + path);
+            }
+          }
+          rp.deliver(*first);
+        };
+        for (auto& d : drivers)
+          self->request(d, request_timeout, adapter_atom::value, name, path)
+              .then([=](const std::string& e) mutable { answered(e); },
+                    [=](caf::error& e) mutable { answered("a replica did not answer: " + self->system().render(e)); });
+        return rp;
+      },
       [=](stats_atom) {
         transport::stats s;
         s.running = static_cast<std::int64_t>(self->state.jobs.size());

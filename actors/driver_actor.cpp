@@ -295,6 +295,13 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
         }
       },
       [=](stats_atom) { return transport::encode(driver_stats(self->state)); },
+      // A LoRA adapter loaded (a path) or unloaded (none) while serving (docs/adapters.md).
+      [=](adapter_atom, const std::string& name, const std::string& path) -> std::string {
+        auto& d = *self->state.drv;
+        auto r = path.empty() ? d.unload_adapter(name) : d.load_adapter(name, path);
+        if (r) spdlog::info("event=adapter_{} name={} path=\"{}\"", path.empty() ? "unloaded" : "loaded", name, path);
+        return r ? std::string() : r.error().message();
+      },
       // Drained (or removed by the coordinator): quits with the normal reason.
       [=](stop_atom) { self->quit(); },
       // A coordinator (restarted, or the same one after this node's link came back) takes this

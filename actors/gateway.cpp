@@ -165,6 +165,9 @@ struct gateway_state {
   // POST /tokenize (prompt -> ids) and /detokenize (ids -> text), vLLM's shapes, with this gateway's
   // tokenizer (the model it was started with).
   void tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize);
+  // POST /v1/load_lora_adapter {lora_name, lora_path} and /v1/unload_lora_adapter {lora_name}: vLLM's
+  // run-time LoRA endpoints, over every replica of the served model (docs/adapters.md).
+  void lora_adapter(const httplib::Request& req, httplib::Response& res, bool load);
 
   // The request's body as a JSON object, parsed with a bound on nesting: a body nested deeper than any
   // request needs is refused before it is built (a 160 KB body of 80,000 nested arrays would
@@ -423,6 +426,33 @@ void gateway_state::messages(const httplib::Request& req, httplib::Response& res
       return jb->cancel(), false;
     return true;
   });
+}
+
+void gateway_state::lora_adapter(const httplib::Request& req, httplib::Response& res, bool load) {
+  const std::string endpoint = load ? "/v1/load_lora_adapter" : "/v1/unload_lora_adapter";
+  if (!authorized(req)) return reply_error(endpoint, res, {401, "Incorrect API key provided", "", "invalid_api_key"});
+  json body;
+  if (!read_body(endpoint, req, res, body)) return;
+  auto text = [&](const char* key) -> std::optional<std::string> {
+    const auto it = body.find(key);
+    if (it == body.end() || !it->is_string() || it->get<std::string>().empty()) return std::nullopt;
+    return it->get<std::string>();
+  };
+  const auto name = text("lora_name");
+  if (!name) return reply_error(endpoint, res, {400, "'lora_name': a non-empty string is required", "lora_name", "invalid_parameter"});
+  const auto path = load ? text("lora_path") : std::optional<std::string>(std::string());
+  if (!path) return reply_error(endpoint, res, {400, "'lora_path': a non-empty string is required", "lora_path", "invalid_parameter"});
+  std::string target;
+  if (const auto it = body.find("model"); it != body.end() && it->is_string()) target = it->get<std::string>();
+  const auto why = cluster->adapter(target, *name, *path);
+  if (!why.empty()) return reply_error(endpoint, res, {400, why, "lora_name", "invalid_parameter"});
+  {
+    std::lock_guard lock(models_m);
+    models_cache.clear();  // the next /v1/models asks again
+  }
+  res.set_content(load ? "Success: LoRA adapter '" + *name + "' added successfully." : "Success: LoRA adapter '" + *name + "' removed successfully.",
+                  "text/plain");
+  count(endpoint, 200);
 }
 
 void gateway_state::tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize) {
@@ -1085,6 +1115,8 @@ void serve_routes(httplib::Server& srv, gateway_state* st, const gateway_options
     st->count("/v1/models/{id}", 200);
   });
   srv.Post("/v1/messages", [st](const httplib::Request& req, httplib::Response& res) { st->messages(req, res); });
+  srv.Post("/v1/load_lora_adapter", [st](const httplib::Request& req, httplib::Response& res) { st->lora_adapter(req, res, true); });
+  srv.Post("/v1/unload_lora_adapter", [st](const httplib::Request& req, httplib::Response& res) { st->lora_adapter(req, res, false); });
   srv.Post("/tokenize", [st](const httplib::Request& req, httplib::Response& res) { st->tokenize(req, res, false); });
   srv.Post("/detokenize", [st](const httplib::Request& req, httplib::Response& res) { st->tokenize(req, res, true); });
   srv.Get("/version", [st](const httplib::Request&, httplib::Response& res) {

@@ -72,6 +72,7 @@ using kv_get_atom = caf::atom_constant<caf::atom("kvget")>;
 using reconcile_atom = caf::atom_constant<caf::atom("reconcile")>;
 using held_atom = caf::atom_constant<caf::atom("held")>;    // node: the replicas it still runs (a rejoin)
 using adopt_atom = caf::atom_constant<caf::atom("adopt")>;  // driver: serve a (restarted) coordinator under a new id
+using adapter_atom = caf::atom_constant<caf::atom("adapter")>;  // load (a path) or unload (no path) a LoRA adapter
 
 // A replica whose pipeline stages are on different nodes (rank_actor.cpp).
 using rank_atom = caf::atom_constant<caf::atom("rank")>;          // node: spawn a stage's rank actor
@@ -107,6 +108,7 @@ using coordinator_actor = caf::typed_actor<
     caf::replies_to<kv_get_atom, std::string>::with<bool, std::string>,
     caf::replies_to<status_atom>::with<envelope>,                                         // a ClusterStatus
     caf::replies_to<replicas_atom>::with<std::vector<caf::actor>>,                     // the serving drivers
+    caf::replies_to<adapter_atom, std::string, std::string, std::string>::with<std::string>,  // (model, name, path) -> why not
     caf::replies_to<stats_atom>::with<envelope>,                                          // Stats
     caf::reacts_to<reconcile_atom>,                                                    // its own tick
     caf::replies_to<ping_atom>::with<ping_atom>>;
@@ -125,6 +127,7 @@ using driver_actor_t = caf::typed_actor<caf::reacts_to<submit_atom, envelope, ca
                                         caf::replies_to<stats_atom>::with<envelope>,         // Stats
                                         caf::reacts_to<stop_atom>,                        // drained: quit
                                         caf::reacts_to<adopt_atom, caf::actor, std::uint64_t>,  // a coordinator, the new replica id
+                                        caf::replies_to<adapter_atom, std::string, std::string>::with<std::string>,  // (name, path) -> why not
                                         caf::replies_to<ping_atom>::with<ping_atom>>;
 
 using client_actor_t = caf::typed_actor<caf::replies_to<submit_atom, envelope>::with<std::uint64_t, envelope>,  // (job id, Error)

@@ -95,6 +95,16 @@ std::vector<transport::stats> local_cluster::replica_stats() { return collect_re
 
 std::vector<std::string> local_cluster::models() { return served_models(*s_->sys, s_->coordinator); }
 
+std::string local_cluster::adapter(const std::string& model, const std::string& name, const std::string& path) {
+  caf::scoped_actor self{*s_->sys};
+  std::string why;
+  // The nodes of this process read the path: absolute, so the working directory does not matter.
+  const std::string where = path.empty() ? std::string() : std::filesystem::absolute(path).lexically_normal().string();
+  self->request(s_->coordinator, request_timeout, adapter_atom::value, model, name, where)
+      .receive([&](const std::string& reply) { why = reply; }, [&](caf::error& e) { why = s_->sys->render(e); });
+  return why;
+}
+
 transport::stats local_cluster::stats() {
   transport::stats total;
   for (const auto& s : replica_stats()) {

@@ -48,6 +48,7 @@ class local_cluster final : public serving_backend {
   std::vector<transport::stats> replica_stats() override;
   std::string model_name() const override { return name(); }
   std::vector<std::string> models() override;
+  std::string adapter(const std::string& model, const std::string& name, const std::string& path) override;
   // The coordinator's view: nodes, replicas and deployments (with each one's KV cache type and size).
   result<transport::cluster_status, std::string> cluster_status();
   // Resolves a checkpoint through the registry actor without loading its tensors.

@@ -228,7 +228,7 @@ int run_generate(const generate_options& o) {
     opt.chain_steps = o.chain;
     if (!o.adapter.empty()) {
       // One slot of the adapter's own rank (the pools hold max_rank columns per target linear).
-      auto a = load::read_peft_adapter(o.adapter);
+      auto a = load::read_lora_adapter(o.adapter);
       if (!a) {
         std::fprintf(stderr, "troupe generate: --adapter: %s\n", a.error().message().c_str());
         return 2;
@@ -383,6 +383,15 @@ int run_generate(const generate_options& o) {
 }
 
 int run_fixture(const fixture_options& o) {
+  if (!o.lora_to_gguf.empty()) {
+    auto r = families::write_lora_gguf(o.lora_to_gguf, o.gguf_base, o.out);
+    if (!r) {
+      std::fprintf(stderr, "troupe %s\n", r.error().message().c_str());
+      return 2;
+    }
+    std::printf("%s\n", o.out.c_str());
+    return 0;
+  }
   if (!o.lora_over.empty()) {
     families::lora_fixture l;
     l.rank = o.lora_rank;

@@ -58,6 +58,8 @@ struct fixture_options {
   std::int64_t lora_rank = 4;
   std::uint64_t seed = 1;
   std::string merged_with;            // write --lora-over's checkpoint with this adapter merged to --out instead
+  std::string lora_to_gguf;           // write this PEFT adapter in llama.cpp's GGUF LoRA form (for --gguf-base) to --out
+  std::string gguf_base;
 };
 int run_fixture(const fixture_options& opt);
 

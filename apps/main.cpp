@@ -170,6 +170,8 @@ int main(int argc, char** argv) {
   fx->add_option("--lora-rank", fix.lora_rank, "--lora-over: the adapter's rank")->check(CLI::Range(1, 256));
   fx->add_option("--seed", fix.seed, "--lora-over: the adapter's seed");
   fx->add_option("--merged-with", fix.merged_with, "with --lora-over BASE: write BASE with this adapter merged into its weights to --out");
+  fx->add_option("--lora-to-gguf", fix.lora_to_gguf, "write this PEFT adapter as llama.cpp's GGUF LoRA for --gguf-base to --out");
+  fx->add_option("--gguf-base", fix.gguf_base, "--lora-to-gguf: the GGUF base the adapter goes with");
   fx->callback([&] { rc = troupe::app::run_fixture(fix); });
 
   troupe::app::bench_options bench;

@@ -135,10 +135,18 @@ result<void, driver_error> driver<serving>::load_adapter(const std::string& name
   if (st.options.adapters.slots <= 0) return bad("this driver serves no adapters (adapters.slots is 0)");
   if (name.empty()) return bad("an adapter needs a name");
   if (st.adapters.contains(name)) return bad("a loaded adapter has this name already");
-  auto peft = load::read_peft_adapter(dir);
+  auto peft = load::read_lora_adapter(dir);
   if (!peft) return bad(peft.error().message());
   const auto R = st.options.adapters.max_rank;
   if (peft->rank > R) return bad("rank " + std::to_string(peft->rank) + " is past the driver's max_rank " + std::to_string(R));
+  if (peft->gguf_layout) {
+    // llama.cpp's rule: a GGUF LoRA goes with a GGUF base of its architecture.
+    const auto g = st.handle->model().weights().store().gguf();
+    const auto arch = g ? g->get().find_value("general.architecture") : std::nullopt;
+    const auto* base_arch = arch ? arch->get().get_if<std::string>() : nullptr;
+    if (!base_arch) return bad("a GGUF LoRA goes with a GGUF base; this model is a Hugging Face checkpoint (load a PEFT adapter)");
+    if (*base_arch != peft->arch) return bad("a LoRA for architecture '" + peft->arch + "' over a '" + *base_arch + "' base");
+  }
   loaded_adapter a;
   a.path = dir.string();
   a.rank = peft->rank;
@@ -146,17 +154,20 @@ result<void, driver_error> driver<serving>::load_adapter(const std::string& name
   const auto& w = st.handle->model().weights();
   for (auto& m : peft->modules) {
     const std::string where = "layers." + std::to_string(m.layer) + "." + m.module;
-    const auto role = role_of_module(m.module);
-    if (!role) return bad(where + ": troupe adapts q/k/v/o_proj and gate/up/down_proj, not " + m.module);
+    const auto role = peft->gguf_layout ? graph::role_from_name(m.module) : role_of_module(m.module);
+    if (!role || !graph::lora_pools_of(*role)) return bad(where + ": troupe adapts q/k/v/o_proj and gate/up/down_proj, not " + m.module);
     if (std::find(st.options.adapters.targets.begin(), st.options.adapters.targets.end(), *role) == st.options.adapters.targets.end())
       return bad(where + ": the driver's adapters.targets leave out " + std::string(graph::role_name(*role)));
     const auto pools = *graph::lora_pools_of(*role);
     const tensor* pa = st.weights->owned({pools.a, m.layer});
     const auto* e = w.find({*role, m.layer});
     if (!pa || !e) return bad(where + ": the model has no separate " + std::string(graph::role_name(*role)) + " in that layer (fused or absent)");
-    if (e->stored != families::stored_as::as_is)
-      return bad(where + ": the base stores " + std::string(graph::role_name(*role)) +
-                 " transformed (a GGUF base's permuted Q/K rows); load the adapter over the Hugging Face checkpoint");
+    // A GGUF LoRA is laid out as a GGUF base is (its converter permutes Q/K rows as the base's did); a
+    // PEFT adapter as the Hugging Face checkpoint is.
+    const bool permuted = e->stored == families::stored_as::rope_interleaved;
+    if ((e->stored != families::stored_as::as_is && !permuted) || (permuted && !peft->gguf_layout))
+      return bad(where + ": the base stores " + std::string(graph::role_name(*role)) + " transformed (a GGUF base's permuted Q/K rows); " +
+                 "load a PEFT adapter over the Hugging Face checkpoint, or the adapter's GGUF form over the GGUF base");
     if (e->input_perm) return bad(where + ": the base's act-order quantized weight takes its inputs reordered");
     const auto N = e->view.shape()[0], K = e->view.shape()[1];
     if (m.a.shape()[1] != K || m.b.shape()[0] != N)

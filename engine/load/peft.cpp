@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/quant.hpp"
+#include "engine/load/gguf.hpp"
 #include "engine/load/safetensors.hpp"
 
 namespace troupe::load {
@@ -66,6 +67,7 @@ result<tensor, load_error> as_f32(const tensor_view& v, const std::string& file,
 
 double peft_adapter::scale() const {
   if (rank <= 0) return 0.0;
+  if (gguf_layout) return alpha != 0 ? alpha / static_cast<double>(rank) : 1.0;  // llama.cpp's get_scale
   return rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);
 }
 
@@ -153,6 +155,65 @@ result<peft_adapter, load_error> read_peft_adapter(const std::filesystem::path& 
   }
   if (a->modules.empty()) return unexpected(bad(wf, "", "holds no lora_A / lora_B pair"));
   return a;
+}
+
+result<peft_adapter, load_error> read_gguf_lora(const std::filesystem::path& path) {
+  auto g = gguf_file::open(path);
+  if (!g) return unexpected(g.error());
+  const std::string file = path.string();
+  auto str = [&](std::string_view key) -> std::string {
+    const auto v = g->find_value(key);
+    const auto* s = v ? v->get().get_if<std::string>() : nullptr;
+    return s ? *s : std::string();
+  };
+  if (str("general.type") != "adapter") return unexpected(unsupported(file, "general.type", "'" + str("general.type") + "', not a llama.cpp adapter"));
+  if (str("adapter.type") != "lora") return unexpected(unsupported(file, "adapter.type", "'" + str("adapter.type") + "', not lora"));
+  if (g->find_value("adapter.alora.invocation_tokens")) return unexpected(unsupported(file, "adapter.alora.invocation_tokens", "activated LoRA is not read"));
+  peft_adapter a;
+  a.gguf_layout = true;
+  a.arch = str("general.architecture");
+  if (const auto v = g->find_value("adapter.lora.alpha")) {
+    const auto* f = v->get().get_if<float>();
+    if (!f) return unexpected(load_error{load_error_code::wrong_type, file, "adapter.lora.alpha", "not an f32"});
+    a.alpha = *f;
+  }
+  std::map<std::pair<std::int32_t, std::string>, peft_module> by_key;
+  for (const auto& t : g->tensors()) {
+    const std::string_view n = t.name;
+    char which = 0;
+    if (n.ends_with(".weight.lora_a")) which = 'A';
+    else if (n.ends_with(".weight.lora_b")) which = 'B';
+    if (!which || !n.starts_with("blk.")) return unexpected(unsupported(file, t.name, "not a per-layer blk.N.<name>.weight.lora_a / lora_b tensor"));
+    const auto stem = n.substr(4, n.size() - 4 - 14);  // "N.<name>"
+    const auto dot = stem.find('.');
+    int layer = -1;
+    const auto [end, ec] = std::from_chars(stem.data(), stem.data() + (dot == std::string_view::npos ? stem.size() : dot), layer);
+    if (ec != std::errc{} || dot == std::string_view::npos || end != stem.data() + dot) return unexpected(bad(file, t.name, "no layer number"));
+    auto m = as_f32(t.view, file, t.name);
+    if (!m) return unexpected(m.error());
+    auto& e = by_key[{layer, std::string(stem.substr(dot + 1))}];
+    e.module = std::string(stem.substr(dot + 1));
+    e.layer = layer;
+    tensor& slot = which == 'A' ? e.a : e.b;
+    if (slot.shape().rank() != 0) return unexpected(load_error{load_error_code::duplicate_name, file, t.name, "given twice"});
+    slot = std::move(*m);
+  }
+  for (auto& [key, m] : by_key) {
+    const std::string item = "blk." + std::to_string(key.first) + "." + key.second;
+    if (m.a.shape().rank() != 2 || m.b.shape().rank() != 2) return unexpected(bad(file, item, "has only one of lora_a and lora_b"));
+    if (m.a.shape()[0] != m.b.shape()[1]) return unexpected(bad(file, item, "lora_a " + m.a.shape().str() + " and lora_b " + m.b.shape().str() + " disagree on the rank"));
+    if (a.rank == 0) a.rank = m.a.shape()[0];
+    if (m.a.shape()[0] != a.rank) return unexpected(unsupported(file, item, "rank " + std::to_string(m.a.shape()[0]) + " where others have " + std::to_string(a.rank)));
+    a.modules.push_back(std::move(m));
+  }
+  if (a.modules.empty()) return unexpected(bad(file, "", "holds no lora_a / lora_b pair"));
+  return a;
+}
+
+result<peft_adapter, load_error> read_lora_adapter(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec) && path.extension() == ".gguf") return read_gguf_lora(path);
+  return read_peft_adapter(path);
 }
 
 }  // namespace troupe::load

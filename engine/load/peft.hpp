@@ -31,6 +31,10 @@ struct peft_adapter {
   bool rslora = false;
   std::vector<std::string> target_modules;
   std::vector<peft_module> modules;  // by (layer, module)
+  // A GGUF LoRA (llama.cpp's convert_lora_to_gguf): modules are GGUF role names ("attn_q"), laid out
+  // as the GGUF base's weights are (Q/K rows permuted where its converter permutes them), for `arch`.
+  bool gguf_layout = false;
+  std::string arch;
   double scale() const;
 };
 
@@ -39,5 +43,11 @@ result<peft_adapter, load_error> parse_peft_config(std::string_view json, const 
 // Reads a PEFT adapter directory: its config and every lora_A / lora_B pair (f32, f16 or bf16 as stored,
 // widened to f32).
 result<peft_adapter, load_error> read_peft_adapter(const std::filesystem::path& dir);
+// Reads a GGUF LoRA file as llama.cpp does (general.type "adapter", adapter.type "lora",
+// adapter.lora.alpha; blk.N.<name>.weight.lora_a [r, K] and .lora_b [N, r]); scale alpha / r, or 1
+// without alpha. One rank for every pair (a file of mixed ranks is refused).
+result<peft_adapter, load_error> read_gguf_lora(const std::filesystem::path& file);
+// A .gguf file through read_gguf_lora, anything else as a PEFT directory.
+result<peft_adapter, load_error> read_lora_adapter(const std::filesystem::path& path);
 
 }  // namespace troupe::load

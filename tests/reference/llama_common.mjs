@@ -1,7 +1,7 @@
 // Shared by the llama.cpp reference scripts: node-llama-cpp loaded from .reference/, a CPU context with
 // an f32 KV cache and flash attention off (so only f32 rounding differs from troupe; the environment
 // variable TROUPE_KV_TYPE, e.g. F16 or Q8_0, picks another cache type and turns flash attention on, as
-// llama.cpp needs for a quantized V cache), and the greedy
+// llama.cpp needs for a quantized V cache; TROUPE_LORA a GGUF LoRA to apply), and the greedy
 // loop that yields, per generated position, the top K (id, log-probability) of the raw logits' softmax.
 import {createRequire} from "node:module";
 import path from "node:path";
@@ -13,9 +13,11 @@ export async function openModel(modelPath) {
   const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error, progressLogs: false});
   const model = await llama.loadModel({modelPath});
   const kv = process.env.TROUPE_KV_TYPE || "F32";
+  // TROUPE_LORA: a GGUF LoRA file applied at scale 1 (llama.cpp's --lora).
+  const lora = process.env.TROUPE_LORA ? {adapters: [{filePath: process.env.TROUPE_LORA, scale: 1}]} : undefined;
   const context = await model.createContext({
     contextSize: 256, batchSize: 256, threads: 2, flashAttention: kv !== "F32",
-    experimentalKvCacheKeyType: kv, experimentalKvCacheValueType: kv,
+    experimentalKvCacheKeyType: kv, experimentalKvCacheValueType: kv, lora,
   });
   const close = async () => {
     await context.dispose();

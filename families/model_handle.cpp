@@ -1,5 +1,7 @@
 #include "families/model_handle.hpp"
 
+#include <optional>
+
 namespace troupe::families {
 
 result<load::raw_config, model_error> read_config(const std::filesystem::path& path) {
@@ -11,12 +13,29 @@ result<load::raw_config, model_error> read_config(const std::filesystem::path& p
 }
 
 result<std::shared_ptr<const model_handle>, model_error> model_handle::load(const std::filesystem::path& path, const registry& reg) {
-  auto cfg = read_config(path);
-  if (!cfg) return unexpected(cfg.error());
-  auto family = reg.resolve(*cfg);  // before any tensor is opened
+  // A GGUF file is parsed once: its metadata is the config (its tensors are mapped, not read, until a
+  // family builds); a Hugging Face directory's config.json is read before any tensor file is opened.
+  std::error_code ec;
+  const bool gguf = std::filesystem::is_regular_file(path, ec) && path.extension() == ".gguf";
+  std::optional<load::weight_store> store;
+  std::optional<load::raw_config> cfg;
+  if (gguf) {
+    auto s = load::weight_store::open(path);
+    if (!s) return unexpected(model_error{s.error()});
+    store.emplace(std::move(*s));
+    cfg.emplace(load::raw_config::from_gguf(store->gguf()->get()));
+  } else {
+    auto c = read_config(path);
+    if (!c) return unexpected(c.error());
+    cfg.emplace(std::move(*c));
+  }
+  auto family = reg.resolve(*cfg);
   if (!family) return unexpected(model_error{family.error()});
-  auto store = load::weight_store::open(path);
-  if (!store) return unexpected(model_error{store.error()});
+  if (!store) {
+    auto s = load::weight_store::open(path);
+    if (!s) return unexpected(model_error{s.error()});
+    store.emplace(std::move(*s));
+  }
   auto m = (*family)->build(*cfg, *store);
   if (!m) return unexpected(m.error());
   auto h = std::shared_ptr<model_handle>(new model_handle(path, *family, std::move(*cfg), std::move(*store), std::move(*m)));
@@ -29,7 +48,6 @@ result<std::shared_ptr<const model_handle>, model_error> model_handle::load(cons
   }
   // The text codec from the checkpoint's own files: tokenizer.json (and tokenizer_config.json) beside a
   // Hugging Face checkpoint, the tokenizer.ggml.* keys of a GGUF.
-  std::error_code ec;
   if (auto g = h->store_.gguf()) {
     if (g->get().find_value("tokenizer.ggml.model")) {
       auto codec = text::text_codec::from_gguf(g->get());

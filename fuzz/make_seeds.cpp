@@ -153,6 +153,25 @@ bool transport_seeds(const std::filesystem::path& dir) {
   return true;
 }
 
+// LoRA adapters: a PEFT config (first byte 0) and a GGUF LoRA image (first byte 1).
+bool lora_seeds(const std::filesystem::path& dir) {
+  const std::string cfg = std::string(1, '\0') + R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "bias": "none"})";
+  if (!write_file(dir / "peft_config", reinterpret_cast<const std::byte*>(cfg.data()), cfg.size())) return false;
+  troupe::tensor a(troupe::dtype::f32, {2, 8}), b(troupe::dtype::f32, {4, 2});
+  troupe::load::gguf_writer g;
+  g.add("general.architecture", std::string("llama"));
+  g.add("general.type", std::string("adapter"));
+  g.add("adapter.type", std::string("lora"));
+  g.add("adapter.lora.alpha", 4.0f);
+  g.add_tensor("blk.0.attn_q.weight.lora_a", a.view());
+  g.add_tensor("blk.0.attn_q.weight.lora_b", b.view());
+  auto image = g.serialize("seed.gguf");
+  if (!image) return false;
+  std::vector<std::byte> bytes{std::byte{1}};
+  bytes.insert(bytes.end(), image->begin(), image->end());
+  return write_file(dir / "gguf_lora", bytes.data(), bytes.size());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -162,10 +181,12 @@ int main(int argc, char** argv) {
   }
   const std::filesystem::path out = argv[1];
   const std::filesystem::path st = out / "safetensors_header_fuzz", gg = out / "gguf_fuzz",
-                              cj = out / "config_json_fuzz", tr = out / "transport_decode_fuzz", hq = out / "hf_quant_fuzz";
+                              cj = out / "config_json_fuzz", tr = out / "transport_decode_fuzz", hq = out / "hf_quant_fuzz",
+                              lo = out / "lora_adapter_fuzz";
   std::error_code ec;
-  for (const auto& d : {st, gg, cj, tr, hq}) std::filesystem::create_directories(d, ec);
-  if (ec || !safetensors_seeds(st) || !gguf_seeds(gg) || !config_seeds(cj) || !transport_seeds(tr) || !hf_quant_seeds(hq)) {
+  for (const auto& d : {st, gg, cj, tr, hq, lo}) std::filesystem::create_directories(d, ec);
+  if (ec || !safetensors_seeds(st) || !gguf_seeds(gg) || !config_seeds(cj) || !transport_seeds(tr) || !hf_quant_seeds(hq) ||
+      !lora_seeds(lo)) {
     std::fprintf(stderr, "%s: cannot write the seeds under %s\n", argv[0], out.c_str());
     return 1;
   }

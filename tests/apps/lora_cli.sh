@@ -2,7 +2,8 @@
 # LoRA adapters from the command line: `troupe fixture --lora-over` writes a PEFT adapter over a Hugging
 # Face fixture and `--merged-with` the same checkpoint with it merged; `generate --adapter` on the base
 # gives the merged checkpoint's tokens and log-probabilities (to 2e-4), greedy and sampled, and differs
-# from the base; an adapter of another model's shapes and a malformed one are refused with exit 2.
+# from the base, also with prompt-lookup speculation and chained decode; an adapter of another model's
+# shapes and a malformed one are refused with exit 2.
 set -euo pipefail
 troupe="$1"
 tmp="$(mktemp -d)"
@@ -24,6 +25,9 @@ for sampling in "" "--temperature 0.9 --seed 11"; do
   adapted="$(run --model "$tmp/base" --adapter "$tmp/ad" $sampling)"
   compare "$adapted" "$(run --model "$tmp/merged" $sampling)" same
   compare "$adapted" "$(run --model "$tmp/base" $sampling)" different
+  # Speculation (verify windows run the adapter) and chained decode keep the adapted output.
+  compare "$adapted" "$(run --model "$tmp/base" --adapter "$tmp/ad" --speculative ngram $sampling)" same
+  compare "$adapted" "$(run --model "$tmp/base" --adapter "$tmp/ad" --chain 4 $sampling)" same
 done
 "$troupe" fixture --family llama --out "$tmp/wide" --dims 512,192,256,2,4,2,48 > /dev/null
 "$troupe" fixture --family llama --lora-over "$tmp/wide" --out "$tmp/wide-ad" > /dev/null

@@ -7,9 +7,44 @@
 #include <new>
 #include <stdexcept>
 
+#include <sys/mman.h>
+
 #include "engine/core/half.hpp"
 
 namespace troupe {
+
+namespace {
+
+// Tensor storage is 64-byte aligned and zero-filled. Small blocks come from aligned_alloc and are
+// cleared; a block of 1 MiB or more is an anonymous mapping, zero by construction and backed by memory
+// only where it is written, so a KV pool or an activation arena sized for the longest case costs what
+// is used of it. Each block starts 64 bytes before the data with its size and origin, which the
+// deleter reads back.
+constexpr std::size_t header = 64, map_threshold = std::size_t{1} << 20;
+struct block_header {
+  std::size_t bytes;  // the whole block, header included
+  bool mapped;
+};
+
+std::byte* allocate_zeroed(std::size_t alloc) {
+  const std::size_t total = alloc + header;
+  void* base = nullptr;
+  const bool mapped = total >= map_threshold;
+  if (mapped) {
+    base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) throw std::bad_alloc();
+  } else {
+    base = std::aligned_alloc(64, total);
+    if (!base) throw std::bad_alloc();
+    std::memset(base, 0, total);
+  }
+  auto* h = static_cast<block_header*>(base);
+  h->bytes = total;
+  h->mapped = mapped;
+  return static_cast<std::byte*>(base) + header;
+}
+
+}  // namespace
 
 tensor_view::tensor_view(dtype t, troupe::shape s, const std::byte* data) : type_(t), shape_(s), data_(data) {}
 
@@ -20,7 +55,13 @@ std::size_t tensor_view::row_bytes() const {
   return *storage_bytes(type_, static_cast<std::uint64_t>(shape_.back()));
 }
 
-void tensor::free_aligned::operator()(std::byte* p) const { std::free(p); }
+void tensor::free_aligned::operator()(std::byte* p) const {
+  if (!p) return;
+  std::byte* base = p - header;
+  const auto* h = reinterpret_cast<const block_header*>(base);
+  if (h->mapped) ::munmap(base, h->bytes);
+  else std::free(base);
+}
 
 tensor::tensor(dtype t, troupe::shape s) : type_(t), shape_(s) {
   const auto n = s.checked_numel();
@@ -28,10 +69,7 @@ tensor::tensor(dtype t, troupe::shape s) : type_(t), shape_(s) {
   if (!b) throw std::invalid_argument("troupe::tensor: shape " + s.str() + " invalid for " + std::string(name(t)));
   bytes_ = *b;
   const std::size_t alloc = (bytes_ + 63) / 64 * 64;
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, alloc == 0 ? 64 : alloc));
-  if (!p) throw std::bad_alloc();
-  std::memset(p, 0, alloc == 0 ? 64 : alloc);
-  data_.reset(p);
+  data_.reset(allocate_zeroed(alloc == 0 ? 64 : alloc));
 }
 
 tensor::tensor(const tensor& o) : tensor(o.type_, o.shape_) { std::memcpy(data(), o.data(), bytes_); }

@@ -40,16 +40,10 @@ bool split_name(std::string_view name, std::string& module, std::int32_t& layer,
   if (name.ends_with(tail_a)) which = 'A';
   else if (name.ends_with(tail_b)) which = 'B';
   else return false;
-  const auto head = name.substr(0, name.size() - tail_a.size());
-  const auto dot = head.rfind('.');
-  module = std::string(dot == std::string_view::npos ? head : head.substr(dot + 1));
-  const auto at = head.find(".layers.");
-  if (at == std::string_view::npos) return false;
-  const auto digits = head.substr(at + 8);
-  int v = -1;
-  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
-  if (ec != std::errc{} || end == digits.data() || (end != digits.data() + digits.size() && *end != '.')) return false;
-  layer = v;
+  const auto place = layer_linear(name.substr(0, name.size() - tail_a.size()));
+  if (!place) return false;
+  layer = place->first;
+  module = place->second;
   return true;
 }
 
@@ -64,6 +58,17 @@ result<tensor, load_error> as_f32(const tensor_view& v, const std::string& file,
 }
 
 }  // namespace
+
+std::optional<std::pair<std::int32_t, std::string>> layer_linear(std::string_view stem) {
+  const auto at = stem.find(".layers.");
+  if (at == std::string_view::npos) return std::nullopt;
+  const auto digits = stem.substr(at + 8);
+  int layer = -1;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), layer);
+  if (ec != std::errc{} || end == digits.data() || (end != digits.data() + digits.size() && *end != '.')) return std::nullopt;
+  const auto dot = stem.rfind('.');
+  return std::pair{static_cast<std::int32_t>(layer), std::string(stem.substr(dot + 1))};
+}
 
 double peft_adapter::scale() const {
   if (rank <= 0) return 0.0;

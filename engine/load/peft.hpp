@@ -8,6 +8,8 @@
 // other or the config are bad_adapter naming the tensor.
 #include <cstdint>
 #include <filesystem>
+#include <optional>
+#include <utility>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +39,10 @@ struct peft_adapter {
   std::string arch;
   double scale() const;
 };
+
+// A per-layer linear's place in a Hugging Face tensor name without its suffix,
+// "<...>.layers.L.<...>.<module>" -> (L, module); nullopt when the name has no layer number.
+std::optional<std::pair<std::int32_t, std::string>> layer_linear(std::string_view stem);
 
 // Parses adapter_config.json's text (`name` stands for the file in errors).
 result<peft_adapter, load_error> parse_peft_config(std::string_view json, const std::string& name);

@@ -147,83 +147,6 @@ void pack_bf16(const source_panel& s, std::int64_t k, std::byte* dst) {
   }
 }
 
-// q8_0 block: f16 d, 32 i8. q4_0 block: f16 d, 16 bytes of nibbles.
-template <std::size_t Unit, int Groups>
-void pack_q32(const source_panel& s, std::int64_t k, std::byte* dst) {
-  constexpr std::size_t block_bytes = 2 + 4 * Groups;
-  const std::int64_t blocks = k / 32;
-  for (int r = 0; r < panel_rows; ++r) {
-    const std::byte* src = s.row(r);
-    if (!src) continue;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::byte* blk = src + b * block_bytes;
-      std::memcpy(dst + detail::block_scales(b, Unit) + r * 2, blk, 2);
-      std::byte* q = dst + detail::block_codes(b, Unit);
-      for (int g = 0; g < Groups; ++g) std::memcpy(q + (g * panel_rows + r) * 4, blk + 2 + 4 * g, 4);
-    }
-  }
-}
-
-// MXFP4 block: one E8M0 exponent byte, 16 bytes of E2M1 nibbles in q4_0's order.
-void pack_mxfp4(const source_panel& s, std::int64_t k, std::byte* dst) {
-  const std::int64_t blocks = k / 32;
-  for (int r = 0; r < panel_rows; ++r) {
-    const std::byte* src = s.row(r);
-    if (!src) continue;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::byte* blk = src + b * 17;
-      dst[detail::block_scales(b, detail::q4_0_unit) + r] = blk[0];
-      std::byte* q = dst + detail::block_codes(b, detail::q4_0_unit);
-      for (int g = 0; g < 4; ++g) std::memcpy(q + (g * panel_rows + r) * 4, blk + 1 + 4 * g, 4);
-    }
-  }
-}
-
-// Nibbles of one 32-block (16 bytes, q4_0's order) into q4_0's code layout at `q`, row r.
-void put_nibbles(std::byte* q, int r, const std::byte* nibbles) {
-  for (int g = 0; g < 4; ++g) std::memcpy(q + (g * panel_rows + r) * 4, nibbles + 4 * g, 4);
-}
-
-// IQ4_XS superblock: f16 d, u16 scales_h, 4 bytes scales_l, 128 bytes of nibbles (eight 32-blocks in
-// q4_0's order each); each block keeps d (ls - 32) as f32, computed as ggml computes it.
-void pack_iq4_xs(const source_panel& s, std::int64_t k, std::byte* dst) {
-  constexpr auto L = detail::iq4_xs_pairs;
-  for (int r = 0; r < panel_rows; ++r) {
-    const std::byte* src = s.row(r);
-    if (!src) continue;
-    for (std::int64_t sb = 0; sb < k / 256; ++sb) {
-      const std::byte* blk = src + sb * 136;
-      std::uint16_t dbits, sh;
-      std::memcpy(&dbits, blk, 2);
-      std::memcpy(&sh, blk + 2, 2);
-      const float d = f16_to_f32(dbits);
-      for (int ib = 0; ib < 8; ++ib) {
-        const std::int64_t b = 8 * sb + ib;
-        const int sl = static_cast<int>(std::to_integer<std::uint8_t>(blk[4 + ib / 2]));
-        const int ls = ((sl >> (4 * (ib % 2))) & 0x0f) | (((sh >> (2 * ib)) & 3) << 4);
-        const float dl = d * static_cast<float>(ls - 32);
-        std::memcpy(dst + L.scales(b) + r * 4, &dl, 4);
-        put_nibbles(dst + L.codes(b), r, blk + 8 + 16 * ib);
-      }
-    }
-  }
-}
-
-// q4_a32 block: f16 d, u8 z, a zero byte, 16 bytes of nibbles.
-void pack_q4_a32(const source_panel& s, std::int64_t k, std::byte* dst) {
-  constexpr auto L = detail::q4_a32_pairs;
-  for (int r = 0; r < panel_rows; ++r) {
-    const std::byte* src = s.row(r);
-    if (!src) continue;
-    for (std::int64_t b = 0; b < k / 32; ++b) {
-      const std::byte* blk = src + b * 20;
-      std::memcpy(dst + L.scales(b) + r * 2, blk, 2);
-      dst[L.zeros(b) + r] = blk[2];
-      put_nibbles(dst + L.codes(b), r, blk + 4);
-    }
-  }
-}
-
 // Calls fn(r, b, block) for each of the panel's present rows r and its `blocks` stored blocks of
 // `block_bytes` bytes each.
 template <class Fn>
@@ -233,6 +156,60 @@ void each_block(const source_panel& s, std::int64_t blocks, std::size_t block_by
     if (!src) continue;
     for (std::int64_t b = 0; b < blocks; ++b) fn(r, b, src + b * block_bytes);
   }
+}
+
+// Nibbles of one 32-block (16 bytes, q4_0's order) into q4_0's code layout at `q`, row r.
+void put_nibbles(std::byte* q, int r, const std::byte* nibbles) {
+  for (int g = 0; g < 4; ++g) std::memcpy(q + (g * panel_rows + r) * 4, nibbles + 4 * g, 4);
+}
+
+// q8_0 block: f16 d, 32 i8. q4_0 block: f16 d, 16 bytes of nibbles.
+template <std::size_t Unit, int Groups>
+void pack_q32(const source_panel& s, std::int64_t k, std::byte* dst) {
+  constexpr std::size_t block_bytes = 2 + 4 * Groups;
+  each_block(s, k / 32, block_bytes, [&](int r, std::int64_t b, const std::byte* blk) {
+    std::memcpy(dst + detail::block_scales(b, Unit) + r * 2, blk, 2);
+    std::byte* q = dst + detail::block_codes(b, Unit);
+    for (int g = 0; g < Groups; ++g) std::memcpy(q + (g * panel_rows + r) * 4, blk + 2 + 4 * g, 4);
+  });
+}
+
+// MXFP4 block: one E8M0 exponent byte, 16 bytes of E2M1 nibbles in q4_0's order.
+void pack_mxfp4(const source_panel& s, std::int64_t k, std::byte* dst) {
+  each_block(s, k / 32, 17, [&](int r, std::int64_t b, const std::byte* blk) {
+    dst[detail::block_scales(b, detail::q4_0_unit) + r] = blk[0];
+    put_nibbles(dst + detail::block_codes(b, detail::q4_0_unit), r, blk + 1);
+  });
+}
+
+// IQ4_XS superblock: f16 d, u16 scales_h, 4 bytes scales_l, 128 bytes of nibbles (eight 32-blocks in
+// q4_0's order each); each block keeps d (ls - 32) as f32, computed as ggml computes it.
+void pack_iq4_xs(const source_panel& s, std::int64_t k, std::byte* dst) {
+  constexpr auto L = detail::iq4_xs_pairs;
+  each_block(s, k / 256, 136, [&](int r, std::int64_t sb, const std::byte* blk) {
+    std::uint16_t dbits, sh;
+    std::memcpy(&dbits, blk, 2);
+    std::memcpy(&sh, blk + 2, 2);
+    const float d = f16_to_f32(dbits);
+    for (int ib = 0; ib < 8; ++ib) {
+      const std::int64_t b = 8 * sb + ib;
+      const int sl = static_cast<int>(std::to_integer<std::uint8_t>(blk[4 + ib / 2]));
+      const int ls = ((sl >> (4 * (ib % 2))) & 0x0f) | (((sh >> (2 * ib)) & 3) << 4);
+      const float dl = d * static_cast<float>(ls - 32);
+      std::memcpy(dst + L.scales(b) + r * 4, &dl, 4);
+      put_nibbles(dst + L.codes(b), r, blk + 8 + 16 * ib);
+    }
+  });
+}
+
+// q4_a32 block: f16 d, u8 z, a zero byte, 16 bytes of nibbles.
+void pack_q4_a32(const source_panel& s, std::int64_t k, std::byte* dst) {
+  constexpr auto L = detail::q4_a32_pairs;
+  each_block(s, k / 32, 20, [&](int r, std::int64_t b, const std::byte* blk) {
+    std::memcpy(dst + L.scales(b) + r * 2, blk, 2);
+    dst[L.zeros(b) + r] = blk[2];
+    put_nibbles(dst + L.codes(b), r, blk + 4);
+  });
 }
 
 // q4_1 block: f16 d, f16 m, 16 bytes of nibbles. q5_0: f16 d, u32 qh, 16 bytes of nibbles. q5_1: f16 d,
@@ -262,32 +239,22 @@ void pack_q4_1_q5(const source_panel& s, std::int64_t k, std::byte* dst) {
 // q8_a32 block: f32 d, u8 z, three zero bytes, 32 u8 codes; kept signed (less 128), as q8_0's codes.
 void pack_q8_a32(const source_panel& s, std::int64_t k, std::byte* dst) {
   constexpr auto L = detail::q8_a32_pairs;
-  for (int r = 0; r < panel_rows; ++r) {
-    const std::byte* src = s.row(r);
-    if (!src) continue;
-    for (std::int64_t b = 0; b < k / 32; ++b) {
-      const std::byte* blk = src + b * 40;
-      std::memcpy(dst + L.scales(b) + r * 4, blk, 4);
-      dst[L.zeros(b) + r] = blk[4] ^ std::byte{0x80};
-      std::byte* q = dst + L.codes(b);
-      for (int g = 0; g < 8; ++g)
-        for (int t = 0; t < 4; ++t) q[(g * panel_rows + r) * 4 + t] = blk[8 + 4 * g + t] ^ std::byte{0x80};
-    }
-  }
+  each_block(s, k / 32, 40, [&](int r, std::int64_t b, const std::byte* blk) {
+    std::memcpy(dst + L.scales(b) + r * 4, blk, 4);
+    dst[L.zeros(b) + r] = blk[4] ^ std::byte{0x80};
+    std::byte* q = dst + L.codes(b);
+    for (int g = 0; g < 8; ++g)
+      for (int t = 0; t < 4; ++t) q[(g * panel_rows + r) * 4 + t] = blk[8 + 4 * g + t] ^ std::byte{0x80};
+  });
 }
 
 // fp8_s32 block: f32 s, 32 E4M3 codes.
 void pack_fp8_s32(const source_panel& s, std::int64_t k, std::byte* dst) {
-  for (int r = 0; r < panel_rows; ++r) {
-    const std::byte* src = s.row(r);
-    if (!src) continue;
-    for (std::int64_t b = 0; b < k / 32; ++b) {
-      const std::byte* blk = src + b * 36;
-      std::byte* u = dst + static_cast<std::size_t>(b) * detail::fp8_s32_unit;
-      std::memcpy(u + r * 4, blk, 4);
-      for (int j = 0; j < 32; ++j) u[64 + j * panel_rows + r] = blk[4 + j];
-    }
-  }
+  each_block(s, k / 32, 36, [&](int r, std::int64_t b, const std::byte* blk) {
+    std::byte* u = dst + static_cast<std::size_t>(b) * detail::fp8_s32_unit;
+    std::memcpy(u + r * 4, blk, 4);
+    for (int j = 0; j < 32; ++j) u[64 + j * panel_rows + r] = blk[4 + j];
+  });
 }
 
 // q4_k superblock: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles. q5_k: the
@@ -296,49 +263,43 @@ template <bool Five>
 void pack_q45_k(const source_panel& s, std::int64_t k, std::byte* dst) {
   constexpr std::size_t block_bytes = Five ? 176 : 144, unit = Five ? detail::q5_k_unit : detail::q4_k_unit;
   constexpr std::size_t qs_at = Five ? 48 : 16;
-  const std::int64_t blocks = k / 256;
-  for (int r = 0; r < panel_rows; ++r) {
-    const std::byte* src = s.row(r);
-    if (!src) continue;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::byte* blk = src + b * block_bytes;
-      std::byte* u = dst + b * unit;
-      std::memcpy(u + r * 2, blk, 2);
-      std::memcpy(u + detail::q4_k_dmin + r * 2, blk + 2, 2);
-      std::uint8_t sm[12];
-      std::memcpy(sm, blk + 4, 12);
-      for (int j = 0; j < 8; ++j) {
-        std::uint8_t sc, mn;
-        if (j < 4) {
-          sc = sm[j] & 63;
-          mn = sm[j + 4] & 63;
-        } else {
-          sc = static_cast<std::uint8_t>((sm[j + 4] & 0x0f) | ((sm[j - 4] >> 6) << 4));
-          mn = static_cast<std::uint8_t>((sm[j + 4] >> 4) | ((sm[j] >> 6) << 4));
-        }
-        u[detail::q4_k_scale + j * panel_rows + r] = std::byte{sc};
-        u[detail::q4_k_min + ((j / 4) * panel_rows + r) * 4 + j % 4] = std::byte{mn};
+  each_block(s, k / 256, block_bytes, [&](int r, std::int64_t b, const std::byte* blk) {
+    std::byte* u = dst + b * unit;
+    std::memcpy(u + r * 2, blk, 2);
+    std::memcpy(u + detail::q4_k_dmin + r * 2, blk + 2, 2);
+    std::uint8_t sm[12];
+    std::memcpy(sm, blk + 4, 12);
+    for (int j = 0; j < 8; ++j) {
+      std::uint8_t sc, mn;
+      if (j < 4) {
+        sc = sm[j] & 63;
+        mn = sm[j + 4] & 63;
+      } else {
+        sc = static_cast<std::uint8_t>((sm[j + 4] & 0x0f) | ((sm[j - 4] >> 6) << 4));
+        mn = static_cast<std::uint8_t>((sm[j + 4] >> 4) | ((sm[j] >> 6) << 4));
       }
-      for (int c = 0; c < 4; ++c) {
-        for (int g = 0; g < 8; ++g) {
-          std::memcpy(u + detail::q4_k_q + ((c * 8 + g) * panel_rows + r) * 4, blk + qs_at + 32 * c + 4 * g, 4);
-        }
-      }
-      if constexpr (Five) {
-        const std::byte* qh = blk + 16;
-        for (int c = 0; c < 4; ++c)
-          for (int w = 0; w < 2; ++w)
-            for (int t = 0; t < 4; ++t) {
-              std::uint8_t byte = 0;
-              for (int g = 0; g < 4; ++g) {
-                const auto bits = std::to_integer<std::uint8_t>(qh[4 * (4 * w + g) + t]);
-                byte = static_cast<std::uint8_t>(byte | (((bits >> (2 * c)) & 1) << g) | (((bits >> (2 * c + 1)) & 1) << (4 + g)));
-              }
-              u[detail::q5_k_h + ((c * 2 + w) * panel_rows + r) * 4 + t] = std::byte{byte};
-            }
+      u[detail::q4_k_scale + j * panel_rows + r] = std::byte{sc};
+      u[detail::q4_k_min + ((j / 4) * panel_rows + r) * 4 + j % 4] = std::byte{mn};
+    }
+    for (int c = 0; c < 4; ++c) {
+      for (int g = 0; g < 8; ++g) {
+        std::memcpy(u + detail::q4_k_q + ((c * 8 + g) * panel_rows + r) * 4, blk + qs_at + 32 * c + 4 * g, 4);
       }
     }
-  }
+    if constexpr (Five) {
+      const std::byte* qh = blk + 16;
+      for (int c = 0; c < 4; ++c)
+        for (int w = 0; w < 2; ++w)
+          for (int t = 0; t < 4; ++t) {
+            std::uint8_t byte = 0;
+            for (int g = 0; g < 4; ++g) {
+              const auto bits = std::to_integer<std::uint8_t>(qh[4 * (4 * w + g) + t]);
+              byte = static_cast<std::uint8_t>(byte | (((bits >> (2 * c)) & 1) << g) | (((bits >> (2 * c + 1)) & 1) << (4 + g)));
+            }
+            u[detail::q5_k_h + ((c * 2 + w) * panel_rows + r) * 4 + t] = std::byte{byte};
+          }
+    }
+  });
 }
 
 // q6_k superblock: 128 bytes ql, 64 bytes qh, 16 i8 scales, f16 d.

@@ -54,8 +54,16 @@ result<std::vector<std::int32_t>, std::string> prompt_ids(driver_actor_state& st
   if (const auto* ids = std::get_if<std::vector<std::int32_t>>(&j.prompt)) return *ids;
   const auto* codec = st.handle->text();
   if (!codec) return unexpected("a text prompt needs the model's tokenizer: " + st.handle->text_problem());
+  // Each media marker takes the vision tower's begin token (docs/vision.md); without images the text is as given.
+  const auto* tower = st.handle->vision();
+  auto marked = [&](std::string text) {
+    if (!tower || j.images.empty()) return text;
+    for (auto at = text.find(transport::media_marker); at != std::string::npos; at = text.find(transport::media_marker, at))
+      text.replace(at, transport::media_marker.size(), tower->spec.begin_text), at += tower->spec.begin_text.size();
+    return text;
+  };
   if (const auto* t = std::get_if<std::string>(&j.prompt)) {
-    auto ids = codec->encode(*t, true);
+    auto ids = codec->encode(marked(*t), true);
     if (!ids) return unexpected(ids.error().message());
     return std::vector<std::int32_t>(ids->begin(), ids->end());
   }
@@ -66,7 +74,7 @@ result<std::vector<std::int32_t>, std::string> prompt_ids(driver_actor_state& st
     st.chat.emplace(std::move(*t));
   }
   nlohmann::json msgs = nlohmann::json::array();
-  for (const auto& m : std::get<std::vector<transport::chat_message>>(j.prompt)) msgs.push_back({{"role", m.role}, {"content", m.content}});
+  for (const auto& m : std::get<std::vector<transport::chat_message>>(j.prompt)) msgs.push_back({{"role", m.role}, {"content", marked(m.content)}});
   return text::chat_prompt_ids(*codec, *st.chat, msgs.dump(), j.tools_json);
 }
 
@@ -207,6 +215,21 @@ driver_actor_t::behavior_type driver_actor(driver_self* self, std::shared_ptr<co
         r.inputs = std::move(*inputs);
         r.prior_output = j->prior_output;
         r.guided = {static_cast<guide::guide_kind>(j->guide.kind), j->guide.text};
+        if (!j->images.empty() || st.handle->vision()) {
+          // Images: decoded here, encoded by the vision tower, their rows placed as request inputs.
+          std::vector<families::image_u8> images;
+          for (std::size_t i = 0; i < j->images.size(); ++i) {
+            const auto& b = j->images[i];
+            auto img = families::decode_image(std::span(reinterpret_cast<const std::uint8_t*>(b.data()), b.size()));
+            if (!img) return refuse(j->job_id, client, transport::error_code::invalid_request, "image " + std::to_string(i) + ": " + img.error().message(), transport::retry::failed);
+            images.push_back(std::move(*img));
+          }
+          auto w = st.drv->with_images(std::move(r), images);
+          if (!w)
+            return refuse(j->job_id, client, transport::error_code_named(driver::name(w.error().code)).value_or(transport::error_code::invalid_request),
+                          w.error().message(), transport::retry::failed);
+          r = std::move(*w);
+        }
         const auto prompt_len = static_cast<std::int64_t>(r.prompt.size());
         auto id = st.drv->open(std::move(r));
         if (!id) {

@@ -1,4 +1,6 @@
 #include "actors/gateway.hpp"
+
+#include <openssl/evp.h>
 #include "actors/gateway_request.hpp"
 #include "actors/http_front.hpp"
 
@@ -30,6 +32,31 @@ namespace troupe::actors {
 using namespace detail;
 
 namespace {
+
+// An image_url content part's bytes: a data URL (data:<type>;base64,<data>), decoded. Nothing is
+// fetched: an http(s) URL is refused.
+constexpr std::size_t max_images = 8, max_image_bytes = std::size_t{6} << 20;
+result<std::string, std::string> image_of(const nlohmann::json& part) {
+  const auto it = part.find("image_url");
+  std::string url;
+  if (it != part.end() && it->is_string()) url = it->get<std::string>();
+  else if (it != part.end() && it->is_object() && it->contains("url") && (*it)["url"].is_string()) url = (*it)["url"].get<std::string>();
+  else return unexpected(std::string("needs a url"));
+  if (!url.starts_with("data:")) return unexpected(std::string("only data URLs (data:image/png;base64,...) are taken: this server fetches nothing"));
+  const auto comma = url.find(',');
+  if (comma == std::string::npos || url.substr(0, comma).find(";base64") == std::string::npos)
+    return unexpected(std::string("a data URL with base64 data is needed"));
+  const std::string_view b64 = std::string_view(url).substr(comma + 1);
+  if (b64.empty() || b64.size() % 4 != 0 || b64.size() > 4 * (max_image_bytes / 3 + 1)) return unexpected(std::string("the base64 data is empty, cut short or too large"));
+  std::string out(b64.size() / 4 * 3, '\0');
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(b64.data()), static_cast<int>(b64.size()));
+  if (n < 0) return unexpected(std::string("the data is not base64"));
+  std::size_t pad = 0;
+  for (std::size_t i = b64.size(); i > 0 && b64[i - 1] == '=' && pad < 2; --i) ++pad;
+  out.resize(static_cast<std::size_t>(n) - pad);
+  return out;
+}
+
 
 using clock_type = std::chrono::steady_clock;
 
@@ -512,6 +539,7 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
       p.fail("messages", "a non-empty array of messages is required");
     } else {
       std::vector<transport::chat_message> msgs;
+      std::size_t image_bytes = 0;
       for (const auto& m : *it) {
         if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
           p.fail("messages", "each message needs a role");
@@ -528,9 +556,28 @@ void gateway_state::completions(const httplib::Request& req, httplib::Response& 
               content += part["text"].get<std::string>();
               continue;
             }
+            if (part.is_object() && part.value("type", "") == "image_url") {
+              // An image travels with the job; the replica's vision tower reads it where the marker is.
+              auto img = image_of(part);
+              if (!img) {
+                p.fail("messages", "image_url: " + img.error());
+                ok = false;
+                break;
+              }
+              image_bytes += img->size();
+              if (j.images.size() >= max_images || image_bytes > max_image_bytes) {
+                p.fail("messages", "image_url: at most " + std::to_string(max_images) + " images of " + std::to_string(max_image_bytes >> 20) +
+                                       " MiB in all");
+                ok = false;
+                break;
+              }
+              content += transport::media_marker;
+              j.images.push_back(std::move(*img));
+              continue;
+            }
             const std::string type = part.is_object() && part.contains("type") && part["type"].is_string() ? part["type"].get<std::string>() : "";
             p.fail("messages", type.empty() ? "each content part needs a type and, for text, a string text"
-                                            : "content parts of type '" + type + "' are not taken: this server's models read text only");
+                                            : "content parts of type '" + type + "' are not taken: text and image_url are");
             ok = false;
             break;
           }

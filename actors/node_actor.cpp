@@ -53,11 +53,12 @@ result<transport::deploy, std::string> deployment_of(const std::string& bytes) {
 
 // The node's handle of a checkpoint, loaded once and shared by its replicas.
 result<std::shared_ptr<const families::model_handle>, std::string> handle_for(node_state& st, const transport::deploy& d) {
-  auto& h = st.handles[d.load.model];
+  const auto key = d.load.mmproj.empty() ? d.load.model : d.load.model + "\n" + d.load.mmproj;
+  auto& h = st.handles[key];
   if (!h) {
-    auto loaded = families::model_handle::load(d.load.model, families::registry::builtin());
+    auto loaded = families::model_handle::load(d.load.model, families::registry::builtin(), d.load.mmproj);
     if (!loaded) {
-      st.handles.erase(d.load.model);
+      st.handles.erase(key);
       return unexpected(families::message(loaded.error()));
     }
     h = *loaded;

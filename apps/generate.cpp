@@ -124,9 +124,24 @@ int run_generate(const generate_options& o) {
     std::fprintf(stderr, "%s\n", model.error().c_str());
     return 2;
   }
-  auto h = families::model_handle::load(*model, families::registry::builtin());
+  auto h = families::model_handle::load(*model, families::registry::builtin(), o.mmproj);
   if (!h) {
     std::fprintf(stderr, "troupe generate: %s\n", families::message(h.error()).c_str());
+    return 2;
+  }
+  std::vector<families::image_u8> images;
+  for (const auto& path : o.images) {
+    std::ifstream f(path, std::ios::binary);
+    std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    auto img = families::decode_image(bytes);
+    if (!img) {
+      std::fprintf(stderr, "troupe generate: --image %s: %s\n", path.c_str(), img.error().message().c_str());
+      return 2;
+    }
+    images.push_back(std::move(*img));
+  }
+  if (!images.empty() && (o.backend == "oracle" || o.tensor_parallel > 1 || o.pipeline_parallel > 1 || o.expert_parallel > 1)) {
+    std::fprintf(stderr, "troupe generate: --image runs on one rank of the driver path (--backend cpu or cuda)\n");
     return 2;
   }
   if (o.expert_parallel > 1) {
@@ -261,6 +276,14 @@ int run_generate(const generate_options& o) {
       req.adapter = "adapter";
     }
     req.prompt = prompt_ids;
+    if (!images.empty() || (*h)->vision()) {  // a model with a vision tower: its image marks need images
+      auto r = prepared->with_images(std::move(req), images);
+      if (!r) {
+        std::fprintf(stderr, "troupe generate: %s\n", r.error().message().c_str());
+        return 2;
+      }
+      req = std::move(*r);
+    }
     req.max_tokens = o.max_tokens;
     req.sampling.temperature = static_cast<float>(o.temperature);
     req.sampling.top_k = static_cast<std::int32_t>(o.top_k);
@@ -383,6 +406,22 @@ int run_generate(const generate_options& o) {
 }
 
 int run_fixture(const fixture_options& o) {
+  if (o.family == "gemma3_vl") {
+    families::vlm_fixture v;
+    v.text.vocab = 512, v.text.hidden = 64, v.text.ffn = 128, v.text.layers = 2, v.text.heads = 4, v.text.kv_heads = 2, v.text.head_dim = 16;
+    const std::filesystem::path dir(o.out);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    auto r = families::write_vlm_fixture(v, dir / "hf", dir / "text.gguf", dir / "mmproj.gguf");
+    if (r) r = families::write_test_image(dir / "image.png", 48, 40, o.seed);
+    if (r) r = families::write_test_image(dir / "square.png", 32, 32, o.seed + 1);
+    if (!r) {
+      std::fprintf(stderr, "troupe %s\n", r.error().message().c_str());
+      return 2;
+    }
+    std::printf("%s\n", o.out.c_str());
+    return 0;
+  }
   if (!o.lora_to_gguf.empty()) {
     auto r = families::write_lora_gguf(o.lora_to_gguf, o.gguf_base, o.out);
     if (!r) {

@@ -10,6 +10,8 @@ namespace troupe::app {
 
 struct generate_options {
   std::string model;
+  std::string mmproj;               // a vision tower (llama.cpp's mmproj GGUF) beside a GGUF model
+  std::vector<std::string> images;  // image files, one per <start_of_image> in the prompt
   std::string prompt;
   std::vector<std::int32_t> prompt_ids;
   bool has_prompt_ids = false;

@@ -102,6 +102,8 @@ int main(int argc, char** argv) {
   g->add_flag("--early-stopping", gen.early_stopping, "beam search: end once --beams hypotheses are in");
   g->add_option("--chain", gen.chain, "chained decode: up to K decode steps per executor call when nothing needs the host between tokens")
       ->check(CLI::Range(1, 1024));
+  g->add_option("--mmproj", gen.mmproj, "a vision tower: llama.cpp's mmproj GGUF beside a GGUF --model");
+  g->add_option("--image", gen.images, "an image file (PNG, JPEG, ...) for each image marker in the prompt (Gemma 3: <start_of_image>); repeat the flag");
   g->add_option("--adapter", gen.adapter, "a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) applied to the request");
   g->add_option("--backend", gen.backend, "cpu, oracle or cuda");
   g->add_option("--device", gen.device, "--backend cuda: the GPU to run on")->check(CLI::Range(0, 1024));
@@ -152,7 +154,7 @@ int main(int argc, char** argv) {
 
   troupe::app::fixture_options fix;
   auto* fx = app.add_subcommand("fixture", "write a family's tiny deterministic test checkpoint");
-  fx->add_option("--family", fix.family)->required();
+  fx->add_option("--family", fix.family, "a family, or gemma3_vl: a vision-language fixture, --out DIR holding hf/, text.gguf, mmproj.gguf and two test images")->required();
   fx->add_option("--out", fix.out, "a directory (Hugging Face form) or, with --gguf, a file")->required();
   fx->add_flag("--gguf", fix.gguf, "write the GGUF form");
   fx->add_option("--type", fix.type, "matrix storage: f32, f16, bf16, or (GGUF) q8_0, q4_0, q4_k, q6_k, ...");
@@ -233,6 +235,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   sv->add_option("--kv-type", serve.kv_type, "the KV cache's element type: f32, f16 (default, as llama.cpp), bf16 or q8_0 (an f16 scale per 32 values)")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   sv->add_option("--max-outstanding", serve.max_outstanding, "jobs admitted and not finished; more get 429")->check(CLI::Range(1, 1 << 20));
+  sv->add_option("--mmproj", serve.mmproj, "a vision tower: llama.cpp's mmproj GGUF beside a GGUF --model (image_url content parts, docs/vision.md)");
   sv->add_option("--lora-modules", serve.lora_modules,
                  "LoRA adapters NAME=PATH (PEFT directories), served as model NAME or SERVED:NAME (repeat or comma-separate)")
       ->delimiter(',');

@@ -59,6 +59,7 @@ int run_serve(const serve_options& o) {
   c.tensor_parallel = std::max(o.tensor_parallel, o.expert_parallel);
   c.expert_parallel = o.expert_parallel > 1;
   c.kv_type = o.kv_type;
+  c.mmproj = o.mmproj;
   c.pipeline_parallel = o.pipeline_parallel;
   c.max_outstanding = o.max_outstanding;
   for (const auto& m : o.lora_modules) {

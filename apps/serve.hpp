@@ -21,6 +21,7 @@ struct serve_options {
   int threads = 0;  // per executor; 0: one per core
   std::int64_t max_outstanding = 1024;
   speculation_flags speculation;  // every replica's draft policy
+  std::string mmproj;  // a vision tower beside a GGUF --model (llama.cpp's mmproj GGUF; docs/vision.md)
   std::vector<std::string> lora_modules;  // NAME=PATH: LoRA adapters every replica loads (docs/adapters.md)
   int max_loras = 0;
   int max_lora_rank = 16;

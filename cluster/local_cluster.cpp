@@ -67,6 +67,7 @@ result<std::unique_ptr<local_cluster>, std::string> local_cluster::start(const s
   d.load.pipeline_parallel = options.pipeline_parallel;
   d.load.expert_parallel = options.expert_parallel;
   d.load.kv_type = options.kv_type;
+  if (!options.mmproj.empty()) d.load.mmproj = std::filesystem::absolute(options.mmproj).lexically_normal().string();
   for (const auto& a : options.adapters) {
     // Paths as the node will open them: absolute, so the node's working directory does not matter.
     const auto eq = a.find('=');

@@ -23,6 +23,7 @@ struct cluster_options {
   std::int32_t pipeline_parallel = 1;      // stages per replica, each over a range of the layers
   bool expert_parallel = false;            // the tensor_parallel ranks hold whole experts (model::expert_parallel)
   std::string kv_type;                     // the KV cache's element type (f32, f16, bf16, q8_0); "": f16
+  std::string mmproj;                      // a vision tower beside a GGUF model (llama.cpp's mmproj); "": none
   // LoRA adapters every replica loads, "name=path" (docs/adapters.md); requests name them as model
   // "name" or "served:name". Slots resident at once (0: all) and the largest rank (0: 16).
   std::vector<std::string> adapters;

@@ -13,6 +13,11 @@ result<load::raw_config, model_error> read_config(const std::filesystem::path& p
 }
 
 result<std::shared_ptr<const model_handle>, model_error> model_handle::load(const std::filesystem::path& path, const registry& reg) {
+  return load(path, reg, {});
+}
+
+result<std::shared_ptr<const model_handle>, model_error> model_handle::load(const std::filesystem::path& path, const registry& reg,
+                                                                           const std::filesystem::path& mmproj) {
   // A GGUF file is parsed once: its metadata is the config (its tensors are mapped, not read, until a
   // family builds); a Hugging Face directory's config.json is read before any tensor file is opened.
   std::error_code ec;
@@ -40,6 +45,19 @@ result<std::shared_ptr<const model_handle>, model_error> model_handle::load(cons
   if (!m) return unexpected(m.error());
   auto h = std::shared_ptr<model_handle>(new model_handle(path, *family, std::move(*cfg), std::move(*store), std::move(*m)));
   h->pooling_ = pooling_of(path, h->config_);
+  if (!mmproj.empty()) {
+    auto v = vision_from_mmproj(mmproj);
+    if (!v) return unexpected(v.error());
+    h->vision_ = std::make_shared<const vision_tower>(std::move(*v));
+  } else if (!gguf && h->config_.has("vision_config")) {
+    auto v = vision_from_hf(h->config_, h->store_);
+    if (!v) return unexpected(v.error());
+    h->vision_ = std::make_shared<const vision_tower>(std::move(*v));
+  }
+  if (h->vision_ && h->vision_->spec.text_hidden != h->model_->config().hidden)
+    return unexpected(model_error{config_error{h->model_->config().family, "projection_dim",
+                                               "the vision tower's rows are " + std::to_string(h->vision_->spec.text_hidden) +
+                                                   " wide, the text model's " + std::to_string(h->model_->config().hidden)}});
   if (h->pooling_.declared_by == "default" && !h->model_->schema().offers(program::step)) {
     // An encoder that declares no pooling: the mean of its states, as sentence-transformers builds for a
     // BERT checkpoint without modules.json (the decoder default, the last token, means little there).
@@ -72,6 +90,7 @@ result<std::shared_ptr<const model_handle>, model_error> model_handle::over(resu
   h->text_ = text_;
   h->text_problem_ = text_problem_;
   h->pooling_ = pooling_;
+  h->vision_ = vision_;
   return std::shared_ptr<const model_handle>(std::move(h));
 }
 

@@ -12,6 +12,7 @@
 #include "engine/text/text_codec.hpp"
 #include "families/pooling.hpp"
 #include "families/registry.hpp"
+#include "families/vision/vision.hpp"
 
 namespace troupe::families {
 
@@ -19,6 +20,12 @@ class model_handle {
  public:
   // A GGUF file, or a Hugging Face directory (config.json and one or many safetensors).
   static result<std::shared_ptr<const model_handle>, model_error> load(const std::filesystem::path& path, const registry& reg);
+  // With the vision tower of an mmproj GGUF (llama.cpp's clip file) beside a GGUF text model; empty:
+  // none, unless the checkpoint directory carries its own (families/vision).
+  static result<std::shared_ptr<const model_handle>, model_error> load(const std::filesystem::path& path, const registry& reg,
+                                                                      const std::filesystem::path& mmproj);
+  // The model's vision tower, or null.
+  const vision_tower* vision() const { return vision_.get(); }
 
   const families::model& model() const { return *model_; }
   const family_entry& family() const { return *family_; }
@@ -58,6 +65,7 @@ class model_handle {
   std::optional<text::text_codec> text_;
   std::string text_problem_;
   families::pooling pooling_;
+  std::shared_ptr<const vision_tower> vision_;
 };
 
 // `h` with its KV cache stored as `t`: h itself when the cache is `t` already or the model has no step

@@ -203,6 +203,7 @@ void put(LoadRequest::Builder b, const load_request& l) {
   for (unsigned i = 0; i < l.adapters.size(); ++i) ads.set(i, l.adapters[i]);
   b.setAdapterSlots(l.adapter_slots);
   b.setMaxAdapterRank(l.max_adapter_rank);
+  b.setMmproj(l.mmproj);
 }
 
 void put(EntryKey::Builder b, const entry_key& k) {
@@ -273,6 +274,8 @@ struct body_writer {
     b.setLengthPenalty(m.length_penalty);
     b.setEarlyStopping(m.early_stopping);
     b.setAdapter(m.adapter);
+    auto imgs = b.initImages(static_cast<unsigned>(m.images.size()));
+    for (unsigned i = 0; i < m.images.size(); ++i) imgs.set(i, data_of(m.images[i]));
     if (m.guide.kind != guide_kind::none) {
       auto g = b.initGuide();
       g.setKind(static_cast<GuideKind>(m.guide.kind));
@@ -459,7 +462,7 @@ load_request get(LoadRequest::Reader r) {
           r.getPrefillChunk(), r.getTokenBudget(), r.getNoPrefixCache(), r.getNoPreempt(), r.getTensorParallel(),
           r.getPipelineParallel(), r.getAcrossNodes(), r.getWorldRank(), text(r.getGroup()), r.getReplicaId(), r.getExpertParallel(),
           text(r.getSpeculative()), text(r.getDraftModel()), r.getDraftTokens(), text(r.getKvType()), get_texts(r.getAdapters()),
-          r.getAdapterSlots(), r.getMaxAdapterRank()};
+          r.getAdapterSlots(), r.getMaxAdapterRank(), text(r.getMmproj())};
 }
 
 // nullopt: a device kind this build does not know.
@@ -537,6 +540,7 @@ result<message, decode_error> read_body(Envelope::Body::Reader body) {
       m.length_penalty = r.getLengthPenalty();
       m.early_stopping = r.getEarlyStopping();
       m.adapter = text(r.getAdapter());
+      for (auto img : r.getImages()) m.images.push_back(bytes(img));
       if (r.hasGuide()) {
         const auto g = r.getGuide();
         const auto k = static_cast<unsigned>(g.getKind());

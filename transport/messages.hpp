@@ -30,6 +30,10 @@ struct sampling {
   friend bool operator==(const sampling&, const sampling&) = default;
 };
 
+// Where an image goes in a prompt's text (llama.cpp's default media marker); the replica puts its
+// vision tower's begin token there.
+inline constexpr std::string_view media_marker = "<__media__>";
+
 struct chat_message {
   std::string role;
   std::string content;
@@ -78,6 +82,8 @@ struct job_submit {
   float length_penalty = 1.0f;
   bool early_stopping = false;
   std::string adapter;  // a LoRA adapter the replica has loaded (load_request::adapters), by name
+  // Encoded images (PNG, JPEG, ...), one per media marker ("<__media__>") of the prompt, in order.
+  std::vector<std::string> images;
   friend bool operator==(const job_submit&, const job_submit&) = default;
 };
 
@@ -232,6 +238,7 @@ struct load_request {
   std::vector<std::string> adapters;
   std::int32_t adapter_slots = 0;
   std::int32_t max_adapter_rank = 0;
+  std::string mmproj;  // a vision tower: llama.cpp's mmproj GGUF on the node beside a GGUF model (docs/vision.md)
   friend bool operator==(const load_request&, const load_request&) = default;
 };
 

@@ -200,6 +200,21 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
   s.tokens = req.prompt;
   s.prompt_len = n;
   s.cacheable = req.inputs.empty();
+  if (const auto it = req.inputs.find("attend_until"); it != req.inputs.end() && it->second.values.type() == dtype::i32) {
+    // Positions that see keys after them are written in one step: each reach stays in the prompt and
+    // within a prefill chunk.
+    const auto& v = it->second;
+    const auto* u = v.values.as<std::int32_t>();
+    for (std::int64_t i = 0; i < v.values.shape()[0]; ++i) {
+      const std::int64_t p = v.positions.empty() ? i : v.positions[static_cast<std::size_t>(i)];
+      if (u[i] >= 0 && (u[i] < p || u[i] >= n || u[i] - p >= st.options.prefill_chunk))
+        return unexpected(driver_error{driver_error_code::bad_input, "request inputs refused",
+                                       input_error{input_error_code::position_outside, "attend_until",
+                                                   "position " + std::to_string(p) + " reaches " + std::to_string(u[i]) +
+                                                       ": before itself, past the prompt or past a prefill chunk of " +
+                                                       std::to_string(st.options.prefill_chunk)}});
+    }
+  }
   s.stop_ids = req.stop_ids;
   if (codec) {
     text::detokenizer_options o;
@@ -216,6 +231,7 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
       for (auto t : req.prior_output) (void)s.detok->push(t);  // already delivered: only the stop matcher's state matters
   }
   s.req = std::move(req);
+  st.index_inputs(s);
   if (s.req.beams > 1) s.group = s.id;
   const auto id = s.id;
   st.seqs.emplace(id, std::move(s));

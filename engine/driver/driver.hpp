@@ -37,6 +37,7 @@
 #include "engine/guide/spec.hpp"
 #include "engine/exec/sampling.hpp"
 #include "families/model_handle.hpp"
+#include "families/vision/vision.hpp"
 #include "families/model_schema.hpp"
 
 namespace troupe::driver {
@@ -417,6 +418,14 @@ class driver<serving> {
   // One embedding per row: its encode hidden states pooled (mean, first token, last token) and
   // L2-normalized when `how` says so (families/pooling.hpp: what the checkpoint declares).
   result<std::vector<std::vector<float>>, driver_error> embed(std::span<const std::vector<std::int32_t>> rows, const families::pooling& how);
+
+  // Images (docs/vision.md): the model's vision tower over one image, its rows [tokens, hidden]
+  // (program_not_offered without a tower); and a request whose prompt marks each image with the
+  // tower's begin token, rewritten so each begin is followed by the image's rows (as the request
+  // inputs embeds / embed_mask, and attend_until where the image's rows see each other both ways)
+  // and the end token. One image per begin token, in order; bad_request when they do not match.
+  result<tensor, driver_error> encode_image(const families::image_u8& image);
+  result<seq_request, driver_error> with_images(seq_request req, std::span<const families::image_u8> images);
 
   // LoRA adapters (adapter_options): a PEFT directory read and checked against the model under `name`
   // (replacing nothing: a name already loaded is refused), served to requests that name it; unload is

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <span>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -46,6 +47,9 @@ struct sequence {
   seq_id group = 0;                  // a beam of the beam search of sequence `group` (itself for the first beam)
   std::int32_t state_row = -1;       // a recurrent model: its row of every state pool while it holds blocks
   std::int32_t adapter_slot = -1;    // its LoRA adapter's slot while it runs (-1: none)
+  // Its request inputs by name: for each prompt position, the values row that position takes (-1: none;
+  // a per-row input: one entry, row 0).
+  std::map<std::string, std::vector<std::int32_t>> input_rows;
 };
 
 // A LoRA adapter the driver has read (adapters.cpp): per target (role, layer), A zero-padded to
@@ -82,6 +86,7 @@ inline std::vector<std::int64_t> buckets(std::int64_t first, std::int64_t last) 
 struct step_values {
   tensor_view token_ids, positions, token_mask, kv_read_map, kv_write_map, state_rows, adapter_rows;
   tensor_view hidden_states;  // a draft program's: the target's hidden state at each token
+  std::span<const sequence* const> row_seqs;  // the sequence each row serves (null: padding), for request inputs
 };
 
 // A step's host-side inputs for `rows` x `tokens` tokens over `capacity` positions: token ids,
@@ -90,7 +95,7 @@ struct step_values {
 struct step_maps {
   step_maps(std::int64_t rows, std::int64_t tokens, std::int64_t capacity)
       : ids(dtype::i32, {rows * tokens}), pos(dtype::i32, {rows * tokens}), write(dtype::i32, {rows * tokens}), read(dtype::i32, {rows, capacity}),
-        state(dtype::i32, {rows}), adapter(dtype::i32, {rows}) {
+        state(dtype::i32, {rows}), adapter(dtype::i32, {rows}), seqs(static_cast<std::size_t>(rows), nullptr) {
     std::fill_n(state.as<std::int32_t>(), rows, -1);
     std::fill_n(adapter.as<std::int32_t>(), rows, -1);
     std::fill_n(ids.as<std::int32_t>(), rows * tokens, 0);
@@ -99,14 +104,16 @@ struct step_maps {
     std::fill_n(read.as<std::int32_t>(), rows * capacity, -1);
   }
   tensor ids, pos, write, read, state, adapter;  // state: each row's recurrent state row; adapter: its LoRA slot (-1: none)
+  std::vector<const sequence*> seqs;
   // Row r serves sequence s: its recurrent state row and adapter slot.
   void row_of(std::int64_t r, const sequence& s) {
+    seqs[static_cast<std::size_t>(r)] = &s;
     state.as<std::int32_t>()[r] = s.state_row;
     adapter.as<std::int32_t>()[r] = s.adapter_slot;
   }
   step_values values() const {
     return {.token_ids = ids.view(), .positions = pos.view(), .kv_read_map = read.view(), .kv_write_map = write.view(), .state_rows = state.view(),
-            .adapter_rows = adapter.view()};
+            .adapter_rows = adapter.view(), .row_seqs = seqs};
   }
 };
 
@@ -148,8 +155,9 @@ struct driver_state {
     return static_cast<std::int32_t>(s.blocks[static_cast<std::size_t>(position / block_size)] * block_size + position % block_size);
   }
   families::kv_layout layout() const { return families::kv_layout::paged(block_size, pool_blocks); }
-  entry_key step_key(std::int64_t rows, std::int64_t tokens, head_kind head) const {
+  entry_key step_key(std::int64_t rows, std::int64_t tokens, head_kind head, std::vector<std::string> carried = {}) const {
     entry_key k;
+    k.carried = std::move(carried);
     k.program = families::program::step;
     k.shape = families::step_shape(rows, tokens, options.capacity).with_kv(layout()).with_hidden_carry(carry_hidden).with_state_rows(state_pool_rows());
     k.head = head;
@@ -199,6 +207,18 @@ struct driver_state {
     k.shape = families::step_shape(rows, tokens, tokens);
     return k;
   }
+
+  // Request inputs (request_inputs.cpp): the inputs a sequence gives over positions [first, first + n)
+  // (the step's carried set), a prefill chunk cut so that it never splits positions that attend to
+  // each other both ways, and each carried slot's value for a step's rows.
+  void index_inputs(sequence& s) const;
+  std::vector<std::string> carried_for(const sequence& s, std::int64_t first, std::int64_t n) const;
+  std::int64_t whole_spans(const sequence& s, std::int64_t n) const;
+  std::shared_ptr<const tensor> carried_value(const std::string& name, std::int64_t rows, std::int64_t tokens, const step_values& v) const;
+  // The vision tower's executable and its entry (vision.cpp in the driver), made on first use.
+  std::unique_ptr<weight_map_source> vision_weights;
+  std::optional<exec::executable_id> vision_exe;
+  std::optional<exec::entry_id> vision_entry;
 
   result<void, driver_error> validate();
   result<void, driver_error> add(const entry_key& k);

@@ -111,8 +111,10 @@ result<void, driver_error> driver_state::add(const entry_key& k) {
       case graph::slot_kind::adapter_rows:
         if (options.adapters.slots > 0) break;  // each row's adapter slot
         [[fallthrough]];
-      case graph::slot_kind::seq_lens:
       case graph::slot_kind::request_input:
+        if (std::find(k.carried.begin(), k.carried.end(), b.slot.name) != k.carried.end()) break;  // bound from the rows' sequences
+        [[fallthrough]];
+      case graph::slot_kind::seq_lens:
         return unexpected(driver_error{driver_error_code::unbound_slot, "entry " + k.str() + ": slot '" + b.slot.name + "' (" +
                                                                            std::string(graph::slot_kind_name(b.slot.kind)) +
                                                                            ") is bound by no input this driver computes"});
@@ -162,6 +164,12 @@ exec::step_inputs driver_state::bind(const entry_key& k, const step_values& v) c
       case graph::slot_kind::hidden_states: in.slots[s.name] = v.hidden_states; break;
       case graph::slot_kind::state_rows: in.slots[s.name] = v.state_rows; break;
       case graph::slot_kind::adapter_rows: in.slots[s.name] = v.adapter_rows; break;
+      case graph::slot_kind::request_input:
+        if (auto t = carried_value(s.name, k.shape.rows(), k.shape.tokens(), v)) {
+          in.slots[s.name] = t->view();
+          in.owned.push_back(std::move(t));
+        }
+        break;
       default: break;  // refused when the entry was added
     }
   }

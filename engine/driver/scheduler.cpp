@@ -473,7 +473,9 @@ result<void, driver_error> driver_state::run_prefill(sequence& s, std::int64_t n
   const std::int64_t pending = static_cast<std::int64_t>(s.tokens.size()) - s.computed;
   const bool last = n == pending;
   const bool want_logits = last && s.req.head == head_kind::logits;
-  const auto key = step_key(1, T, want_logits ? head_kind::logits : head_kind::sample);
+  const auto key = step_key(1, T, want_logits ? head_kind::logits : head_kind::sample, carried_for(s, s.computed, n));
+  if (!key.carried.empty() && !entries.contains(key))
+    if (auto a = add(key); !a) return a;  // a combination of carried inputs met for the first time
   const auto entry = entries.at(key);
   step_maps m(1, T, C);
   const std::int64_t pad = T - n;  // at the front, so the row's last token is real (padding writes nothing)
@@ -605,7 +607,7 @@ result<step_report, driver_error> driver_state::round() {
       auto& s = it->second;
       const std::int64_t pending = static_cast<std::int64_t>(s.tokens.size()) - s.computed;
       if (pending <= 1) continue;  // a decode row (or done)
-      const std::int64_t n = std::min({pending, options.prefill_chunk, budget});
+      const std::int64_t n = whole_spans(s, std::min({pending, options.prefill_chunk, budget}));
       if (!ensure_blocks(s, s.computed + n, report)) {
         finish(s, finish_reason::pool_exhausted);
         updates[s.id].id = s.id;

@@ -64,6 +64,7 @@ class weight_source {
 
 struct step_inputs {
   std::map<std::string, tensor_view> slots;  // by slot name
+  std::vector<std::shared_ptr<const tensor>> owned;  // values the views point into that the caller made for this step
 };
 
 struct step_outputs {

@@ -39,7 +39,10 @@ namespace troupe::graph {
      B [slots, N, rank] per target linear, slot s holding a resident adapter's matrices (zero-padded) */  \
   X(attn_q_lora_a) X(attn_q_lora_b) X(attn_k_lora_a) X(attn_k_lora_b) X(attn_v_lora_a) X(attn_v_lora_b)     \
   X(attn_output_lora_a) X(attn_output_lora_b) X(ffn_gate_lora_a) X(ffn_gate_lora_b) X(ffn_up_lora_a)        \
-  X(ffn_up_lora_b) X(ffn_down_lora_a) X(ffn_down_lora_b)
+  X(ffn_up_lora_b) X(ffn_down_lora_a) X(ffn_down_lora_b)                                                   \
+  /* vision towers (an mmproj's v.* and mm.* tensors): the patch embedding (a stride-patch convolution,   \
+     [D, 3, p, p]) and Gemma 3's projector (its RMSNorm and input projection) */                            \
+  X(patch_embd) X(patch_embd_bias) X(mm_soft_emb_norm) X(mm_input_proj)
 
 enum class tensor_role : std::uint8_t {
   none,  // no role: a weight binding without one is refused by the builder and by validate

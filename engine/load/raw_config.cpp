@@ -161,6 +161,17 @@ result<raw_config, load_error> raw_config::from_json_file(const std::filesystem:
   return from_json_string(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path.string());
 }
 
+std::optional<raw_config> raw_config::section(std::string_view key) const {
+  if (impl_->gguf) return std::nullopt;
+  const json* j = json_lookup(impl_->doc, key);
+  if (!j || !j->is_object()) return std::nullopt;
+  auto i = std::make_shared<impl>();
+  i->source = config_source::hf_json;
+  i->name = impl_->name + ":" + std::string(key);
+  i->doc = *j;
+  return raw_config(std::move(i));
+}
+
 raw_config raw_config::from_gguf(const gguf_file& file) {
   auto i = std::make_shared<impl>();
   i->source = config_source::gguf;

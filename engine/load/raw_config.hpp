@@ -7,6 +7,7 @@
 // JSON null counts as absent (Hugging Face writes null for an unset option).
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -29,6 +30,10 @@ class raw_config {
   static result<raw_config, load_error> from_json_string(std::string_view text, std::string name = "config.json");
   // Shares the file's metadata (and so its mapping) rather than copying it.
   static raw_config from_gguf(const gguf_file& file);
+
+  // The JSON object under `key` as a config of its own (a vision-language checkpoint's text_config),
+  // named "<name>:<key>"; nullopt when there is no such object (or this is a GGUF's metadata).
+  std::optional<raw_config> section(std::string_view key) const;
 
   config_source source() const;
   const std::string& name() const;

@@ -90,7 +90,12 @@ value_id decoder_trace::allow_mask(std::int64_t window, bool causal) {
     b.label(allow, "mask.bidirectional");
     return masks_[{window, causal}] = allow;
   }
-  auto allow = b.binary(op::minimum, b.binary(op::less_equal, kpos, qpos), valid);  // causal and present
+  // Causal and present; a position given attend_until (an image's rows) sees keys up to it too.
+  auto qbound = qpos;
+  if (ctx_.carries("attend_until"))
+    if (const auto until = ctx_.request_input("attend_until", {dtype::i32, {rows * T, 1}}); until.valid())
+      qbound = b.binary(op::maximum, qpos, b.reshape(until, {rows, T, 1}));
+  auto allow = b.binary(op::minimum, b.binary(op::less_equal, kpos, qbound), valid);
   if (window > 0) {
     // key j is visible to position p when p - j < window
     const auto lo = b.sub(qpos, b.scalar(static_cast<double>(window), dtype::i32));
@@ -334,6 +339,16 @@ void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer,
     x = b.gather_rows(ctx_.weight(role::token_embd), ctx_.token_ids());
     if (b.type_of(x).type != dtype::f32) x = b.cast(x, dtype::f32);
     if (p.embed_scale != 1.0) x = b.mul(x, b.scalar(p.embed_scale));
+    if (p.embeds_input) {
+      // Rows given as embeddings (an image's): they replace the token's, unscaled.
+      const auto e = ctx_.request_input("embeds", {dtype::f32, {N, p.hidden}});
+      const auto m = ctx_.request_input("embed_mask", {dtype::i32, {N, 1}});
+      if (e.valid() != m.valid()) {
+        b.fail(graph::bad_declaration{"embeds and embed_mask are carried together"});
+        return;
+      }
+      if (e.valid()) x = b.where(b.binary(op::less, b.scalar(0, dtype::i32), m), e, x);
+    }
     if (ctx_.has(role::token_embd_norm)) x = norm(x, role::token_embd_norm, -1, p);  // BLOOM's norm of the embeddings
     b.label(x, "embed");
   }

@@ -76,6 +76,12 @@ struct stack_params {
   double final_softcap = 0.0;   // 0: none
   bool sandwich_norms = false;  // post_attention_norm after the mixer, post_ffw_norm after the ffn
   bool pre_norms = true;        // false: no attn_norm / ffn_norm before the mixer and the ffn (OLMo 2: post norms only)
+  // Request inputs (docs/vision.md): `embeds` f32 [hidden] with `embed_mask` i32 [1] (a row where the
+  // mask is nonzero takes the given embedding, unscaled, in place of its token's), and `attend_until`
+  // i32 [1] (a position attends to keys up to max(its own position, attend_until): an image's rows see
+  // the whole image; pad -1 is causal).
+  bool embeds_input = false;
+  bool span_input = false;
   bool layer_norm = false;      // LayerNorm with a bias (attn_norm_bias, ...) instead of RMSNorm (StarCoder 2)
   double residual_scale = 1.0;  // the mixer's and the ffn's outputs scaled before each residual add (Granite)
   double logit_scale = 1.0;     // the logits divided by it (Granite's logits_scaling)

@@ -29,6 +29,12 @@ dense_decoder::dense_decoder(dense_decoder_spec spec, families::weight_map weigh
     else if (k != dense_decoder_spec::layer_kind::ffn_only) add_kv(kv, spec_.attention[l], l, spec_.kv_type);
   }
   schema_.add_program(program::step, std::move(kv));
+  if (spec_.stack.embeds_input) {
+    (void)schema_.declare({.name = "embeds", .element = dtype::f32, .width = {spec_.stack.hidden}, .presence = input_presence::optional});
+    (void)schema_.declare({.name = "embed_mask", .element = dtype::i32, .width = {1}, .presence = input_presence::optional});
+  }
+  if (spec_.stack.span_input)
+    (void)schema_.declare({.name = "attend_until", .element = dtype::i32, .width = {1}, .pad = -1.0, .presence = input_presence::optional});
   if (!spec_.recurrent()) schema_.add_program(program::encode, {});  // a recurrent mixer runs forward only
   if (spec_.mtp_layers > 0) {
     std::vector<state_decl> mtp;

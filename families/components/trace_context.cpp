@@ -98,6 +98,16 @@ graph::value_id trace_context::read_map() { return declare(b, read_map_, graph::
 graph::value_id trace_context::token_mask() { return declare(b, token_mask_, graph::slot_kind::token_mask, spec); }
 graph::value_id trace_context::state_rows() { return declare(b, state_rows_, graph::slot_kind::state_rows, spec); }
 graph::value_id trace_context::adapter_rows() { return declare(b, adapter_rows_, graph::slot_kind::adapter_rows, spec); }
+bool trace_context::carries(const std::string& name) const {
+  return std::find(spec.carried_inputs.begin(), spec.carried_inputs.end(), name) != spec.carried_inputs.end();
+}
+
+graph::value_id trace_context::request_input(const std::string& name, const graph::tensor_type& type) {
+  if (!carries(name)) return {};
+  if (auto it = request_inputs_.find(name); it != request_inputs_.end()) return it->second;
+  return request_inputs_[name] = b.slot(graph::slot_kind::request_input, type, name);
+}
+
 graph::value_id trace_context::hidden_states(std::int64_t hidden) {
   return declare(b, hidden_states_, graph::slot_kind::hidden_states, spec, hidden);
 }

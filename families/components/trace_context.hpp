@@ -2,6 +2,7 @@
 // What every component reads while a family traces one step: the builder, the weight map (weights by
 // role, with their stored transforms undone), the step's shape and the step inputs, each declared once.
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "engine/graph/builder.hpp"
@@ -43,10 +44,15 @@ class trace_context {
   graph::value_id adapter_rows();
   // The draft program's hidden_states f32 [tokens, hidden].
   graph::value_id hidden_states(std::int64_t hidden);
+  // Request input `name` (one of spec.carried_inputs) as a slot of `type`: per position, [tokens,
+  // width...]; declared once. Not carried by this step: an invalid value (the caller takes its default).
+  graph::value_id request_input(const std::string& name, const graph::tensor_type& type);
+  bool carries(const std::string& name) const;
 
  private:
   const weight_map& weights_;
   graph::value_id token_ids_, positions_, write_map_, read_map_, token_mask_, hidden_states_, state_rows_, adapter_rows_;
+  std::map<std::string, graph::value_id> request_inputs_;
   graph::value_id adapter_ids_;  // adapter_rows per token, [tokens, 1]
   graph::value_id lora(graph::value_id x, role r, std::int32_t layer, std::int64_t n);
 };

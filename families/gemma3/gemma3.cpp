@@ -11,7 +11,11 @@
 namespace troupe::families {
 namespace {
 
-result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, const load::weight_store& store) {
+// The text model of a Gemma 3 checkpoint: a text-only one (Gemma3ForCausalLM, a GGUF), or the
+// language model of Gemma3ForConditionalGeneration (config.json's text_config; its tensors under
+// language_model.model. or model.language_model.), whose vision tower families/vision reads.
+result<std::unique_ptr<model>, model_error> build_text(const load::raw_config& cfg, const load::weight_store& store, std::string_view prefix,
+                                                       std::string_view head) {
   const config_reader r(cfg, "gemma3");
   auto basics = read_decoder_basics(r, store);
   if (!basics) return unexpected(model_error{basics.error()});
@@ -39,6 +43,10 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
   spec.stack.embed_scale = std::sqrt(static_cast<double>(d.hidden));
   spec.stack.final_softcap = *final_cap;
   spec.stack.sandwich_norms = true;
+  // Image rows: embeddings given per position, attending to each other both ways (llama.cpp's
+  // non-causal image batches; transformers' bidirectional image mask).
+  spec.stack.embeds_input = true;
+  spec.stack.span_input = true;
   spec.ffn.act = activation::gelu_tanh;
   for (std::size_t l = 0; l < spec.attention.size(); ++l) {
     auto& a = spec.attention[l];
@@ -57,11 +65,26 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
   names.qk_norm = true;
   names.sandwich_norms = true;
   names.norms_minus_one = !r.gguf();
-  const auto table = decoder_name_table(names);
+  auto table = decoder_name_table(names);
+  if (!prefix.empty())
+    for (auto& rule : table) {
+      if (rule.key.starts_with("model.")) rule.key = std::string(prefix) + rule.key.substr(6);
+      else if (rule.key == "lm_head.weight") rule.key = std::string(head);
+    }
   return make_dense_decoder(std::move(spec), store, table);
 }
 
-constexpr family_key keys[] = {{load::config_source::hf_json, "gemma3_text"}, {load::config_source::gguf, "gemma3"}};
+result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, const load::weight_store& store) {
+  if (auto text = cfg.section("text_config")) {
+    const bool nested = store.find("model.language_model.embed_tokens.weight").has_value();
+    return build_text(*text, store, nested ? "model.language_model." : "language_model.model.",
+                      nested ? "lm_head.weight" : "language_model.lm_head.weight");
+  }
+  return build_text(cfg, store, "", "");
+}
+
+constexpr family_key keys[] = {
+    {load::config_source::hf_json, "gemma3_text"}, {load::config_source::hf_json, "gemma3"}, {load::config_source::gguf, "gemma3"}};
 
 }  // namespace
 

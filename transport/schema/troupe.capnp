@@ -94,6 +94,7 @@ struct JobSubmit {
   lengthPenalty @19 :Float32 = 1.0;  # beams ranked by logprob / length^lengthPenalty
   earlyStopping @20 :Bool;    # end the search once `beams` hypotheses are in
   adapter @21 :Text;          # a LoRA adapter the replica has loaded, by name; empty: the base model
+  images @22 :List(Data);     # encoded images (PNG, JPEG, ...), one per media marker of the prompt, in order
 }
 
 # engine/guide/spec.hpp's kinds, in its order.
@@ -279,6 +280,7 @@ struct LoadRequest {
   adapters @22 :List(Text);     # LoRA adapters every replica loads, "name=path" (a PEFT directory on the node)
   adapterSlots @23 :Int32;      # adapters resident at once; 0: as many as listed (at least 1 when any are)
   maxAdapterRank @24 :Int32;    # the largest adapter rank served; 0: 16
+  mmproj @25 :Text;             # a vision tower (llama.cpp's mmproj GGUF) on the node beside a GGUF model; empty: none
 }
 
 # ---- nodes and the cluster --------------------------------------------------------------------------

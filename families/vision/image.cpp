@@ -1,0 +1,126 @@
+#include "families/vision/image.hpp"
+
+#include <stb/stb_image.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numbers>
+
+namespace troupe::families {
+
+result<image_u8, image_error> decode_image(std::span<const std::uint8_t> bytes, std::int64_t max_pixels) {
+  if (bytes.empty() || bytes.size() > (std::size_t{1} << 30)) return unexpected(image_error{"no bytes, or more than 1 GiB"});
+  int w = 0, h = 0, c = 0;
+  if (!stbi_info_from_memory(bytes.data(), static_cast<int>(bytes.size()), &w, &h, &c))
+    return unexpected(image_error{std::string("not an image stb_image reads: ") + stbi_failure_reason()});
+  if (w < 1 || h < 1 || static_cast<std::int64_t>(w) * h > max_pixels)
+    return unexpected(image_error{std::to_string(w) + " x " + std::to_string(h) + " pixels: more than " + std::to_string(max_pixels)});
+  unsigned char* data = stbi_load_from_memory(bytes.data(), static_cast<int>(bytes.size()), &w, &h, &c, 3);
+  if (!data) return unexpected(image_error{std::string("cannot decode: ") + stbi_failure_reason()});
+  image_u8 img;
+  img.width = w, img.height = h;
+  img.rgb.assign(data, data + static_cast<std::size_t>(w) * h * 3);
+  stbi_image_free(data);
+  return img;
+}
+
+namespace {
+
+double filter(resample how, double x) {
+  if (how == resample::lanczos) {
+    auto sinc = [](double v) { return v == 0.0 ? 1.0 : std::sin(v * std::numbers::pi) / (v * std::numbers::pi); };
+    return -3.0 <= x && x < 3.0 ? sinc(x) * sinc(x / 3.0) : 0.0;
+  }
+  x = std::abs(x);
+  if (how == resample::bilinear) return x < 1.0 ? 1.0 - x : 0.0;
+  constexpr double a = -0.5;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
+constexpr int precision_bits = 32 - 8 - 2;
+
+// Pillow's coefficients for one axis: each output pixel's first input, count and fixed-point weights.
+struct axis_weights {
+  std::int64_t ksize = 0;
+  std::vector<std::int64_t> first, count;
+  std::vector<std::int32_t> w;
+};
+
+axis_weights weights_for(std::int64_t in, std::int64_t out, resample how) {
+  const double support_unit = how == resample::bilinear ? 1.0 : how == resample::bicubic ? 2.0 : 3.0;
+  const double scale = static_cast<double>(in) / static_cast<double>(out);
+  const double filterscale = std::max(scale, 1.0);
+  const double support = support_unit * filterscale;
+  axis_weights a;
+  a.ksize = static_cast<std::int64_t>(std::ceil(support)) * 2 + 1;
+  a.first.resize(static_cast<std::size_t>(out));
+  a.count.resize(static_cast<std::size_t>(out));
+  a.w.assign(static_cast<std::size_t>(out * a.ksize), 0);
+  std::vector<double> pre(static_cast<std::size_t>(a.ksize));
+  for (std::int64_t xx = 0; xx < out; ++xx) {
+    const double center = (static_cast<double>(xx) + 0.5) * scale;
+    const double ss = 1.0 / filterscale;
+    auto xmin = static_cast<std::int64_t>(center - support + 0.5);
+    xmin = std::max<std::int64_t>(xmin, 0);
+    auto xmax = static_cast<std::int64_t>(center + support + 0.5);
+    xmax = std::min(xmax, in) - xmin;
+    double ww = 0.0;
+    for (std::int64_t x = 0; x < xmax; ++x) {
+      pre[static_cast<std::size_t>(x)] = filter(how, (static_cast<double>(x + xmin) - center + 0.5) * ss);
+      ww += pre[static_cast<std::size_t>(x)];
+    }
+    for (std::int64_t x = 0; x < a.ksize; ++x) {
+      double v = x < xmax ? (ww != 0.0 ? pre[static_cast<std::size_t>(x)] / ww : pre[static_cast<std::size_t>(x)]) : 0.0;
+      v = v * std::ldexp(1.0, precision_bits) + (v < 0 ? -0.5 : 0.5);
+      a.w[static_cast<std::size_t>(xx * a.ksize + x)] = static_cast<std::int32_t>(v);
+    }
+    a.first[static_cast<std::size_t>(xx)] = xmin;
+    a.count[static_cast<std::size_t>(xx)] = xmax;
+  }
+  return a;
+}
+
+std::uint8_t clip8(std::int64_t v) { return static_cast<std::uint8_t>(std::clamp<std::int64_t>(v, 0, 255)); }
+
+}  // namespace
+
+image_u8 resize(const image_u8& img, std::int64_t width, std::int64_t height, resample how) {
+  if (img.width == width && img.height == height) return img;
+  image_u8 cur = img;
+  if (width != img.width) {  // horizontal pass
+    const auto a = weights_for(img.width, width, how);
+    image_u8 out{width, cur.height, std::vector<std::uint8_t>(static_cast<std::size_t>(width * cur.height * 3))};
+    for (std::int64_t y = 0; y < cur.height; ++y)
+      for (std::int64_t xx = 0; xx < width; ++xx) {
+        std::int32_t s[3] = {1 << (precision_bits - 1), 1 << (precision_bits - 1), 1 << (precision_bits - 1)};
+        const auto* k = &a.w[static_cast<std::size_t>(xx * a.ksize)];
+        const auto* p = &cur.rgb[static_cast<std::size_t>((y * cur.width + a.first[static_cast<std::size_t>(xx)]) * 3)];
+        for (std::int64_t x = 0; x < a.count[static_cast<std::size_t>(xx)]; ++x, p += 3)
+          for (int c = 0; c < 3; ++c) s[c] += p[c] * k[x];
+        for (int c = 0; c < 3; ++c) out.rgb[static_cast<std::size_t>((y * width + xx) * 3 + c)] = clip8(s[c] >> precision_bits);
+      }
+    cur = std::move(out);
+  }
+  if (height != img.height) {  // vertical pass
+    const auto a = weights_for(img.height, height, how);
+    const std::int64_t row = cur.width * 3;
+    image_u8 out{cur.width, height, std::vector<std::uint8_t>(static_cast<std::size_t>(row * height))};
+    std::vector<std::int32_t> acc(static_cast<std::size_t>(row));
+    for (std::int64_t yy = 0; yy < height; ++yy) {
+      std::fill(acc.begin(), acc.end(), 1 << (precision_bits - 1));
+      const auto* k = &a.w[static_cast<std::size_t>(yy * a.ksize)];
+      for (std::int64_t y = 0; y < a.count[static_cast<std::size_t>(yy)]; ++y) {
+        const auto* src = &cur.rgb[static_cast<std::size_t>((a.first[static_cast<std::size_t>(yy)] + y) * row)];
+        for (std::int64_t i = 0; i < row; ++i) acc[static_cast<std::size_t>(i)] += src[i] * k[y];
+      }
+      for (std::int64_t i = 0; i < row; ++i) out.rgb[static_cast<std::size_t>(yy * row + i)] = clip8(acc[static_cast<std::size_t>(i)] >> precision_bits);
+    }
+    cur = std::move(out);
+  }
+  return cur;
+}
+
+}  // namespace troupe::families

@@ -1,28 +1,72 @@
 #include "families/vision/image.hpp"
 
-#include <stb/stb_image.h>
+#include <png.h>
+#include <turbojpeg.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <optional>
+#include <string_view>
 
 namespace troupe::families {
 
 result<image_u8, image_error> decode_image(std::span<const std::uint8_t> bytes, std::int64_t max_pixels) {
   if (bytes.empty() || bytes.size() > (std::size_t{1} << 30)) return unexpected(image_error{"no bytes, or more than 1 GiB"});
-  int w = 0, h = 0, c = 0;
-  if (!stbi_info_from_memory(bytes.data(), static_cast<int>(bytes.size()), &w, &h, &c))
-    return unexpected(image_error{std::string("not an image stb_image reads: ") + stbi_failure_reason()});
-  if (w < 1 || h < 1 || static_cast<std::int64_t>(w) * h > max_pixels)
-    return unexpected(image_error{std::to_string(w) + " x " + std::to_string(h) + " pixels: more than " + std::to_string(max_pixels)});
-  unsigned char* data = stbi_load_from_memory(bytes.data(), static_cast<int>(bytes.size()), &w, &h, &c, 3);
-  if (!data) return unexpected(image_error{std::string("cannot decode: ") + stbi_failure_reason()});
+  auto starts = [&](std::string_view magic) {
+    return bytes.size() >= magic.size() && std::memcmp(bytes.data(), magic.data(), magic.size()) == 0;
+  };
+  auto too_big = [&](std::int64_t w, std::int64_t h) -> std::optional<image_error> {
+    if (w < 1 || h < 1 || w * h > max_pixels)
+      return image_error{std::to_string(w) + " x " + std::to_string(h) + " pixels: none, or more than " + std::to_string(max_pixels)};
+    return std::nullopt;
+  };
   image_u8 img;
-  img.width = w, img.height = h;
-  img.rgb.assign(data, data + static_cast<std::size_t>(w) * h * 3);
-  stbi_image_free(data);
-  return img;
+  if (starts("\x89PNG\r\n\x1a\n")) {
+    // libpng's simplified reader: 8-bit RGBA without compositing, the alpha then dropped (as stb_image,
+    // llama.cpp's reader, keeps the colour channels as stored).
+    png_image p{};
+    p.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_memory(&p, bytes.data(), bytes.size())) return unexpected(image_error{std::string("PNG: ") + p.message});
+    if (auto e = too_big(p.width, p.height)) {
+      png_image_free(&p);
+      return unexpected(*e);
+    }
+    p.format = PNG_FORMAT_RGBA;
+    std::vector<std::uint8_t> rgba(PNG_IMAGE_SIZE(p));
+    if (!png_image_finish_read(&p, nullptr, rgba.data(), 0, nullptr)) {
+      png_image_free(&p);
+      return unexpected(image_error{std::string("PNG: ") + p.message});
+    }
+    img.width = p.width, img.height = p.height;
+    img.rgb.resize(static_cast<std::size_t>(img.width * img.height * 3));
+    for (std::size_t i = 0, n = static_cast<std::size_t>(img.width * img.height); i < n; ++i)
+      std::memcpy(&img.rgb[i * 3], &rgba[i * 4], 3);
+    return img;
+  }
+  if (starts("\xff\xd8\xff")) {
+    // libjpeg-turbo: the accurate integer IDCT and smooth upsampling (its defaults).
+    tjhandle t = tjInitDecompress();
+    if (!t) return unexpected(image_error{"JPEG: cannot start the decoder"});
+    int w = 0, h = 0, sub = 0, space = 0;
+    auto fail = [&](const char* what) {
+      image_error e{std::string("JPEG: ") + what + ": " + tjGetErrorStr2(t)};
+      tjDestroy(t);
+      return unexpected(e);
+    };
+    if (tjDecompressHeader3(t, bytes.data(), static_cast<unsigned long>(bytes.size()), &w, &h, &sub, &space) != 0) return fail("header");
+    if (auto e = too_big(w, h)) {
+      tjDestroy(t);
+      return unexpected(*e);
+    }
+    img.width = w, img.height = h;
+    img.rgb.resize(static_cast<std::size_t>(w) * static_cast<std::size_t>(h) * 3);
+    if (tjDecompress2(t, bytes.data(), static_cast<unsigned long>(bytes.size()), img.rgb.data(), w, 0, h, TJPF_RGB, 0) != 0) return fail("data");
+    tjDestroy(t);
+    return img;
+  }
+  return unexpected(image_error{"not a PNG or JPEG image"});
 }
 
 namespace {

@@ -22,7 +22,7 @@ struct image_error {
   std::string message() const { return "image: " + reason; }
 };
 
-// Decodes PNG, JPEG, BMP, GIF (first frame), TGA, PSD, PNM or HDR bytes to RGB. At most
+// Decodes PNG (libpng) or JPEG (libjpeg-turbo) bytes to 8-bit RGB; other formats are refused. At most
 // `max_pixels` pixels; refused with a reason otherwise.
 result<image_u8, image_error> decode_image(std::span<const std::uint8_t> bytes, std::int64_t max_pixels = 64LL << 20);
 

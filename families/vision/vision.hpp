@@ -4,7 +4,7 @@
 // patch) and giving `embeds` [tokens, text hidden], the rows a prompt's image positions take in
 // place of token embeddings (docs/vision.md). The tower comes from a Hugging Face directory beside
 // the text model (config.json's vision_config) or from llama.cpp's mmproj GGUF (general.architecture
-// "clip"); the front end decodes an image (PNG, JPEG, ... through stb_image), resizes it as the
+// "clip"); the front end decodes an image (PNG through libpng, JPEG through libjpeg-turbo), resizes it as the
 // checkpoint says and cuts it into patches.
 #include <array>
 #include <cstdint>

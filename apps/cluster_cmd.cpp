@@ -414,6 +414,7 @@ int run_deploy_cmd(const cluster_cmd_options& given) {
     req.across_nodes = across;
     req.expert_parallel = o.expert_parallel > 1;
     req.kv_type = e.kv_type;
+    if (!o.mmproj.empty()) req.mmproj = std::filesystem::absolute(o.mmproj).lexically_normal();
     req.goal = o.plan;
     auto r = (*s)->deploy(req);
     if (bar) bar->finish(r.has_value());

@@ -36,6 +36,7 @@ struct cluster_cmd_options {
   std::string name;           // deploy: the served name (default: the checkpoint's stem); submit: the model
   std::string collective_host;  // node: where its cross-node collectives listen (empty: toward the coordinator)
   std::string kv_type = "f16";  // deploy: the KV cache's element type (model::with_kv_type)
+  std::string mmproj;            // deploy: a vision tower beside a GGUF --model (docs/vision.md)
   int expert_parallel = 1;  // deploy: ranks per replica holding whole experts (sets tensor_parallel)
   speculation_flags speculation;  // deploy: the replicas' draft policy (--draft-model: a path every node can read)
   int tensor_parallel = 1;  // deploy: ranks per replica, on one node    // deploy: draw the replicas' preparation as a progress bar on stderr

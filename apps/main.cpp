@@ -338,6 +338,7 @@ int main(int argc, char** argv) {
                  "nodes declared, overriding --replicas and the parallel options (without --plan or a split flag the coordinator "
                  "plans each replica: a model no node holds is split into pipeline stages across nodes)");
 
+  dp->add_option("--mmproj", cc.mmproj, "a vision tower beside a GGUF --model: llama.cpp's mmproj GGUF, at this path on every node (docs/vision.md)");
   dp->add_option("--kv-type", cc.kv_type, "the KV cache's element type: f32, f16 (default, as llama.cpp), bf16 or q8_0 (an f16 scale per 32 values)")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   dp->add_flag("--across-nodes", cc.across_nodes,
                "put each pipeline stage on a node of its own (the stages pass activations over Gloo, meeting through the coordinator)");

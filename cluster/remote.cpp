@@ -568,6 +568,7 @@ result<std::string, cluster_error> session::deploy(const deploy_request& r) {
   d.load.across_nodes = r.across_nodes;
   d.load.expert_parallel = r.expert_parallel;
   d.load.kv_type = r.kv_type;
+  d.load.mmproj = r.mmproj.string();
   put_speculation(d.load, o.speculation);
   caf::scoped_actor self{*s_->sys};
   std::string bytes, err = "no answer";

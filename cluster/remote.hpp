@@ -116,6 +116,7 @@ struct deploy_request {
   bool across_nodes = false;
   bool expert_parallel = false;     // the tensor_parallel ranks hold whole experts (model::expert_parallel)
   std::string kv_type;              // the KV cache's element type (f32, f16, bf16, q8_0); "": f16
+  std::filesystem::path mmproj;     // a vision tower beside a GGUF model (llama.cpp's mmproj), readable by every node; empty: none
   std::string goal;                 // the planner's objective: latency (empty), capacity, throughput
 };
 

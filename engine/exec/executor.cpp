@@ -105,12 +105,12 @@ result<std::vector<sampled_row>, exec_error> executor::step_sample(entry_id entr
   std::vector<std::vector<std::uint32_t>> mask_words(rows.size());
   std::future<void> filling;
   if (masks) filling = std::async(std::launch::async, [&] { masks(mask_words); });
-  auto out = step(entry, in);
+  auto out = step_in_place(entry, in);
   if (filling.valid()) filling.get();
   if (!out) return unexpected(out.error());
-  auto it = out->outputs.find("logits");
-  if (it == out->outputs.end()) return unexpected(exec_error{exec_error_code::bad_binding, "head", "the entry returns no logits to sample"});
-  const tensor& logits = it->second;
+  const tensor_view* found = out->find("logits");
+  if (!found) return unexpected(exec_error{exec_error_code::bad_binding, "head", "the entry returns no logits to sample"});
+  const tensor_view& logits = *found;
   const auto& dims = logits.shape().dims();
   if (dims.size() != 2 || logits.type() != dtype::f32 || dims[0] < static_cast<std::int64_t>(rows.size()))
     return unexpected(exec_error{exec_error_code::bad_binding, "head", "logits are not f32 [rows, vocab] covering every sampled row"});
@@ -127,10 +127,20 @@ result<std::vector<sampled_row>, exec_error> executor::step_sample(entry_id entr
     if (rows[r].want_logits) picks[r].logits.assign(row.begin(), row.end());
   }
   if (rest) {
-    out->outputs.erase(it);
-    rest->outputs = std::move(out->outputs);
+    rest->outputs.clear();
+    for (const auto& [name, v] : out->outputs)
+      if (name != "logits") rest->outputs.emplace(name, tensor::copy_of(v));
   }
   return picks;
+}
+
+result<step_views, exec_error> executor::step_in_place(entry_id entry, const step_inputs& in) {
+  auto out = step(entry, in);
+  if (!out) return unexpected(out.error());
+  held_ = std::move(*out);
+  step_views v;
+  for (const auto& [name, t] : held_.outputs) v.outputs.emplace_back(name, t.view());
+  return v;
 }
 
 }  // namespace troupe::exec

@@ -71,6 +71,16 @@ struct step_outputs {
   std::map<std::string, tensor> outputs;  // by output name
 };
 
+// A step's outputs as views into the executor's own buffers, valid until the executor's next step.
+struct step_views {
+  std::vector<std::pair<std::string, tensor_view>> outputs;  // by output name, in the graph's order
+  const tensor_view* find(std::string_view name) const {
+    for (const auto& [n, v] : outputs)
+      if (n == name) return &v;
+    return nullptr;
+  }
+};
+
 struct memory_report {
   std::size_t weight_bytes = 0;   // packed weights and folded constants
   std::size_t state_bytes = 0;    // carried states (KV pools)
@@ -161,7 +171,14 @@ class executor {
   const token_history* history(std::uint64_t sequence) const;
   std::size_t open_histories() const { return histories_.size(); }
 
+ protected:
+  // step() without the copies: the head samples its logits where they are. The base runs step() and
+  // keeps its outputs until the next call; an executor whose outputs stay in its own buffers overrides
+  // it (the CPU executor: the entry's arena).
+  virtual result<step_views, exec_error> step_in_place(entry_id entry, const step_inputs& in);
+
  private:
+  step_outputs held_;  // the base step_in_place's outputs
   std::map<std::uint64_t, token_history> histories_;
   sample_scratch scratch_;
 };

@@ -3,6 +3,9 @@
 #include "engine/compile/fusion.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -25,6 +28,33 @@ using graph::op;
 using lowering::entry;
 using lowering::executable;
 using lowering::instr;
+
+// TROUPE_PROFILE_OPS=1: every step times each instruction, and the totals per operation (with the
+// output's shape) go to stderr when the process ends. A tool for finding where a step's time goes.
+struct op_profile {
+  bool on = [] {
+    const char* e = std::getenv("TROUPE_PROFILE_OPS");
+    return e && *e && *e != '0';
+  }();
+  std::mutex m;
+  std::map<std::string, std::pair<double, std::int64_t>> total;  // seconds, calls
+  std::int64_t steps = 0;
+  ~op_profile() {
+    if (!on || total.empty()) return;
+    double all = 0;
+    for (const auto& [_, v] : total) all += v.first;
+    std::vector<std::pair<double, std::string>> rows;
+    for (const auto& [k, v] : total) rows.emplace_back(v.first, k + " x" + std::to_string(v.second));
+    std::sort(rows.rbegin(), rows.rend());
+    std::fprintf(stderr, "op profile: %lld steps, %.3f s in instructions\n", static_cast<long long>(steps), all);
+    for (const auto& [t, k] : rows) std::fprintf(stderr, "  %6.2f%% %9.3f ms  %s\n", 100 * t / all, 1e3 * t, k.c_str());
+  }
+};
+
+op_profile& profile() {
+  static op_profile p;
+  return p;
+}
 
 }  // namespace
 
@@ -188,12 +218,27 @@ result<void, exec_error> cpu_executor::impl::lower(entry& en, executable& ex) {
   const auto& fused = choice.fused;
   const auto& residual_of = choice.residual_side;
   const auto& gated_of = choice.gated_of;
-  for (std::size_t i = 0; i < g.equations().size(); ++i) {
-    if (!en.tp.pruned.runs[i] || fused[i]) continue;
+  std::vector<std::size_t> order;  // the equations that run on their own, in order
+  for (std::size_t i = 0; i < g.equations().size(); ++i)
+    if (en.tp.pruned.runs[i] && !fused[i]) order.push_back(i);
+  for (std::size_t k = 0; k < order.size();) {
+    const std::size_t i = order[k];
+    std::size_t end = k + 1;
+    while (end < order.size() && lowering::linear_siblings(g, g.equations()[i], g.equations()[order[end]])) ++end;
     std::optional<exec_error> err;
-    auto f = lower_eqn(en, ex, i, residual_of, gated_of, err);
+    instr f;
+    if (end - k > 1) {
+      lowering::lower_ctx c{en, ex, i, residual_of, gated_of, err, level, &pool, opt};
+      f = lowering::lower_linear_group(c, std::span(order).subspan(k, end - k));
+    } else {
+      f = lower_eqn(en, ex, i, residual_of, gated_of, err);
+    }
     if (err) return unexpected(*err);
-    if (f) en.program.push_back(std::move(f));
+    if (f) {
+      en.program.push_back(std::move(f));
+      en.program_eqn.push_back(static_cast<std::uint32_t>(i));
+    }
+    k = end;
   }
   return {};
 }
@@ -218,7 +263,7 @@ instr cpu_executor::impl::lower_eqn(entry& en, executable& ex, std::size_t i,
   return nullptr;
 }
 
-result<step_outputs, exec_error> cpu_executor::step(entry_id id, const step_inputs& in) {
+result<step_views, exec_error> cpu_executor::step_in_place(entry_id id, const step_inputs& in) {
   if (id.value >= impl_->entries.size()) return unexpected(exec_error{exec_error_code::unknown_id, "entry", "not added here"});
   auto& en = *impl_->entries[id.value];
   const auto& g = en.g;
@@ -227,8 +272,26 @@ result<step_outputs, exec_error> cpu_executor::step(entry_id id, const step_inpu
     const auto& v = in.slots.at(s.slot.name);
     if (en.ptr[s.value.index] && en.tp.plan.kind[s.value.index] == compile::storage::arena) std::memcpy(en.ptr[s.value.index], v.data(), v.bytes());
   }
-  for (auto& f : en.program)
-    if (auto e = f()) return unexpected(*e);
+  if (profile().on) {
+    std::vector<double> took(en.program.size());
+    for (std::size_t k = 0; k < en.program.size(); ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (auto e = en.program[k]()) return unexpected(*e);
+      took[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    auto& p = profile();
+    const std::lock_guard lock(p.m);
+    ++p.steps;
+    for (std::size_t k = 0; k < took.size(); ++k) {
+      const auto& eq = g.equations()[en.program_eqn[k]];
+      auto& slot = p.total[std::string(graph::op_name(eq.code)) + " " + g.info(eq.out).type.dims.str()];
+      slot.first += took[k];
+      ++slot.second;
+    }
+  } else {
+    for (auto& f : en.program)
+      if (auto e = f()) return unexpected(*e);
+  }
   if (auto e = check_witnesses(g, [&](graph::value_id v) -> const std::byte* { return en.ptr[v.index]; })) return unexpected(*e);
   // A state updated in place needs nothing more; one computed elsewhere is copied into its buffer.
   auto& states = impl_->exes[en.exe.value]->states;
@@ -236,13 +299,19 @@ result<step_outputs, exec_error> cpu_executor::step(entry_id id, const step_inpu
     auto& buf = states.at(s.name);
     if (en.ptr[s.out.index] != buf.data()) std::memmove(buf.data(), en.ptr[s.out.index], buf.bytes());
   }
-  step_outputs out;
+  step_views out;
   for (const auto& o : g.outputs()) {
     const auto& t = g.info(o.value).type;
-    tensor r(t.type, t.dims);
-    if (r.bytes()) std::memcpy(r.data(), en.ptr[o.value.index], r.bytes());
-    out.outputs.emplace(o.name, std::move(r));
+    out.outputs.emplace_back(o.name, tensor_view(t.type, t.dims, en.ptr[o.value.index]));
   }
+  return out;
+}
+
+result<step_outputs, exec_error> cpu_executor::step(entry_id id, const step_inputs& in) {
+  auto views = step_in_place(id, in);
+  if (!views) return unexpected(views.error());
+  step_outputs out;
+  for (const auto& [name, v] : views->outputs) out.outputs.emplace(name, tensor::copy_of(v));
   return out;
 }
 

@@ -42,6 +42,12 @@ class cpu_executor final : public executor {
   result<executable_id, exec_error> load(const weight_source& weights) override;
   result<entry_id, exec_error> add_entry(executable_id exe, const graph::graph& g) override;
   result<step_outputs, exec_error> step(entry_id entry, const step_inputs& in) override;
+
+ protected:
+  // The outputs where the step left them, in the entry's arena.
+  result<step_views, exec_error> step_in_place(entry_id entry, const step_inputs& in) override;
+
+ public:
   result<void, exec_error> reset_states(executable_id exe) override;
   result<tensor, exec_error> read_state(executable_id exe, const std::string& name) const override;
   result<void, exec_error> copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows) override;

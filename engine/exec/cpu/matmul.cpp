@@ -541,95 +541,8 @@ std::size_t packed_matrix::bytes() const { return static_cast<std::size_t>(l_->p
 
 void matmul(const packed_matrix& w, const float* x, std::int64_t ldx, std::int64_t M, float* y, std::int64_t ldy,
             thread_pool& pool, isa level, const float* r, std::int64_t ldr) {
-  const packed_matrix::layout& l = w.data();
-  const std::int64_t n = l.rows;
-  const std::int64_t k = l.cols;
-  if (M <= 0 || n <= 0) return;
-  if (k == 0) {
-    for (std::int64_t m = 0; m < M; ++m) {
-      if (r) {
-        for (std::int64_t j = 0; j < n; ++j) y[m * ldy + j] = r[m * ldr + j];
-      } else {
-        std::fill(y + m * ldy, y + m * ldy + n, 0.0f);
-      }
-    }
-    return;
-  }
-  if (!usable(level)) level = best_isa();
-  const detail::format_kernel& fk = kernel_for(table(level), l.type);
-  const int threads = pool.size();
-
-  detail::gemm_args a;
-  a.w = &l;
-  a.y = y;
-  a.ldy = ldy;
-  a.r = r;
-  a.ldr = ldr;
-  if (fk.act_bytes) {
-    const std::size_t stride = detail::round64(fk.act_bytes(k));
-    std::byte* acts = scratch(stride * static_cast<std::size_t>(M));
-    // Preparing a row costs about as much as one output panel of it, so rows are spread only when
-    // there are enough to pay for a dispatch.
-    if (M >= 4 * threads && threads > 1) {
-      const std::int64_t per = ceil_div(M, 4 * threads);
-      pool.parallel_for(ceil_div(M, per), [&](std::int64_t t, int) {
-        for (std::int64_t m = t * per; m < std::min(M, (t + 1) * per); ++m) {
-          fk.prepare(x + m * ldx, k, acts + static_cast<std::size_t>(m) * stride);
-        }
-      });
-    } else {
-      for (std::int64_t m = 0; m < M; ++m) fk.prepare(x + m * ldx, k, acts + static_cast<std::size_t>(m) * stride);
-    }
-    a.acts = acts;
-    a.act_stride = stride;
-  } else {
-    a.acts = reinterpret_cast<const std::byte*>(x);
-    a.act_stride = static_cast<std::size_t>(ldx) * sizeof(float);
-  }
-
-  // Tasks are (panel range, row range) rectangles. Output rows of a panel are 64 bytes, so tasks
-  // share no cache line unless ldy is not a multiple of 16. Large M splits rows into chunks that stay
-  // cache-resident while a task walks its panels, and panels evenly. Small M (decode) splits panels
-  // only, in shrinking ranges (each a share of what is left): big first tasks keep claims few, and
-  // the last ones are a panel or two, so neither thread waits long for the other at the end.
-  const std::int64_t panels = l.panels;
-  const std::int64_t m_chunk = M <= 64 ? M : std::min<std::int64_t>(M, 128);
-  const std::int64_t m_tasks = ceil_div(M, m_chunk);
-  constexpr std::size_t max_ranges = 96;
-  std::int64_t bounds[max_ranges + 1];
-  std::size_t ranges = 0;
-  bounds[0] = 0;
-  if (threads == 1) {
-    bounds[++ranges] = panels;
-  } else if (m_tasks == 1) {
-    while (bounds[ranges] < panels) {
-      const std::int64_t left = panels - bounds[ranges];
-      const std::int64_t step = ranges + 1 == max_ranges ? left : ceil_div(left, 2 * static_cast<std::int64_t>(threads));
-      bounds[ranges + 1] = bounds[ranges] + step;
-      ++ranges;
-    }
-  } else {
-    const std::int64_t p_tasks =
-        std::clamp<std::int64_t>(ceil_div(6 * threads, m_tasks), 1, std::min<std::int64_t>(panels, max_ranges));
-    const std::int64_t p_chunk = ceil_div(panels, p_tasks);
-    for (std::int64_t p = p_chunk; bounds[ranges] < panels; p += p_chunk) bounds[++ranges] = std::min(p, panels);
-  }
-  const auto tasks = static_cast<std::int64_t>(ranges) * m_tasks;
-  auto run = [&](std::int64_t t, int) {
-    detail::gemm_args b = a;
-    const auto pi = static_cast<std::size_t>(t / m_tasks);
-    const std::int64_t mi = t % m_tasks;
-    b.p0 = bounds[pi];
-    b.p1 = bounds[pi + 1];
-    b.m0 = mi * m_chunk;
-    b.m1 = std::min(M, b.m0 + m_chunk);
-    fk.compute(b);
-  };
-  if (tasks == 1) {
-    run(0, 0);
-  } else {
-    pool.parallel_for(tasks, run);
-  }
+  const matmul_job job{&w, x, ldx, M, y, ldy, r, ldr};
+  matmul_batch(std::span(&job, 1), pool, level);
 }
 
 void matmul_batch(std::span<const matmul_job> jobs, thread_pool& pool, isa level) {
@@ -637,51 +550,158 @@ void matmul_batch(std::span<const matmul_job> jobs, thread_pool& pool, isa level
   if (!usable(level)) level = best_isa();
   const detail::format_kernel& fk = kernel_for(table(level), jobs.front().w->data().type);
   const auto threads = static_cast<std::int64_t>(pool.size());
-  // Activations of every job's rows, prepared here (few rows: the caller's thread).
-  std::vector<detail::gemm_args> args(jobs.size());
-  std::vector<std::size_t> offset(jobs.size() + 1, 0);
-  for (std::size_t j = 0; j < jobs.size(); ++j) {
-    const std::size_t stride = fk.act_bytes ? detail::round64(fk.act_bytes(jobs[j].w->data().cols)) : 0;
-    offset[j + 1] = offset[j] + stride * static_cast<std::size_t>(std::max<std::int64_t>(jobs[j].M, 0));
-  }
-  std::byte* acts = fk.act_bytes ? scratch(std::max<std::size_t>(offset.back(), 64)) : nullptr;
+
+  // The caller's thread keeps these between calls, so a warm step allocates nothing here.
+  struct prep_row { const float* x; std::int64_t k; std::byte* out; std::size_t block_stride; };
   struct task { std::size_t job; std::int64_t p0, p1, m0, m1; };
-  std::vector<task> tasks;
+  // (Thread-local objects are named through these references: a worker naming `tls` would get its own.)
+  struct batch_scratch {
+    std::vector<detail::gemm_args> args;
+    std::vector<std::size_t> same;  // per job: the job whose prepared activations it reads
+    std::vector<prep_row> preps;
+    std::vector<task> tasks;
+    std::vector<std::size_t> live;  // jobs with work, in order
+  };
+  thread_local batch_scratch tls;
+  batch_scratch& bs = tls;
+  auto& args = bs.args;
+  auto& same = bs.same;
+  auto& preps = bs.preps;
+  auto& tasks = bs.tasks;
+  auto& live = bs.live;
+  auto prepare_row = [](const detail::format_kernel& f, const prep_row& p) {
+    if (f.prepare_blocks) {
+      f.prepare_blocks(p.x, p.k, p.out, p.block_stride);
+    } else {
+      f.prepare(p.x, p.k, p.out);
+    }
+  };
+  args.assign(jobs.size(), {});
+  same.assign(jobs.size(), 0);
+  preps.clear();
+  tasks.clear();
+  live.clear();
+
+  // Jobs with nothing to multiply are answered here: K = 0 leaves the residual (or zeros).
   for (std::size_t j = 0; j < jobs.size(); ++j) {
     const auto& jb = jobs[j];
     const auto& l = jb.w->data();
     if (jb.M <= 0 || l.rows <= 0) continue;
-    auto& a = args[j];
-    a.w = &l;
-    a.y = jb.y;
-    a.ldy = jb.ldy;
     if (l.cols == 0) {
-      for (std::int64_t m = 0; m < jb.M; ++m) std::fill(jb.y + m * jb.ldy, jb.y + m * jb.ldy + l.rows, 0.0f);
+      for (std::int64_t m = 0; m < jb.M; ++m)
+        for (std::int64_t n = 0; n < l.rows; ++n) jb.y[m * jb.ldy + n] = jb.r ? jb.r[m * jb.ldr + n] : 0.0f;
       continue;
     }
-    if (fk.act_bytes) {
-      const std::size_t stride = (offset[j + 1] - offset[j]) / static_cast<std::size_t>(jb.M);
-      // Jobs over the same rows (a decode token's selected experts share its x) share one preparation.
-      std::size_t same = j;
-      for (std::size_t i = 0; i < j && same == j; ++i)
-        if (jobs[i].x == jb.x && jobs[i].M == jb.M && jobs[i].ldx == jb.ldx && jobs[i].w->data().cols == l.cols && args[i].acts) same = i;
-      if (same != j) {
-        a.acts = args[same].acts;
-        a.act_stride = args[same].act_stride;
-      } else {
-        for (std::int64_t m = 0; m < jb.M; ++m) fk.prepare(jb.x + m * jb.ldx, l.cols, acts + offset[j] + static_cast<std::size_t>(m) * stride);
-        a.acts = acts + offset[j];
-        a.act_stride = stride;
-      }
-    } else {
+    live.push_back(j);
+  }
+  if (live.empty()) return;
+
+  // Activations: one preparation per distinct (x, M, ldx, K).
+  for (const std::size_t j : live) {
+    const auto& jb = jobs[j];
+    auto& a = args[j];
+    a.w = &jb.w->data();
+    a.y = jb.y;
+    a.ldy = jb.ldy;
+    a.r = jb.r;
+    a.ldr = jb.ldr;
+    if (!fk.act_bytes) {
       a.acts = reinterpret_cast<const std::byte*>(jb.x);
       a.act_stride = static_cast<std::size_t>(jb.ldx) * sizeof(float);
     }
-    // Each job's panels in about 2 x threads / jobs ranges (at least one), rows in chunks of 128.
-    const std::int64_t ranges = std::clamp<std::int64_t>(ceil_div(2 * threads, static_cast<std::int64_t>(jobs.size())), 1, l.panels);
-    const std::int64_t per = ceil_div(l.panels, ranges);
-    for (std::int64_t m0 = 0; m0 < jb.M; m0 += 128)
-      for (std::int64_t p0 = 0; p0 < l.panels; p0 += per) tasks.push_back({j, p0, std::min(l.panels, p0 + per), m0, std::min(jb.M, m0 + 128)});
+  }
+  if (fk.act_bytes) {
+    std::size_t total = 0;
+    for (const std::size_t j : live) {
+      const auto& jb = jobs[j];
+      std::size_t owner = j;
+      for (const std::size_t i : live) {
+        if (i >= j) break;
+        if (same[i] == i && jobs[i].x == jb.x && jobs[i].M == jb.M && jobs[i].ldx == jb.ldx && jobs[i].w->data().cols == jb.w->data().cols) {
+          owner = i;
+          break;
+        }
+      }
+      same[j] = owner;
+      if (owner == j) {
+        // Row-major: act_stride is a row's bytes; block-major: a group's (act_bytes is per group).
+        args[j].act_stride = detail::round64(fk.act_bytes(jb.w->data().cols));
+        total += args[j].act_stride * static_cast<std::size_t>(fk.prepare_blocks ? ceil_div(jb.M, detail::act32_group) : jb.M);
+      }
+    }
+    std::byte* acts = scratch(std::max<std::size_t>(total, 64));
+    std::size_t at = 0;
+    for (const std::size_t j : live) {
+      const auto& jb = jobs[j];
+      if (same[j] == j) {
+        args[j].acts = acts + at;
+        const std::size_t stride = args[j].act_stride;
+        for (std::int64_t m = 0; m < jb.M; ++m) {
+          const std::size_t row_at = fk.prepare_blocks ? static_cast<std::size_t>(m / detail::act32_group) * stride + static_cast<std::size_t>(m % detail::act32_group) * detail::act32_unit
+                                                       : static_cast<std::size_t>(m) * stride;
+          preps.push_back({jb.x + m * jb.ldx, jb.w->data().cols, acts + at + row_at, detail::act32_unit * detail::act32_group});
+        }
+        at += stride * static_cast<std::size_t>(fk.prepare_blocks ? ceil_div(jb.M, detail::act32_group) : jb.M);
+      } else {
+        args[j].acts = args[same[j]].acts;
+        args[j].act_stride = args[same[j]].act_stride;
+      }
+    }
+    // Preparing a row costs about as much as one output panel of it, so rows are spread only when
+    // there are enough to pay for a dispatch.
+    const auto rows = static_cast<std::int64_t>(preps.size());
+    if (rows >= 4 * threads && threads > 1) {
+      const std::int64_t per = ceil_div(rows, 4 * threads);
+      pool.parallel_for(ceil_div(rows, per), [&](std::int64_t t, int) {
+        for (std::int64_t i = t * per; i < std::min(rows, (t + 1) * per); ++i) prepare_row(fk, preps[static_cast<std::size_t>(i)]);
+      });
+    } else {
+      for (const auto& p : preps) prepare_row(fk, p);
+    }
+  }
+
+  // Tasks are (panel range, row range) rectangles; output rows of a panel are 64 bytes, so tasks share
+  // no cache line unless ldy is not a multiple of 16. Few rows (decode) split the panels of every job,
+  // taken as one sequence, into shrinking ranges (each a share of what is left): big first tasks keep
+  // claims few, and the last ones are a panel or two, so neither thread waits long for the other at
+  // the end; a range that crosses from one job into the next becomes a task in each. Many rows
+  // (prefill) split each job's rows into chunks that stay cache-resident while a task walks its
+  // panels, and its panels evenly.
+  std::int64_t max_m = 0, panels = 0;
+  for (const std::size_t j : live) {
+    max_m = std::max(max_m, jobs[j].M);
+    panels += args[j].w->panels;
+  }
+  if (max_m <= 64) {
+    std::int64_t done = 0;
+    std::size_t li = 0;
+    std::int64_t job_first = 0;  // the global index of live[li]'s first panel
+    while (done < panels) {
+      const std::int64_t left = panels - done;
+      const std::int64_t step = threads == 1 ? left : ceil_div(left, 2 * threads);
+      const std::int64_t end = done + step;
+      while (done < end) {
+        const std::size_t j = live[li];
+        const std::int64_t job_end = job_first + args[j].w->panels;
+        const std::int64_t to = std::min(end, job_end);
+        tasks.push_back({j, done - job_first, to - job_first, 0, jobs[j].M});
+        done = to;
+        if (done == job_end) {
+          job_first = job_end;
+          ++li;
+        }
+      }
+    }
+  } else {
+    for (const std::size_t j : live) {
+      const std::int64_t M = jobs[j].M, jp = args[j].w->panels;
+      const std::int64_t m_chunk = M <= 64 ? M : std::min<std::int64_t>(M, 128);
+      const std::int64_t m_tasks = ceil_div(M, m_chunk);
+      const std::int64_t p_tasks = threads == 1 ? 1 : std::clamp<std::int64_t>(ceil_div(6 * threads, m_tasks), 1, std::min<std::int64_t>(jp, 96));
+      const std::int64_t p_chunk = ceil_div(jp, p_tasks);
+      for (std::int64_t p0 = 0; p0 < jp; p0 += p_chunk)
+        for (std::int64_t m0 = 0; m0 < M; m0 += m_chunk) tasks.push_back({j, p0, std::min(jp, p0 + p_chunk), m0, std::min(M, m0 + m_chunk)});
+    }
   }
   auto run = [&](std::int64_t t, int) {
     const auto& tk = tasks[static_cast<std::size_t>(t)];
@@ -694,7 +714,7 @@ void matmul_batch(std::span<const matmul_job> jobs, thread_pool& pool, isa level
   };
   if (tasks.size() == 1 || threads == 1) {
     for (std::size_t t = 0; t < tasks.size(); ++t) run(static_cast<std::int64_t>(t), 0);
-  } else if (!tasks.empty()) {
+  } else {
     pool.parallel_for(static_cast<std::int64_t>(tasks.size()), run);
   }
 }

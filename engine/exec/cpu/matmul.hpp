@@ -59,15 +59,19 @@ class packed_matrix {
 void matmul(const packed_matrix& w, const float* x, std::int64_t ldx, std::int64_t M, float* y, std::int64_t ldy,
             thread_pool& pool, isa level, const float* r = nullptr, std::int64_t ldr = 0);
 
-// Several independent products in one dispatch: job j computes y_j = x_j W_j^T as `matmul` would (no
-// residual). Every W_j has one format. Their (panel range, row range) tasks share one parallel_for, so
-// many small products (a decode's selected experts) pay one dispatch instead of one each.
+// Several independent products in one dispatch: job j computes y_j = x_j W_j^T (+ r_j) as `matmul`
+// would. Every W_j has one format. Jobs over the same rows (the same x, M and ldx: a layer's q, k and v,
+// or its gate and up, or a decode token's selected experts) share one preparation of the activations,
+// and every job's (panel range, row range) tasks share one parallel_for, so many small products pay
+// one dispatch instead of one each. `matmul` is the batch of one.
 struct matmul_job {
   const packed_matrix* w = nullptr;
   const float* x = nullptr;
   std::int64_t ldx = 0, M = 0;
   float* y = nullptr;
   std::int64_t ldy = 0;
+  const float* r = nullptr;  // the residual epilogue, as matmul's
+  std::int64_t ldr = 0;
 };
 void matmul_batch(std::span<const matmul_job> jobs, thread_pool& pool, isa level);
 

@@ -142,8 +142,20 @@ inline std::size_t act256_s(std::int64_t k) { return act256_d(k) + round64(4 * s
 inline std::size_t act256_hl(std::int64_t k) { return act256_s(k) + 4 * static_cast<std::size_t>(k / 16); }
 inline std::size_t act256_bytes(std::int64_t k) { return round64(act256_hl(k) + 16 * static_cast<std::size_t>(k / 256)); }
 
+// Block-major prepared activations (the 32-element families on the vector levels): rows in groups of
+// act32_group; the unit of block b of row m (32 int8 codes, then the f32 scale and the i32 sum term,
+// as act32's s) at acts + (m / 8) * act_stride + b * 8 * act32_unit + (m % 8) * act32_unit, where
+// act_stride is a group's bytes. A row tile (8 rows or fewer, never across a group) then reads one
+// stream, its rows at fixed offsets from one pointer that moves a fixed step per block. With rows
+// apart (act32), a tile of 8 rows needed 24 pointers, more than x86 has registers, and the q8_0
+// kernel spilled in its inner loop.
+inline constexpr std::size_t act32_unit = 40;
+inline constexpr std::int64_t act32_group = 8;
+inline std::size_t act32_group_bytes(std::int64_t k) { return act32_unit * act32_group * static_cast<std::size_t>(k / 32); }
+
 // One task's share of a product: rows [m0, m1) of x against panels [p0, p1) of W. Row m's prepared
-// activations start at acts + m * act_stride (for kernels that read x directly, acts is x).
+// activations start at acts + m * act_stride (for kernels that read x directly, acts is x), or are
+// block-major (above).
 struct gemm_args {
   const packed_matrix::layout* w = nullptr;
   const std::byte* acts = nullptr;
@@ -161,6 +173,9 @@ struct format_kernel {
   // Prepares one row of x (K floats) into act_bytes(K) bytes.
   void (*prepare)(const float* x, std::int64_t k, std::byte* out) = nullptr;
   void (*compute)(const gemm_args& a) = nullptr;
+  // Instead of `prepare`, for a block-major layout: one row of x into its units, block b's at
+  // out + b * block_stride.
+  void (*prepare_blocks)(const float* x, std::int64_t k, std::byte* out, std::size_t block_stride) = nullptr;
 };
 
 struct kernel_table {

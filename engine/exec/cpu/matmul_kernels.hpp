@@ -62,14 +62,16 @@ int sum_i8(const std::int8_t* q, int n) {
   return s;
 }
 
+// Block-major (act32_unit): block b of the row at out + b * block_stride.
 template <class V, int Offset>
-void prepare_q8_32(const float* x, std::int64_t k, std::byte* out) {
-  auto* q = reinterpret_cast<std::int8_t*>(out);
-  auto* d = reinterpret_cast<float*>(out + act32_d(k));
-  auto* s = reinterpret_cast<std::int32_t*>(out + act32_s(k));
+void prepare_q8_32(const float* x, std::int64_t k, std::byte* out, std::size_t block_stride) {
   for (std::int64_t b = 0; b < k / 32; ++b) {
-    d[b] = quantize_block<V>(x + 32 * b, 32, q + 32 * b);
-    s[b] = Offset == 0 ? 0 : Offset * sum_i8(q + 32 * b, 32);
+    std::byte* u = out + static_cast<std::size_t>(b) * block_stride;
+    auto* q = reinterpret_cast<std::int8_t*>(u);
+    const float d = quantize_block<V>(x + 32 * b, 32, q);
+    const std::int32_t s = Offset == 0 ? 0 : Offset * sum_i8(q, 32);
+    std::memcpy(u + 32, &d, 4);
+    std::memcpy(u + 36, &s, 4);
   }
 }
 
@@ -105,7 +107,7 @@ void prepare_q6_k(const float* x, std::int64_t k, std::byte* out) {
   }
 }
 
-std::size_t bytes32(std::int64_t k) { return act32_bytes(k); }
+std::size_t bytes32(std::int64_t k) { return act32_group_bytes(k); }  // a group of rows
 std::size_t bytes256(std::int64_t k) { return act256_bytes(k); }
 
 // ---------------------------------------------------------------------------------------------
@@ -173,11 +175,17 @@ struct row_acts {
   const std::int8_t* hl;
 };
 
-row_acts acts32(const gemm_args& a, std::int64_t m) {
-  const std::byte* r = a.acts + static_cast<std::size_t>(m) * a.act_stride;
-  const std::int64_t k = a.w->cols;
-  return {at<std::int8_t>(r, 0), at<float>(r, act32_d(k)), at<std::int32_t>(r, act32_s(k)), nullptr};
-}
+// A row tile's block-major 32-element activations (act32_unit): row m + i's codes, scale and sum term
+// of block b. The tile must not cross a group of act32_group rows.
+struct tile32 {
+  static constexpr std::size_t blk = act32_unit * act32_group;  // bytes between a row's blocks
+  const std::byte* base;  // row m's unit of block 0
+  tile32(const gemm_args& a, std::int64_t m)
+      : base(a.acts + static_cast<std::size_t>(m / act32_group) * a.act_stride + static_cast<std::size_t>(m % act32_group) * act32_unit) {}
+  const std::int8_t* q(int i, std::int64_t b) const { return at<std::int8_t>(base, static_cast<std::size_t>(b) * blk + i * act32_unit); }
+  float d(int i, std::int64_t b) const { return *at<float>(base, static_cast<std::size_t>(b) * blk + i * act32_unit + 32); }
+  std::int32_t s(int i, std::int64_t b) const { return *at<std::int32_t>(base, static_cast<std::size_t>(b) * blk + i * act32_unit + 36); }
+};
 
 row_acts acts256(const gemm_args& a, std::int64_t m) {
   const std::byte* r = a.acts + static_cast<std::size_t>(m) * a.act_stride;
@@ -347,8 +355,7 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   constexpr int H = halves_of(V::lanes);
   const std::int64_t blocks = a.w->cols / 32;
   const std::byte* panel = a.w->panel(p);
-  row_acts x[MR];
-  for (int i = 0; i < MR; ++i) x[i] = acts32(a, m + i);
+  const tile32 x(a, m);
   const typename V::vi low4 = V::set1_i8(0x0f);
   const typename V::vi high4 = V::set1_i8(0xf0);
   [[maybe_unused]] const typename V::vi bit4 = V::set1_i8(0x10);
@@ -392,9 +399,9 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
           fifth = V::template srli16<1>(fifth);
         }
         for (int i = 0; i < MR; ++i) {
-          acc[i] = V::dot_u8s8(acc[i], lo, V::bcast4(x[i].q + 32 * b + 4 * g));
+          acc[i] = V::dot_u8s8(acc[i], lo, V::bcast4(x.q(i, b) + 4 * g));
           typename V::vi& target = split ? acc_hi[i] : acc[i];
-          target = V::dot_u8s8(target, hi, V::bcast4(x[i].q + 32 * b + 16 + 4 * g));
+          target = V::dot_u8s8(target, hi, V::bcast4(x.q(i, b) + 16 + 4 * g));
         }
       }
       for (int i = 0; i < MR; ++i) {
@@ -405,11 +412,11 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
           dot = V::add_i32(dot, acc_hi[i]);
         }
         typename V::vi c;
-        if constexpr (Affine) c = V::sub_i32(dot, V::mullo_i32(z, V::set1_i32(x[i].s[b])));
+        if constexpr (Affine) c = V::sub_i32(dot, V::mullo_i32(z, V::set1_i32(x.s(i, b))));
         else if constexpr (Min) c = dot;
-        else c = V::sub_i32(dot, V::set1_i32(x[i].s[b]));
-        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(Fp4 ? 0.5f * x[i].d[b] : x[i].d[b])), f[i]);
-        if constexpr (Min) f[i] = V::fmadd(mw, V::set1_f(x[i].d[b] * static_cast<float>(x[i].s[b])), f[i]);
+        else c = V::sub_i32(dot, V::set1_i32(x.s(i, b)));
+        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(Fp4 ? 0.5f * x.d(i, b) : x.d(i, b))), f[i]);
+        if constexpr (Min) f[i] = V::fmadd(mw, V::set1_f(x.d(i, b) * static_cast<float>(x.s(i, b))), f[i]);
       }
     }
     for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
@@ -427,8 +434,7 @@ void iq4_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   constexpr int H = halves_of(V::lanes);
   const std::int64_t blocks = a.w->cols / 32;
   const std::byte* panel = a.w->panel(p);
-  row_acts x[MR];
-  for (int i = 0; i < MR; ++i) x[i] = acts32(a, m + i);
+  const tile32 x(a, m);
   const typename V::vi low4 = V::set1_i8(0x0f);
   const typename V::vi lut = V::bcast16(iq4nl_levels);
   for (int h = 0; h < H; ++h) {
@@ -454,13 +460,13 @@ void iq4_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
         const typename V::vi hi = V::shuffle_i8(lut, V::and_i(V::template srli16<4>(v), low4));
         const typename V::vi lop = V::q8_weights(lo), hip = V::q8_weights(hi);
         for (int i = 0; i < MR; ++i) {
-          acc[i] = V::dot_q8(acc[i], lop, lo, V::bcast4(x[i].q + 32 * b + 4 * g));
-          acc[i] = V::dot_q8(acc[i], hip, hi, V::bcast4(x[i].q + 32 * b + 16 + 4 * g));
+          acc[i] = V::dot_q8(acc[i], lop, lo, V::bcast4(x.q(i, b) + 4 * g));
+          acc[i] = V::dot_q8(acc[i], hip, hi, V::bcast4(x.q(i, b) + 16 + 4 * g));
         }
       }
       for (int i = 0; i < MR; ++i) {
-        const typename V::vi c = V::q8_offset == 0 ? acc[i] : V::sub_i32(acc[i], V::set1_i32(x[i].s[b]));
-        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x[i].d[b])), f[i]);
+        const typename V::vi c = V::q8_offset == 0 ? acc[i] : V::sub_i32(acc[i], V::set1_i32(x.s(i, b)));
+        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x.d(i, b))), f[i]);
       }
     }
     for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
@@ -476,8 +482,7 @@ void q8_a_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   constexpr int H = halves_of(V::lanes);
   const std::int64_t blocks = a.w->cols / 32;
   const std::byte* panel = a.w->panel(p);
-  row_acts x[MR];
-  for (int i = 0; i < MR; ++i) x[i] = acts32(a, m + i);
+  const tile32 x(a, m);
   for (int h = 0; h < H; ++h) {
     typename V::vf f[MR];
     for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
@@ -491,11 +496,11 @@ void q8_a_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
       for (int g = 0; g < 8; ++g) {
         const typename V::vi w = V::load_i(u + g * 64);
         const typename V::vi wp = V::q8_weights(w);
-        for (int i = 0; i < MR; ++i) acc[i] = V::dot_q8(acc[i], wp, w, V::bcast4(x[i].q + 32 * b + 4 * g));
+        for (int i = 0; i < MR; ++i) acc[i] = V::dot_q8(acc[i], wp, w, V::bcast4(x.q(i, b) + 4 * g));
       }
       for (int i = 0; i < MR; ++i) {
-        const typename V::vi c = V::sub_i32(acc[i], V::mullo_i32(z, V::set1_i32(x[i].s[b])));
-        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x[i].d[b])), f[i]);
+        const typename V::vi c = V::sub_i32(acc[i], V::mullo_i32(z, V::set1_i32(x.s(i, b))));
+        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x.d(i, b))), f[i]);
       }
     }
     for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
@@ -534,8 +539,7 @@ void q8_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   constexpr int H = halves_of(V::lanes);
   const std::int64_t blocks = a.w->cols / 32;
   const std::byte* panel = a.w->panel(p);
-  row_acts x[MR];
-  for (int i = 0; i < MR; ++i) x[i] = acts32(a, m + i);
+  const tile32 x(a, m);
   for (int h = 0; h < H; ++h) {
     typename V::vf f[MR];
     for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
@@ -548,11 +552,11 @@ void q8_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
       for (int g = 0; g < 8; ++g) {
         const typename V::vi w = V::load_i(u + g * 64);
         const typename V::vi wp = V::q8_weights(w);
-        for (int i = 0; i < MR; ++i) acc[i] = V::dot_q8(acc[i], wp, w, V::bcast4(x[i].q + 32 * b + 4 * g));
+        for (int i = 0; i < MR; ++i) acc[i] = V::dot_q8(acc[i], wp, w, V::bcast4(x.q(i, b) + 4 * g));
       }
       for (int i = 0; i < MR; ++i) {
-        const typename V::vi c = V::q8_offset == 0 ? acc[i] : V::sub_i32(acc[i], V::set1_i32(x[i].s[b]));
-        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x[i].d[b])), f[i]);
+        const typename V::vi c = V::q8_offset == 0 ? acc[i] : V::sub_i32(acc[i], V::set1_i32(x.s(i, b)));
+        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x.d(i, b))), f[i]);
       }
     }
     for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);

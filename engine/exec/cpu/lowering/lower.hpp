@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,7 @@ struct entry {
   tensor arena;
   std::vector<std::byte*> ptr;  // per value
   std::vector<instr> program;
+  std::vector<std::uint32_t> program_eqn;  // the equation each instruction runs (profiling)
   std::deque<packed_matrix> own_packed;  // folded weights packed for this entry (stable addresses)
 };
 
@@ -164,5 +166,13 @@ instr lower_attention(lower_ctx& c);  // scatter_rows, attention
 // A linear (`le`, equation c.i or the one a fused epilogue takes) as one packed matmul storing into y,
 // plus r (the residual epilogue) when set.
 instr lower_linear_into(lower_ctx& c, const graph::equation& le, float* y, const float* r);
+
+// Sibling linears: equations `eqns` (c.i the first), each a linear of the same x that runs right after
+// the one before it, as one batch of products in one dispatch with one preparation of x (a layer's q,
+// k and v; its gate and up). Running the later ones early is safe because nothing between them runs:
+// the buffer plan frees nothing between consecutive siblings that still has a reader.
+instr lower_linear_group(lower_ctx& c, std::span<const std::size_t> eqns);
+// Whether equation b may join a group whose first linear is a.
+bool linear_siblings(const graph::graph& g, const graph::equation& a, const graph::equation& b);
 
 }  // namespace troupe::exec::cpu::lowering

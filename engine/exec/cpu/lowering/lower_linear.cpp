@@ -6,7 +6,11 @@
 
 namespace troupe::exec::cpu::lowering {
 
-instr lower_linear_into(lower_ctx& c, const graph::equation& le, float* y, const float* r) {
+namespace {
+
+// The packed form of a linear's weight: the executable's (packed once per role, from the source), or
+// the entry's own for a weight folded at prepare. Null, with c.err set, when it cannot be packed.
+const packed_matrix* packed_weight(lower_ctx& c, const graph::equation& le) {
   TROUPE_CPU_LOWERING_LOCALS(c);
   const auto wv = le.inputs[1];
   const auto& wt = T(wv);
@@ -38,6 +42,49 @@ instr lower_linear_into(lower_ctx& c, const graph::equation& le, float* y, const
     err = exec_error{exec_error_code::unsupported, where, "a linear weight must be known at prepare"};
     return nullptr;
   }
+  return pm;
+}
+
+}  // namespace
+
+bool linear_siblings(const graph::graph& g, const graph::equation& a, const graph::equation& b) {
+  if (a.code != op::linear || b.code != op::linear || a.inputs.size() != 2 || b.inputs.size() != 2) return false;
+  if (a.inputs[0] != b.inputs[0]) return false;
+  const auto& wa = g.info(a.inputs[1]).type;
+  const auto& wb = g.info(b.inputs[1]).type;
+  return wa.type == wb.type && wa.dims.rank() == 2 && wb.dims.rank() == 2 && wa.dims[1] == wb.dims[1] &&
+         g.info(a.out).type.type == dtype::f32 && g.info(b.out).type.type == dtype::f32;
+}
+
+instr lower_linear_group(lower_ctx& c, std::span<const std::size_t> eqns) {
+  TROUPE_CPU_LOWERING_LOCALS(c);
+  std::vector<matmul_job> jobs;
+  for (const std::size_t k : eqns) {
+    const auto& le = g.equations()[k];
+    const packed_matrix* pm = packed_weight(c, le);
+    if (!pm) return nullptr;
+    const std::int64_t K = pm->cols(), N = pm->rows();
+    const std::int64_t M = K == 0 ? 0 : T(le.inputs[0]).dims.numel() / K;
+    jobs.push_back({pm, reinterpret_cast<const float*>(P(le.inputs[0])), K, M, reinterpret_cast<float*>(P(le.out)), N});
+  }
+  // One batch per packed format (a k-quant file may store v in another format than q and k).
+  std::stable_sort(jobs.begin(), jobs.end(), [](const matmul_job& a, const matmul_job& b) { return a.w->type() < b.w->type(); });
+  std::vector<std::pair<std::size_t, std::size_t>> runs;
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    if (runs.empty() || jobs[runs.back().first].w->type() != jobs[j].w->type()) runs.push_back({j, 0});
+    ++runs.back().second;
+  }
+  return [=]() -> std::optional<exec_error> {
+    for (const auto& [first, count] : runs) matmul_batch(std::span(jobs).subspan(first, count), *pool_ptr, lv);
+    return std::nullopt;
+  };
+}
+
+instr lower_linear_into(lower_ctx& c, const graph::equation& le, float* y, const float* r) {
+  TROUPE_CPU_LOWERING_LOCALS(c);
+  const auto& wt = T(le.inputs[1]);
+  const packed_matrix* pm = packed_weight(c, le);
+  if (!pm) return nullptr;
   const std::int64_t K = wt.dims[1], N = wt.dims[0];
   const std::int64_t M = K == 0 ? 0 : T(le.inputs[0]).dims.numel() / K;
   const auto* x = reinterpret_cast<const float*>(P(le.inputs[0]));

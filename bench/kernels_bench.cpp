@@ -83,6 +83,54 @@ void decode_attention(benchmark::State& st, bool cold) {
 void decode_attention_cold(benchmark::State& st) { decode_attention(st, true); }
 void decode_attention_hot(benchmark::State& st) { decode_attention(st, false); }
 
+// Batched decode over short contexts, as 16 sequences decoding together do: R rows of one token each,
+// SmolLM2-135M's heads (9 query heads over 3 kv heads of 64), an f16 cache of C slots paged in blocks
+// of 16 (the rows' blocks interleaved), row r reading its first 32 + 4 r keys; each call reads the next
+// of 64 layers' caches (about 75 MiB at 16 rows: past the last-level cache, as a step's 30 layers and
+// its weights are). Reported as attention calls per second (one call: one layer of one step).
+void batched_decode_attention(benchmark::State& st) {
+  const std::int64_t R = st.range(0), C = 96, hq9 = 9, hkv3 = 3, layers = 64;
+  isa level;
+  if (!level_or_skip(st, st.range(1), level)) return;
+  const int threads = static_cast<int>(st.range(2));
+  const std::int64_t slots = R * C * layers;
+  const auto kf = random_floats(static_cast<std::size_t>(slots * hkv3 * head_dim), 1);
+  const auto vf = random_floats(static_cast<std::size_t>(slots * hkv3 * head_dim), 2);
+  std::vector<std::uint16_t> k(kf.size()), v(vf.size());
+  to_f16(kf.data(), static_cast<std::int64_t>(kf.size()), k.data(), level);
+  to_f16(vf.data(), static_cast<std::int64_t>(vf.size()), v.data(), level);
+  const auto q = random_floats(static_cast<std::size_t>(R * hq9 * head_dim), 3);
+  std::vector<std::int32_t> index(static_cast<std::size_t>(R * C));
+  std::vector<std::uint8_t> allow(static_cast<std::size_t>(R * C), 0);
+  for (std::int64_t r = 0; r < R; ++r)
+    for (std::int64_t c = 0; c < C; ++c) {
+      index[static_cast<std::size_t>(r * C + c)] = static_cast<std::int32_t>(((c / 16) * R + r) * 16 + c % 16);
+      allow[static_cast<std::size_t>(r * C + c)] = c < 32 + 4 * r ? 1 : 0;
+    }
+  std::vector<float> out(static_cast<std::size_t>(R * hq9 * head_dim));
+  attention_args a;
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.kv = kv_elem::f16;
+  a.index = index.data();
+  a.allow = allow.data();
+  a.out = out.data();
+  a.R = R, a.T = 1, a.C = C, a.Hq = hq9, a.Hkv = hkv3, a.D = head_dim, a.Dv = head_dim;
+  a.scale = 0.125f;
+  auto& p = pool(threads);
+  std::int64_t layer = 0;
+  const std::int64_t layer_halves = R * C * hkv3 * head_dim;
+  for (auto _ : st) {
+    a.k = k.data() + layer * layer_halves;
+    a.v = v.data() + layer * layer_halves;
+    attention(a, p, level);
+    benchmark::DoNotOptimize(out.data());
+    layer = (layer + 1) % layers;
+  }
+  st.SetItemsProcessed(st.iterations());
+}
+
 // Causal prefill of T tokens from scratch, Qwen layout; GFLOP/s counts 4 D flops per (query head,
 // allowed key): the score and the P.V product.
 void prefill_attention(benchmark::State& st) {
@@ -169,6 +217,7 @@ void levels_keys_threads(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(decode_attention_cold)->Apply(levels_keys_threads)->UseRealTime();
 BENCHMARK(decode_attention_hot)->Apply(levels_keys_threads)->UseRealTime();
+BENCHMARK(batched_decode_attention)->ArgsProduct({{16, 64}, {2}, {1, 2}})->UseRealTime();
 BENCHMARK(prefill_attention)->ArgsProduct({{128, 512}, {1, 2}, {1, 2}})->UseRealTime();
 BENCHMARK(rms_norm_rows)->ArgsProduct({{1, 512}, {0, 1, 2}});
 BENCHMARK(rope_tokens)->ArgsProduct({{1, 512}, {0, 1, 2}});

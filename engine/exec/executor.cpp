@@ -116,22 +116,44 @@ result<std::vector<sampled_row>, exec_error> executor::step_sample(entry_id entr
     return unexpected(exec_error{exec_error_code::bad_binding, "head", "logits are not f32 [rows, vocab] covering every sampled row"});
   const std::int64_t vocab = dims[1];
   std::vector<sampled_row> picks(rows.size());
-  for (std::size_t r = 0; r < rows.size(); ++r) {
+  std::vector<std::optional<exec_error>> failed(rows.size());
+  // Rows are independent unless two name one sequence (its history takes both picks, in order).
+  std::vector<std::uint64_t> ids;
+  for (const auto& r : rows) ids.push_back(r.sequence);
+  std::sort(ids.begin(), ids.end());
+  const bool apart = std::adjacent_find(ids.begin(), ids.end()) == ids.end();
+  const int workers = apart ? std::max(1, row_workers()) : 1;
+  if (scratch_.size() < static_cast<std::size_t>(workers)) scratch_.resize(static_cast<std::size_t>(workers));
+  auto one = [&](std::size_t r, int worker) {
     const std::span<const float> row(logits.as<float>() + static_cast<std::int64_t>(r) * vocab, static_cast<std::size_t>(vocab));
     auto h = histories_.find(rows[r].sequence);
     token_history* hist = h == histories_.end() ? nullptr : &h->second;
-    auto pick = sample_row(row, rows[r].params, hist, rows[r].draw, mask_words[r], scratch_);
-    if (!pick) return unexpected(exec_error{exec_error_code::bad_sampling, "row " + std::to_string(r), pick.error().message()});
+    auto pick = sample_row(row, rows[r].params, hist, rows[r].draw, mask_words[r], scratch_[static_cast<std::size_t>(worker)]);
+    if (!pick) {
+      failed[r] = exec_error{exec_error_code::bad_sampling, "row " + std::to_string(r), pick.error().message()};
+      return;
+    }
     if (hist) hist->record(pick->token);
     picks[r].pick = std::move(*pick);
     if (rows[r].want_logits) picks[r].logits.assign(row.begin(), row.end());
+  };
+  if (workers > 1 && rows.size() > 1) {
+    for_each_row(rows.size(), one);
+  } else {
+    for (std::size_t r = 0; r < rows.size(); ++r) one(r, 0);
   }
+  for (auto& f : failed)
+    if (f) return unexpected(std::move(*f));
   if (rest) {
     rest->outputs.clear();
     for (const auto& [name, v] : out->outputs)
       if (name != "logits") rest->outputs.emplace(name, tensor::copy_of(v));
   }
   return picks;
+}
+
+void executor::for_each_row(std::size_t n, const std::function<void(std::size_t row, int worker)>& fn) {
+  for (std::size_t r = 0; r < n; ++r) fn(r, 0);
 }
 
 result<step_views, exec_error> executor::step_in_place(entry_id entry, const step_inputs& in) {

@@ -176,11 +176,16 @@ class executor {
   // keeps its outputs until the next call; an executor whose outputs stay in its own buffers overrides
   // it (the CPU executor: the entry's arena).
   virtual result<step_views, exec_error> step_in_place(entry_id entry, const step_inputs& in);
+  // Runs fn(row, worker) for every row in [0, n), worker in [0, row_workers()): the head's host
+  // sampling of a step's rows. The base runs them in order on the calling thread; an executor with
+  // host threads of its own spreads them (the CPU executor: its pool).
+  virtual int row_workers() const { return 1; }
+  virtual void for_each_row(std::size_t n, const std::function<void(std::size_t row, int worker)>& fn);
 
  private:
   step_outputs held_;  // the base step_in_place's outputs
   std::map<std::uint64_t, token_history> histories_;
-  sample_scratch scratch_;
+  std::vector<sample_scratch> scratch_;  // one per row worker
 };
 
 }  // namespace troupe::exec

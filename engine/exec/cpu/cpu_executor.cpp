@@ -307,6 +307,12 @@ result<step_views, exec_error> cpu_executor::step_in_place(entry_id id, const st
   return out;
 }
 
+int cpu_executor::row_workers() const { return impl_->pool.size(); }
+
+void cpu_executor::for_each_row(std::size_t n, const std::function<void(std::size_t row, int worker)>& fn) {
+  impl_->pool.parallel_for(static_cast<std::int64_t>(n), [&](std::int64_t r, int worker) { fn(static_cast<std::size_t>(r), worker); });
+}
+
 result<step_outputs, exec_error> cpu_executor::step(entry_id id, const step_inputs& in) {
   auto views = step_in_place(id, in);
   if (!views) return unexpected(views.error());

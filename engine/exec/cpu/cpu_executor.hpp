@@ -46,6 +46,9 @@ class cpu_executor final : public executor {
  protected:
   // The outputs where the step left them, in the entry's arena.
   result<step_views, exec_error> step_in_place(entry_id entry, const step_inputs& in) override;
+  // Rows are sampled on the pool.
+  int row_workers() const override;
+  void for_each_row(std::size_t n, const std::function<void(std::size_t row, int worker)>& fn) override;
 
  public:
   result<void, exec_error> reset_states(executable_id exe) override;

@@ -232,7 +232,8 @@ check_result run_case(const weights& w, const packed_matrix& pm, std::int64_t M,
 
 std::vector<std::int64_t> ks_for(dtype t) {
   switch (t) {
-    case dtype::q8_0:
+    // 1056: 33 blocks, which several row tiles walk in three K ranges (k_range_blocks).
+    case dtype::q8_0: return {32, 96, 288, 768, 1056};
     case dtype::q4_0:
     case dtype::iq4_nl:
     case dtype::q4_a32:

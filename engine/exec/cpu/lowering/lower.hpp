@@ -117,6 +117,22 @@ inline unary_kind to_unary(op o) {
   }
 }
 
+// Runs fn(first, last) over [0, n): as one range, or split into one range per thread of the pool when
+// each would hold at least `grain` items (ranges start at multiples of `align`). For the row-wise and
+// elementwise ops around the products: a batch of decode rows makes them a few microseconds each,
+// which is worth a second thread, and prefill makes them long.
+inline void split_range(thread_pool& pool, std::int64_t n, std::int64_t grain, std::int64_t align,
+                        const std::function<void(std::int64_t first, std::int64_t last)>& fn) {
+  const std::int64_t threads = pool.size();
+  if (threads < 2 || n < 2 * grain) {
+    if (n > 0) fn(0, n);
+    return;
+  }
+  const std::int64_t parts = std::min<std::int64_t>(threads, n / grain);
+  const std::int64_t per = ((n + parts - 1) / parts + align - 1) / align * align;
+  pool.parallel_for((n + per - 1) / per, [&](std::int64_t t, int) { fn(t * per, std::min(n, (t + 1) * per)); });
+}
+
 // One equation being lowered: where it reads and writes, and what the lowering shares.
 struct lower_ctx {
   entry& en;

@@ -48,7 +48,7 @@ instr lower_elementwise(lower_ctx& c) {
         const auto* up = reinterpret_cast<const float*>(P(e.inputs[0] == ae.out ? e.inputs[1] : e.inputs[0]));
         const auto k = to_unary(ae.code);
         return [=]() -> std::optional<exec_error> {
-          gated(k, gp, up, n, reinterpret_cast<float*>(out), lv);
+          split_range(*pool_ptr, n, 8192, 64, [&](std::int64_t f, std::int64_t l) { gated(k, gp + f, up + f, l - f, reinterpret_cast<float*>(out) + f, lv); });
           return std::nullopt;
         };
       }

@@ -22,8 +22,10 @@ instr lower_norm_rope(lower_ctx& c) {
       const auto eps = static_cast<float>(e.attrs.eps);
       auto* y = reinterpret_cast<float*>(out);
       return [=]() -> std::optional<exec_error> {
-        if (b) layer_norm(x, w, b, rows, N, eps, y, lv);
-        else rms_norm(x, w, rows, N, eps, y, lv);
+        split_range(*pool_ptr, rows, std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(N, 1)), 1, [&](std::int64_t f, std::int64_t l) {
+          if (b) layer_norm(x + f * N, w, b, l - f, N, eps, y + f * N, lv);
+          else rms_norm(x + f * N, w, l - f, N, eps, y + f * N, lv);
+        });
         return std::nullopt;
       };
     }
@@ -39,8 +41,11 @@ instr lower_norm_rope(lower_ctx& c) {
       std::vector<std::int32_t> p32(static_cast<std::size_t>(Tn));
       return [=]() mutable -> std::optional<exec_error> {
         for (std::int64_t t = 0; t < Tn; ++t) p32[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(load_any(pos_type, pos, t));
-        if (x != out) std::memcpy(out, x, static_cast<std::size_t>(n) * sizeof(float));
-        rope(reinterpret_cast<float*>(out), Tn, H, D, p32.data(), inv, half, neox, scale, lv);
+        split_range(*pool_ptr, Tn, std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(H * D, 1)), 1, [&](std::int64_t f, std::int64_t l) {
+          const std::size_t at = static_cast<std::size_t>(f * H * D) * sizeof(float);
+          if (x != out) std::memcpy(out + at, x + at, static_cast<std::size_t>((l - f) * H * D) * sizeof(float));
+          rope(reinterpret_cast<float*>(out + at), l - f, H, D, p32.data() + f, inv, half, neox, scale, lv);
+        });
         return std::nullopt;
       };
     }

@@ -57,6 +57,12 @@ struct v256 {
     return _mm_cvtss_f32(m);
   }
   static vi round_i32(vf v) { return _mm256_cvtps_epi32(v); }
+  static int reduce_add_i32(vi v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_hadd_epi32(s, s);
+    s = _mm_hadd_epi32(s, s);
+    return _mm_cvtsi128_si32(s);
+  }
   static void store_i8(std::int8_t* q, vi v) {
     const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packs_epi16(w, w));

@@ -60,6 +60,7 @@ struct v512 {
   static vf fmsub(vf a, vf b, vf c) { return _mm512_fmsub_ps(a, b, c); }
   static float reduce_max(vf v) { return _mm512_reduce_max_ps(v); }
   static vi round_i32(vf v) { return _mm512_cvtps_epi32(v); }
+  static int reduce_add_i32(vi v) { return _mm512_reduce_add_epi32(v); }
   static void store_i8(std::int8_t* q, vi v) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(v));
   }

@@ -45,14 +45,22 @@ const T* at(const std::byte* p, std::size_t offset) {
 
 // Symmetric int8 quantization of n (a multiple of V::lanes) floats against their largest magnitude,
 // rounding to nearest even: bit-identical to the scalar level's. Returns the scale.
+// With `sum`, also the sum of the codes, taken from the rounded 32-bit lanes (the codes are within
+// +-127, so narrowing them keeps them).
 template <class V>
-float quantize_block(const float* x, int n, std::int8_t* q) {
+float quantize_block(const float* x, int n, std::int8_t* q, int* sum = nullptr) {
   typename V::vf amax = V::zero_f();
   for (int i = 0; i < n; i += V::lanes) amax = V::max_f(amax, V::abs_f(V::loadu_f(x + i)));
   const float m = V::reduce_max(amax);
   const float id = m > 0.0f ? 127.0f / m : 0.0f;
   const typename V::vf vid = V::set1_f(id);
-  for (int i = 0; i < n; i += V::lanes) V::store_i8(q + i, V::round_i32(V::mul_f(V::loadu_f(x + i), vid)));
+  typename V::vi total = V::zero_i();
+  for (int i = 0; i < n; i += V::lanes) {
+    const typename V::vi c = V::round_i32(V::mul_f(V::loadu_f(x + i), vid));
+    V::store_i8(q + i, c);
+    if (sum) total = V::add_i32(total, c);
+  }
+  if (sum) *sum = V::reduce_add_i32(total);
   return m / 127.0f;
 }
 
@@ -68,8 +76,9 @@ void prepare_q8_32(const float* x, std::int64_t k, std::byte* out, std::size_t b
   for (std::int64_t b = 0; b < k / 32; ++b) {
     std::byte* u = out + static_cast<std::size_t>(b) * block_stride;
     auto* q = reinterpret_cast<std::int8_t*>(u);
-    const float d = quantize_block<V>(x + 32 * b, 32, q);
-    const std::int32_t s = Offset == 0 ? 0 : Offset * sum_i8(q, 32);
+    int codes = 0;
+    const float d = quantize_block<V>(x + 32 * b, 32, q, Offset == 0 ? nullptr : &codes);
+    const std::int32_t s = Offset * codes;
     std::memcpy(u + 32, &d, 4);
     std::memcpy(u + 36, &s, 4);
   }

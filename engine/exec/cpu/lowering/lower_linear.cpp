@@ -52,7 +52,7 @@ bool linear_siblings(const graph::graph& g, const graph::equation& a, const grap
   if (a.inputs[0] != b.inputs[0]) return false;
   const auto& wa = g.info(a.inputs[1]).type;
   const auto& wb = g.info(b.inputs[1]).type;
-  return wa.type == wb.type && wa.dims.rank() == 2 && wb.dims.rank() == 2 && wa.dims[1] == wb.dims[1] &&
+  return wa.dims.rank() == 2 && wb.dims.rank() == 2 && wa.dims[1] == wb.dims[1] &&
          g.info(a.out).type.type == dtype::f32 && g.info(b.out).type.type == dtype::f32;
 }
 

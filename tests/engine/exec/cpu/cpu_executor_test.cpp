@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cctype>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -553,6 +554,90 @@ TEST(cpu_executor, fuses_a_residual_add_into_the_preceding_linear) {
       double want = r.as<float>()[i];
       for (std::int64_t k = 0; k < K; ++k) want += static_cast<double>(x.as<float>()[(i / N) * K + k]) * w.as<float>()[(i % N) * K + k];
       EXPECT_NEAR(ys[0].as<float>()[i], want, 1e-4) << i;
+    }
+  }
+}
+
+// Consecutive linears of one input (a layer's q, k and v) run as one batch of products with one
+// preparation of x; a k-quant file may store one of them in another format, which the batch runs on
+// its own. The batch must give exactly what the products give one by one (here: separated by another
+// equation, which keeps them apart).
+TEST(cpu_executor, runs_sibling_linears_of_one_input_as_one_batch) {
+  constexpr std::int64_t K = 96;
+  const std::int64_t Ns[3] = {37, 20, 33};  // partial panels
+  const dtype types[3] = {dtype::q8_0, dtype::q8_0, dtype::q4_0};
+  const troupe::graph::tensor_role roles[3] = {troupe::graph::tensor_role::attn_q, troupe::graph::tensor_role::attn_k,
+                                              troupe::graph::tensor_role::attn_v};
+  std::vector<tensor> ws;
+  for (int j = 0; j < 3; ++j) {
+    std::vector<float> f(static_cast<std::size_t>(Ns[j] * K));
+    for (std::size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i) + j));
+    tensor t(types[j], {Ns[j], K});
+    ASSERT_TRUE(quantize_row(types[j], f.data(), t.data(), static_cast<std::int64_t>(f.size())));
+    ws.push_back(std::move(t));
+  }
+  struct three : weight_source {
+    const std::vector<tensor>* ts;
+    const troupe::graph::tensor_role* rs;
+    std::optional<tensor_view> find(const graph::weight_role& r) const override {
+      for (int j = 0; j < 3; ++j)
+        if (r.kind == rs[j]) return (*ts)[static_cast<std::size_t>(j)].view();
+      return std::nullopt;
+    }
+  } src;
+  src.ts = &ws;
+  src.rs = roles;
+  for (const std::int64_t M : {1, 3, 16, 70}) {
+    SCOPED_TRACE("M=" + std::to_string(M));
+    tensor x(dtype::f32, {M, K});
+    for (std::int64_t i = 0; i < x.numel(); ++i) x.as<float>()[i] = static_cast<float>(std::cos(0.11 * static_cast<double>(i)));
+    // together: three linears in a row; apart: an add after the first keeps them from one batch.
+    auto build = [&](bool together) {
+      graph::builder b;
+      const auto xv = b.slot(graph::slot_kind::request_input, {dtype::f32, {M, K}}, "x");
+      std::vector<graph::value_id> ys;
+      for (int j = 0; j < 3; ++j) {
+        ys.push_back(b.linear(xv, b.weight({roles[j]}, {types[j], {Ns[j], K}})));
+        if (!together && j == 0) b.output("extra", b.add(ys[0], ys[0]));
+      }
+      for (int j = 0; j < 3; ++j) b.output("y" + std::to_string(j), ys[static_cast<std::size_t>(j)]);
+      return std::move(b).finish();
+    };
+    for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
+      if (!usable(level)) continue;
+      SCOPED_TRACE(std::string(isa_name(level)));
+      cpu_executor ex(cpu_options{.threads = 2, .level = level});
+      auto exe = ex.load(src);
+      ASSERT_TRUE(exe);
+      step_inputs in;
+      in.slots = {{"x", x.view()}};
+      std::vector<step_outputs> outs;
+      for (const bool together : {true, false}) {
+        auto g = build(together);
+        ASSERT_TRUE(g);
+        auto e = ex.add_entry(*exe, *g);
+        ASSERT_TRUE(e) << e.error().message();
+        // together: one batch; apart: the first linear, the add, then the other two as one batch.
+        EXPECT_EQ(ex.kernel_calls(*e), together ? 1u : 3u);
+        auto o = ex.step(*e, in);
+        ASSERT_TRUE(o) << o.error().message();
+        outs.push_back(std::move(*o));
+      }
+      for (int j = 0; j < 3; ++j) {
+        const auto& a = outs[0].outputs.at("y" + std::to_string(j));
+        const auto& c = outs[1].outputs.at("y" + std::to_string(j));
+        ASSERT_EQ(a.bytes(), c.bytes());
+        EXPECT_EQ(std::memcmp(a.data(), c.data(), a.bytes()), 0) << "linear " << j;
+        // And near the products of the decoded weights (8-bit activations: a loose bound).
+        std::vector<float> wf(static_cast<std::size_t>(Ns[j] * K));
+        ASSERT_TRUE(dequantize_row(types[j], ws[static_cast<std::size_t>(j)].data(), wf.data(), Ns[j] * K));
+        for (std::int64_t m = 0; m < M; ++m)
+          for (std::int64_t n = 0; n < Ns[j]; ++n) {
+            double want = 0;
+            for (std::int64_t k = 0; k < K; ++k) want += static_cast<double>(x.as<float>()[m * K + k]) * wf[static_cast<std::size_t>(n * K + k)];
+            EXPECT_NEAR(a.as<float>()[m * Ns[j] + n], want, 0.05 + 0.02 * std::fabs(want)) << "linear " << j << " m " << m << " n " << n;
+          }
+      }
     }
   }
 }

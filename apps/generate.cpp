@@ -472,6 +472,12 @@ int run_fixture(const fixture_options& o) {
     return 2;
   }
   for (std::size_t i = 0; i < o.ssm.size(); ++i) *ssm[i] = o.ssm[i];
+  if (!o.hf_quant.empty() && o.gguf) {
+    std::fprintf(stderr, "troupe fixture: --hf-quant writes the Hugging Face form (leave out --gguf)\n");
+    return 2;
+  }
+  d.hf_quant = o.hf_quant;
+  d.hf_quant_reference = o.hf_quant_reference;
   auto r = families::write_fixture(o.family, d, o.out, o.gguf);
   if (!r) {
     std::fprintf(stderr, "troupe %s\n", r.error().message().c_str());

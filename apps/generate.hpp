@@ -62,6 +62,8 @@ struct fixture_options {
   std::string merged_with;            // write --lora-over's checkpoint with this adapter merged to --out instead
   std::string lora_to_gguf;           // write this PEFT adapter in llama.cpp's GGUF LoRA form (for --gguf-base) to --out
   std::string gguf_base;
+  std::string hf_quant;               // the Hugging Face form as a quantizer stores it (gptq, awq, fp8-block, ...)
+  bool hf_quant_reference = false;    // with hf_quant: the f32 checkpoint of the values it decodes to
 };
 int run_fixture(const fixture_options& opt);
 

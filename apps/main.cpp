@@ -174,6 +174,10 @@ int main(int argc, char** argv) {
   fx->add_option("--merged-with", fix.merged_with, "with --lora-over BASE: write BASE with this adapter merged into its weights to --out");
   fx->add_option("--lora-to-gguf", fix.lora_to_gguf, "write this PEFT adapter as llama.cpp's GGUF LoRA for --gguf-base to --out");
   fx->add_option("--gguf-base", fix.gguf_base, "--lora-to-gguf: the GGUF base the adapter goes with");
+  fx->add_option("--hf-quant", fix.hf_quant,
+                 "dense families, Hugging Face form: the linears as a quantizer stores them (gptq, gptq-sym, gptq-act, gptq-3bit, gptq-8bit, "
+                 "gptq-v2, awq, fp8-block, fp8-channel, ct-int4, ct-int4-asym, ct-int8)");
+  fx->add_flag("--hf-quant-reference", fix.hf_quant_reference, "with --hf-quant: the f32 checkpoint of the values the quantized one decodes to");
   fx->callback([&] { rc = troupe::app::run_fixture(fix); });
 
   troupe::app::bench_options bench;

@@ -18,7 +18,8 @@ class weight_map_source final : public exec::weight_source {
     if (const auto it = own_.find(role.str()); it != own_.end()) return it->second.view();
     return w_.view(role);
   }
-  void release(const tensor_view& bytes) const override { w_.store().release_pages(bytes); }
+  void release(const tensor_view& bytes, bool covering = false) const override { w_.store().release_pages(bytes, covering); }
+  bool file_backed(const tensor_view& bytes) const override { return w_.store().file_backed(bytes); }
   // A tensor of the driver's under `role` (replacing any earlier one); it lives as long as the source.
   tensor& own(const graph::weight_role& role, tensor t) { return own_.insert_or_assign(role.str(), std::move(t)).first->second; }
   tensor* owned(const graph::weight_role& role) {

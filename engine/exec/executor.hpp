@@ -59,7 +59,13 @@ class weight_source {
   virtual std::optional<tensor_view> find(const graph::weight_role& role) const = 0;
   // The executor holds `bytes` (part of a view find returned) in its own form and will not read them
   // again: a source whose bytes are a file mapping may drop their pages (a later touch reads them back).
-  virtual void release(const tensor_view& bytes) const { (void)bytes; }
+  // `covering`: the pages the bytes share with neighbouring tensors too (for a small tensor, which
+  // covers no whole page).
+  virtual void release(const tensor_view& bytes, bool covering = false) const { (void)bytes, (void)covering; }
+  // Whether `bytes` are pages of a file mapping, which release can drop. An executor keeps its own copy
+  // of a small weight it reads at every step from such pages (a norm, a bias), so its steps never
+  // fault the file back in.
+  virtual bool file_backed(const tensor_view& bytes) const { (void)bytes; return false; }
 };
 
 struct step_inputs {

@@ -636,14 +636,12 @@ result<hf_quant_linear, load_error> convert_fp8(const context& x, const std::str
 
 }  // namespace
 
-result<std::vector<hf_quant_linear>, load_error> convert_hf_quant(const hf_quant_config& c, const std::vector<std::string>& names,
-                                                                  const tensor_lookup& find, const std::string& file) {
+result<void, load_error> for_each_hf_quant(const hf_quant_config& c, const std::vector<std::string>& names, const tensor_lookup& find,
+                                           const std::string& file, const hf_quant_sink& sink) {
   const context x{c, find, file};
-  std::vector<hf_quant_linear> out;
   auto add = [&](result<hf_quant_linear, load_error> r) -> result<void, load_error> {
     if (!r) return unexpected(std::move(r.error()));
-    out.push_back(std::move(*r));
-    return {};
+    return sink(std::move(*r));
   };
   for (const auto& n : names) {
     result<void, load_error> r;
@@ -670,6 +668,17 @@ result<std::vector<hf_quant_linear>, load_error> convert_hf_quant(const hf_quant
     }
     if (!r) return unexpected(std::move(r.error()));
   }
+  return {};
+}
+
+result<std::vector<hf_quant_linear>, load_error> convert_hf_quant(const hf_quant_config& c, const std::vector<std::string>& names,
+                                                                  const tensor_lookup& find, const std::string& file) {
+  std::vector<hf_quant_linear> out;
+  auto r = for_each_hf_quant(c, names, find, file, [&](hf_quant_linear&& l) -> result<void, load_error> {
+    out.push_back(std::move(l));
+    return {};
+  });
+  if (!r) return unexpected(std::move(r.error()));
   return out;
 }
 

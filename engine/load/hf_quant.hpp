@@ -63,6 +63,13 @@ struct hf_quant_linear {
   std::vector<std::string> consumed;  // the stored tensors it replaces
 };
 
+// Each quantized linear among `names` (the checkpoint's tensors) in troupe's row form, handed to `sink`
+// as soon as it is made, so a caller can store it away before the next one exists. An error of the
+// sink's stops the walk and is returned.
+using hf_quant_sink = std::function<result<void, load_error>(hf_quant_linear&&)>;
+result<void, load_error> for_each_hf_quant(const hf_quant_config& c, const std::vector<std::string>& names, const tensor_lookup& find,
+                                           const std::string& file, const hf_quant_sink& sink);
+
 // Every quantized linear among `names` (the checkpoint's tensors) in troupe's row form.
 result<std::vector<hf_quant_linear>, load_error> convert_hf_quant(const hf_quant_config& c,
                                                                   const std::vector<std::string>& names,

@@ -1,10 +1,12 @@
 #include "engine/load/weight_store.hpp"
 
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <map>
 
 #include "engine/load/detail/mapped_file.hpp"
+#include "engine/load/detail/spill_file.hpp"
 #include "engine/load/safetensors.hpp"
 
 namespace troupe::load {
@@ -26,7 +28,8 @@ struct weight_store::impl {
   std::map<std::string, tensor_view, std::less<>> tensors;
   std::size_t total_bytes = 0;
   std::optional<hf_quant_config> quant;
-  std::vector<tensor> owned;  // the quantized linears in troupe's row form
+  std::deque<tensor> owned;  // row forms kept in memory (no spill file), act-order permutations
+  std::shared_ptr<const detail::mapped_file> spill;  // the quantized linears' row forms, mapped
   // The byte ranges of the file mappings (from each file's first tensor byte to its last).
   std::vector<std::pair<const std::byte*, const std::byte*>> mapped;
 };
@@ -88,24 +91,46 @@ result<weight_store, load_error> weight_store::open(const std::filesystem::path&
       if (it == i->tensors.end()) return std::nullopt;
       return it->second;
     };
-    auto linears = convert_hf_quant(*i->quant, names, lookup, (path / "config.json").string());
-    if (!linears) return troupe::unexpected(std::move(linears.error()));
-    i->owned.reserve(2 * linears->size());
-    for (auto& l : *linears) {
+    // Each linear's row form goes to the spill file as soon as it is made (or stays in memory where
+    // there is none, or the disk is full), and the stored bytes it was read from are dropped then, so
+    // the load holds one linear at a time beside the file.
+    auto spill = detail::spill_file::create();
+    struct spilled {
+      std::string name;
+      dtype type;
+      troupe::shape dims;
+      std::size_t offset;
+    };
+    std::vector<spilled> in_spill;
+    std::vector<std::pair<std::string, tensor_view>> made;
+    std::vector<std::string> consumed;
+    auto keep = [&](std::string name, tensor t) {
+      i->owned.push_back(std::move(t));
+      made.emplace_back(std::move(name), i->owned.back().view());
+    };
+    auto r = for_each_hf_quant(*i->quant, names, lookup, (path / "config.json").string(), [&](hf_quant_linear&& l) -> result<void, load_error> {
       for (const auto& c : l.consumed) {
-        // The stored bytes are read once; their pages need not stay resident beside the row form.
-        if (const auto it = i->tensors.find(c); it != i->tensors.end()) {
-          detail::release_pages(it->second.data(), it->second.bytes());
-          i->tensors.erase(it);
-        }
+        if (const auto it = i->tensors.find(c); it != i->tensors.end()) detail::release_pages(it->second.data(), it->second.bytes(), true);
+        consumed.push_back(c);
       }
-      i->owned.push_back(std::move(l.weight));
-      i->tensors.insert_or_assign(l.weight_name, i->owned.back().view());
-      if (l.input_perm) {
-        i->owned.push_back(std::move(*l.input_perm));
-        i->tensors.insert_or_assign(l.weight_name.substr(0, l.weight_name.size() - 7) + ".input_perm", i->owned.back().view());
-      }
+      std::optional<std::size_t> at;
+      if (spill) at = spill->append(l.weight.view().byte_span());
+      if (at) in_spill.push_back({l.weight_name, l.weight.type(), l.weight.shape(), *at});
+      else keep(l.weight_name, std::move(l.weight));
+      if (l.input_perm) keep(l.weight_name.substr(0, l.weight_name.size() - 7) + ".input_perm", std::move(*l.input_perm));
+      return {};
+    });
+    if (!r) return troupe::unexpected(std::move(r.error()));
+    for (const auto& c : consumed) i->tensors.erase(c);
+    if (!in_spill.empty()) {
+      auto m = spill->map();
+      if (!m) return troupe::unexpected(std::move(m.error()));
+      i->spill = std::move(*m);
+      const std::byte* base = i->spill->bytes().data();
+      for (const auto& s : in_spill) made.emplace_back(s.name, tensor_view(s.type, s.dims, base + s.offset));
+      i->mapped.emplace_back(base, base + i->spill->bytes().size());
     }
+    for (auto& [n, v] : made) i->tensors.insert_or_assign(n, v);
   }
   return weight_store(std::move(i));
 }
@@ -130,11 +155,16 @@ std::vector<std::string> weight_store::names() const {
 
 const std::optional<hf_quant_config>& weight_store::quantization() const { return impl_->quant; }
 
-void weight_store::release_pages(const tensor_view& bytes) const {
+void weight_store::release_pages(const tensor_view& bytes, bool covering) const {
+  if (file_backed(bytes)) detail::release_pages(bytes.data(), bytes.bytes(), covering);
+}
+
+bool weight_store::file_backed(const tensor_view& bytes) const {
   const std::byte* b = bytes.data();
   const std::byte* e = b + bytes.bytes();
   for (const auto& [lo, hi] : impl_->mapped)
-    if (lo && b >= lo && e <= hi) return detail::release_pages(b, bytes.bytes());
+    if (lo && b >= lo && e <= hi) return true;
+  return false;
 }
 
 std::optional<std::reference_wrapper<const gguf_file>> weight_store::gguf() const {

@@ -42,7 +42,10 @@ class weight_store {
   // Drops the resident pages wholly inside `bytes` when they lie in one of the checkpoint's file mappings
   // (a later read faults them back in from the file); anything else (a row form the store built, memory
   // of the caller's) is left alone. For bytes a reader has copied into a form of its own.
-  void release_pages(const tensor_view& bytes) const;
+  // `covering`: also the pages the bytes share with neighbouring tensors (detail::release_pages).
+  void release_pages(const tensor_view& bytes, bool covering = false) const;
+  // Whether `bytes` lie in one of the checkpoint's file mappings (release_pages would drop them).
+  bool file_backed(const tensor_view& bytes) const;
 
   // The quantization a Hugging Face directory declares, when it does.
   const std::optional<hf_quant_config>& quantization() const;

@@ -9,12 +9,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "engine/core/quant.hpp"
 #include "engine/exec/cpu/cpu_executor.hpp"
+#include "engine/load/detail/spill_file.hpp"
+#include "engine/load/safetensors.hpp"
 #include "engine/load/weight_store.hpp"
 #include "families/fixtures/fixture_detail.hpp"
 #include "tests/support/exec_cases.hpp"
@@ -135,6 +140,57 @@ TEST_P(quantized_checkpoint, loads_as_its_row_form_and_runs_as_the_reference_doe
 }
 
 INSTANTIATE_TEST_SUITE_P(formats, quantized_checkpoint, ::testing::ValuesIn(cases()), case_name);
+
+// The row forms are built one linear at a time into the loader's spill file, not kept in memory: each
+// is a view of a file mapping (which an executor drops as it packs), byte for byte what the in-memory
+// conversion of the same stored tensors gives.
+TEST(quantized_store, row_forms_live_in_a_spill_file_with_the_bytes_of_the_conversion) {
+  const auto dir = scratch("spill-llama-gptq-act");
+  auto d = dims_for("llama", "gptq-act", false);
+  ASSERT_TRUE(write_fixture("llama", d, dir, false));
+  const auto spill_dir = scratch("spill-dir");
+  fs::create_directories(spill_dir);
+  ::setenv("TROUPE_SPILL_DIR", spill_dir.c_str(), 1);
+  const bool spills = load::detail::spill_file::create().has_value();
+  auto store = load::weight_store::open(dir);
+  ::unsetenv("TROUPE_SPILL_DIR");
+  ASSERT_TRUE(store) << store.error().message();
+  if (!spills) GTEST_SKIP() << "no disk-backed directory takes a spill file here (tmpfs is passed over)";
+
+  auto raw = load::open_safetensors_dir(dir);
+  ASSERT_TRUE(raw) << raw.error().message();
+  std::vector<std::string> names;
+  std::map<std::string, tensor_view, std::less<>> stored;
+  for (const auto& sh : raw->shards())
+    for (const auto& t : sh.tensors()) {
+      names.push_back(t.name);
+      stored.emplace(t.name, t.view);
+    }
+  std::sort(names.begin(), names.end());
+  auto find = [&](std::string_view n) -> std::optional<tensor_view> {
+    const auto it = stored.find(n);
+    if (it == stored.end()) return std::nullopt;
+    return it->second;
+  };
+  auto linears = load::convert_hf_quant(*store->quantization(), names, find, "config.json");
+  ASSERT_TRUE(linears) << linears.error().message();
+  ASSERT_GE(linears->size(), 4u);
+  for (const auto& l : *linears) {
+    SCOPED_TRACE(l.weight_name);
+    const auto v = store->find(l.weight_name);
+    ASSERT_TRUE(v);
+    EXPECT_TRUE(store->file_backed(*v));
+    ASSERT_EQ(v->bytes(), l.weight.bytes());
+    EXPECT_EQ(std::memcmp(v->data(), l.weight.data(), v->bytes()), 0);
+    // Dropped and read back from the spill, the same bytes.
+    store->release_pages(*v, true);
+    EXPECT_EQ(std::memcmp(v->data(), l.weight.data(), v->bytes()), 0);
+    ASSERT_TRUE(l.input_perm);
+    const auto perm = store->find(l.weight_name.substr(0, l.weight_name.size() - 7) + ".input_perm");
+    ASSERT_TRUE(perm);
+    EXPECT_EQ(std::memcmp(perm->data(), l.input_perm->data(), perm->bytes()), 0);
+  }
+}
 
 TEST(quantized_packing, every_format_decodes_to_the_quantizers_values) {
   // A [96, 256] matrix of normal draws through each format's stored tensors and back.

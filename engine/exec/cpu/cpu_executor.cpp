@@ -24,6 +24,10 @@ namespace troupe::exec::cpu {
 
 namespace {
 
+// A weight read in place that the executor copies out of a file mapping (a norm or a bias; not an
+// embedding table, of which the steps read a few rows).
+constexpr std::size_t small_weight_bytes = std::size_t{1} << 20;
+
 using graph::op;
 using lowering::entry;
 using lowering::executable;
@@ -199,7 +203,27 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
   // Resolve every value's bytes.
   en->ptr.assign(gg.values().size(), nullptr);
   for (const auto& l : gg.literals()) en->ptr[l.value.index] = const_cast<std::byte*>(l.data.data());
-  for (const auto& w : gg.weights()) en->ptr[w.value.index] = const_cast<std::byte*>(ex.weights->find(w.role)->data());
+  // A weight only a linear reads is packed, and the packing releases its pages. A small one some other
+  // op reads at each step (a norm, a bias) gets the executable's own copy: read in place from a file
+  // mapping it would fault a page of the file back in on the first step, and keep it.
+  std::vector<char> in_place(gg.values().size(), 0);
+  for (const auto& q : gg.equations())
+    for (std::size_t k = 0; k < q.inputs.size(); ++k)
+      if (!(k == 1 && (q.code == graph::op::linear || q.code == graph::op::linear_id))) in_place[q.inputs[k].index] = 1;
+  for (const auto& w : gg.weights()) {
+    const auto view = *ex.weights->find(w.role);
+    std::byte* p = const_cast<std::byte*>(view.data());
+    if (in_place[w.value.index] && view.bytes() <= small_weight_bytes && ex.weights->file_backed(view)) {
+      auto it = ex.copies.find(w.role.str());
+      if (it == ex.copies.end()) {
+        tensor t(view.type(), view.shape());
+        std::memcpy(t.data(), view.data(), view.bytes());
+        it = ex.copies.emplace(w.role.str(), std::move(t)).first;
+      }
+      p = it->second.data();
+    }
+    en->ptr[w.value.index] = p;
+  }
   for (auto& [v, t] : en->tp.pruned.folded) en->ptr[v] = t.data();
   for (const auto& s : gg.states()) en->ptr[s.in.index] = ex.states.at(s.name).data();
   for (std::uint32_t v = 0; v < gg.values().size(); ++v) {
@@ -207,6 +231,12 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
     if (en->tp.plan.kind[v] == compile::storage::alias) en->ptr[v] = en->ptr[en->tp.plan.alias_of[v]];
   }
   if (auto r = impl_->lower(*en, ex); !r) return unexpected(r.error());
+  // The small weights are held in their own forms now (copied, folded or packed); drop the file pages
+  // they were read from, those they share with neighbours included.
+  for (const auto& w : gg.weights()) {
+    const auto view = *ex.weights->find(w.role);
+    if (view.bytes() <= small_weight_bytes && (!in_place[w.value.index] || ex.copies.contains(w.role.str()))) ex.weights->release(view, true);
+  }
   impl_->entries.push_back(std::move(en));
   return entry_id{static_cast<std::uint32_t>(impl_->entries.size() - 1)};
 }

@@ -26,25 +26,32 @@ result<std::shared_ptr<const mapped_file>, load_error> mapped_file::open(const s
     ::close(fd);
     return fail("not a regular file");
   }
-  const auto size = static_cast<std::size_t>(st.st_size);
+  auto m = open_descriptor(fd, static_cast<std::size_t>(st.st_size), path.string());
+  // The mapping keeps the file's pages reachable; the descriptor is no longer needed.
+  ::close(fd);
+  return m;
+}
+
+result<std::shared_ptr<const mapped_file>, load_error> mapped_file::open_descriptor(int fd, std::size_t size, const std::string& what) {
   void* addr = nullptr;
   if (size > 0) {
     addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (addr == MAP_FAILED) {
-      const int e = errno;
-      ::close(fd);
-      return fail(std::string("cannot map: ") + std::strerror(e));
-    }
+    if (addr == MAP_FAILED)
+      return troupe::unexpected(load_error{load_error_code::io, what, "", std::string("cannot map: ") + std::strerror(errno)});
+    // A weight file is read once into the executor's own forms and then only here and there (an
+    // embedding row, a norm): the kernel must not map a whole 2 MiB page-cache folio for such a touch
+    // (it does for a PMD-aligned mapping of a large folio), or each stray read costs 2 MiB of resident set.
+    (void)::madvise(addr, size, MADV_NOHUGEPAGE);
   }
-  // The mapping keeps the file's pages reachable; the descriptor is no longer needed.
-  ::close(fd);
   return std::shared_ptr<const mapped_file>(new mapped_file(addr, size));
 }
 
-void release_pages(const std::byte* p, std::size_t n) {
+void release_pages(const std::byte* p, std::size_t n, bool covering) {
+  if (n == 0) return;
   const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin = (reinterpret_cast<std::uintptr_t>(p) + page - 1) / page * page;
-  const auto end = (reinterpret_cast<std::uintptr_t>(p) + n) / page * page;
+  const auto first = reinterpret_cast<std::uintptr_t>(p);
+  const auto begin = covering ? first / page * page : (first + page - 1) / page * page;
+  const auto end = covering ? (first + n + page - 1) / page * page : (first + n) / page * page;
   if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 

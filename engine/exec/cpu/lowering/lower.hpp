@@ -36,6 +36,8 @@ struct executable {
   std::map<std::string, tensor> states;
   std::map<std::string, packed_matrix> packed;  // by weight role
   std::map<std::string, std::vector<packed_matrix>> experts;  // a linear_id weight [E, N, K]: one per expert
+  // Small weights the steps read in place (norms, biases), copied out of the source's file pages.
+  std::map<std::string, tensor> copies;  // by weight role
 };
 
 struct entry {

@@ -39,9 +39,10 @@ class weight_store {
   std::size_t size() const;                // the number of tensors
   std::size_t total_bytes() const;         // of all tensor data as stored
 
-  // Drops the resident pages wholly inside `bytes` when they lie in one of the checkpoint's file mappings
-  // (a later read faults them back in from the file); anything else (a row form the store built, memory
-  // of the caller's) is left alone. For bytes a reader has copied into a form of its own.
+  // Drops the resident pages wholly inside `bytes` when they lie in one of the store's file mappings (the
+  // checkpoint's files, or the spill file of a quantized checkpoint's row forms; a later read faults them
+  // back in from the file); anything else (a row form kept in memory, memory of the caller's) is left
+  // alone. For bytes a reader has copied into a form of its own.
   // `covering`: also the pages the bytes share with neighbouring tensors (detail::release_pages).
   void release_pages(const tensor_view& bytes, bool covering = false) const;
   // Whether `bytes` lie in one of the checkpoint's file mappings (release_pages would drop them).

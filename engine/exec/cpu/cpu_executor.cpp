@@ -210,10 +210,12 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
   for (const auto& q : gg.equations())
     for (std::size_t k = 0; k < q.inputs.size(); ++k)
       if (!(k == 1 && (q.code == graph::op::linear || q.code == graph::op::linear_id))) in_place[q.inputs[k].index] = 1;
+  std::vector<tensor_view> held;  // small weights in forms of the executable's own once lowered
   for (const auto& w : gg.weights()) {
     const auto view = *ex.weights->find(w.role);
     std::byte* p = const_cast<std::byte*>(view.data());
-    if (in_place[w.value.index] && view.bytes() <= small_weight_bytes && ex.weights->file_backed(view)) {
+    const bool small = view.bytes() <= small_weight_bytes;
+    if (small && in_place[w.value.index] && ex.weights->file_backed(view)) {
       auto it = ex.copies.find(w.role.str());
       if (it == ex.copies.end()) {
         tensor t(view.type(), view.shape());
@@ -221,6 +223,9 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
         it = ex.copies.emplace(w.role.str(), std::move(t)).first;
       }
       p = it->second.data();
+      held.push_back(view);
+    } else if (small && !in_place[w.value.index]) {
+      held.push_back(view);  // packed
     }
     en->ptr[w.value.index] = p;
   }
@@ -233,10 +238,7 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
   if (auto r = impl_->lower(*en, ex); !r) return unexpected(r.error());
   // The small weights are held in their own forms now (copied, folded or packed); drop the file pages
   // they were read from, those they share with neighbours included.
-  for (const auto& w : gg.weights()) {
-    const auto view = *ex.weights->find(w.role);
-    if (view.bytes() <= small_weight_bytes && (!in_place[w.value.index] || ex.copies.contains(w.role.str()))) ex.weights->release(view, true);
-  }
+  for (const auto& view : held) ex.weights->release(view, true);
   impl_->entries.push_back(std::move(en));
   return entry_id{static_cast<std::uint32_t>(impl_->entries.size() - 1)};
 }

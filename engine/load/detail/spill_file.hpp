@@ -32,7 +32,6 @@ class spill_file {
   // Writes `bytes` at the next page boundary and returns their offset; nullopt when the write fails
   // (a full disk), which leaves what was written before intact.
   std::optional<std::size_t> append(std::span<const std::byte> bytes);
-  std::size_t size() const { return size_; }
   const std::string& directory() const { return dir_; }
   // Everything written, mapped read-only (null for an empty file).
   result<std::shared_ptr<const mapped_file>, load_error> map() const;

@@ -13,11 +13,14 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -247,6 +250,19 @@ result<std::unique_ptr<communicator>, collective_error> connect_gloo(const gloo_
       return fail(collective_error_code::invalid_argument,
                   "rendezvous directory '" + o.rendezvous_dir + "' does not exist");
   }
+
+  // Gloo's TCP pairs write with writev(2): a peer that left would raise SIGPIPE and kill this process
+  // instead of making the collective an error. Ignore it, unless the program installed its own handler.
+  static std::once_flag ignore_sigpipe;
+  std::call_once(ignore_sigpipe, [] {
+    struct sigaction old {};
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+      struct sigaction ign {};
+      ign.sa_handler = SIG_IGN;
+      sigemptyset(&ign.sa_mask);
+      sigaction(SIGPIPE, &ign, nullptr);
+    }
+  });
 
   std::shared_ptr<gloo::transport::Device> device;
   if (auto r = guarded("create TCP device", [&] {

@@ -165,7 +165,7 @@ class link_relay {
           break;
         }
         for (ssize_t off = 0; off < n;) {
-          const ssize_t w = ::write(fds[1 - k].fd, buf + off, static_cast<std::size_t>(n - off));
+          const ssize_t w = ::send(fds[1 - k].fd, buf + off, static_cast<std::size_t>(n - off), MSG_NOSIGNAL);  // a closed side is an end, not SIGPIPE
           if (w <= 0) {
             done = true;
             break;

@@ -202,13 +202,15 @@ void pack_iq4_xs(const source_panel& s, std::int64_t k, std::byte* dst) {
   });
 }
 
-// q4_a32 block: f16 d, u8 z, a zero byte, 16 bytes of nibbles.
-void pack_q4_a32(const source_panel& s, std::int64_t k, std::byte* dst) {
-  constexpr auto L = detail::q4_a32_pairs;
+// q4_a32 block: f16 d, u8 z, a zero byte, 16 bytes of nibbles. A group's header takes its first
+// block's d and z (every block of the group has the same ones: uniform_group_shift).
+void pack_q4_a32(const source_panel& s, std::int64_t k, int shift, std::byte* dst) {
+  constexpr auto L = detail::q4_a32_groups;
   each_block(s, k / 32, 20, [&](int r, std::int64_t b, const std::byte* blk) {
-    std::memcpy(dst + L.scales(b) + r * 2, blk, 2);
-    dst[L.zeros(b) + r] = blk[2];
-    put_nibbles(dst + L.codes(b), r, blk + 4);
+    const std::size_t head = L.head(b, shift);
+    std::memcpy(dst + head + r * 2, blk, 2);
+    dst[head + L.zeros_at + r] = blk[2];
+    put_nibbles(dst + L.codes(b, shift), r, blk + 4);
   });
 }
 
@@ -237,12 +239,13 @@ void pack_q4_1_q5(const source_panel& s, std::int64_t k, std::byte* dst) {
 }
 
 // q8_a32 block: f32 d, u8 z, three zero bytes, 32 u8 codes; kept signed (less 128), as q8_0's codes.
-void pack_q8_a32(const source_panel& s, std::int64_t k, std::byte* dst) {
-  constexpr auto L = detail::q8_a32_pairs;
+void pack_q8_a32(const source_panel& s, std::int64_t k, int shift, std::byte* dst) {
+  constexpr auto L = detail::q8_a32_groups;
   each_block(s, k / 32, 40, [&](int r, std::int64_t b, const std::byte* blk) {
-    std::memcpy(dst + L.scales(b) + r * 4, blk, 4);
-    dst[L.zeros(b) + r] = blk[4] ^ std::byte{0x80};
-    std::byte* q = dst + L.codes(b);
+    const std::size_t head = L.head(b, shift);
+    std::memcpy(dst + head + r * 4, blk, 4);
+    dst[head + L.zeros_at + r] = blk[4] ^ std::byte{0x80};
+    std::byte* q = dst + L.codes(b, shift);
     for (int g = 0; g < 8; ++g)
       for (int t = 0; t < 4; ++t) q[(g * panel_rows + r) * 4 + t] = blk[8 + 4 * g + t] ^ std::byte{0x80};
   });
@@ -352,7 +355,42 @@ void pack_q23_k(const source_panel& s, std::int64_t k, std::byte* dst) {
   });
 }
 
-std::size_t panel_bytes(dtype t, std::int64_t k) {
+// Tells `consumed` about the source rows read so far, in runs of 64 KiB or more; a report starts at
+// the page that holds its first byte, so a page the previous run ended inside goes with this one.
+struct consumed_reporter {
+  const std::byte* base;
+  const std::function<void(const tensor_view&)>& fn;
+  const std::byte* from = base;  // the first source byte not yet reported
+  void upto(const std::byte* to, bool last) {
+    if (!fn || (to - from < (std::ptrdiff_t{1} << 16) && !last)) return;
+    fn(tensor_view(dtype::u8, troupe::shape{static_cast<std::int64_t>(to - from)}, from));
+    from = std::max(base, reinterpret_cast<const std::byte*>(reinterpret_cast<std::uintptr_t>(to) & ~std::uintptr_t{4095}));
+  }
+};
+
+// The widest group (log 2, at most max_group_shift) of aligned consecutive blocks whose every row
+// shares its block header, the first `key_bytes` of each `block_bytes`-byte block (an affine format's
+// scale and zero point). Once a block matched the head of its group, every block before it in the group
+// did too, so narrowing the group never needs a second look.
+int uniform_group_shift(const tensor_view& w, std::int64_t n, std::int64_t k, std::size_t block_bytes,
+                        std::size_t key_bytes, const std::function<void(const tensor_view&)>& consumed) {
+  const std::int64_t blocks = k / 32;
+  int shift = detail::max_group_shift;
+  while (shift > 0 && (std::int64_t{1} << shift) > blocks) --shift;
+  consumed_reporter report{w.data(), consumed};
+  const std::size_t row_bytes = w.row_bytes();
+  for (std::int64_t r = 0; r < n && shift > 0; ++r) {
+    const std::byte* row = w.data() + static_cast<std::size_t>(r) * row_bytes;
+    for (std::int64_t b = 1; b < blocks && shift > 0; ++b) {
+      auto head = [&] { return row + static_cast<std::size_t>(b & ~((std::int64_t{1} << shift) - 1)) * block_bytes; };
+      while (shift > 0 && std::memcmp(row + static_cast<std::size_t>(b) * block_bytes, head(), key_bytes) != 0) --shift;
+    }
+    report.upto(row + row_bytes, r + 1 == n);
+  }
+  return shift;
+}
+
+std::size_t panel_bytes(dtype t, std::int64_t k, int shift) {
   const auto uk = static_cast<std::size_t>(k);
   switch (t) {
     case dtype::f32: return uk * panel_rows * 4;
@@ -363,8 +401,8 @@ std::size_t panel_bytes(dtype t, std::int64_t k) {
     case dtype::iq4_nl:
     case dtype::mxfp4: return detail::paired_panel_bytes(k / 32, detail::q4_0_unit);
     case dtype::iq4_xs: return detail::iq4_xs_pairs.panel_bytes(k / 32);
-    case dtype::q4_a32: return detail::q4_a32_pairs.panel_bytes(k / 32);
-    case dtype::q8_a32: return detail::q8_a32_pairs.panel_bytes(k / 32);
+    case dtype::q4_a32: return detail::q4_a32_groups.panel_bytes(k / 32, shift);
+    case dtype::q8_a32: return detail::q8_a32_groups.panel_bytes(k / 32, shift);
     case dtype::q4_1: return detail::q4_1_pairs.panel_bytes(k / 32);
     case dtype::q5_0: return detail::q5_0_pairs.panel_bytes(k / 32);
     case dtype::q5_1: return detail::q5_1_pairs.panel_bytes(k / 32);
@@ -490,10 +528,12 @@ result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w, con
   l->rows = n;
   l->cols = k;
   l->panels = ceil_div(n, panel_rows);
-  l->panel_bytes = panel_bytes(t, k);
+  if (n > 0 && t == dtype::q4_a32) l->group_shift = uniform_group_shift(w, n, k, 20, 3, consumed);
+  if (n > 0 && t == dtype::q8_a32) l->group_shift = uniform_group_shift(w, n, k, 40, 5, consumed);
+  l->panel_bytes = panel_bytes(t, k, l->group_shift);
   l->data = detail::allocate_weights(static_cast<std::size_t>(l->panels) * l->panel_bytes);
   const std::size_t row_bytes = k > 0 ? w.row_bytes() : 0;
-  const std::byte* from = w.data();  // the first source byte not yet reported consumed
+  consumed_reporter report{w.data(), consumed};
   for (std::int64_t p = 0; p < l->panels && k > 0; ++p) {
     const source_panel s{w.data(), row_bytes, p * panel_rows, n};
     std::byte* dst = l->data.get() + static_cast<std::size_t>(p) * l->panel_bytes;
@@ -506,8 +546,8 @@ result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w, con
       case dtype::mxfp4: pack_mxfp4(s, k, dst); break;
       case dtype::iq4_nl: pack_q32<detail::q4_0_unit, 4>(s, k, dst); break;
       case dtype::iq4_xs: pack_iq4_xs(s, k, dst); break;
-      case dtype::q4_a32: pack_q4_a32(s, k, dst); break;
-      case dtype::q8_a32: pack_q8_a32(s, k, dst); break;
+      case dtype::q4_a32: pack_q4_a32(s, k, l->group_shift, dst); break;
+      case dtype::q8_a32: pack_q8_a32(s, k, l->group_shift, dst); break;
       case dtype::fp8_s32: pack_fp8_s32(s, k, dst); break;
       case dtype::q4_1: pack_q4_1_q5<true, false>(s, k, dst); break;
       case dtype::q5_0: pack_q4_1_q5<false, true>(s, k, dst); break;
@@ -519,15 +559,7 @@ result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w, con
       case dtype::q6_k: pack_q6_k(s, k, dst); break;
       default: break;
     }
-    // The rows packed since the last report, in runs of 64 KiB or more; a report starts at the page
-    // that holds its first byte, so a page the previous run ended inside goes with this one.
-    if (consumed) {
-      const std::byte* to = w.data() + static_cast<std::size_t>(std::min(n, (p + 1) * panel_rows)) * row_bytes;
-      if (to - from >= (std::ptrdiff_t{1} << 16) || p + 1 == l->panels) {
-        consumed(tensor_view(dtype::u8, troupe::shape{static_cast<std::int64_t>(to - from)}, from));
-        from = std::max(w.data(), reinterpret_cast<const std::byte*>(reinterpret_cast<std::uintptr_t>(to) & ~std::uintptr_t{4095}));
-      }
-    }
+    report.upto(w.data() + static_cast<std::size_t>(std::min(n, (p + 1) * panel_rows)) * row_bytes, p + 1 == l->panels);
   }
   packed_matrix m;
   m.l_ = std::move(l);

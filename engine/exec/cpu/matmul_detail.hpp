@@ -30,10 +30,12 @@
 //   iq4_nl q4_0's layout; the codes index IQ4_NL's table of 16 int8 levels
 //   iq4_xs iq4_nl's code layout in 32-blocks, each block's scale d (ls - 32) as f32: per pair of blocks
 //         d[2][16] f32 (a 128-byte pair header), then the two blocks' codes
-//   q4_a32 per pair: d[2][16] f16, z[2][16] u8 (the zero points), 32 unused bytes, then q4_0's codes of
-//         the two blocks (unsigned nibbles)
-//   q8_a32 per pair: d[2][16] f32, z[2][16] i8 (the zero points less 128), 32 unused bytes, then q8_0's
-//         codes of the two blocks, less 128 (signed)
+//   q4_a32 per group of 2^s blocks (s the layout's group_shift: the most consecutive blocks whose rows
+//         all share their scale and zero point, as a GPTQ / AWQ group of 64 or 128 columns does): d[16]
+//         f16, z[16] u8 (the zero points), 16 unused bytes, then q4_0's codes of each block (unsigned
+//         nibbles); a group of 128 columns is 17 bytes a row per 32 weights, not 20
+//   q8_a32 per group of 2^s blocks: d[16] f32, z[16] i8 (the zero points less 128), 48 unused bytes,
+//         then q8_0's codes of each block, less 128 (signed)
 //   fp8_s32 per 32-block: s[16] f32, then q[32 k][16 rows] E4M3 bytes
 //   q4_1  per pair: d[2][16] f16, m[2][16] f16 (the block minimums), then q4_0's codes (unsigned)
 //   q5_0  per pair: d[2][16] f16, then per block q4_0's codes of the low nibbles and the fifth bits,
@@ -120,8 +122,27 @@ struct pair_layout {
   }
 };
 inline constexpr pair_layout iq4_xs_pairs{q4_0_unit, 128, 4, 0};
-inline constexpr pair_layout q4_a32_pairs{q4_0_unit, 128, 2, 64};
-inline constexpr pair_layout q8_a32_pairs{q8_0_unit, 192, 4, 128};
+
+// The affine formats' groups: 2^shift blocks after one header of the group's scales (`scale_bytes`
+// each per row) and, `zeros_at` bytes in, its zero points (one byte each per row). The last group may
+// hold fewer blocks.
+struct group_layout {
+  std::size_t unit, header, scale_bytes, zeros_at;
+  constexpr std::size_t group(int shift) const { return header + (unit << shift); }
+  // The header of block b's group, and block b's codes.
+  constexpr std::size_t head(std::int64_t b, int shift) const { return static_cast<std::size_t>(b >> shift) * group(shift); }
+  constexpr std::size_t codes(std::int64_t b, int shift) const {
+    return head(b, shift) + header + static_cast<std::size_t>(b & ((std::int64_t{1} << shift) - 1)) * unit;
+  }
+  constexpr std::size_t panel_bytes(std::int64_t blocks, int shift) const {
+    const std::int64_t left = blocks & ((std::int64_t{1} << shift) - 1);
+    return static_cast<std::size_t>(blocks >> shift) * group(shift) + (left != 0 ? header + static_cast<std::size_t>(left) * unit : 0);
+  }
+};
+inline constexpr group_layout q4_a32_groups{q4_0_unit, 64, 2, 32};
+inline constexpr group_layout q8_a32_groups{q8_0_unit, 128, 4, 64};
+// The widest group a panel layout takes (64 blocks: 2048 columns).
+inline constexpr int max_group_shift = 6;
 // A q5 block: q4_0's codes, then the fifth bits of its 16 rows.
 inline constexpr std::size_t q5_unit = q4_0_unit + 64;
 inline constexpr pair_layout q4_1_pairs{q4_0_unit, 128, 2, 64, 2};
@@ -193,6 +214,7 @@ struct packed_matrix::layout {
   std::int64_t rows = 0, cols = 0;
   std::int64_t panels = 0;
   std::size_t panel_bytes = 0;
+  int group_shift = 0;  // q4_a32, q8_a32: blocks per header, log 2 (detail::group_layout)
   detail::aligned_bytes data;
   const std::byte* panel(std::int64_t p) const { return data.get() + static_cast<std::size_t>(p) * panel_bytes; }
 };

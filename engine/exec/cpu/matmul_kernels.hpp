@@ -338,19 +338,18 @@ inline constexpr std::int8_t e2m1_doubled_plus_12[16] = {12, 13, 14, 15, 16, 18,
 inline constexpr int mxfp4_offset = 12;
 
 // The nibble formats q4_0's tile walks: q4_0 (codes biased by 8), MXFP4 (the same layout; codes through
-// a table, power-of-two scales), q4_a32 (unsigned codes with each row's own zero point, in pairs with
-// a larger header: the block's dot less zero x the activations' plain sum), q4_1 (unsigned codes, a
+// a table, power-of-two scales), q4_a32 (unsigned codes with each row's own zero point, in groups of
+// blocks under one header: the block's dot less zero x the activations' plain sum), q4_1 (unsigned codes, a
 // block minimum m: m x the activations' sum as a second term), and q5_0 / q5_1 (q4_0 / q4_1 with a
 // fifth bit per code, or'ed in from the word after the block's nibbles).
 enum class nibbles : std::uint8_t { q4_0, mxfp4, affine, q4_1, q5_0, q5_1 };
 
 template <nibbles Kind>
 constexpr pair_layout nibble_layout() {
-  if constexpr (Kind == nibbles::affine) return q4_a32_pairs;
-  else if constexpr (Kind == nibbles::q4_1) return q4_1_pairs;
+  if constexpr (Kind == nibbles::q4_1) return q4_1_pairs;
   else if constexpr (Kind == nibbles::q5_0) return q5_0_pairs;
   else if constexpr (Kind == nibbles::q5_1) return q5_1_pairs;
-  else return pair_layout{q4_0_unit, 64, 2, 0, 0};  // block_scales / block_codes
+  else return pair_layout{q4_0_unit, 64, 2, 0, 0};  // block_scales / block_codes (affine: unused)
 }
 
 template <class V, int MR, nibbles Kind = nibbles::q4_0>
@@ -364,6 +363,10 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   constexpr int H = halves_of(V::lanes);
   const std::int64_t blocks = a.w->cols / 32;
   const std::byte* panel = a.w->panel(p);
+  // q4_a32: groups of 2^shift blocks after one header (q4_a32_groups).
+  constexpr group_layout G = q4_a32_groups;
+  const int shift = Affine ? a.w->group_shift : 0;
+  const std::int64_t in_group = (std::int64_t{1} << shift) - 1;
   const tile32 x(a, m);
   const typename V::vi low4 = V::set1_i8(0x0f);
   const typename V::vi high4 = V::set1_i8(0xf0);
@@ -373,16 +376,26 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
     typename V::vf f[MR];
     for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::size_t scales = L.scales(b);
-      const std::byte* u = panel + L.codes(b) + h * V::lanes * 4;
-      if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + scales, L.pair());
+      std::size_t scales, codes;
+      if constexpr (Affine) {
+        scales = G.head(b, shift);
+        codes = G.codes(b, shift);
+        // The block's bytes, with its group's header before the first.
+        const std::size_t from = (b & in_group) == 0 ? scales : codes;
+        if (h == 0) prefetch_ahead(stream, panel + from, codes + G.unit - from);
+      } else {
+        scales = L.scales(b);
+        codes = L.codes(b);
+        if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + scales, L.pair());
+      }
+      const std::byte* u = panel + codes + h * V::lanes * 4;
       // MXFP4: 2^(e - 127) from the exponent byte's bits (e = 0, 2^-127, reads as 0); the table's
       // doubling is undone with the activation scale below.
       typename V::vf dw;
       if constexpr (Fp4) dw = V::as_f(V::template slli32<23>(V::cvt_u8_i32(panel + scales + h * V::lanes)));
       else dw = V::load_f16(panel + scales + h * V::lanes * 2);
       [[maybe_unused]] typename V::vi z;
-      if constexpr (Affine) z = V::cvt_u8_i32(panel + L.zeros(b) + h * V::lanes);
+      if constexpr (Affine) z = V::cvt_u8_i32(panel + scales + G.zeros_at + h * V::lanes);
       [[maybe_unused]] typename V::vf mw;
       if constexpr (Min) mw = V::load_f16(panel + L.zeros(b) + h * V::lanes * 2);
       // The fifth bits of group g sit in bits g and 4 + g of each byte (q5's word layout); shifted
@@ -486,20 +499,26 @@ void iq4_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
 // activations' plain sum taken back, with the offset q8_0's dot adds where it adds one.
 template <class V, int MR>
 void q8_a_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
-  constexpr auto L = q8_a32_pairs;
+  constexpr group_layout G = q8_a32_groups;
   const bool stream = m == a.m0;  // see prefetch_ahead
   constexpr int H = halves_of(V::lanes);
   const std::int64_t blocks = a.w->cols / 32;
   const std::byte* panel = a.w->panel(p);
+  const int shift = a.w->group_shift;
+  const std::int64_t in_group = (std::int64_t{1} << shift) - 1;
   const tile32 x(a, m);
   for (int h = 0; h < H; ++h) {
     typename V::vf f[MR];
     for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const typename V::vf dw = V::loadu_f(at<float>(panel, L.scales(b)) + h * V::lanes);
-      const typename V::vi z = V::add_i32(V::set1_i32(V::q8_offset), V::cvt_i8_i32(panel + L.zeros(b) + h * V::lanes));
-      const std::byte* u = panel + L.codes(b) + h * V::lanes * 4;
-      if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + L.scales(b), L.pair());
+      const std::size_t head = G.head(b, shift), codes = G.codes(b, shift);
+      const typename V::vf dw = V::loadu_f(at<float>(panel, head) + h * V::lanes);
+      const typename V::vi z = V::add_i32(V::set1_i32(V::q8_offset), V::cvt_i8_i32(panel + head + G.zeros_at + h * V::lanes));
+      const std::byte* u = panel + codes + h * V::lanes * 4;
+      if (h == 0) {
+        const std::size_t from = (b & in_group) == 0 ? head : codes;
+        prefetch_ahead(stream, panel + from, codes + G.unit - from);
+      }
       typename V::vi acc[MR];
       for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
       for (int g = 0; g < 8; ++g) {

@@ -227,11 +227,13 @@ void compute_mxfp4(const gemm_args& a) {
 
 // q4_a32: unsigned nibbles, each row's zero point times the activations' plain sum (s) taken back.
 void compute_q4_a32(const gemm_args& a) {
-  walk32(a, [](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
-    constexpr auto L = q4_a32_pairs;
-    const int dot = nibble_dot(panel + L.codes(b), r, x.q + 32 * b, as_is);
-    const int z = u8_at(panel, L.zeros(b) + static_cast<std::size_t>(r));
-    return f16_at(panel + L.scales(b), r) * x.d[b] * static_cast<float>(dot - z * x.s[b]);
+  const int shift = a.w->group_shift;
+  walk32(a, [shift](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
+    constexpr auto L = q4_a32_groups;
+    const std::size_t head = L.head(b, shift);
+    const int dot = nibble_dot(panel + L.codes(b, shift), r, x.q + 32 * b, as_is);
+    const int z = u8_at(panel, head + L.zeros_at + static_cast<std::size_t>(r));
+    return f16_at(panel + head, r) * x.d[b] * static_cast<float>(dot - z * x.s[b]);
   });
 }
 
@@ -288,12 +290,14 @@ void compute_iq4(const gemm_args& a) {
 
 // q8_a32: the codes and zero points are stored less 128; (q - 128) . x - (z - 128) sum(x).
 void compute_q8_a32(const gemm_args& a) {
-  walk32(a, [](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
-    constexpr auto L = q8_a32_pairs;
-    const int dot = byte_dot(panel + L.codes(b), r, x.q + 32 * b);
-    const int z = static_cast<std::int8_t>(u8_at(panel, L.zeros(b) + static_cast<std::size_t>(r)));
+  const int shift = a.w->group_shift;
+  walk32(a, [shift](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
+    constexpr auto L = q8_a32_groups;
+    const std::size_t head = L.head(b, shift);
+    const int dot = byte_dot(panel + L.codes(b, shift), r, x.q + 32 * b);
+    const int z = static_cast<std::int8_t>(u8_at(panel, head + L.zeros_at + static_cast<std::size_t>(r)));
     float d;
-    std::memcpy(&d, panel + L.scales(b) + 4 * r, 4);
+    std::memcpy(&d, panel + head + 4 * r, 4);
     return d * x.d[b] * static_cast<float>(dot - z * x.s[b]);
   });
 }

@@ -292,6 +292,55 @@ INSTANTIATE_TEST_SUITE_P(formats, matmul_format,
                                            dtype::q4_1, dtype::q5_0, dtype::q5_1, dtype::q5_k, dtype::q3_k, dtype::q2_k),
                          [](const auto& info) { return std::string(name(info.param)); });
 
+// GPTQ / AWQ groups of 64 or 128 columns give every 32-block of a group one scale and zero point: the
+// affine panels then keep one header for 2^s blocks (the widest aligned run every row shares, at most
+// 64 blocks), which takes 17 bytes a row per 32 4-bit weights for groups of 128 instead of 20, and the
+// products stay what the row form computes. One row that breaks a run narrows the group for all.
+TEST(matmul, affine_groups_keep_one_header_per_group) {
+  std::mt19937 rng(77);
+  struct grouping {
+    std::int64_t k;
+    std::int64_t period;  // blocks that share their header in the row form
+    bool broken;          // the last row's blocks 2 and 3 take another header
+    int shift;            // the group the packer must find
+  };
+  for (const dtype t : {dtype::q4_a32, dtype::q8_a32}) {
+    const std::size_t block_bytes = t == dtype::q4_a32 ? 20 : 40, header = t == dtype::q4_a32 ? 3 : 5;
+    const auto& layout = t == dtype::q4_a32 ? detail::q4_a32_groups : detail::q8_a32_groups;
+    for (const grouping g : {grouping{768, 4, false, 2}, grouping{768, 24, false, 4}, grouping{768, 4, true, 1},
+                             grouping{96, 2, false, 1}, grouping{4096, 128, false, 6}, grouping{768, 1, false, 0}}) {
+      const std::int64_t n = 37, blocks = g.k / 32;
+      weights w = make_weights(t, n, g.k, rng);
+      for (std::int64_t r = 0; r < n; ++r) {
+        std::byte* row = w.stored.data() + static_cast<std::size_t>(r * blocks) * block_bytes;
+        for (std::int64_t b = 0; b < blocks; ++b)
+          std::memcpy(row + b * block_bytes, row + (b / g.period * g.period) * block_bytes, header);
+        if (g.broken && r == n - 1)
+          for (std::int64_t b : {2, 3}) row[b * block_bytes + header - 1] ^= std::byte{1};  // the zero point
+      }
+      ASSERT_TRUE(dequantize_row(t, w.stored.data(), w.deq.data(), n * g.k).has_value());
+      auto pm = packed_matrix::pack(w.view());
+      ASSERT_TRUE(pm.has_value()) << pm.error();
+      const std::string ctx = std::string(name(t)) + " K=" + std::to_string(g.k) + " period " + std::to_string(g.period) +
+                              (g.broken ? " broken" : "");
+      EXPECT_EQ(pm->data().group_shift, g.shift) << ctx;
+      EXPECT_EQ(pm->bytes(), static_cast<std::size_t>((n + 15) / 16) * layout.panel_bytes(blocks, g.shift)) << ctx;
+      for (const isa level : all_levels) {
+        if (!usable(level)) continue;
+        for (const std::int64_t M : {1, 7, 17}) {
+          const auto r = run_case(w, *pm, M, level, shared_pool(), rng);
+          EXPECT_LE(r.worst_model, 1.0) << ctx << " " << isa_name(level) << " M=" << M << ": " << r.where;
+          EXPECT_LE(r.worst_exact, 1.0) << ctx << " " << isa_name(level) << " M=" << M << ": " << r.where;
+          EXPECT_FALSE(r.wrote_outside) << ctx;
+        }
+      }
+    }
+  }
+  // Per-32 headers (period 1) take exactly the bytes the pairs did for 4 bits: 20 a row per 32.
+  EXPECT_EQ(detail::q4_a32_groups.panel_bytes(24, 0), std::size_t{24} * 16 * 20);
+  EXPECT_EQ(detail::q4_a32_groups.panel_bytes(32, 2), std::size_t{32} * 16 * 17);
+}
+
 // The split of work over threads must not change what is computed: every pool size and level gives a
 // result within the model tolerance (checked here at a size that makes many tasks).
 TEST(matmul, any_pool_size) {

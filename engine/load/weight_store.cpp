@@ -156,7 +156,19 @@ std::vector<std::string> weight_store::names() const {
 const std::optional<hf_quant_config>& weight_store::quantization() const { return impl_->quant; }
 
 void weight_store::release_pages(const tensor_view& bytes, bool covering) const {
-  if (file_backed(bytes)) detail::release_pages(bytes.data(), bytes.bytes(), covering);
+  const std::byte* b = bytes.data();
+  const std::byte* e = b + bytes.bytes();
+  for (const auto& [lo, hi] : impl_->mapped) {
+    if (!lo || b < lo || e > hi) continue;
+    if (!covering) return detail::release_pages(b, bytes.bytes(), false);
+    // A fault on a small tensor may map the whole page-cache folio around it (up to 2 MiB, aligned to
+    // its size), neighbours' bytes too: drop the aligned 2 MiB around the bytes, within the mapping.
+    // Pages still read elsewhere fault back in from the cache.
+    constexpr std::uintptr_t folio = std::uintptr_t{2} << 20;
+    const auto from = std::max(reinterpret_cast<std::uintptr_t>(lo), reinterpret_cast<std::uintptr_t>(b) & ~(folio - 1));
+    const auto to = std::min(reinterpret_cast<std::uintptr_t>(hi), (reinterpret_cast<std::uintptr_t>(e) + folio - 1) & ~(folio - 1));
+    return detail::release_pages(reinterpret_cast<const std::byte*>(from), to - from, true);
+  }
 }
 
 bool weight_store::file_backed(const tensor_view& bytes) const {

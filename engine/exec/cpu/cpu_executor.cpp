@@ -210,7 +210,7 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
   for (const auto& q : gg.equations())
     for (std::size_t k = 0; k < q.inputs.size(); ++k)
       if (!(k == 1 && (q.code == graph::op::linear || q.code == graph::op::linear_id))) in_place[q.inputs[k].index] = 1;
-  std::vector<tensor_view> held;  // small weights in forms of the executable's own once lowered
+  std::vector<tensor_view> held;  // small weights packed by the lowering
   for (const auto& w : gg.weights()) {
     const auto view = *ex.weights->find(w.role);
     std::byte* p = const_cast<std::byte*>(view.data());
@@ -221,9 +221,11 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
         tensor t(view.type(), view.shape());
         std::memcpy(t.data(), view.data(), view.bytes());
         it = ex.copies.emplace(w.role.str(), std::move(t)).first;
+        // Now, not after lowering: the copy's fault may have mapped the folio around it, neighbours'
+        // pages with it, and packing must not grow beside them.
+        ex.weights->release(view, true);
       }
       p = it->second.data();
-      held.push_back(view);
     } else if (small && !in_place[w.value.index]) {
       held.push_back(view);  // packed
     }
@@ -236,8 +238,8 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
     if (en->tp.plan.kind[v] == compile::storage::alias) en->ptr[v] = en->ptr[en->tp.plan.alias_of[v]];
   }
   if (auto r = impl_->lower(*en, ex); !r) return unexpected(r.error());
-  // The small weights are held in their own forms now (copied, folded or packed); drop the file pages
-  // they were read from, those they share with neighbours included.
+  // The small packed weights are held in their own form now; drop the file pages they were read from,
+  // those they share with neighbours included.
   for (const auto& view : held) ex.weights->release(view, true);
   impl_->entries.push_back(std::move(en));
   return entry_id{static_cast<std::uint32_t>(impl_->entries.size() - 1)};

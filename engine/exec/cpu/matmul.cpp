@@ -183,20 +183,20 @@ void pack_mxfp4(const source_panel& s, std::int64_t k, std::byte* dst) {
 }
 
 // IQ4_XS superblock: f16 d, u16 scales_h, 4 bytes scales_l, 128 bytes of nibbles (eight 32-blocks in
-// q4_0's order each); each block keeps d (ls - 32) as f32, computed as ggml computes it.
+// q4_0's order each); d as f32 and each block's 6-bit scale less 32 as int8 (iq4_xs_layout).
 void pack_iq4_xs(const source_panel& s, std::int64_t k, std::byte* dst) {
-  constexpr auto L = detail::iq4_xs_pairs;
+  constexpr auto L = detail::iq4_xs_blocks;
   each_block(s, k / 256, 136, [&](int r, std::int64_t sb, const std::byte* blk) {
     std::uint16_t dbits, sh;
     std::memcpy(&dbits, blk, 2);
     std::memcpy(&sh, blk + 2, 2);
     const float d = f16_to_f32(dbits);
+    std::memcpy(dst + L.d(8 * sb) + r * 4, &d, 4);
     for (int ib = 0; ib < 8; ++ib) {
       const std::int64_t b = 8 * sb + ib;
       const int sl = static_cast<int>(std::to_integer<std::uint8_t>(blk[4 + ib / 2]));
       const int ls = ((sl >> (4 * (ib % 2))) & 0x0f) | (((sh >> (2 * ib)) & 3) << 4);
-      const float dl = d * static_cast<float>(ls - 32);
-      std::memcpy(dst + L.scales(b) + r * 4, &dl, 4);
+      dst[L.scales(b) + r] = std::byte{static_cast<std::uint8_t>(static_cast<std::int8_t>(ls - 32))};
       put_nibbles(dst + L.codes(b), r, blk + 8 + 16 * ib);
     }
   });
@@ -337,11 +337,7 @@ void pack_q23_k(const source_panel& s, std::int64_t k, std::byte* dst) {
       for (int v = 0; v < 8; ++v) std::memcpy(u + ((n * 8 + v) * panel_rows + r) * 4, blk + qs_at + 32 * n + 4 * v, 4);
     if constexpr (Two) {
       std::memcpy(u + detail::q2_k_dmin + r * 2, blk + 82, 2);
-      for (int j = 0; j < 16; ++j) {
-        const auto sm = std::to_integer<std::uint8_t>(blk[j]);
-        u[detail::q2_k_scale + j * panel_rows + r] = std::byte{static_cast<std::uint8_t>(sm & 0x0f)};
-        u[detail::q2_k_min + j * panel_rows + r] = std::byte{static_cast<std::uint8_t>(sm >> 4)};
-      }
+      for (int j = 0; j < 16; ++j) u[detail::q2_k_scale + j * panel_rows + r] = blk[j];
     } else {
       for (int v = 0; v < 8; ++v) std::memcpy(u + detail::q3_k_hm + (v * panel_rows + r) * 4, blk + 4 * v, 4);
       std::uint8_t sc[12];
@@ -400,7 +396,7 @@ std::size_t panel_bytes(dtype t, std::int64_t k, int shift) {
     case dtype::q4_0:
     case dtype::iq4_nl:
     case dtype::mxfp4: return detail::paired_panel_bytes(k / 32, detail::q4_0_unit);
-    case dtype::iq4_xs: return detail::iq4_xs_pairs.panel_bytes(k / 32);
+    case dtype::iq4_xs: return detail::iq4_xs_blocks.panel_bytes(k / 32);
     case dtype::q4_a32: return detail::q4_a32_groups.panel_bytes(k / 32, shift);
     case dtype::q8_a32: return detail::q8_a32_groups.panel_bytes(k / 32, shift);
     case dtype::q4_1: return detail::q4_1_pairs.panel_bytes(k / 32);

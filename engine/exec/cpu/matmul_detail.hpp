@@ -25,11 +25,13 @@
 //         scale[16 sub][16 rows] i8
 //   q3_k  q6_k's leading d run, then per 256-superblock ql[2 n][8 v][16 rows][4] (ggml's qs bytes 32n+4v..),
 //         hm[8 v][16 rows][4] (ggml's hmask bytes 4v..), scale[16 sub][16 rows] i8 (unbiased)
-//   q2_k  q6_k's leading d run, then per 256-superblock q3_k's ql, scale[16 sub][16 rows] u8, min[16 sub]
-//         [16 rows] u8, dmin[16] f16 (padded to 64 bytes)
+//   q2_k  q6_k's leading d run, then per 256-superblock q3_k's ql, sm[16 sub][16 rows] u8 (ggml's byte:
+//         the scale in the low nibble, the min in the high one), dmin[16] f16 (padded to 64 bytes): 86
+//         bytes a row per 256 weights against the file's 84
 //   iq4_nl q4_0's layout; the codes index IQ4_NL's table of 16 int8 levels
-//   iq4_xs iq4_nl's code layout in 32-blocks, each block's scale d (ls - 32) as f32: per pair of blocks
-//         d[2][16] f32 (a 128-byte pair header), then the two blocks' codes
+//   iq4_xs per 256-superblock: d[16] f32, ls[8 blocks][16 rows] i8 (each 32-block's scale less 32, so
+//         the block's scale is d (ls - 32), as ggml computes it), then the eight blocks' codes in iq4_nl's
+//         layout: 140 bytes a row per 256 weights against the file's 136
 //   q4_a32 per group of 2^s blocks (s the layout's group_shift: the most consecutive blocks whose rows
 //         all share their scale and zero point, as a GPTQ / AWQ group of 64 or 128 columns does): d[16]
 //         f16, z[16] u8 (the zero points), 16 unused bytes, then q4_0's codes of each block (unsigned
@@ -82,8 +84,8 @@ inline constexpr std::size_t q6_k_unit = 16 * 128 + 16 * 64 + 256;
 inline constexpr std::size_t q5_k_unit = q4_k_unit + 512;
 inline constexpr std::size_t q3_k_unit = 16 * 64 + 8 * 64 + 256;
 inline constexpr std::size_t q3_k_hm = 1024, q3_k_scale = 1536;
-inline constexpr std::size_t q2_k_unit = 16 * 64 + 256 + 256 + 64;
-inline constexpr std::size_t q2_k_scale = 1024, q2_k_min = 1280, q2_k_dmin = 1536;
+inline constexpr std::size_t q2_k_unit = 16 * 64 + 256 + 64;
+inline constexpr std::size_t q2_k_scale = 1024, q2_k_dmin = 1280;
 // Offsets inside a q4_k / q6_k unit.
 inline constexpr std::size_t q4_k_dmin = 32, q4_k_scale = 64, q4_k_min = 192, q4_k_q = 320, q5_k_h = q4_k_unit;
 inline constexpr std::size_t q6_k_qh = 2048, q6_k_scale = 3072;
@@ -102,8 +104,7 @@ inline constexpr std::size_t paired_panel_bytes(std::int64_t blocks, std::size_t
   return static_cast<std::size_t>(blocks / 2) * pair_bytes(unit) + (blocks % 2 != 0 ? 64 + unit : 0);
 }
 
-// Pairs with a larger header (iq4_xs, q4_a32, q4_1: 128 bytes; q8_a32: 192) or a larger unit (q5_0,
-// q5_1): the block's scales (of `scale_bytes` each per row) and, after `zeros_at` bytes of the header,
+// Pairs with a larger header (q4_1, q5_1: 128 bytes) or a larger unit (q5_0, q5_1): the block's scales (of `scale_bytes` each per row) and, after `zeros_at` bytes of the header,
 // its zero points or minimums (of `zero_bytes` each per row).
 struct pair_layout {
   std::size_t unit, header, scale_bytes, zeros_at, zero_bytes = 1;
@@ -121,7 +122,16 @@ struct pair_layout {
     return static_cast<std::size_t>(blocks / 2) * pair() + (blocks % 2 != 0 ? header + unit : 0);
   }
 };
-inline constexpr pair_layout iq4_xs_pairs{q4_0_unit, 128, 4, 0};
+
+// iq4_xs's superblocks (eight 32-blocks b, K a multiple of 256).
+struct iq4_xs_layout {
+  static constexpr std::size_t unit = 64 + 128 + 8 * q4_0_unit;
+  static constexpr std::size_t d(std::int64_t b) { return static_cast<std::size_t>(b / 8) * unit; }
+  static constexpr std::size_t scales(std::int64_t b) { return d(b) + 64 + static_cast<std::size_t>(b % 8) * 16; }
+  static constexpr std::size_t codes(std::int64_t b) { return d(b) + 192 + static_cast<std::size_t>(b % 8) * q4_0_unit; }
+  static constexpr std::size_t panel_bytes(std::int64_t blocks) { return static_cast<std::size_t>(blocks / 8) * unit; }
+};
+inline constexpr iq4_xs_layout iq4_xs_blocks{};
 
 // The affine formats' groups: 2^shift blocks after one header of the group's scales (`scale_bytes`
 // each per row) and, `zeros_at` bytes in, its zero points (one byte each per row). The last group may

@@ -449,7 +449,8 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
 // dot (whose activation sums take back the level's offset where the level needs one).
 inline constexpr std::int8_t iq4nl_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-// IQ4_NL (q4_0's layout, f16 scales) and IQ4_XS (repacked into 32-blocks with f32 scales).
+// IQ4_NL (q4_0's layout, f16 scales) and IQ4_XS (iq4_xs_layout: d per superblock times each block's
+// int8 scale, exact in f32 as ggml's d (ls - 32)).
 template <class V, int MR, bool Xs>
 void iq4_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   const bool stream = m == a.m0;  // see prefetch_ahead
@@ -462,13 +463,19 @@ void iq4_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   for (int h = 0; h < H; ++h) {
     typename V::vf f[MR];
     for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
+    [[maybe_unused]] typename V::vf dsb = V::zero_f();  // iq4_xs: the superblock's d
     for (std::int64_t b = 0; b < blocks; ++b) {
       typename V::vf dw;
       const std::byte* u;
       if constexpr (Xs) {
-        dw = V::loadu_f(at<float>(panel, iq4_xs_pairs.scales(b)) + h * V::lanes);
-        u = panel + iq4_xs_pairs.codes(b) + h * V::lanes * 4;
-        if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + iq4_xs_pairs.scales(b), iq4_xs_pairs.pair());
+        constexpr iq4_xs_layout L = iq4_xs_blocks;
+        if (b % 8 == 0) dsb = V::loadu_f(at<float>(panel, L.d(b)) + h * V::lanes);
+        dw = V::mul_f(dsb, V::cvt_f(V::cvt_i8_i32(panel + L.scales(b) + h * V::lanes)));
+        u = panel + L.codes(b) + h * V::lanes * 4;
+        if (h == 0) {
+          const std::size_t from = b % 8 == 0 ? L.d(b) : L.codes(b);
+          prefetch_ahead(stream, panel + from, L.codes(b) + q4_0_unit - from);
+        }
       } else {
         dw = V::load_f16(panel + block_scales(b, q4_0_unit) + h * V::lanes * 2);
         u = panel + block_codes(b, q4_0_unit) + h * V::lanes * 4;
@@ -727,7 +734,7 @@ void q6_k_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
       const std::byte* u = body + static_cast<std::size_t>(b) * unit;
       if (h == 0) prefetch_ahead(stream, u, unit);
       for (int j = 0; j < 16; ++j)
-        V::store_i(sc[j], Two ? V::cvt_u8_i32(u + scale_at + j * panel_rows + h * V::lanes)
+        V::store_i(sc[j], Two ? V::and_i(V::cvt_u8_i32(u + scale_at + j * panel_rows + h * V::lanes), V::set1_i32(0x0f))
                               : V::cvt_i8_i32(u + scale_at + j * panel_rows + h * V::lanes));
       typename V::vi isum[MR], msum[MR];
       for (int i = 0; i < MR; ++i) isum[i] = msum[i] = V::zero_i();
@@ -746,7 +753,7 @@ void q6_k_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
           }
           const typename V::vi s = V::load_i(sc[8 * hf + sub]);
           if constexpr (Two) {
-            const typename V::vi mn = V::cvt_u8_i32(u + q2_k_min + (8 * hf + sub) * panel_rows + h * V::lanes);
+            const typename V::vi mn = V::template srai32<4>(V::cvt_u8_i32(u + q2_k_scale + (8 * hf + sub) * panel_rows + h * V::lanes));
             for (int i = 0; i < MR; ++i) {
               isum[i] = V::add_i32(isum[i], V::mullo_i32(acc[i], s));
               msum[i] = V::add_i32(msum[i], V::mullo_i32(mn, V::set1_i32(x[i].s[16 * b + 8 * hf + sub])));

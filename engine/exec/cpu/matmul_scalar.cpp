@@ -273,17 +273,21 @@ void compute_q5_0(const gemm_args& a) {
   });
 }
 
-// IQ4_NL and IQ4_XS: the codes through IQ4_NL's table of levels; q4_0's layout (f16 scales) or the
-// repacked one with f32 scales.
+// IQ4_NL and IQ4_XS: the codes through IQ4_NL's table of levels; q4_0's layout (f16 scales) or
+// iq4_xs_layout's superblocks (d times each block's int8 scale).
 template <bool Xs>
 void compute_iq4(const gemm_args& a) {
   static constexpr int levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
   walk32(a, [](const std::byte* panel, std::int64_t b, const act_row& x, int r) {
-    const std::byte* u = panel + (Xs ? iq4_xs_pairs.codes(b) : block_codes(b, q4_0_unit));
+    const std::byte* u = panel + (Xs ? iq4_xs_blocks.codes(b) : block_codes(b, q4_0_unit));
     const int dot = nibble_dot(u, r, x.q + 32 * b, [](int v) { return levels[v]; });
     float d;
-    if constexpr (Xs) std::memcpy(&d, panel + iq4_xs_pairs.scales(b) + 4 * r, 4);
-    else d = f16_at(panel + block_scales(b, q4_0_unit), r);
+    if constexpr (Xs) {
+      std::memcpy(&d, panel + iq4_xs_blocks.d(b) + 4 * r, 4);
+      d *= static_cast<float>(static_cast<std::int8_t>(u8_at(panel, iq4_xs_blocks.scales(b) + static_cast<std::size_t>(r))));
+    } else {
+      d = f16_at(panel + block_scales(b, q4_0_unit), r);
+    }
     return d * x.d[b] * static_cast<float>(dot);
   });
 }
@@ -412,8 +416,9 @@ void compute_q23_k(const gemm_args& a) {
         }
       }
       if constexpr (Two) {
-        isum += u8_at(u, q2_k_scale + sub * panel_rows + r) * dot;
-        msum += u8_at(u, q2_k_min + sub * panel_rows + r) * x.s[16 * b + sub];
+        const int sm = u8_at(u, q2_k_scale + sub * panel_rows + r);
+        isum += (sm & 0x0f) * dot;
+        msum += (sm >> 4) * x.s[16 * b + sub];
       } else {
         isum += static_cast<std::int8_t>(u8_at(u, q3_k_scale + sub * panel_rows + r)) * dot;
       }

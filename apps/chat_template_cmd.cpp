@@ -50,10 +50,10 @@ std::optional<std::string> gguf_token(const load::gguf_file& g, const char* id_k
   if (!id || !tokens) return std::nullopt;
   const auto index = id->get().as_int();
   const auto* list = tokens->get().get_if<load::gguf_array>();
-  if (!index || list == nullptr || *index < 0 || static_cast<std::size_t>(*index) >= list->values.size())
+  if (!index || list == nullptr || list->type != load::gguf_type::string || *index < 0 ||
+      static_cast<std::size_t>(*index) >= list->size())
     return std::nullopt;
-  const auto* text = list->values[static_cast<std::size_t>(*index)].get_if<std::string>();
-  return text ? std::optional<std::string>(*text) : std::nullopt;
+  return std::string(list->string_at(static_cast<std::size_t>(*index)));
 }
 
 // A GGUF's template: tokenizer.chat_template, or a named one (tokenizer.chat_template.NAME) chosen as

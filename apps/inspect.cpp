@@ -23,7 +23,7 @@ constexpr const char* hf_summary_keys[] = {
 std::string gguf_value_str(const load::gguf_value& v) {
   if (const auto* s = v.get_if<std::string>()) return s->size() > 80 ? s->substr(0, 77) + "..." : *s;
   if (const auto* a = v.get_if<load::gguf_array>())
-    return std::string(load::name(a->type)) + "[" + std::to_string(a->values.size()) + "]";
+    return std::string(load::name(a->type)) + "[" + std::to_string(a->size()) + "]";
   if (const auto* b = v.get_if<bool>()) return *b ? "true" : "false";
   if (auto i = v.as_int()) return std::to_string(*i);
   if (auto f = v.as_float()) {

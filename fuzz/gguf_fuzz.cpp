@@ -18,7 +18,7 @@ volatile unsigned sink = 0;
 unsigned walk(const gguf_value& v) {
   if (const auto* a = v.get_if<gguf_array>()) {
     unsigned n = static_cast<unsigned>(a->type);
-    for (const auto& e : a->values) n += walk(e);
+    for (std::size_t i = 0; i < a->size(); ++i) n += walk(a->at(i));
     return n;
   }
   if (const auto* s = v.get_if<std::string>()) return static_cast<unsigned>(s->size());

@@ -45,7 +45,99 @@ std::string_view name(gguf_type t) {
   return "unknown";
 }
 
-bool operator==(const gguf_array& a, const gguf_array& b) { return a.type == b.type && a.values == b.values; }
+namespace {
+
+// The bytes of one element of a fixed-width type; 0 for strings and arrays.
+std::size_t scalar_width(gguf_type t) {
+  switch (t) {
+    case gguf_type::u8: case gguf_type::i8: case gguf_type::boolean: return 1;
+    case gguf_type::u16: case gguf_type::i16: return 2;
+    case gguf_type::u32: case gguf_type::i32: case gguf_type::f32: return 4;
+    case gguf_type::u64: case gguf_type::i64: case gguf_type::f64: return 8;
+    case gguf_type::string: case gguf_type::array: return 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+gguf_array::gguf_array(gguf_type t, std::initializer_list<gguf_value> values) : type(t) {
+  reserve(values.size());
+  for (const auto& v : values) push_back(v);
+}
+
+gguf_array::gguf_array(gguf_type t, const std::vector<gguf_value>& values) : type(t) {
+  reserve(values.size());
+  for (const auto& v : values) push_back(v);
+}
+
+void gguf_array::reserve(std::size_t n) {
+  if (type == gguf_type::string) ends_.reserve(n);
+  else if (type == gguf_type::array) arrays_.reserve(n);
+  else scalars_.reserve(n * scalar_width(type));
+}
+
+void gguf_array::push_back(const gguf_value& v) {
+  if (v.type() != type) {
+    if (!mismatch_) mismatch_ = v.type();
+    return;
+  }
+  if (const auto* str = v.get_if<std::string>()) {
+    chars_ += *str;
+    ends_.push_back(chars_.size());
+  } else if (type == gguf_type::array) {
+    arrays_.push_back(v);
+  } else {
+    std::visit(
+        [&](const auto& x) {
+          using T = std::decay_t<decltype(x)>;
+          if constexpr (std::is_arithmetic_v<T>) {
+            const auto* p = reinterpret_cast<const std::byte*>(&x);
+            scalars_.insert(scalars_.end(), p, p + sizeof(T));
+          }
+        },
+        v.v);
+  }
+  ++count_;
+}
+
+void gguf_array::shrink_to_fit() {
+  scalars_.shrink_to_fit();
+  chars_.shrink_to_fit();
+  ends_.shrink_to_fit();
+  arrays_.shrink_to_fit();
+}
+
+std::string_view gguf_array::string_at(std::size_t i) const {
+  const std::size_t begin = i == 0 ? 0 : ends_[i - 1];
+  return std::string_view(chars_).substr(begin, ends_[i] - begin);
+}
+
+const gguf_array& gguf_array::array_at(std::size_t i) const { return *arrays_[i].get_if<gguf_array>(); }
+
+gguf_value gguf_array::at(std::size_t i) const {
+  switch (type) {
+    case gguf_type::u8: return scalar_at<std::uint8_t>(i);
+    case gguf_type::i8: return scalar_at<std::int8_t>(i);
+    case gguf_type::u16: return scalar_at<std::uint16_t>(i);
+    case gguf_type::i16: return scalar_at<std::int16_t>(i);
+    case gguf_type::u32: return scalar_at<std::uint32_t>(i);
+    case gguf_type::i32: return scalar_at<std::int32_t>(i);
+    case gguf_type::f32: return scalar_at<float>(i);
+    case gguf_type::boolean: return scalar_at<bool>(i);
+    case gguf_type::string: return string_at(i);
+    case gguf_type::array: return arrays_[i];
+    case gguf_type::u64: return scalar_at<std::uint64_t>(i);
+    case gguf_type::i64: return scalar_at<std::int64_t>(i);
+    case gguf_type::f64: return scalar_at<double>(i);
+  }
+  return {};
+}
+
+bool operator==(const gguf_array& a, const gguf_array& b) {
+  return a.type == b.type && a.count_ == b.count_ && a.scalars_ == b.scalars_ && a.chars_ == b.chars_ &&
+         a.ends_ == b.ends_ && a.arrays_ == b.arrays_ && a.mismatch_ == b.mismatch_;
+}
 bool operator==(const gguf_value& a, const gguf_value& b) { return a.v == b.v; }
 
 std::optional<std::int64_t> gguf_value::as_int() const {
@@ -175,14 +267,14 @@ class parser {
           return fail(load_error_code::truncated_header, key,
                       "an array of " + std::to_string(count) + " " + std::string(name(*elem)) +
                           " values cannot fit in the " + std::to_string(left()) + " bytes left");
-        gguf_array a;
-        a.type = *elem;
-        a.values.reserve(static_cast<std::size_t>(count));
+        gguf_array a(*elem);
+        a.reserve(static_cast<std::size_t>(count));
         for (std::uint64_t i = 0; i < count; ++i) {
           auto v = read_value(*elem, key, depth + 1);
           if (!v) return troupe::unexpected(std::move(v.error()));
-          a.values.push_back(std::move(*v));
+          a.push_back(*v);
         }
+        a.shrink_to_fit();
         return gguf_value(std::move(a));
       }
     }
@@ -425,13 +517,17 @@ class encoder {
                     "arrays nested deeper than " + std::to_string(max_array_depth) + " levels");
       if (static_cast<std::uint32_t>(a->type) >= gguf_type_count)
         return fail(load_error_code::bad_metadata, key, "unknown array element type");
+      if (const auto m = a->mismatch())
+        return fail(load_error_code::bad_metadata, key,
+                    "an array of " + std::string(name(a->type)) + " holds a " + std::string(name(*m)));
       put(static_cast<std::uint32_t>(a->type));
-      put(static_cast<std::uint64_t>(a->values.size()));
-      for (const auto& e : a->values) {
-        if (e.type() != a->type)
-          return fail(load_error_code::bad_metadata, key,
-                      "an array of " + std::string(name(a->type)) + " holds a " + std::string(name(e.type())));
-        if (auto r = put_value(e, key, depth + 1); !r) return r;
+      put(static_cast<std::uint64_t>(a->size()));
+      for (std::size_t i = 0; i < a->size(); ++i) {
+        if (a->type == gguf_type::string) {
+          put_string(a->string_at(i));
+        } else if (auto r = put_value(a->at(i), key, depth + 1); !r) {
+          return r;
+        }
       }
       return {};
     }

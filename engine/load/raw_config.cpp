@@ -88,9 +88,9 @@ std::optional<std::vector<T>> gguf_array_of(const gguf_value& v, Elem elem) {
   const auto* a = v.get_if<gguf_array>();
   if (!a) return std::nullopt;
   std::vector<T> out;
-  out.reserve(a->values.size());
-  for (const auto& e : a->values) {
-    auto x = elem(e);
+  out.reserve(a->size());
+  for (std::size_t i = 0; i < a->size(); ++i) {
+    auto x = elem(a->at(i));
     if (!x) return std::nullopt;
     out.push_back(std::move(*x));
   }

@@ -138,8 +138,8 @@ result<gguf_text, text_error> read_gguf_tokenizer(const load::gguf_file& file) {
   auto tokens_array = g.array("tokenizer.ggml.tokens", load::gguf_type::string, true);
   if (!tokens_array) return troupe::unexpected(tokens_array.error());
   std::vector<std::string> tokens;
-  tokens.reserve((*tokens_array)->values.size());
-  for (const auto& v : (*tokens_array)->values) tokens.push_back(*v.get_if<std::string>());
+  tokens.reserve((*tokens_array)->size());
+  for (std::size_t i = 0; i < (*tokens_array)->size(); ++i) tokens.emplace_back((*tokens_array)->string_at(i));
   const std::size_t n = tokens.size();
   if (n == 0) return troupe::unexpected(g.fail(text_error_code::bad_value, "tokenizer.ggml.tokens", "is empty"));
 
@@ -147,11 +147,11 @@ result<gguf_text, text_error> read_gguf_tokenizer(const load::gguf_file& file) {
   auto types_array = g.array("tokenizer.ggml.token_type", load::gguf_type::i32, false);
   if (!types_array) return troupe::unexpected(types_array.error());
   if (*types_array != nullptr) {
-    if ((*types_array)->values.size() != n)
+    if ((*types_array)->size() != n)
       return troupe::unexpected(g.fail(text_error_code::bad_value, "tokenizer.ggml.token_type",
-                                       "holds " + std::to_string((*types_array)->values.size()) + " types for " +
+                                       "holds " + std::to_string((*types_array)->size()) + " types for " +
                                            std::to_string(n) + " tokens"));
-    for (std::size_t i = 0; i < n; ++i) types[i] = static_cast<gguf_token_type>(*(*types_array)->values[i].get_if<std::int32_t>());
+    for (std::size_t i = 0; i < n; ++i) types[i] = static_cast<gguf_token_type>((*types_array)->scalar_at<std::int32_t>(i));
   }
 
   special_ids ids;
@@ -224,7 +224,7 @@ result<gguf_text, text_error> read_gguf_tokenizer(const load::gguf_file& file) {
     if (!scores_array) return troupe::unexpected(scores_array.error());
     std::vector<float> scores;
     scores.reserve(n);
-    for (const auto& v : (*scores_array)->values) scores.push_back(*v.get_if<float>());
+    for (std::size_t i = 0; i < (*scores_array)->size(); ++i) scores.push_back((*scores_array)->scalar_at<float>(i));
     std::vector<bool> mergeable(n);
     for (std::size_t i = 0; i < n; ++i)
       mergeable[i] = types[i] == gguf_token_type::normal || types[i] == gguf_token_type::user_defined ||
@@ -254,9 +254,9 @@ result<gguf_text, text_error> read_gguf_tokenizer(const load::gguf_file& file) {
     auto merges_array = g.array("tokenizer.ggml.merges", load::gguf_type::string, true);
     if (!merges_array) return troupe::unexpected(merges_array.error());
     std::vector<bpe_merge> merges;
-    merges.reserve((*merges_array)->values.size());
-    for (std::size_t i = 0; i < (*merges_array)->values.size(); ++i) {
-      const std::string& line = *(*merges_array)->values[i].get_if<std::string>();
+    merges.reserve((*merges_array)->size());
+    for (std::size_t i = 0; i < (*merges_array)->size(); ++i) {
+      const std::string line((*merges_array)->string_at(i));
       const auto space = line.find(' ', 1);  // a merge's left side may itself begin with a space
       if (space == std::string::npos)
         return troupe::unexpected(g.fail(text_error_code::bad_value, "tokenizer.ggml.merges[" + std::to_string(i) + "]",

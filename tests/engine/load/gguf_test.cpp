@@ -184,9 +184,43 @@ TEST(gguf, metadata_of_every_type_round_trips_including_nested_arrays) {
     const auto* nested = f->find_value("array.nested")->get().get_if<gguf_array>();
     ASSERT_NE(nested, nullptr);
     EXPECT_EQ(nested->type, gguf_type::array);
-    ASSERT_EQ(nested->values.size(), 3u);
-    EXPECT_EQ(nested->values[0].get_if<gguf_array>()->values[1].as_int(), -2);
+    ASSERT_EQ(nested->size(), 3u);
+    EXPECT_EQ(nested->array_at(0).at(1).as_int(), -2);
   }
+}
+
+TEST(gguf, arrays_are_compact_and_read_back_element_by_element) {
+  gguf_array strings(gguf_type::string, {"a", "", "\xe2\x96\x81llama", "ccc"});
+  ASSERT_EQ(strings.size(), 4u);
+  EXPECT_EQ(strings.string_at(0), "a");
+  EXPECT_EQ(strings.string_at(1), "");
+  EXPECT_EQ(strings.string_at(2), "\xe2\x96\x81llama");
+  EXPECT_EQ(*strings.at(3).get_if<std::string>(), "ccc");
+  gguf_array ints(gguf_type::i32);
+  for (std::int32_t i = -3; i < 1000; ++i) ints.emplace_back(i);
+  ASSERT_EQ(ints.size(), 1003u);
+  EXPECT_EQ(ints.scalar_at<std::int32_t>(0), -3);
+  EXPECT_EQ(ints.at(1002).as_int(), 999);
+  const gguf_array doubles(gguf_type::f64, {0.1, -2.5});
+  EXPECT_EQ(doubles.scalar_at<double>(0), 0.1);
+  EXPECT_EQ(doubles.at(1).as_float(), -2.5);
+  EXPECT_FALSE(strings == gguf_array(gguf_type::string, {"a", "", "\xe2\x96\x81llama"}));
+  EXPECT_TRUE(strings == gguf_array(gguf_type::string, {"a", "", "\xe2\x96\x81llama", "ccc"}));
+  // "ab" + "c" is not "a" + "bc": the string boundaries are part of the array.
+  EXPECT_FALSE(gguf_array(gguf_type::string, {"ab", "c"}) == gguf_array(gguf_type::string, {"a", "bc"}));
+}
+
+TEST(gguf, an_array_holding_an_element_of_another_type_is_refused_by_the_writer) {
+  gguf_array a(gguf_type::u32, {std::uint32_t{1}});
+  a.emplace_back("two");
+  a.emplace_back(std::uint32_t{3});
+  EXPECT_EQ(a.mismatch(), gguf_type::string);
+  gguf_writer w;
+  w.add("bad", a);
+  const auto r = w.serialize("bad.gguf");
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, load_error_code::bad_metadata);
+  EXPECT_NE(r.error().message().find("an array of uint32 holds a string"), std::string::npos) << r.error().message();
 }
 
 TEST(gguf, a_custom_alignment_is_stored_and_honoured) {

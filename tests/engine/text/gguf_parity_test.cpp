@@ -51,8 +51,8 @@ nlohmann::json read_json(const std::filesystem::path& p) {
 
 load::gguf_array string_array(const std::vector<std::string>& v) {
   load::gguf_array a{load::gguf_type::string, {}};
-  a.values.reserve(v.size());
-  for (const auto& s : v) a.values.emplace_back(s);
+  a.reserve(v.size());
+  for (const auto& s : v) a.emplace_back(s);
   return a;
 }
 
@@ -104,7 +104,7 @@ std::filesystem::path write_gguf(const gguf_case& c, const text_codec& reference
   w.add("tokenizer.ggml.model", std::string(c.model));
   w.add("tokenizer.ggml.tokens", string_array(tokens));
   load::gguf_array type_array{load::gguf_type::i32, {}};
-  for (const auto t : types) type_array.values.emplace_back(t);
+  for (const auto t : types) type_array.emplace_back(t);
   w.add("tokenizer.ggml.token_type", std::move(type_array));
   if (c.model == "gpt2") {
     w.add("tokenizer.ggml.pre", std::string(c.pre));
@@ -122,7 +122,7 @@ std::filesystem::path write_gguf(const gguf_case& c, const text_codec& reference
       if (it != vocab_index.end()) scores[it->second] = -static_cast<float>(r);
     }
     load::gguf_array score_array{load::gguf_type::f32, {}};
-    for (const auto s : scores) score_array.values.emplace_back(s);
+    for (const auto s : scores) score_array.emplace_back(s);
     w.add("tokenizer.ggml.scores", std::move(score_array));
     w.add("tokenizer.ggml.add_space_prefix", c.add_space_prefix);
   }

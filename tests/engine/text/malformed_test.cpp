@@ -123,7 +123,7 @@ result<gguf_text, text_error> read_keys(const std::vector<load::gguf_kv>& kvs) {
 
 load::gguf_array strings(std::vector<std::string> v) {
   load::gguf_array a{load::gguf_type::string, {}};
-  for (auto& s : v) a.values.emplace_back(std::move(s));
+  for (auto& s : v) a.emplace_back(std::move(s));
   return a;
 }
 
@@ -171,12 +171,12 @@ TEST(malformed_gguf_tokenizer, unknown_pre_tokenizer_and_bad_merges) {
 
 TEST(malformed_gguf_tokenizer, scores_that_do_not_match_the_tokens) {
   load::gguf_array scores{load::gguf_type::f32, {}};
-  scores.values.emplace_back(0.0f);
+  scores.emplace_back(0.0f);
   expect_gguf_error({{"tokenizer.ggml.model", "llama"}, {"tokenizer.ggml.tokens", strings({"a", "b"})},
                      {"tokenizer.ggml.scores", scores}},
                     text_error_code::bad_value, "tokenizer.ggml.scores");
   load::gguf_array types{load::gguf_type::i32, {}};
-  types.values.emplace_back(std::int32_t{1});
+  types.emplace_back(std::int32_t{1});
   expect_gguf_error({{"tokenizer.ggml.model", "llama"}, {"tokenizer.ggml.tokens", strings({"a", "b"})},
                      {"tokenizer.ggml.token_type", types}},
                     text_error_code::bad_value, "tokenizer.ggml.token_type");
@@ -191,8 +191,8 @@ TEST(gguf_tokenizer, reads_a_small_sentencepiece_vocabulary) {
   const std::vector<float> score = {0, 0, 0, -1, -2, -3, -4, -5};
   const std::vector<std::int32_t> type = {2, 3, 3, 1, 1, 1, 1, 1};
   for (std::size_t i = 0; i < pieces.size(); ++i) {
-    scores.values.emplace_back(score[i]);
-    types.values.emplace_back(type[i]);
+    scores.emplace_back(score[i]);
+    types.emplace_back(type[i]);
   }
   auto r = read_keys({{"tokenizer.ggml.model", "llama"}, {"tokenizer.ggml.tokens", strings(pieces)},
                       {"tokenizer.ggml.scores", scores}, {"tokenizer.ggml.token_type", types},

@@ -61,6 +61,8 @@ std::size_t scalar_width(gguf_type t) {
 
 }  // namespace
 
+gguf_array::gguf_array(gguf_type t) : type(t) {}
+
 gguf_array::gguf_array(gguf_type t, std::initializer_list<gguf_value> values) : type(t) {
   reserve(values.size());
   for (const auto& v : values) push_back(v);

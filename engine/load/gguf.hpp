@@ -45,7 +45,7 @@ class gguf_array {
   gguf_type type = gguf_type::u8;
 
   gguf_array() = default;
-  explicit gguf_array(gguf_type t) : type(t) {}
+  explicit gguf_array(gguf_type t);
   gguf_array(gguf_type t, std::initializer_list<gguf_value> values);
   gguf_array(gguf_type t, const std::vector<gguf_value>& values);
 

@@ -47,16 +47,17 @@ std::string_view name(gguf_type t) {
 
 namespace {
 
-// The bytes of one element of a fixed-width type; 0 for strings and arrays.
-std::size_t scalar_width(gguf_type t) {
+// The fewest bytes one element of a type takes in the file, which bounds a count before allocating.
+std::size_t min_bytes(gguf_type t) {
   switch (t) {
     case gguf_type::u8: case gguf_type::i8: case gguf_type::boolean: return 1;
     case gguf_type::u16: case gguf_type::i16: return 2;
     case gguf_type::u32: case gguf_type::i32: case gguf_type::f32: return 4;
     case gguf_type::u64: case gguf_type::i64: case gguf_type::f64: return 8;
-    case gguf_type::string: case gguf_type::array: return 0;
+    case gguf_type::string: return 8;   // the length
+    case gguf_type::array: return 12;   // element type and count
   }
-  return 0;
+  return 1;
 }
 
 }  // namespace
@@ -76,7 +77,7 @@ gguf_array::gguf_array(gguf_type t, const std::vector<gguf_value>& values) : typ
 void gguf_array::reserve(std::size_t n) {
   if (type == gguf_type::string) ends_.reserve(n);
   else if (type == gguf_type::array) arrays_.reserve(n);
-  else scalars_.reserve(n * scalar_width(type));
+  else scalars_.reserve(n * min_bytes(type));  // a scalar's width
 }
 
 void gguf_array::push_back(const gguf_value& v) {
@@ -177,19 +178,6 @@ constexpr std::uint32_t max_dims = 4;
 constexpr int max_array_depth = 32;
 constexpr std::uint32_t default_alignment = 32;
 constexpr std::string_view alignment_key = "general.alignment";
-
-// The fewest bytes one element of a type takes in the file, which bounds a count before allocating.
-std::size_t min_bytes(gguf_type t) {
-  switch (t) {
-    case gguf_type::u8: case gguf_type::i8: case gguf_type::boolean: return 1;
-    case gguf_type::u16: case gguf_type::i16: return 2;
-    case gguf_type::u32: case gguf_type::i32: case gguf_type::f32: return 4;
-    case gguf_type::u64: case gguf_type::i64: case gguf_type::f64: return 8;
-    case gguf_type::string: return 8;   // the length
-    case gguf_type::array: return 12;   // element type and count
-  }
-  return 1;
-}
 
 std::string range_str(std::uint64_t begin, std::uint64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";

@@ -256,12 +256,12 @@ result<gguf_text, text_error> read_gguf_tokenizer(const load::gguf_file& file) {
     std::vector<bpe_merge> merges;
     merges.reserve((*merges_array)->size());
     for (std::size_t i = 0; i < (*merges_array)->size(); ++i) {
-      const std::string line((*merges_array)->string_at(i));
+      const std::string_view line = (*merges_array)->string_at(i);
       const auto space = line.find(' ', 1);  // a merge's left side may itself begin with a space
-      if (space == std::string::npos)
+      if (space == std::string_view::npos)
         return troupe::unexpected(g.fail(text_error_code::bad_value, "tokenizer.ggml.merges[" + std::to_string(i) + "]",
-                                         "'" + line + "' is not two tokens separated by a space"));
-      merges.push_back({line.substr(0, space), line.substr(space + 1)});
+                                         "'" + std::string(line) + "' is not two tokens separated by a space"));
+      merges.push_back({std::string(line.substr(0, space)), std::string(line.substr(space + 1))});
     }
     options.ignore_merges = recipe->ignore_merges;
     std::vector<std::pair<std::string, token_id>> vocab;

@@ -104,8 +104,9 @@ inline constexpr std::size_t paired_panel_bytes(std::int64_t blocks, std::size_t
   return static_cast<std::size_t>(blocks / 2) * pair_bytes(unit) + (blocks % 2 != 0 ? 64 + unit : 0);
 }
 
-// Pairs with a larger header (q4_1, q5_1: 128 bytes) or a larger unit (q5_0, q5_1): the block's scales (of `scale_bytes` each per row) and, after `zeros_at` bytes of the header,
-// its zero points or minimums (of `zero_bytes` each per row).
+// Pairs with a larger header (q4_1, q5_1: 128 bytes) or a larger unit (q5_0, q5_1): the block's scales
+// (of `scale_bytes` each per row) and, after `zeros_at` bytes of the header, its zero points or
+// minimums (of `zero_bytes` each per row).
 struct pair_layout {
   std::size_t unit, header, scale_bytes, zeros_at, zero_bytes = 1;
   constexpr std::size_t pair() const { return header + 2 * unit; }

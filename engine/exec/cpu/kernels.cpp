@@ -38,6 +38,14 @@ void delta_rule_heads(const delta_rule_args& a, std::int64_t h0, std::int64_t h1
   if (h1 > h0) kernels_detail::kernels_for(level).delta_rule_heads(a, h0, h1);
 }
 
+void ssm_conv_channels(const ssm_conv_args& a, std::int64_t c0, std::int64_t c1, isa level) {
+  if (c1 > c0) kernels_detail::kernels_for(level).ssm_conv_channels(a, c0, c1);
+}
+
+void binary(binary_kind k, const float* a, bool a_scalar, const float* b, bool b_scalar, std::int64_t n, float* y, isa level) {
+  if (n > 0) kernels_detail::kernels_for(level).binary(k, a, a_scalar, b, b_scalar, n, y);
+}
+
 void layer_norm(const float* x, const float* w, const float* b, std::int64_t rows, std::int64_t n, float eps, float* y,
                 isa level) {
   if (rows <= 0 || n <= 0) return;

@@ -54,6 +54,17 @@ struct delta_rule_args {
   float* out = nullptr;
 };
 void delta_rule_heads(const delta_rule_args& a, std::int64_t h0, std::int64_t h1, isa level);
+// The causal depthwise convolution over channels [c0, c1) of one row (recurrent_math.hpp ssm_conv_row
+// is its meaning): x [T, C], the carried window state [K-1, C] (null: zeros), w_t the weights
+// transposed to [K, C]; out [T C + (K-1) C]: each real token's output (padding tokens' rows are left as
+// they are), then the row's last K-1 inputs. Channels are lanes, so a row splits over threads by them.
+struct ssm_conv_args {
+  const float *x = nullptr, *state = nullptr, *w_t = nullptr;
+  const std::int32_t* write = nullptr;  // [T]: a token with write < 0 is padding
+  std::int64_t T = 0, C = 0, K = 0;
+  float* out = nullptr;
+};
+void ssm_conv_channels(const ssm_conv_args& a, std::int64_t c0, std::int64_t c1, isa level);
 
 // y = x rounded to f16, to nearest even (a KV cache's write).
 void to_f16(const float* x, std::int64_t n, std::uint16_t* y, isa level);
@@ -71,6 +82,10 @@ void softmax_rows(const float* x, std::int64_t rows, std::int64_t n, bool log, f
 
 enum class unary_kind : std::uint8_t { neg, abs, exp, log, sqrt, rsqrt, recip, tanh, erf, sigmoid, silu, gelu_tanh };
 void unary(unary_kind k, const float* x, std::int64_t n, float* y, isa level);
+// y = a op b over n elements, where a operand marked scalar is read at [0] for every element (the
+// innermost run of a broadcast). maximum / minimum give NaN when either side is NaN, as the oracle.
+enum class binary_kind : std::uint8_t { add, sub, mul, div, maximum, minimum };
+void binary(binary_kind k, const float* a, bool a_scalar, const float* b, bool b_scalar, std::int64_t n, float* y, isa level);
 // y = act(g) * u, the gated feed-forward's middle (act: silu or gelu_tanh).
 void gated(unary_kind act, const float* g, const float* u, std::int64_t n, float* y, isa level);
 

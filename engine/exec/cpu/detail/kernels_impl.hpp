@@ -12,8 +12,10 @@
 //   erf: the rational approximation of Eigen and XLA, absolute error < 2e-7 (a few ulp relative).
 // sigmoid, silu and gelu_tanh are written through exp(-z) as x / (1 + exp(-z)), which keeps the
 // relative error small on the negative side where 1 + tanh(z) would cancel.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "engine/exec/cpu/detail/kernels_simd.hpp"
 #include "engine/exec/cpu/detail/kernels_table.hpp"
@@ -206,6 +208,62 @@ void gated(unary_kind act, const float* g, const float* u, std::int64_t n, float
   std::int64_t i = 0;
   for (; i + W <= n; i += W) V::store(y + i, V::mul(V::load(y + i), V::load(u + i)));
   if (i < n) V::store_n(y + i, V::mul(V::load_n(y + i, n - i), V::load_n(u + i, n - i)), n - i);
+}
+
+// a op b, one loop per kind and per broadcast side (the switch sits outside the loops). An operand
+// marked scalar is one value for the whole run.
+template <class V, binary_kind K>
+typename V::reg v_binary(typename V::reg a, typename V::reg b) {
+  if constexpr (K == binary_kind::add) return V::add(a, b);
+  else if constexpr (K == binary_kind::sub) return V::sub(a, b);
+  else if constexpr (K == binary_kind::mul) return V::mul(a, b);
+  else if constexpr (K == binary_kind::div) return V::div(a, b);
+  else if constexpr (K == binary_kind::maximum) return V::select(V::unordered(a, b), V::add(a, b), V::max(a, b));  // NaN in: NaN out
+  else return V::select(V::unordered(a, b), V::add(a, b), V::min(a, b));
+}
+
+template <class V, binary_kind K, bool SA, bool SB>
+void binary_loop(const float* a, const float* b, std::int64_t n, float* y) {
+  constexpr int W = V::width;
+  const auto ra = [&](std::int64_t i) { return SA ? V::set1(a[0]) : V::load(a + i); };
+  const auto rb = [&](std::int64_t i) { return SB ? V::set1(b[0]) : V::load(b + i); };
+  std::int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    const auto y0 = v_binary<V, K>(ra(i), rb(i)), y1 = v_binary<V, K>(ra(i + W), rb(i + W));
+    V::store(y + i, y0);
+    V::store(y + i + W, y1);
+  }
+  for (; i + W <= n; i += W) V::store(y + i, v_binary<V, K>(ra(i), rb(i)));
+  if (i < n) {
+    const auto ta = SA ? V::set1(a[0]) : V::load_n(a + i, n - i), tb = SB ? V::set1(b[0]) : V::load_n(b + i, n - i);
+    V::store_n(y + i, v_binary<V, K>(ta, tb), n - i);
+  }
+}
+
+template <class V, binary_kind K>
+void binary_sides(const float* a, bool sa, const float* b, bool sb, std::int64_t n, float* y) {
+  if (sa && sb) {
+    const float v = v_binary<simd_scalar, K>(a[0], b[0]);
+    for (std::int64_t i = 0; i < n; ++i) y[i] = v;
+  } else if (sa) {
+    binary_loop<V, K, true, false>(a, b, n, y);
+  } else if (sb) {
+    binary_loop<V, K, false, true>(a, b, n, y);
+  } else {
+    binary_loop<V, K, false, false>(a, b, n, y);
+  }
+}
+
+template <class V>
+void binary(binary_kind k, const float* a, bool sa, const float* b, bool sb, std::int64_t n, float* y) {
+  switch (k) {
+    case binary_kind::add: return binary_sides<V, binary_kind::add>(a, sa, b, sb, n, y);
+    case binary_kind::sub: return binary_sides<V, binary_kind::sub>(a, sa, b, sb, n, y);
+    case binary_kind::mul: return binary_sides<V, binary_kind::mul>(a, sa, b, sb, n, y);
+    case binary_kind::div: return binary_sides<V, binary_kind::div>(a, sa, b, sb, n, y);
+    case binary_kind::maximum: return binary_sides<V, binary_kind::maximum>(a, sa, b, sb, n, y);
+    case binary_kind::minimum: return binary_sides<V, binary_kind::minimum>(a, sa, b, sb, n, y);
+  }
 }
 
 // ---- Norms and softmax ----------------------------------------------------------------------------
@@ -900,16 +958,20 @@ void attention_task_run(const attention_args& a, const attention_task& tk) {
 }
 
 // Mamba2's selective scan over heads [h0, h1) of one row, the state's N lanes in vectors:
-// s = e^(d A) s + d x B, y = s . C per real token (recurrent_math.hpp: ssm_scan_row).
+// s = e^(d A) s + d x B, y = s . C per real token (recurrent_math.hpp: ssm_scan_row). Four state rows
+// (p) at a time share each vector of B and C and keep four independent sums, so a vector of state costs
+// one load, one store and three arithmetic ops.
 template <class V>
 void ssm_scan_heads(const ssm_scan_args& a, std::int64_t h0, std::int64_t h1) {
   constexpr int W = V::width;
   using R = typename V::reg;
   const std::int64_t T = a.T, H = a.H, P = a.P, G = a.G, N = a.N;
+  const std::int64_t Nw = N / W * W;
   float* st = a.out + T * H * P;
   for (std::int64_t h = h0; h < h1; ++h) {
     float* sh = st + h * P * N;
-    for (std::int64_t j = 0; j < P * N; ++j) sh[j] = a.state ? a.state[h * P * N + j] : 0.0f;
+    if (a.state) std::memcpy(sh, a.state + h * P * N, static_cast<std::size_t>(P * N) * sizeof(float));
+    else std::fill(sh, sh + P * N, 0.0f);
     const std::int64_t g = h / (H / G);
     for (std::int64_t t = 0; t < T; ++t) {
       float* y = a.out + (t * H + h) * P;
@@ -922,24 +984,99 @@ void ssm_scan_heads(const ssm_scan_args& a, std::int64_t h0, std::int64_t h1) {
       const R dA = V::set1(expf(d * a.A[h]));
       const float* b = a.B + (t * G + g) * N;
       const float* c = a.C + (t * G + g) * N;
-      for (std::int64_t p = 0; p < P; ++p) {
-        const R xd = V::set1(a.x[(t * H + h) * P + p] * d);
-        float* s = sh + p * N;
+      const float* x = a.x + (t * H + h) * P;
+      std::int64_t p = 0;
+      for (; p + 4 <= P; p += 4) {
+        const R xd0 = V::set1(x[p] * d), xd1 = V::set1(x[p + 1] * d), xd2 = V::set1(x[p + 2] * d), xd3 = V::set1(x[p + 3] * d);
+        float* s0 = sh + p * N;
+        float *s1 = s0 + N, *s2 = s1 + N, *s3 = s2 + N;
+        R acc0 = V::zero(), acc1 = V::zero(), acc2 = V::zero(), acc3 = V::zero();
+        const auto lane = [&](std::int64_t k, std::int64_t n, R bv, R cv) {
+          const auto ld = [&](const float* q) { return n == W ? V::load(q + k) : V::load_n(q + k, n); };
+          const auto sto = [&](float* q, R v) { n == W ? V::store(q + k, v) : V::store_n(q + k, v, n); };
+          const R v0 = V::fma(bv, xd0, V::mul(ld(s0), dA)), v1 = V::fma(bv, xd1, V::mul(ld(s1), dA));
+          const R v2 = V::fma(bv, xd2, V::mul(ld(s2), dA)), v3 = V::fma(bv, xd3, V::mul(ld(s3), dA));
+          sto(s0, v0);
+          sto(s1, v1);
+          sto(s2, v2);
+          sto(s3, v3);
+          acc0 = V::fma(v0, cv, acc0);
+          acc1 = V::fma(v1, cv, acc1);
+          acc2 = V::fma(v2, cv, acc2);
+          acc3 = V::fma(v3, cv, acc3);
+        };
+        std::int64_t k = 0;
+        for (; k < Nw; k += W) lane(k, W, V::load(b + k), V::load(c + k));
+        if (k < N) lane(k, N - k, V::load_n(b + k, N - k), V::load_n(c + k, N - k));
+        y[p] = V::reduce_add(acc0);
+        y[p + 1] = V::reduce_add(acc1);
+        y[p + 2] = V::reduce_add(acc2);
+        y[p + 3] = V::reduce_add(acc3);
+      }
+      for (; p < P; ++p) {
+        const R xd = V::set1(x[p] * d);
+        float* sp = sh + p * N;
         R acc = V::zero();
         std::int64_t k = 0;
-        for (; k + W <= N; k += W) {
-          const R sv = V::fma(V::load(b + k), xd, V::mul(V::load(s + k), dA));
-          V::store(s + k, sv);
+        for (; k < Nw; k += W) {
+          const R sv = V::fma(V::load(b + k), xd, V::mul(V::load(sp + k), dA));
+          V::store(sp + k, sv);
           acc = V::fma(sv, V::load(c + k), acc);
         }
         if (k < N) {
-          const R sv = V::fma(V::load_n(b + k, N - k), xd, V::mul(V::load_n(s + k, N - k), dA));
-          V::store_n(s + k, sv, N - k);
+          const R sv = V::fma(V::load_n(b + k, N - k), xd, V::mul(V::load_n(sp + k, N - k), dA));
+          V::store_n(sp + k, sv, N - k);
           acc = V::fma(sv, V::load_n(c + k, N - k), acc);
         }
         y[p] = V::reduce_add(acc);
       }
     }
+  }
+}
+
+// The causal depthwise convolution over channels [c0, c1) of one row, W channels to a vector: each
+// real token's output is the K weights against the window of the K-1 inputs before it and its own, the
+// window carried in a small ring of vectors (recurrent_math.hpp: ssm_conv_row).
+template <class V>
+void ssm_conv_channels(const ssm_conv_args& a, std::int64_t c0, std::int64_t c1) {
+  constexpr int W = V::width;
+  constexpr std::int64_t max_k = 8;
+  using R = typename V::reg;
+  const std::int64_t T = a.T, C = a.C, K = a.K, Km1 = K - 1;
+  float* st = a.out + T * C;
+  for (std::int64_t c = c0; c < c1; c += W) {
+    const std::int64_t lanes = std::min<std::int64_t>(W, c1 - c);
+    const auto ld = [&](const float* p) { return lanes == W ? V::load(p) : V::load_n(p, lanes); };
+    const auto sto = [&](float* p, R v) { lanes == W ? V::store(p, v) : V::store_n(p, v, lanes); };
+    if (K > max_k) {  // a kernel wider than the ring: the window from memory, as the meaning reads it
+      for (std::int64_t j = 0; j < Km1; ++j) sto(st + j * C + c, a.state ? ld(a.state + j * C + c) : V::zero());
+      for (std::int64_t t = 0; t < T; ++t) {
+        if (a.write[t] < 0) continue;
+        const R xin = ld(a.x + t * C + c);
+        R acc = V::mul(ld(a.w_t + Km1 * C + c), xin);
+        for (std::int64_t k = 0; k < Km1; ++k) acc = V::fma(ld(a.w_t + k * C + c), ld(st + k * C + c), acc);
+        sto(a.out + t * C + c, acc);
+        for (std::int64_t k = 0; k + 1 < Km1; ++k) sto(st + k * C + c, ld(st + (k + 1) * C + c));
+        if (Km1 > 0) sto(st + (Km1 - 1) * C + c, xin);
+      }
+      continue;
+    }
+    R w[max_k], win[max_k];
+    for (std::int64_t k = 0; k < K; ++k) w[k] = ld(a.w_t + k * C + c);
+    for (std::int64_t j = 0; j < Km1; ++j) win[j] = a.state ? ld(a.state + j * C + c) : V::zero();
+    std::int64_t head = 0;  // win[(head + j) % Km1] is the j-th oldest input of the window
+    for (std::int64_t t = 0; t < T; ++t) {
+      if (a.write[t] < 0) continue;
+      const R xin = ld(a.x + t * C + c);
+      R acc = V::mul(w[Km1], xin);
+      for (std::int64_t j = 0, s = head; j < Km1; ++j, s = s + 1 == Km1 ? 0 : s + 1) acc = V::fma(w[j], win[s], acc);
+      sto(a.out + t * C + c, acc);
+      if (Km1 > 0) {
+        win[head] = xin;  // the oldest input leaves, this one enters as the newest
+        head = head + 1 == Km1 ? 0 : head + 1;
+      }
+    }
+    for (std::int64_t j = 0, s = head; j < Km1; ++j, s = s + 1 == Km1 ? 0 : s + 1) sto(st + j * C + c, win[s]);
   }
 }
 
@@ -1011,7 +1148,7 @@ template <class V>
 constexpr kernel_table make_kernel_table() {
   return kernel_table{
       &attention_task_run<V>, &rms_norm<V>, &layer_norm<V>, &rope<V>, &softmax_rows<V>, &unary<V>, &gated<V>,
-      &ssm_scan_heads<V>, &delta_rule_heads<V>, &to_f16<V>,
+      &ssm_scan_heads<V>, &delta_rule_heads<V>, &ssm_conv_channels<V>, &binary<V>, &to_f16<V>,
   };
 }
 

@@ -57,6 +57,8 @@ struct kernel_table {
   void (*gated)(unary_kind act, const float* g, const float* u, std::int64_t n, float* y);
   void (*ssm_scan_heads)(const ssm_scan_args& a, std::int64_t h0, std::int64_t h1);
   void (*delta_rule_heads)(const delta_rule_args& a, std::int64_t h0, std::int64_t h1);
+  void (*ssm_conv_channels)(const ssm_conv_args& a, std::int64_t c0, std::int64_t c1);
+  void (*binary)(binary_kind k, const float* a, bool a_scalar, const float* b, bool b_scalar, std::int64_t n, float* y);
   void (*to_f16)(const float* x, std::int64_t n, std::uint16_t* y);
 };
 

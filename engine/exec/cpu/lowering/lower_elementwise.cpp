@@ -8,6 +8,103 @@
 
 namespace troupe::exec::cpu::lowering {
 
+namespace {
+
+bool float_binary(op o) {
+  return o == op::add || o == op::sub || o == op::mul || o == op::div || o == op::maximum || o == op::minimum;
+}
+
+binary_kind to_binary(op o) {
+  switch (o) {
+    case op::add: return binary_kind::add;
+    case op::sub: return binary_kind::sub;
+    case op::mul: return binary_kind::mul;
+    case op::div: return binary_kind::div;
+    case op::maximum: return binary_kind::maximum;
+    default: return binary_kind::minimum;
+  }
+}
+
+// A broadcast binary op's walk, collapsed: runs of output dims that both operands step through alike
+// merge into one (size-1 dims drop out), so [N, H, P] * [H, 1] becomes N x H runs of P, each with b one
+// value. The innermost dim is the run the vector kernel takes (each operand contiguous over it or
+// one value); the outer dims, with each operand's stride, enumerate the runs.
+struct broadcast_walk {
+  std::vector<std::int64_t> dims, sa, sb;  // the outer dims, outermost first, and each operand's strides
+  std::int64_t inner = 1, runs = 1;
+  bool scalar_a = false, scalar_b = false;
+};
+
+std::optional<broadcast_walk> collapse_broadcast(const troupe::shape& out, const std::vector<std::int64_t>& sa,
+                                                 const std::vector<std::int64_t>& sb) {
+  struct group {
+    std::int64_t n, a, b;  // size, and each operand's stride over it
+  };
+  std::vector<group> gs;  // innermost first
+  for (std::size_t d = out.rank(); d-- > 0;) {
+    const std::int64_t n = out[d];
+    if (n == 1) continue;
+    if (!gs.empty() && sa[d] == gs.back().a * gs.back().n && sb[d] == gs.back().b * gs.back().n) {
+      gs.back().n *= n;
+      continue;
+    }
+    gs.push_back({n, sa[d], sb[d]});
+  }
+  broadcast_walk w;
+  if (gs.empty()) return w;  // one element: a run of 1 with both operands at offset 0
+  const auto& in = gs.front();
+  if ((in.a != 0 && in.a != 1) || (in.b != 0 && in.b != 1)) return std::nullopt;  // not a contiguous layout
+  w.inner = in.n;
+  w.scalar_a = in.a == 0;
+  w.scalar_b = in.b == 0;
+  for (std::size_t i = gs.size(); i-- > 1;) {
+    w.dims.push_back(gs[i].n);
+    w.sa.push_back(gs[i].a);
+    w.sb.push_back(gs[i].b);
+    w.runs *= gs[i].n;
+  }
+  return w;
+}
+
+// Calls run(offset in a, offset in b, offset out, length) over the walk's runs, split over the pool in
+// whole runs (a long single run splits inside itself).
+template <class F>
+void run_broadcast(const broadcast_walk& w, thread_pool& pool, F&& run) {
+  if (w.runs == 1) {
+    split_range(pool, w.inner, 16384, 64, [&](std::int64_t f, std::int64_t l) {
+      run(w.scalar_a ? 0 : f, w.scalar_b ? 0 : f, f, l - f);
+    });
+    return;
+  }
+  const std::int64_t grain = std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(w.inner, 1));
+  split_range(pool, w.runs, grain, 1, [&](std::int64_t first, std::int64_t last) {
+    const std::size_t m = w.dims.size();
+    std::array<std::int64_t, 8> small{};  // a step's tensors have few dims: no allocation per op
+    std::vector<std::int64_t> big(m > small.size() ? m : 0);
+    std::int64_t* idx = m > small.size() ? big.data() : small.data();
+    std::int64_t oa = 0, ob = 0, rest = first;
+    for (std::size_t d = m; d-- > 0;) {
+      idx[d] = rest % w.dims[d];
+      rest /= w.dims[d];
+      oa += idx[d] * w.sa[d];
+      ob += idx[d] * w.sb[d];
+    }
+    for (std::int64_t r = first; r < last; ++r) {
+      run(oa, ob, r * w.inner, w.inner);
+      for (std::size_t d = m; d-- > 0;) {
+        oa += w.sa[d];
+        ob += w.sb[d];
+        if (++idx[d] < w.dims[d]) break;
+        oa -= w.sa[d] * w.dims[d];
+        ob -= w.sb[d] * w.dims[d];
+        idx[d] = 0;
+      }
+    }
+  });
+}
+
+}  // namespace
+
 instr lower_elementwise(lower_ctx& c) {
   TROUPE_CPU_LOWERING_LOCALS(c);
   auto lower_linear = [&c](const graph::equation& le, float* y, const float* r) { return lower_linear_into(c, le, y, r); };
@@ -55,27 +152,17 @@ instr lower_elementwise(lower_ctx& c) {
       const auto* a = P(e.inputs[0]);
       const auto* b = P(e.inputs[1]);
       const auto code = e.code;
-      if (at.type == dtype::f32 && ot.type == dtype::f32 && code != op::pow) {
-        const auto* fa = reinterpret_cast<const float*>(a);
-        const auto* fb = reinterpret_cast<const float*>(b);
-        auto* fo = reinterpret_cast<float*>(out);
-        if (at.dims == ot.dims && bt.dims == ot.dims)
+      if (at.type == dtype::f32 && bt.type == dtype::f32 && ot.type == dtype::f32 && float_binary(code)) {
+        const auto plan = collapse_broadcast(ot.dims, broadcast_strides(at.dims, ot.dims), broadcast_strides(bt.dims, ot.dims));
+        if (plan) {
+          const auto* fa = reinterpret_cast<const float*>(a);
+          const auto* fb = reinterpret_cast<const float*>(b);
+          auto* fo = reinterpret_cast<float*>(out);
+          const auto k = to_binary(code);
           return [=]() -> std::optional<exec_error> {
-            for (std::int64_t j = 0; j < n; ++j) fo[j] = apply_binary(code, fa[j], fb[j]);
-            return std::nullopt;
-          };
-        if (at.dims == ot.dims && bt.dims.numel() == 1)
-          return [=]() -> std::optional<exec_error> {
-            const float s = fb[0];
-            for (std::int64_t j = 0; j < n; ++j) fo[j] = apply_binary(code, fa[j], s);
-            return std::nullopt;
-          };
-        if (at.dims == ot.dims && bt.dims.rank() >= 1 && ot.dims.rank() >= 1 && bt.dims.numel() == ot.dims.back() &&
-            bt.dims.back() == ot.dims.back()) {
-          const std::int64_t row = ot.dims.back();
-          return [=]() -> std::optional<exec_error> {
-            for (std::int64_t r = 0; r < n / std::max<std::int64_t>(row, 1); ++r)
-              for (std::int64_t j = 0; j < row; ++j) fo[r * row + j] = apply_binary(code, fa[r * row + j], fb[j]);
+            run_broadcast(*plan, *pool_ptr, [&](std::int64_t oa, std::int64_t ob, std::int64_t o, std::int64_t len) {
+              binary(k, fa + oa, plan->scalar_a, fb + ob, plan->scalar_b, len, fo + o, lv);
+            });
             return std::nullopt;
           };
         }

@@ -3,8 +3,26 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 namespace troupe::exec::cpu::lowering {
+
+namespace {
+// The gathered rows of the expert products and their outputs: grow-only buffers of the step's thread,
+// shared by every linear_id of every entry (a step's instructions run one after another on its
+// thread). A buffer per instruction held a prefill entry's 20 MB per expert product, each faulted in
+// and zeroed on its first step: a third of a 1024-token Qwen3-Next-shaped prefill.
+float* expert_scratch(int slot, std::int64_t floats) {
+  thread_local std::array<std::unique_ptr<float[]>, 2> buf;
+  thread_local std::array<std::int64_t, 2> cap{};
+  const auto s = static_cast<std::size_t>(slot);
+  if (floats > cap[s]) {
+    buf[s].reset(new float[static_cast<std::size_t>(floats)]);  // not zeroed: every float is written before it is read
+    cap[s] = floats;
+  }
+  return buf[s].get();
+}
+}  // namespace
 
 instr lower_moe(lower_ctx& c) {
   TROUPE_CPU_LOWERING_LOCALS(c);
@@ -83,7 +101,6 @@ instr lower_moe(lower_ctx& c) {
       // prefill reads each expert's weights once and a decode reads only the selected experts'.
       std::vector<std::int32_t> chosen(static_cast<std::size_t>(Tn * k));
       std::vector<std::int64_t> start(static_cast<std::size_t>(E + 1)), fill(static_cast<std::size_t>(E)), order(static_cast<std::size_t>(Tn * k));
-      std::vector<float> xs, ys;
       std::vector<matmul_job> jobs;
       return [=]() mutable -> std::optional<exec_error> {
         std::fill(start.begin(), start.end(), 0);
@@ -107,8 +124,8 @@ instr lower_moe(lower_ctx& c) {
         std::int64_t gathered = 0;
         for (std::int64_t x2 = 0; x2 < E; ++x2)
           if (start[x2 + 1] - start[x2] > 1) gathered += start[x2 + 1] - start[x2];
-        xs.resize(static_cast<std::size_t>(gathered * K));
-        ys.resize(static_cast<std::size_t>(gathered * N));
+        float* xs = expert_scratch(0, gathered * K);
+        float* ys = expert_scratch(1, gathered * N);
         jobs.clear();
         std::int64_t at = 0;
         for (std::int64_t x2 = 0; x2 < E; ++x2) {
@@ -121,8 +138,8 @@ instr lower_moe(lower_ctx& c) {
             continue;
           }
           for (std::int64_t i = 0; i < m; ++i)
-            std::memcpy(xs.data() + (at + i) * K, x + (shared ? picks[i] / k : picks[i]) * K, K * sizeof(float));
-          jobs.push_back({&(*mats)[x2], xs.data() + at * K, K, m, ys.data() + at * N, N});
+            std::memcpy(xs + (at + i) * K, x + (shared ? picks[i] / k : picks[i]) * K, K * sizeof(float));
+          jobs.push_back({&(*mats)[x2], xs + at * K, K, m, ys + at * N, N});
           at += m;
         }
         matmul_batch(jobs, *pool_ptr, lv);
@@ -131,7 +148,7 @@ instr lower_moe(lower_ctx& c) {
           const std::int64_t m = start[x2 + 1] - start[x2];
           if (m <= 1) continue;
           const std::int64_t* picks = order.data() + start[x2];
-          for (std::int64_t i = 0; i < m; ++i) std::memcpy(y + picks[i] * N, ys.data() + (at + i) * N, N * sizeof(float));
+          for (std::int64_t i = 0; i < m; ++i) std::memcpy(y + picks[i] * N, ys + (at + i) * N, N * sizeof(float));
           at += m;
         }
         return std::nullopt;

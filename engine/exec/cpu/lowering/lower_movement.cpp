@@ -23,14 +23,17 @@ instr lower_movement(lower_ctx& c) {
         std::vector<std::pair<const std::byte*, std::int64_t>> parts;
         for (auto v : e.inputs) parts.emplace_back(P(v), T(v).dims[axis] * inner);
         const std::int64_t row = ot.dims[axis] * inner;
+        const std::int64_t grain = std::max<std::int64_t>(1, (64 << 10) / std::max<std::int64_t>(row * static_cast<std::int64_t>(es), 1));
         return [=]() -> std::optional<exec_error> {
-          for (std::int64_t o = 0; o < outer; ++o) {
-            std::int64_t at = 0;
-            for (const auto& [src, len] : parts) {
-              std::memcpy(out + (o * row + at) * es, src + o * len * es, len * es);
-              at += len;
+          split_range(*pool_ptr, outer, grain, 1, [&](std::int64_t o0, std::int64_t o1) {
+            for (std::int64_t o = o0; o < o1; ++o) {
+              std::int64_t at = 0;
+              for (const auto& [src, len] : parts) {
+                std::memcpy(out + (o * row + at) * es, src + o * len * es, len * es);
+                at += len;
+              }
             }
-          }
+          });
           return std::nullopt;
         };
       }
@@ -44,8 +47,12 @@ instr lower_movement(lower_ctx& c) {
         const std::int64_t in_row = it.dims[axis] * inner * static_cast<std::int64_t>(es), out_row = ot.dims[axis] * inner * static_cast<std::int64_t>(es);
         const std::int64_t skip = e.attrs.ints[0] * inner * static_cast<std::int64_t>(es);
         const auto* x = P(e.inputs[0]);
+        // Runs spread over the pool in ranges of at least 64 KiB (a decode step's slices stay on one thread).
+        const std::int64_t grain = std::max<std::int64_t>(1, (64 << 10) / std::max<std::int64_t>(out_row, 1));
         return [=]() -> std::optional<exec_error> {
-          for (std::int64_t o = 0; o < outer; ++o) std::memcpy(out + o * out_row, x + o * in_row + skip, static_cast<std::size_t>(out_row));
+          split_range(*pool_ptr, outer, grain, 1, [&](std::int64_t o0, std::int64_t o1) {
+            for (std::int64_t o = o0; o < o1; ++o) std::memcpy(out + o * out_row, x + o * in_row + skip, static_cast<std::size_t>(out_row));
+          });
           return std::nullopt;
         };
       }

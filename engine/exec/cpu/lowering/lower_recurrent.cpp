@@ -13,19 +13,21 @@ std::vector<std::int64_t> state_rows(const std::byte* p, dtype t, std::int64_t R
   return rows;
 }
 // Runs `heads(r, s0, h0, h1)` for every row r of a step whose state is used: s0 is the row's carried
-// state (null for a fresh row), the heads spread over the pool's threads. The output y [R, per] is
-// zeroed first (padding rows stay zero).
+// state (null for a fresh row), the heads spread over the pool's threads. The kernels write every float
+// of a row they run (padding tokens as zeros); a padding row's part of y [R, per] is zeroed here.
 template <class F>
 std::optional<exec_error> per_row_heads(const std::vector<std::int64_t>& rows, std::int64_t S, std::int64_t state_width, const float* st,
                                         const std::int32_t* wr, const std::int32_t* pos, std::int64_t Tn, std::int64_t H, float* y,
                                         std::int64_t per, thread_pool* pool, const std::string& where, F&& heads) {
   const auto R = static_cast<std::int64_t>(rows.size());
-  std::fill(y, y + R * per, 0.0f);
   for (std::int64_t r = 0; r < R; ++r) {
     const auto row = rows[static_cast<std::size_t>(r)];
     const auto use = graph::recurrent::use_of_row(row, S, wr, pos, r, Tn);
     if (use.bad) return exec_error{exec_error_code::index_out_of_range, where, "state row " + std::to_string(row) + " outside [0, " + std::to_string(S) + ")"};
-    if (use.skip) continue;
+    if (use.skip) {
+      std::fill(y + r * per, y + (r + 1) * per, 0.0f);
+      continue;
+    }
     const float* s0 = use.fresh ? nullptr : st + row * state_width;
     if (pool && H > 1) pool->parallel_for(H, [&](std::int64_t h, int) { heads(r, s0, h, h + 1); });
     else heads(r, s0, 0, H);
@@ -52,18 +54,27 @@ instr lower_recurrent(lower_ctx& c) {
       const auto* wr = reinterpret_cast<const std::int32_t*>(P(e.inputs[4]));
       const auto* w = reinterpret_cast<const float*>(P(e.inputs[5]));
       auto* y = reinterpret_cast<float*>(out);
-      std::vector<float> window(static_cast<std::size_t>(K * C));
+      std::vector<float> w_t(static_cast<std::size_t>(K * C));  // the weights as [K, C]: channels are the vector lanes
       return [=]() mutable -> std::optional<exec_error> {
         const std::int64_t per = Tn * C + (K - 1) * C;
         const auto rows = state_rows(rp, rt, R);
-        std::fill(y, y + R * per, 0.0f);
+        for (std::int64_t ch = 0; ch < C; ++ch)
+          for (std::int64_t k = 0; k < K; ++k) w_t[static_cast<std::size_t>(k * C + ch)] = w[ch * K + k];
         for (std::int64_t r = 0; r < R; ++r) {
           const auto row = rows[static_cast<std::size_t>(r)];
           const auto use = graph::recurrent::use_of_row(row, S, wr, pos, r, Tn);
           if (use.bad) return out_of_range(row, S);
-          if (use.skip) continue;
-          graph::recurrent::ssm_conv_row<float>(x + r * Tn * C, use.fresh ? nullptr : st + row * (K - 1) * C, w, wr + r * Tn, Tn, C, K, y + r * per,
-                                                window.data());
+          if (use.skip) {
+            std::fill(y + r * per, y + (r + 1) * per, 0.0f);
+            continue;
+          }
+          for (std::int64_t t = 0; t < Tn; ++t)  // the kernel writes real tokens' outputs and the window
+            if (wr[r * Tn + t] < 0) std::fill(y + r * per + t * C, y + r * per + (t + 1) * C, 0.0f);
+          const ssm_conv_args ca{x + r * Tn * C, use.fresh ? nullptr : st + row * (K - 1) * C, w_t.data(), wr + r * Tn, Tn, C, K, y + r * per};
+          // Channels in runs of 64 (whole vectors at every level) spread over the pool once a row has
+          // enough tokens to pay for it.
+          const std::int64_t grain = std::max<std::int64_t>(64, 65536 / std::max<std::int64_t>(Tn * K, 1) / 64 * 64);
+          split_range(*pool_ptr, C, grain, 64, [&](std::int64_t c0, std::int64_t c1) { ssm_conv_channels(ca, c0, c1, lv); });
         }
         return std::nullopt;
       };

@@ -23,6 +23,27 @@ instr lower_reduce(lower_ctx& c) {
           softmax_rows(reinterpret_cast<const float*>(x), outer, len, code == op::log_softmax, reinterpret_cast<float*>(out), lv);
           return std::nullopt;
         };
+      // A sum (or mean) over a middle axis, as a routed feed-forward's k expert outputs per token: whole
+      // rows of `inner` added in vectors, token ranges over the pool.
+      if ((code == op::reduce_sum || code == op::reduce_mean) && inner > 1 && tin == dtype::f32 && tout == dtype::f32 && len > 0) {
+        const auto* fx = reinterpret_cast<const float*>(x);
+        auto* fy = reinterpret_cast<float*>(out);
+        const float count = static_cast<float>(len);
+        const std::int64_t grain = std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(len * inner, 1));
+        return [=]() -> std::optional<exec_error> {
+          split_range(*pool_ptr, outer, grain, 1, [&](std::int64_t p0, std::int64_t p1) {
+            for (std::int64_t p = p0; p < p1; ++p) {
+              float* y = fy + p * inner;
+              const float* xp = fx + p * len * inner;
+              if (len == 1) std::memcpy(y, xp, static_cast<std::size_t>(inner) * sizeof(float));
+              else binary(binary_kind::add, xp, false, xp + inner, false, inner, y, lv);
+              for (std::int64_t j = 2; j < len; ++j) binary(binary_kind::add, y, false, xp + j * inner, false, inner, y, lv);
+              if (code == op::reduce_mean) binary(binary_kind::div, y, false, &count, true, inner, y, lv);
+            }
+          });
+          return std::nullopt;
+        };
+      }
       return [=]() -> std::optional<exec_error> {
         for (std::int64_t p = 0; p < outer; ++p)
           for (std::int64_t k = 0; k < inner; ++k) {

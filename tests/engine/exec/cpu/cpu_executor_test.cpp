@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <random>
 
 #include "tests/support/exec_cases.hpp"
 #include "tests/support/logprobs.hpp"
@@ -294,6 +295,34 @@ TEST(cpu_executor, copies_state_rows_and_refuses_bad_chains) {
   EXPECT_EQ(c.error().code, exec_error_code::bad_binding);
 }
 
+// A graph without weights over `slots`: the oracle's outputs, and one CPU executor step's.
+struct no_weights : weight_source {
+  std::optional<tensor_view> find(const graph::weight_role&) const override { return std::nullopt; }
+};
+eval::evaluation oracle_outputs(const graph::graph& g, const std::map<std::string, tensor_view>& slots) {
+  eval::eval_inputs ei;
+  ei.slots = slots;
+  eval::map_const_source none;
+  ei.weights = &none;
+  auto want = eval::evaluate(g, ei);
+  EXPECT_TRUE(want) << want.error().message();
+  return want ? std::move(*want) : eval::evaluation{};
+}
+std::optional<step_outputs> cpu_outputs(const graph::graph& g, const std::map<std::string, tensor_view>& slots, cpu_options opt = {}) {
+  const no_weights w;
+  cpu_executor ex(opt);
+  auto exe = ex.load(w);
+  auto en = ex.add_entry(*exe, g);
+  EXPECT_TRUE(en) << en.error().message();
+  if (!en) return std::nullopt;
+  step_inputs si;
+  si.slots = slots;
+  auto got = ex.step(*en, si);
+  EXPECT_TRUE(got) << got.error().message();
+  if (!got) return std::nullopt;
+  return std::move(*got);
+}
+
 // A column broadcast over a square matrix (b [4, 1] against [4, 4]: the row fast path must not take
 // it) and maximum / minimum with NaN (NaN when either side is, as the oracle), against the oracle.
 TEST(cpu_executor, broadcast_columns_and_nan_extremes_match_the_oracle) {
@@ -311,28 +340,80 @@ TEST(cpu_executor, broadcast_columns_and_nan_extremes_match_the_oracle) {
   xt.as<float>()[5] = NAN;
   for (int i = 0; i < 4; ++i) ct.as<float>()[i] = 100.0f * static_cast<float>(i + 1);
   for (int i = 0; i < 4; ++i) rt.as<float>()[i] = i == 2 ? NAN : 0.0f;
-  eval::eval_inputs ei;
-  ei.slots = {{"x", xt.view()}, {"c", ct.view()}, {"r", rt.view()}};
-  eval::map_const_source none;
-  ei.weights = &none;
-  auto want = eval::evaluate(*g, ei);
-  ASSERT_TRUE(want) << want.error().message();
-  struct no_weights : weight_source {
-    std::optional<tensor_view> find(const graph::weight_role&) const override { return std::nullopt; }
-  } w;
-  cpu_executor ex;
-  auto exe = ex.load(w);
-  auto en = ex.add_entry(*exe, *g);
-  ASSERT_TRUE(en) << en.error().message();
-  step_inputs si;
-  si.slots = ei.slots;
-  auto got = ex.step(*en, si);
-  ASSERT_TRUE(got) << got.error().message();
-  for (const auto& [name, t] : want->outputs)
+  const std::map<std::string, tensor_view> slots = {{"x", xt.view()}, {"c", ct.view()}, {"r", rt.view()}};
+  const auto want = oracle_outputs(*g, slots);
+  const auto got = cpu_outputs(*g, slots);
+  ASSERT_TRUE(got);
+  for (const auto& [name, t] : want.outputs)
     for (std::int64_t i = 0; i < t.numel(); ++i) {
       const float a = t.as<float>()[i], b2 = got->outputs.at(name).as<float>()[i];
       EXPECT_TRUE((std::isnan(a) && std::isnan(b2)) || a == b2) << name << "[" << i << "]: oracle " << a << ", cpu " << b2;
     }
+}
+
+// The vector elementwise paths against the oracle on every isa level, with 2 threads so the long ones
+// split: every binary kind over broadcasts that collapse to runs of a contiguous side and one value
+// ([N, H, P] with [H, 1], [N, 1, P], [P], [1], the broadcast on the left side too, a same-shape pair),
+// a sum and a mean over a middle axis, and slices and a concat long enough to spread over the pool.
+// One f32 operation rounds the same as the oracle's double rounded to f32, so the binary outputs are
+// equal; the sums are f32 additions in another order, within a few ulps.
+TEST(cpu_executor, vector_elementwise_broadcasts_reductions_and_copies_match_the_oracle) {
+  const std::int64_t N = 96, H = 12, Pd = 40;
+  graph::builder b;
+  const auto x = b.slot(graph::slot_kind::request_input, {dtype::f32, {N, H, Pd}}, "x");
+  const auto y = b.slot(graph::slot_kind::request_input, {dtype::f32, {N, H, Pd}}, "y");
+  const auto col = b.slot(graph::slot_kind::request_input, {dtype::f32, {H, 1}}, "col");
+  const auto mid = b.slot(graph::slot_kind::request_input, {dtype::f32, {N, 1, Pd}}, "mid");
+  const auto row = b.slot(graph::slot_kind::request_input, {dtype::f32, {Pd}}, "row");
+  const auto one = b.slot(graph::slot_kind::request_input, {dtype::f32, {1}}, "one");
+  const std::vector<std::pair<graph::op, std::string>> kinds = {{graph::op::add, "add"}, {graph::op::sub, "sub"}, {graph::op::mul, "mul"},
+                                                                {graph::op::div, "div"}, {graph::op::maximum, "max"}, {graph::op::minimum, "min"}};
+  for (const auto& [o, name] : kinds) {
+    b.output(name + "_same", b.binary(o, x, y));
+    b.output(name + "_col", b.binary(o, x, col));
+    b.output(name + "_col_left", b.binary(o, col, x));
+    b.output(name + "_mid", b.binary(o, x, mid));
+    b.output(name + "_row", b.binary(o, row, x));
+    b.output(name + "_one", b.binary(o, x, one));
+  }
+  b.output("sum_mid", b.reduce(graph::op::reduce_sum, x, 1));
+  b.output("mean_mid", b.reduce(graph::op::reduce_mean, y, 1));
+  b.output("slice", b.slice(x, 1, 3, 9));
+  b.output("concat", b.concat({x, y}, 2));
+  auto g = std::move(b).finish();
+  ASSERT_TRUE(g);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  auto fill = [&](std::vector<std::int64_t> dims) {
+    tensor t(dtype::f32, troupe::shape(dims));
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.as<float>()[i] = nd(rng);
+    return t;
+  };
+  auto xt = fill({N, H, Pd}), yt = fill({N, H, Pd}), ct = fill({H, 1}), mt = fill({N, 1, Pd}), rt = fill({Pd}), ot = fill({1});
+  xt.as<float>()[77] = NAN;
+  yt.as<float>()[1234] = NAN;
+  ct.as<float>()[3] = 0.0f;  // a division by zero
+  const std::map<std::string, tensor_view> slots = {{"x", xt.view()},   {"y", yt.view()},   {"col", ct.view()},
+                                                     {"mid", mt.view()}, {"row", rt.view()}, {"one", ot.view()}};
+  const auto want = oracle_outputs(*g, slots);
+  for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
+    if (!usable(level)) continue;
+    SCOPED_TRACE(std::string(isa_name(level)));
+    const auto got = cpu_outputs(*g, slots, {2, level});
+    ASSERT_TRUE(got);
+    for (const auto& [name, t] : want.outputs) {
+      const auto& o = got->outputs.at(name);
+      ASSERT_EQ(o.numel(), t.numel()) << name;
+      const bool summed = name == "sum_mid" || name == "mean_mid";
+      int bad = 0;
+      for (std::int64_t i = 0; i < t.numel() && bad < 5; ++i) {
+        const float a = t.as<float>()[i], b2 = o.as<float>()[i];
+        const bool same = (std::isnan(a) && std::isnan(b2)) || a == b2 || (summed && std::fabs(a - b2) <= 1e-5f * (1.0f + std::fabs(a)));
+        if (!same) ++bad;
+        EXPECT_TRUE(same) << name << "[" << i << "]: oracle " << a << ", cpu " << b2;
+      }
+    }
+  }
 }
 
 // The executor's weights from an oracle const source.

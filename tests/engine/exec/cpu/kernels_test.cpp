@@ -630,7 +630,7 @@ TEST(kernels_dispatch, unusable_level_falls_back) {
 TEST_P(kernels, recurrent_heads_match_the_double_recurrence) {
   for (const std::int64_t width : {16, 37}) {
     for (const bool carried : {false, true}) {
-      const std::int64_t T = 5, H = 4, G = 2, P = 3, N = width;
+      const std::int64_t T = 5, H = 4, G = 2, P = 6, N = width;  // P: a block of four state rows and two alone
       const std::vector<std::int32_t> write = {0, 1, -1, 2, 3};
       auto x = normal(T * H * P), dt = normal(T * H), A = uniform(H, -2.0f, -0.1f), B = normal(T * G * N, 0.3f), C = normal(T * G * N, 0.3f);
       auto st = normal(H * P * N);
@@ -656,6 +656,68 @@ TEST_P(kernels, recurrent_heads_match_the_double_recurrence) {
                                                Hk, Dk, Hv, Dv, want2.data(), 0, Hv);
       for (std::size_t i = 0; i < o.size(); ++i) ASSERT_NEAR(o[i], want2[i], 2e-5 * (1.0 + std::fabs(want2[i]))) << tag("delta rule") << " at " << i;
     }
+  }
+}
+
+// The vector causal convolution against its meaning in double, per channel range as the lowering
+// splits it: kernel widths 2, 3, 4 and 10 (past the register ring), channel counts with a vector tail,
+// a padding token in the middle, from a carried window and from zeros.
+TEST_P(kernels, causal_conv_matches_the_double_convolution) {
+  for (const std::int64_t K : {2, 3, 4, 10}) {
+    for (const std::int64_t C : {16, 37, 130}) {
+      for (const bool carried : {false, true}) {
+        const std::int64_t T = 7;
+        const std::vector<std::int32_t> write = {0, 1, 2, -1, 3, 4, 5};
+        auto x = normal(T * C), st = normal((K - 1) * C), w = normal(C * K);
+        std::vector<float> w_t(static_cast<std::size_t>(K * C));
+        for (std::int64_t c = 0; c < C; ++c)
+          for (std::int64_t k = 0; k < K; ++k) w_t[static_cast<std::size_t>(k * C + c)] = w[static_cast<std::size_t>(c * K + k)];
+        std::vector<float> out(static_cast<std::size_t>(T * C + (K - 1) * C), 0.0f);
+        const ssm_conv_args a{x.data(), carried ? st.data() : nullptr, w_t.data(), write.data(), T, C, K, out.data()};
+        for (std::int64_t c0 = 0; c0 < C; c0 += 64) ssm_conv_channels(a, c0, std::min(C, c0 + 64), level());
+        auto d = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+        const auto xd = d(x), sd = d(st), wd = d(w);
+        std::vector<double> want(out.size()), window(static_cast<std::size_t>(K * C));
+        graph::recurrent::ssm_conv_row<double>(xd.data(), carried ? sd.data() : nullptr, wd.data(), write.data(), T, C, K, want.data(), window.data());
+        for (std::size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out[i], want[i], 1e-5 * (1.0 + std::fabs(want[i]))) << tag("conv K=" + std::to_string(K) + " C=" + std::to_string(C)) << " at " << i;
+      }
+    }
+  }
+}
+
+// Every binary kind over runs with a vector tail, each side contiguous or one value, against the f32
+// operation (one rounding: equal); maximum and minimum give NaN when either side is NaN.
+TEST_P(kernels, binary_runs_match_the_f32_operation) {
+  const std::vector<std::pair<binary_kind, std::string>> kinds = {{binary_kind::add, "add"}, {binary_kind::sub, "sub"}, {binary_kind::mul, "mul"},
+                                                                  {binary_kind::div, "div"}, {binary_kind::maximum, "max"}, {binary_kind::minimum, "min"}};
+  auto apply = [](binary_kind k, float a, float b) -> float {
+    switch (k) {
+      case binary_kind::add: return a + b;
+      case binary_kind::sub: return a - b;
+      case binary_kind::mul: return a * b;
+      case binary_kind::div: return a / b;
+      case binary_kind::maximum: return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b);
+      case binary_kind::minimum: return std::isnan(a) || std::isnan(b) ? NAN : std::min(a, b);
+    }
+    return 0.0f;
+  };
+  for (const std::int64_t n : {1, 5, 16, 37, 100}) {
+    auto a = normal(n), b = normal(n);
+    a[static_cast<std::size_t>(n / 2)] = NAN;
+    if (n > 3) b[1] = NAN;
+    for (const auto& [k, name] : kinds)
+      for (const bool sa : {false, true})
+        for (const bool sb : {false, true}) {
+          std::vector<float> y(static_cast<std::size_t>(n), -7.0f);
+          binary(k, a.data(), sa, b.data(), sb, n, y.data(), level());
+          for (std::int64_t i = 0; i < n; ++i) {
+            const float want = apply(k, a[static_cast<std::size_t>(sa ? 0 : i)], b[static_cast<std::size_t>(sb ? 0 : i)]);
+            const float got = y[static_cast<std::size_t>(i)];
+            ASSERT_TRUE((std::isnan(want) && std::isnan(got)) || want == got)
+                << tag(name) << " n=" << n << " sides " << sa << sb << " at " << i << ": " << got << " want " << want;
+          }
+        }
   }
 }
 

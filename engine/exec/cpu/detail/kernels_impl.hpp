@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "engine/exec/cpu/detail/kernels_simd.hpp"
 #include "engine/exec/cpu/detail/kernels_table.hpp"
@@ -1081,55 +1082,99 @@ void ssm_conv_channels(const ssm_conv_args& a, std::int64_t c0, std::int64_t c1)
 }
 
 // The gated delta rule over heads [h0, h1) of one row, each state row's Dk lanes in vectors:
-// S = e^g S; u = beta (v - S k); S += u k^T; o = S q (recurrent_math.hpp: delta_rule_row).
+// S = e^g S; u = beta (v - S k); S += u k^T; o = S q (recurrent_math.hpp: delta_rule_row). Up to four
+// state rows at a time share each vector of k and q; S k is taken on the state before its decay and
+// scaled after (one pass reads the rows, the second decays, updates and stores them).
 template <class V>
 void delta_rule_heads(const delta_rule_args& a, std::int64_t h0, std::int64_t h1) {
   constexpr int W = V::width;
+  constexpr int rows_at_once = 4;
   using R = typename V::reg;
   const std::int64_t T = a.T, Hk = a.Hk, Dk = a.Dk, H = a.H, Dv = a.Dv;
   float* st = a.out + T * H * Dv;
+  std::vector<float> spare(static_cast<std::size_t>(Dv % rows_at_once ? Dk : 0));  // the rows past Dv of a last block of four
+  std::vector<float> decays(static_cast<std::size_t>(T));
   for (std::int64_t h = h0; h < h1; ++h) {
     float* sh = st + h * Dv * Dk;
-    for (std::int64_t j = 0; j < Dv * Dk; ++j) sh[j] = a.state ? a.state[h * Dv * Dk + j] : 0.0f;
+    if (a.state) std::memcpy(sh, a.state + h * Dv * Dk, static_cast<std::size_t>(Dv * Dk) * sizeof(float));
+    else std::fill(sh, sh + Dv * Dk, 0.0f);
     const std::int64_t kh = h / (H / Hk);
     for (std::int64_t t = 0; t < T; ++t) {
-      float* o = a.out + (t * H + h) * Dv;
-      if (a.write[t] < 0) {
-        for (std::int64_t i = 0; i < Dv; ++i) o[i] = 0.0f;
-        continue;
-      }
-      const R decay = V::set1(expf(a.g[t * H + h]));
-      const float beta = a.beta[t * H + h];
-      const float* kt = a.k + (t * Hk + kh) * Dk;
-      const float* qt = a.q + (t * Hk + kh) * Dk;
-      const float* vt = a.v + (t * H + h) * Dv;
-      for (std::int64_t i = 0; i < Dv; ++i) {
-        float* srow = sh + i * Dk;
-        R sk = V::zero();
+      decays[static_cast<std::size_t>(t)] = expf(a.g[t * H + h]);
+      if (a.write[t] < 0)
+        for (std::int64_t i = 0; i < Dv; ++i) a.out[(t * H + h) * Dv + i] = 0.0f;
+    }
+    // Each state row evolves on its own (its update reads only itself, k, q, v and the gates), so a
+    // block of four rows walks every token while it stays in L1: the head's state (64 KiB at 128 x
+    // 128) is not streamed through L2 once per token.
+    for (std::int64_t i0 = 0; i0 < Dv; i0 += rows_at_once) {
+      const int m = static_cast<int>(std::min<std::int64_t>(rows_at_once, Dv - i0));
+      float* srow[rows_at_once];
+      for (int r = 0; r < rows_at_once; ++r) srow[r] = r < m ? sh + (i0 + r) * Dk : spare.data();  // past m: a scratch row, unread
+      for (std::int64_t t = 0; t < T; ++t) {
+        if (a.write[t] < 0) continue;
+        float* o = a.out + (t * H + h) * Dv;
+        const float decay_f = decays[static_cast<std::size_t>(t)];
+        const R decay = V::set1(decay_f);
+        const float beta = a.beta[t * H + h];
+        const float* kt = a.k + (t * Hk + kh) * Dk;
+        const float* qt = a.q + (t * Hk + kh) * Dk;
+        const float* vt = a.v + (t * H + h) * Dv;
+        // Four named sums, not an array: an array of vectors is kept on the stack, and its sums then
+        // wait on store-to-load forwarding every iteration.
+        float* const s0 = srow[0];
+        float* const s1 = srow[1];
+        float* const s2 = srow[2];
+        float* const s3 = srow[3];
+        R k0 = V::zero(), k1 = V::zero(), k2 = V::zero(), k3 = V::zero();
         std::int64_t j = 0;
         for (; j + W <= Dk; j += W) {
-          const R sv = V::mul(V::load(srow + j), decay);
-          V::store(srow + j, sv);
-          sk = V::fma(sv, V::load(kt + j), sk);
+          const R kv = V::load(kt + j);
+          k0 = V::fma(V::load(s0 + j), kv, k0);
+          k1 = V::fma(V::load(s1 + j), kv, k1);
+          k2 = V::fma(V::load(s2 + j), kv, k2);
+          k3 = V::fma(V::load(s3 + j), kv, k3);
         }
         if (j < Dk) {
-          const R sv = V::mul(V::load_n(srow + j, Dk - j), decay);
-          V::store_n(srow + j, sv, Dk - j);
-          sk = V::fma(sv, V::load_n(kt + j, Dk - j), sk);
+          const std::int64_t n = Dk - j;
+          const R kv = V::load_n(kt + j, n);
+          k0 = V::fma(V::load_n(s0 + j, n), kv, k0);
+          k1 = V::fma(V::load_n(s1 + j, n), kv, k1);
+          k2 = V::fma(V::load_n(s2 + j, n), kv, k2);
+          k3 = V::fma(V::load_n(s3 + j, n), kv, k3);
         }
-        const R u = V::set1(beta * (vt[i] - V::reduce_add(sk)));
-        R acc = V::zero();
+        const auto u_of = [&](int r, R sk) { return V::set1(beta * (vt[i0 + std::min(r, m - 1)] - decay_f * V::reduce_add(sk))); };
+        const R u0 = u_of(0, k0), u1 = u_of(1, k1), u2 = u_of(2, k2), u3 = u_of(3, k3);
+        R a0 = V::zero(), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
         for (j = 0; j + W <= Dk; j += W) {
-          const R sv = V::fma(u, V::load(kt + j), V::load(srow + j));
-          V::store(srow + j, sv);
-          acc = V::fma(sv, V::load(qt + j), acc);
+          const R kv = V::load(kt + j), qv = V::load(qt + j);
+          const R v0 = V::fma(u0, kv, V::mul(V::load(s0 + j), decay)), v1 = V::fma(u1, kv, V::mul(V::load(s1 + j), decay));
+          const R v2 = V::fma(u2, kv, V::mul(V::load(s2 + j), decay)), v3 = V::fma(u3, kv, V::mul(V::load(s3 + j), decay));
+          V::store(s0 + j, v0);
+          V::store(s1 + j, v1);
+          V::store(s2 + j, v2);
+          V::store(s3 + j, v3);
+          a0 = V::fma(v0, qv, a0);
+          a1 = V::fma(v1, qv, a1);
+          a2 = V::fma(v2, qv, a2);
+          a3 = V::fma(v3, qv, a3);
         }
         if (j < Dk) {
-          const R sv = V::fma(u, V::load_n(kt + j, Dk - j), V::load_n(srow + j, Dk - j));
-          V::store_n(srow + j, sv, Dk - j);
-          acc = V::fma(sv, V::load_n(qt + j, Dk - j), acc);
+          const std::int64_t n = Dk - j;
+          const R kv = V::load_n(kt + j, n), qv = V::load_n(qt + j, n);
+          const R v0 = V::fma(u0, kv, V::mul(V::load_n(s0 + j, n), decay)), v1 = V::fma(u1, kv, V::mul(V::load_n(s1 + j, n), decay));
+          const R v2 = V::fma(u2, kv, V::mul(V::load_n(s2 + j, n), decay)), v3 = V::fma(u3, kv, V::mul(V::load_n(s3 + j, n), decay));
+          V::store_n(s0 + j, v0, n);
+          V::store_n(s1 + j, v1, n);
+          V::store_n(s2 + j, v2, n);
+          V::store_n(s3 + j, v3, n);
+          a0 = V::fma(v0, qv, a0);
+          a1 = V::fma(v1, qv, a1);
+          a2 = V::fma(v2, qv, a2);
+          a3 = V::fma(v3, qv, a3);
         }
-        o[i] = V::reduce_add(acc);
+        const R acc[rows_at_once] = {a0, a1, a2, a3};
+        for (int r = 0; r < m; ++r) o[i0 + r] = V::reduce_add(acc[r]);
       }
     }
   }

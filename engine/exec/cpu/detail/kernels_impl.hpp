@@ -1109,8 +1109,9 @@ void delta_rule_heads(const delta_rule_args& a, std::int64_t h0, std::int64_t h1
     // 128) is not streamed through L2 once per token.
     for (std::int64_t i0 = 0; i0 < Dv; i0 += rows_at_once) {
       const int m = static_cast<int>(std::min<std::int64_t>(rows_at_once, Dv - i0));
-      float* srow[rows_at_once];
-      for (int r = 0; r < rows_at_once; ++r) srow[r] = r < m ? sh + (i0 + r) * Dk : spare.data();  // past m: a scratch row, unread
+      // The block's rows; past m, a scratch row whose results are never read.
+      const auto row = [&](int r) { return r < m ? sh + (i0 + r) * Dk : spare.data(); };
+      float *const s0 = row(0), *const s1 = row(1), *const s2 = row(2), *const s3 = row(3);
       for (std::int64_t t = 0; t < T; ++t) {
         if (a.write[t] < 0) continue;
         float* o = a.out + (t * H + h) * Dv;
@@ -1122,10 +1123,6 @@ void delta_rule_heads(const delta_rule_args& a, std::int64_t h0, std::int64_t h1
         const float* vt = a.v + (t * H + h) * Dv;
         // Four named sums, not an array: an array of vectors is kept on the stack, and its sums then
         // wait on store-to-load forwarding every iteration.
-        float* const s0 = srow[0];
-        float* const s1 = srow[1];
-        float* const s2 = srow[2];
-        float* const s3 = srow[3];
         R k0 = V::zero(), k1 = V::zero(), k2 = V::zero(), k3 = V::zero();
         std::int64_t j = 0;
         for (; j + W <= Dk; j += W) {

@@ -10,18 +10,16 @@ namespace troupe::exec::cpu::lowering {
 
 namespace {
 
-bool float_binary(op o) {
-  return o == op::add || o == op::sub || o == op::mul || o == op::div || o == op::maximum || o == op::minimum;
-}
-
-binary_kind to_binary(op o) {
+// The vector kernel's kind for an f32 arithmetic op; none for comparisons and pow.
+std::optional<binary_kind> float_binary(op o) {
   switch (o) {
     case op::add: return binary_kind::add;
     case op::sub: return binary_kind::sub;
     case op::mul: return binary_kind::mul;
     case op::div: return binary_kind::div;
     case op::maximum: return binary_kind::maximum;
-    default: return binary_kind::minimum;
+    case op::minimum: return binary_kind::minimum;
+    default: return std::nullopt;
   }
 }
 
@@ -152,13 +150,14 @@ instr lower_elementwise(lower_ctx& c) {
       const auto* a = P(e.inputs[0]);
       const auto* b = P(e.inputs[1]);
       const auto code = e.code;
-      if (at.type == dtype::f32 && bt.type == dtype::f32 && ot.type == dtype::f32 && float_binary(code)) {
+      const auto kind = float_binary(code);
+      if (at.type == dtype::f32 && bt.type == dtype::f32 && ot.type == dtype::f32 && kind) {
         const auto plan = collapse_broadcast(ot.dims, broadcast_strides(at.dims, ot.dims), broadcast_strides(bt.dims, ot.dims));
         if (plan) {
           const auto* fa = reinterpret_cast<const float*>(a);
           const auto* fb = reinterpret_cast<const float*>(b);
           auto* fo = reinterpret_cast<float*>(out);
-          const auto k = to_binary(code);
+          const auto k = *kind;
           return [=]() -> std::optional<exec_error> {
             run_broadcast(*plan, *pool_ptr, [&](std::int64_t oa, std::int64_t ob, std::int64_t o, std::int64_t len) {
               binary(k, fa + oa, plan->scalar_a, fb + ob, plan->scalar_b, len, fo + o, lv);

@@ -46,24 +46,27 @@ result<std::vector<float>, std::string> exec_runner::feed(std::span<const std::i
   if (pos_ + n > capacity_) return unexpected("the sequence would pass its capacity of " + std::to_string(capacity_));
   auto e = entry_for(n, all_logits);
   if (!e) return unexpected(e.error());
-  tensor ids(dtype::i32, {n}), pos(dtype::i32, {n}), read(dtype::i32, {1, capacity_});
-  for (std::int64_t i = 0; i < n; ++i) {
-    ids.as<std::int32_t>()[i] = tokens[i];
-    pos.as<std::int32_t>()[i] = static_cast<std::int32_t>(pos_ + i);
+  if (!ids_.data() || ids_.numel() != n) {
+    ids_ = tensor(dtype::i32, {n});
+    pos_slot_ = tensor(dtype::i32, {n});
   }
-  for (std::int64_t j = 0; j < capacity_; ++j) read.as<std::int32_t>()[j] = j < pos_ + n ? static_cast<std::int32_t>(j) : -1;
+  if (!read_.data() || read_.numel() != capacity_) read_ = tensor(dtype::i32, {1, capacity_});
+  if (!row_.data()) row_ = tensor(dtype::i32, {1});  // one sequence: state row 0 of each recurrent pool
+  for (std::int64_t i = 0; i < n; ++i) {
+    ids_.as<std::int32_t>()[i] = tokens[i];
+    pos_slot_.as<std::int32_t>()[i] = static_cast<std::int32_t>(pos_ + i);
+  }
+  for (std::int64_t j = 0; j < capacity_; ++j) read_.as<std::int32_t>()[j] = j < pos_ + n ? static_cast<std::int32_t>(j) : -1;
   exec::step_inputs in;
-  tensor row(dtype::i32, {1});
-  row.as<std::int32_t>()[0] = 0;  // one sequence: state row 0 of each recurrent pool
-  in.slots = {{"token_ids", ids.view()}, {"positions", pos.view()}, {"kv_write_map", pos.view()}, {"kv_read_map", read.view()},
-              {"state_rows", row.view()}};
-  auto out = ex_->step(*e, in);
+  in.slots = {{"token_ids", ids_.view()}, {"positions", pos_slot_.view()}, {"kv_write_map", pos_slot_.view()}, {"kv_read_map", read_.view()},
+              {"state_rows", row_.view()}};
+  auto out = ex_->step_views_of(*e, in);
   if (!out) return unexpected("step: " + out.error().message());
   pos_ += n;
-  const auto found = out->outputs.find("logits");
-  if (found == out->outputs.end()) return std::vector<float>{};  // a pipeline stage before the last
-  const auto& logits = found->second;
-  return std::vector<float>(logits.as<float>(), logits.as<float>() + logits.numel());
+  const tensor_view* found = out->find("logits");
+  if (!found) return std::vector<float>{};  // a pipeline stage before the last
+  const auto* logits = reinterpret_cast<const float*>(found->data());
+  return std::vector<float>(logits, logits + found->numel());
 }
 
 }  // namespace troupe::app

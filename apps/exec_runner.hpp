@@ -42,6 +42,9 @@ class exec_runner {
   std::unique_ptr<weight_map_weights> weights_;
   exec::executable_id exe_;
   std::map<std::pair<std::int64_t, bool>, exec::entry_id> entries_;
+  // The step's slots, kept between feeds: a long capacity's read map is a tensor large enough to be
+  // mapped and unmapped on every step otherwise.
+  tensor ids_, pos_slot_, read_, row_;
 };
 
 }  // namespace troupe::app

@@ -178,6 +178,40 @@ std::vector<cpu::packed_matrix> make_weights(dtype t, std::int64_t n, std::int64
   return out;
 }
 
+// Decode figures. The memory a VM gets drifts (here between about 30 and 60 GB/s within seconds), so
+// every pass over the copies is paired with a read-bandwidth pass over as many bytes right after it;
+// of_bw is the median ratio of the pairs, and GB/s the bytes a product must read (the stored weights;
+// packed ones are the same size or a few percent larger, see matmul_test) over the total time. A call
+// reads `call_bytes`; `passes_every` calls make one pass over the copies.
+template <class Call>
+void decode_figures(benchmark::State& st, double call_bytes, std::int64_t passes_every, Call&& call) {
+  std::int64_t in_pass = 0;
+  double secs = 0;
+  std::int64_t runs = 0;
+  std::vector<double> ratios, bws;
+  auto pass_start = std::chrono::steady_clock::now();
+  for (auto _ : st) {
+    call(runs);
+    ++runs;
+    if (++in_pass == passes_every) {
+      const double pass = seconds_since(pass_start);
+      secs += pass;
+      st.PauseTiming();
+      const double pass_bytes = call_bytes * static_cast<double>(passes_every);
+      const double bw = measure_read_bandwidth(static_cast<std::size_t>(pass_bytes), 1);
+      bws.push_back(bw);
+      ratios.push_back(pass_bytes / pass / 1e9 / bw);
+      st.ResumeTiming();
+      in_pass = 0;
+      pass_start = std::chrono::steady_clock::now();
+    }
+  }
+  if (in_pass != 0) secs += seconds_since(pass_start);
+  st.counters["GB/s"] = call_bytes * static_cast<double>(runs) / secs / 1e9;
+  st.counters["bw"] = median(bws);
+  st.counters["of_bw"] = median(ratios);
+}
+
 void matmul_run(benchmark::State& st, dtype t, std::int64_t n, std::int64_t k, std::int64_t M) {
   const std::size_t one = *troupe::storage_bytes(t, static_cast<std::uint64_t>(n * k));
   // Decode shapes (M = 1, and the batched decode of M = 16) stream their weights from memory.
@@ -207,36 +241,39 @@ void matmul_run(benchmark::State& st, dtype t, std::int64_t n, std::int64_t k, s
     st.counters["GFLOP/s"] = 2.0 * static_cast<double>(M * n * k) * static_cast<double>(runs) / secs / 1e9;
     return;
   }
-  // Decode. The memory a VM gets drifts (here between about 30 and 60 GB/s within seconds), so every
-  // pass over the copies is paired with a read-bandwidth pass over as many bytes right after it; of_bw
-  // is the median ratio of the pairs, and GB/s the bytes a product must read (the stored weights;
-  // packed ones are the same size or a few percent larger, see matmul_test) over the total time.
-  std::size_t next = 0;
-  double decode_secs = 0;
-  std::int64_t runs = 0;
-  std::vector<double> ratios, bws;
-  auto pass_start = std::chrono::steady_clock::now();
-  for (auto _ : st) {
-    cpu::matmul(w[next], x.data(), k, M, y.data(), n, pool(), level);
-    ++runs;
-    if (++next == w.size()) {
-      const double secs = seconds_since(pass_start);
-      decode_secs += secs;
-      st.PauseTiming();
-      const double pass_bytes = static_cast<double>(one) * static_cast<double>(w.size());
-      const double bw = measure_read_bandwidth(static_cast<std::size_t>(pass_bytes), 1);
-      bws.push_back(bw);
-      ratios.push_back(pass_bytes / secs / 1e9 / bw);
-      st.ResumeTiming();
-      next = 0;
-      pass_start = std::chrono::steady_clock::now();
-    }
-  }
-  if (next != 0) decode_secs += seconds_since(pass_start);
+  decode_figures(st, static_cast<double>(one), static_cast<std::int64_t>(w.size()), [&](std::int64_t run) {
+    cpu::matmul(w[static_cast<std::size_t>(run) % w.size()], x.data(), k, M, y.data(), n, pool(), level);
+  });
   benchmark::DoNotOptimize(y.data());
-  st.counters["GB/s"] = static_cast<double>(one) * static_cast<double>(runs) / decode_secs / 1e9;
-  st.counters["bw"] = median(bws);
-  st.counters["of_bw"] = median(ratios);
+}
+
+// A routed decode step's expert products: `experts` matrices of [n, k], each its own allocation, in one
+// matmul_batch against one activation row (as the CPU executor's linear_id runs a token's selected
+// experts). Small products are where a call's fixed costs (dispatch, the first misses of each task's
+// stream) weigh against the bytes.
+void experts_run(benchmark::State& st, dtype t, std::int64_t experts, std::int64_t n, std::int64_t k) {
+  const std::size_t one = *troupe::storage_bytes(t, static_cast<std::uint64_t>(n * k));
+  const int copies = static_cast<int>(std::max<std::size_t>(static_cast<std::size_t>(2 * experts), rotate_bytes / one)) /
+                     static_cast<int>(experts) * static_cast<int>(experts);
+  const auto w = make_weights(t, n, k, copies);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(k));
+  for (auto& v : x) v = nd(rng);
+  std::vector<float> y(static_cast<std::size_t>(experts * n));
+  const cpu::isa level = cpu::best_isa();
+  std::vector<cpu::matmul_job> jobs(static_cast<std::size_t>(experts));
+  auto batch = [&](std::size_t first) {
+    for (std::int64_t e = 0; e < experts; ++e)
+      jobs[static_cast<std::size_t>(e)] = {&w[first + static_cast<std::size_t>(e)], x.data(), k, 1, y.data() + e * n, n};
+    cpu::matmul_batch(jobs, pool(), level);
+  };
+  batch(0);
+  st.SetLabel(std::string(cpu::isa_name(level)));
+  const auto batches = static_cast<std::int64_t>(w.size()) / experts;
+  decode_figures(st, static_cast<double>(one) * static_cast<double>(experts), batches,
+                 [&](std::int64_t run) { batch(static_cast<std::size_t>(run % batches * experts)); });
+  benchmark::DoNotOptimize(y.data());
 }
 
 struct shape_case {
@@ -265,6 +302,12 @@ int register_all() {
       }
     }
   }
+  // A Qwen3-MoE-shaped decode step: 8 experts of width 512 over hidden 1024 (gate/up, then down).
+  for (const dtype t : {dtype::f16, dtype::q8_0, dtype::q4_0})
+    for (const auto& [n, k] : {std::pair<std::int64_t, std::int64_t>{512, 1024}, {1024, 512}}) {
+      const std::string label = "experts/" + std::string(troupe::name(t)) + "/8x" + std::to_string(n) + "x" + std::to_string(k) + "/M=1";
+      benchmark::RegisterBenchmark(label.c_str(), experts_run, t, std::int64_t{8}, n, k)->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+    }
   return 0;
 }
 

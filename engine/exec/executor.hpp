@@ -135,6 +135,10 @@ class executor {
   virtual result<executable_id, exec_error> load(const weight_source& weights) = 0;
   virtual result<entry_id, exec_error> add_entry(executable_id exe, const graph::graph& g) = 0;
   virtual result<step_outputs, exec_error> step(entry_id entry, const step_inputs& in) = 0;
+  // step() without copying its outputs: the views stay valid until the next call on this executor.
+  // A caller that reads a step's logits once (the bench and parity runner) takes them here, where a
+  // step's copy of a large vocabulary's logits was an allocation, its page faults and its unmapping.
+  result<step_views, exec_error> step_views_of(entry_id entry, const step_inputs& in) { return step_in_place(entry, in); }
 
   // Zeroes an executable's states; reads one back (for tests and resumption).
   virtual result<void, exec_error> reset_states(executable_id exe) = 0;

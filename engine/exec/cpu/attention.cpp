@@ -7,6 +7,7 @@
 // tile from cache (the prefill bound). When rows x kv heads leave threads idle (decode of one
 // sequence), each row's keys are split into ranges whose partial softmax states are merged here.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -93,7 +94,7 @@ void attention(const attention_args& a, thread_pool& pool, isa level) {
     return tk;
   };
 
-  pool.parallel_for(units * splits, [&](std::int64_t task, int) {
+  auto run = [&](std::int64_t task, const kernels_detail::attention_task* ahead) {
     auto tk = unit_task(task / splits, task % splits);
     auto& s = thread_scratch();
     const auto len = static_cast<std::size_t>(tk.c1 - tk.c0);
@@ -103,8 +104,28 @@ void attention(const attention_args& a, thread_pool& pool, isa level) {
     tk.keys = s.keys.data();
     tk.any = s.any.data();
     if (merge) tk.part = part.data() + task * part_stride;
+    tk.ahead = ahead;
     kernels.attention(a, tk);
-  });
+  };
+  const std::int64_t total = units * splits;
+  if (bq == 1 && total > threads) {
+    // Decode over many rows (batched sequences): each thread claims its next task before it runs the
+    // current one, and the current one fetches the next one's first keys while it computes. A row's
+    // short context is otherwise read at memory latency at the start of every task.
+    std::atomic<std::int64_t> counter{0};
+    pool.parallel_for(threads, [&](std::int64_t, int) {
+      std::int64_t cur = counter.fetch_add(1, std::memory_order_relaxed);
+      while (cur < total) {
+        const std::int64_t nxt = counter.fetch_add(1, std::memory_order_relaxed);
+        kernels_detail::attention_task ahead;
+        if (nxt < total) ahead = unit_task(nxt / splits, nxt % splits);
+        run(cur, nxt < total ? &ahead : nullptr);
+        cur = nxt;
+      }
+    });
+  } else {
+    pool.parallel_for(total, [&](std::int64_t task, int) { run(task, nullptr); });
+  }
   if (!merge) return;
 
   // Merge the key ranges of each query: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.

@@ -684,6 +684,20 @@ void attention_task_typed(const attention_args& a, const attention_task& tk) {
     }
     return n;
   };
+  // The first tile's rows of the task this thread runs next (a decode task over the same kv heads).
+  auto locate_ahead = [&](const attention_task& nx, const unsigned char** kr, const unsigned char** vr) {
+    const std::int32_t* nindex = a.index + nx.r * C;
+    const std::uint8_t* nallow = a.allow + (nx.r * a.T + nx.t0) * C;
+    std::int64_t n = 0;
+    for (std::int64_t c = nx.c0; c < nx.c1 && n < tile; ++c) {
+      if (!nallow[c]) continue;
+      const std::int64_t row = nindex[c];
+      kr[n] = kbase + K::bytes((row * a.Hkv + nx.kh0) * D);
+      vr[n] = vbase + K::bytes((row * a.Hkv + nx.kh0) * Vw);
+      ++n;
+    }
+    return n;
+  };
   // The rows of the next tile are fetched while this one is computed, a block at a time alongside
   // the loops that read the same block of this tile: the rows are scattered (paged KV), so the
   // hardware prefetcher cannot guess them, and all at once would overflow the miss queues.
@@ -704,7 +718,8 @@ void attention_task_typed(const attention_args& a, const attention_task& tk) {
     const unsigned char** vp = rows[cur][1];
     const std::int64_t n = nk - base < tile ? nk - base : tile;
     const std::int64_t nw = (n + W - 1) / W * W;
-    const std::int64_t next = base + tile < nk ? locate(base + tile, rows[cur ^ 1][0], rows[cur ^ 1][1]) : 0;
+    const std::int64_t next = base + tile < nk ? locate(base + tile, rows[cur ^ 1][0], rows[cur ^ 1][1])
+                              : tk.ahead ? locate_ahead(*tk.ahead, rows[cur ^ 1][0], rows[cur ^ 1][1]) : 0;
     for (std::int64_t j = n; j < nw; ++j) kp[j] = kp[0];  // padding lanes read a real row, then are dropped
 
     // Scores, key block outer: the block's rows of K stay in L1 for every query.

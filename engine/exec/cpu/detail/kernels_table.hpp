@@ -43,6 +43,9 @@ struct attention_task {
   // then query head), [running max, running sum, unnormalized acc[Dv]] at part + i * (Dv + 2), to be
   // merged with the other key ranges of the same queries.
   float* part = nullptr;
+  // The decode task this thread runs next, if known: its first tile's K and V rows are fetched during
+  // this task's last tile, so a batch of short rows does not wait on memory at every row's start.
+  const attention_task* ahead = nullptr;
 };
 
 struct kernel_table {

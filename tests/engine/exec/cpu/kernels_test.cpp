@@ -147,6 +147,9 @@ const attention_case attention_cases[] = {
     {"decode_group7_window_softcap", 1, 1, 777, 7, 1, 128, 128, mask_kind::window, 300, true, 30.0f},
     // Batched decode, group 1, head dim 80 (not a power of two), random masks, one row fully masked.
     {"decode_batch_mha_random", 3, 1, 517, 4, 4, 80, 80, mask_kind::random, 0, true, 0.0f, 1.0f, -1, 1},
+    // Sixteen short rows (more tasks than threads: each thread fetches its next row's keys while it
+    // computes the current one), about 80 random keys each (two tiles of 64), one row fully masked.
+    {"decode_batch16_short_rows", 16, 1, 160, 9, 3, 64, 64, mask_kind::random, 0, true, 0.0f, 1.0f, -1, 5},
     // Prefill: causal from scratch, paged, group 7.
     {"prefill_causal_paged", 1, 37, 37, 14, 2, 64, 64, mask_kind::causal, 0, true},
     // Chunked prefill over a prefix, head dim 256, group 2, softcap, one token with nothing allowed.

@@ -285,6 +285,11 @@ constexpr shape_case shapes[] = {
     {"4864x896", 4864, 896},
     {"896x4864", 896, 4864},
     {"151936x896", 151936, 896},
+    // SmolLM2-135M's projections (batched decode of a small model: dispatch and activation costs weigh
+    // against little arithmetic).
+    {"576x576", 576, 576},
+    {"1536x576", 1536, 576},
+    {"576x1536", 576, 1536},
 };
 
 int register_all() {

@@ -2,6 +2,9 @@
 // rows (engine/graph/recurrent_math.hpp; the scan and the delta rule in the vector kernels of the step's
 // isa level, kernels.hpp), their heads spread over the pool's threads.
 #include "engine/exec/cpu/lowering/lower.hpp"
+
+#include <algorithm>
+
 #include "engine/graph/recurrent_math.hpp"
 
 namespace troupe::exec::cpu::lowering {
@@ -54,12 +57,19 @@ instr lower_recurrent(lower_ctx& c) {
       const auto* wr = reinterpret_cast<const std::int32_t*>(P(e.inputs[4]));
       const auto* w = reinterpret_cast<const float*>(P(e.inputs[5]));
       auto* y = reinterpret_cast<float*>(out);
-      std::vector<float> w_t(static_cast<std::size_t>(K * C));  // the weights as [K, C]: channels are the vector lanes
+      // The weights as [K, C] (channels are the vector lanes): transposed here when they are a weight,
+      // whose bytes are fixed once lowered, else at every step.
+      std::vector<float> w_t(static_cast<std::size_t>(K * C));
+      const auto transpose = [w, C, K](float* dst) {
+        for (std::int64_t ch = 0; ch < C; ++ch)
+          for (std::int64_t k = 0; k < K; ++k) dst[k * C + ch] = w[ch * K + k];
+      };
+      const bool fixed = std::any_of(g.weights().begin(), g.weights().end(), [&](const auto& wt) { return wt.value == e.inputs[5]; });
+      if (fixed) transpose(w_t.data());
       return [=]() mutable -> std::optional<exec_error> {
         const std::int64_t per = Tn * C + (K - 1) * C;
         const auto rows = state_rows(rp, rt, R);
-        for (std::int64_t ch = 0; ch < C; ++ch)
-          for (std::int64_t k = 0; k < K; ++k) w_t[static_cast<std::size_t>(k * C + ch)] = w[ch * K + k];
+        if (!fixed) transpose(w_t.data());
         for (std::int64_t r = 0; r < R; ++r) {
           const auto row = rows[static_cast<std::size_t>(r)];
           const auto use = graph::recurrent::use_of_row(row, S, wr, pos, r, Tn);

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "families/components/config_reader.hpp"
-#include "families/components/dense_decoder.hpp"
+#include "families/components/decoder_config.hpp"
 #include "families/families.hpp"
 
 namespace troupe::families {
@@ -98,32 +98,14 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
   else
     return fail(r.error("word_embeddings", "missing: it gives the vocabulary size"));
 
-  dense_decoder_spec s;
-  s.config.family = "bloom";
-  s.config.vocab = vocab;
-  s.config.hidden = *hidden;
-  s.config.layers = *layers;
-  s.config.max_positions = *positions;
-  s.config.bos_id = r.bos_id();
-  s.config.eos_ids = r.eos_ids();
-  const std::int64_t D = *hidden / *heads;
-  s.config.kv_elems_per_token_per_layer = 2 * kv_heads * D;
-  s.stack.vocab = vocab;
-  s.stack.hidden = *hidden;
-  s.stack.layers = *layers;
-  s.stack.norm_eps = *eps;
+  // No rotary embedding: basics.rope.dims stays 0.
+  const decoder_basics basics{vocab, *hidden, ffn, *layers, *heads, kv_heads, *hidden / *heads, *positions, *eps};
+  auto s = uniform_spec("bloom", basics, r);
   s.stack.layer_norm = true;
-  attention_params a;
-  a.heads = *heads;
-  a.kv_heads = kv_heads;
-  a.head_dim = D;
-  a.scale = 1.0 / std::sqrt(static_cast<double>(D));
-  a.rope.dims = 0;
-  a.alibi = true;
-  a.alibi_heads = *heads;
-  a.norm_eps = *eps;
-  s.attention.assign(static_cast<std::size_t>(*layers), a);
-  s.ffn.width = ffn;
+  for (auto& a : s.attention) {
+    a.alibi = true;
+    a.alibi_heads = *heads;
+  }
   s.ffn.gated = false;
   s.ffn.act = activation::gelu_tanh;
   return make_dense_decoder(std::move(s), store, names(r.gguf()));

@@ -1,5 +1,6 @@
 #include "families/components/decoder.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -223,6 +224,13 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
     k = projection(x, role::attn_k, layer);
     v = projection(x, role::attn_v, layer);
   }
+  if (p.clip_qkv > 0) {
+    const auto lo = b.scalar(-p.clip_qkv), hi = b.scalar(p.clip_qkv);
+    auto clip = [&](value_id x) { return b.binary(op::minimum, b.binary(op::maximum, x, lo), hi); };
+    q = clip(q);
+    k = clip(k);
+    v = clip(v);
+  }
   value_id gate;
   if (p.output_gate) {  // per head [q | gate]
     const auto qg = b.reshape(q, {N, p.heads, 2 * D});
@@ -317,7 +325,16 @@ value_id decoder_trace::standard_layer(value_id x, std::int32_t layer, const sta
 value_id decoder_trace::norm(value_id x, role r, std::int32_t layer, const stack_params& p) {
   auto& b = ctx_.b;
   if (!p.layer_norm) return b.rms_norm(x, ctx_.vector_f32(r, layer), p.norm_eps);
-  return b.layer_norm(x, ctx_.vector_f32(r, layer), ctx_.vector_f32(bias_of(r), layer), p.norm_eps);
+  if (ctx_.has(bias_of(r), layer)) return b.layer_norm(x, ctx_.vector_f32(r, layer), ctx_.vector_f32(bias_of(r), layer), p.norm_eps);
+  // No bias stored (MPT): a zero one, one literal per width.
+  const auto width = b.type_of(x).dims.back();
+  auto& zero = zero_bias_[width];
+  if (!zero.valid()) {
+    tensor z(dtype::f32, {width});
+    std::fill_n(z.as<float>(), width, 0.0f);
+    zero = b.literal(std::move(z), "norm.zero_bias");
+  }
+  return b.layer_norm(x, ctx_.vector_f32(r, layer), zero, p.norm_eps);
 }
 
 void decoder_trace::standard_stack(const stack_params& p, const block_fn& mixer, const block_fn& ffn,

@@ -32,6 +32,9 @@ struct attention_params {
   // An output gate (Qwen3-Next): attn_q yields [q | gate] per head ([2 heads head_dim, H]) and the
   // attention's output is multiplied by sigmoid(gate) before attn_output.
   bool output_gate = false;
+  // q, k and v clamped to [-clip_qkv, clip_qkv] after their projections and biases (MPT's and OLMo's
+  // clip_qkv, llama.cpp's clamp_kqv); 0: none.
+  double clip_qkv = 0.0;
   // ALiBi (BLOOM, MPT) instead of a rotary embedding: head h's scores gain slope_h (key position -
   // query position), the slopes of llama.cpp / HF over `alibi_heads` heads with max bias
   // `alibi_max_bias`; a tensor-parallel shard holds heads [alibi_offset, alibi_offset + heads).
@@ -82,7 +85,7 @@ struct stack_params {
   // the whole image; pad -1 is causal).
   bool embeds_input = false;
   bool span_input = false;
-  bool layer_norm = false;      // LayerNorm with a bias (attn_norm_bias, ...) instead of RMSNorm (StarCoder 2)
+  bool layer_norm = false;      // LayerNorm (with attn_norm_bias, ... where the checkpoint has them: MPT's have none) instead of RMSNorm
   double residual_scale = 1.0;  // the mixer's and the ffn's outputs scaled before each residual add (Granite)
   double logit_scale = 1.0;     // the logits divided by it (Granite's logits_scaling)
   std::int64_t vocab_split = 1; // a tensor-parallel shard's head holds vocab / vocab_split rows: all_gather the logits
@@ -141,6 +144,7 @@ class decoder_trace {
   std::map<std::pair<std::int64_t, bool>, graph::value_id> masks_;
   graph::value_id key_positions_;
   graph::value_id alibi_distances_;
+  std::map<std::int64_t, graph::value_id> zero_bias_;  // norm() of a LayerNorm stored without a bias
   std::map<std::pair<double, std::int64_t>, std::pair<graph::value_id, double>> ropes_;
   graph::value_id read_index_;
   graph::value_id encode_index_;

@@ -5,6 +5,7 @@
 // - a bad config field is a typed error naming it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -74,12 +75,16 @@ TEST_P(family_test, hf_and_gguf_forms_give_the_same_logits) {
   const auto ids = prompt(20, d.vocab);
   auto la = a.feed(ids, true), lb = b.feed(ids, true);
   ASSERT_TRUE(la && lb) << (la ? "" : la.error()) << (lb ? "" : lb.error());
-  EXPECT_LT(max_rel_diff(*la, *lb), 1e-5);
+  // MPT's forms follow their runtimes' GELU: HF's MptMLP the exact erf form, llama.cpp the tanh form
+  // (the two differ by up to 5e-4 an activation; measured 3e-4 relative in these logits). Every other
+  // family's two forms compute the same model.
+  const double bound = GetParam() == "mpt" ? 2e-3 : 1e-5;
+  EXPECT_LT(max_rel_diff(*la, *lb), bound);
   for (std::int32_t t : {5, 250}) {
     const std::int32_t one[] = {t};
     auto da = a.feed(one), db = b.feed(one);
     ASSERT_TRUE(da && db);
-    EXPECT_LT(max_rel_diff(*da, *db), 1e-5);
+    EXPECT_LT(max_rel_diff(*da, *db), bound);
   }
 }
 
@@ -138,6 +143,7 @@ TEST_P(family_test, missing_weight_is_named_before_any_trace) {
   if (family == "gpt_oss") GTEST_SKIP() << "gpt-oss's HF experts are one fused tensor per layer, not one per expert";
   const std::string gone = family == "starcoder2" ? "model.layers.1.mlp.c_proj.weight"
                            : family == "bloom"   ? "transformer.h.1.mlp.dense_4h_to_h.weight"
+                           : family == "mpt"     ? "transformer.blocks.1.ffn.down_proj.weight"
                            : !routed             ? "model.layers.1.mlp.down_proj.weight"
                            : family == "mixtral" ? "model.layers.1.block_sparse_moe.experts.1.w2.weight"
                                                  : "model.layers.1.mlp.experts.1.down_proj.weight";
@@ -173,6 +179,24 @@ TEST_P(family_test, bad_config_field_is_a_typed_error_naming_it) {
       ASSERT_FALSE(hb) << field;
       const auto* eb = std::get_if<config_error>(&hb.error());
       ASSERT_NE(eb, nullptr) << message(hb.error());
+      EXPECT_EQ(eb->field, field) << message(hb.error());
+    }
+    return;
+  }
+  if (std::string_view(GetParam()) == "mpt") {  // MPT's spellings: d_model, n_heads, n_layers, attn_config.*
+    for (const auto& [path, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+             {"/n_heads", 3}, {"/d_model", -4}, {"/n_layers", std::int64_t{1} << 31}, {"/n_layers", 10000000},
+             {"/expansion_ratio", 1.3}, {"/attn_config/kv_n_heads", 3}, {"/attn_config/alibi", false}, {"/attn_config/qk_ln", true},
+             {"/attn_config/attn_type", "local_attention"}, {"/attn_config/clip_qkv", -1.0}}) {
+      auto bad = c;
+      bad[nlohmann::json::json_pointer(path)] = value;
+      std::ofstream(dir / "config.json") << bad.dump();
+      auto hb = model_handle::load(dir, registry::builtin());
+      ASSERT_FALSE(hb) << path;
+      const auto* eb = std::get_if<config_error>(&hb.error());
+      ASSERT_NE(eb, nullptr) << message(hb.error());
+      auto field = path.substr(1);
+      std::replace(field.begin(), field.end(), '/', '.');
       EXPECT_EQ(eb->field, field) << message(hb.error());
     }
     return;

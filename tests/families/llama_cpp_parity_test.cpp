@@ -73,6 +73,12 @@ fixture_dims dims_for(const parity_case& c) {
     d.hidden = d.heads * c.head_dim;
     d.ffn = 4 * d.hidden;
   }
+  if (c.family == "mpt") {  // ALiBi: 6 heads at head_dim 64 (both slope series, one KV head each); 4 heads on 2 KV heads at 128
+    d.heads = c.head_dim == 64 ? 6 : 4;
+    d.kv_heads = c.head_dim == 64 ? 6 : 2;
+    d.hidden = d.heads * c.head_dim;
+    d.ffn = (c.head_dim == 64 ? 4 : 3) * d.hidden;  // expansion_ratio 4 and 3
+  }
   if (c.family == "qwen3_next") {  // linear and full attention alternating, routed with a gated shared expert
     d.layers = 4;
     d.experts = 8;
@@ -118,10 +124,10 @@ using troupe::testing::log_softmax;
 
 // llama.cpp's CPU GELU reads a table indexed by the input rounded to f16 (GGML_GELU_FP16), a relative
 // error of up to 4.9e-4 per activation; through the GeGLU families' feed-forwards that measured 9.7e-4
-// in log-probabilities, so they (and StarCoder 2's and BLOOM's GELU MLPs) get 3e-3. Everything else computes in
+// in log-probabilities, so they (and StarCoder 2's, BLOOM's and MPT's GELU MLPs) get 3e-3. Everything else computes in
 // f32: 1e-3.
 double tolerance(const parity_case& c) {
-  return c.family == "gemma" || c.family == "gemma2" || c.family == "gemma3" || c.family == "starcoder2" || c.family == "bloom" ? 3e-3 : 1e-3;
+  return c.family == "gemma" || c.family == "gemma2" || c.family == "gemma3" || c.family == "starcoder2" || c.family == "bloom" || c.family == "mpt" ? 3e-3 : 1e-3;
 }
 
 // The oracle on `h` greedily along llama.cpp's run `ref` of `prompt`: every top-5 log-probability within
@@ -198,7 +204,7 @@ INSTANTIATE_TEST_SUITE_P(families, llama_cpp_parity,
                                            parity_case{"starcoder2", 64}, parity_case{"starcoder2", 128}, parity_case{"mamba2", 64},
                                            parity_case{"mamba2", 32}, parity_case{"nemotron_h", 32}, parity_case{"nemotron_h", 64},
                                            parity_case{"qwen3_next", 64}, parity_case{"qwen3_next", 32}, parity_case{"bloom", 64},
-                                           parity_case{"bloom", 128}),
+                                           parity_case{"bloom", 128}, parity_case{"mpt", 64}, parity_case{"mpt", 128}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The CPU executor against llama.cpp on files with f16 and block-quantized matrices. Both quantize
@@ -278,7 +284,8 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_cpu_parity,
                                            cpu_case{"deepseek_v3", dtype::f32}, cpu_case{"olmoe", dtype::f32},
                                            cpu_case{"gpt_oss", dtype::f32}, cpu_case{"mamba2", dtype::f32}, cpu_case{"mamba2", dtype::q8_0},
                                            cpu_case{"nemotron_h", dtype::f32}, cpu_case{"qwen3_next", dtype::f32},
-                                           cpu_case{"bloom", dtype::f32}, cpu_case{"bloom", dtype::q8_0}),
+                                           cpu_case{"bloom", dtype::f32}, cpu_case{"bloom", dtype::q8_0},
+                                           cpu_case{"mpt", dtype::f32}, cpu_case{"mpt", dtype::q8_0}),
                          [](const auto& info) { return cpu_case_name(info.param); });
 
 // Routed families on quantized files. Quantizing the router's inputs and weights moves scores across

@@ -80,7 +80,7 @@ std::vector<quant_case> cases() {
   for (const auto& f : formats) out.push_back({"qwen3", f});
   // Every other family with a shared-writer fixture in the three commonest formats.
   for (auto fam : fixture_families()) {
-    if (fam == "llama" || fam == "qwen3" || fam == "bloom") continue;
+    if (fam == "llama" || fam == "qwen3" || fam == "bloom" || fam == "mpt") continue;
     for (const auto& f : formats)
       if (f.format == "gptq-act" || f.format == "awq" || f.format == "fp8-block") out.push_back({fam, f});
   }

@@ -7,7 +7,8 @@
 // layers: GQA (llama, also from GGUF with llama.cpp's permuted rows, and q8_0), per-head q/k norms
 // (qwen3), sandwich norms and softcaps (gemma2), fused qkv and gate_up projections (phi3), and the
 // recurrent layers (mamba2, the hybrids nemotron_h and qwen3_next: heads split, states with them), and
-// ALiBi (bloom: each rank's heads keep their slopes; HF's per-head QKV split by heads).
+// ALiBi (bloom: each rank's heads keep their slopes; HF's per-head QKV split by heads; mpt: a fused
+// [q | k | v] over grouped KV heads, bias-free LayerNorms, clamped q, k and v).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -157,7 +158,8 @@ INSTANTIATE_TEST_SUITE_P(families, tensor_parallel,
                                            tp_case{"gpt_oss", 2, false, dtype::f32, true}, tp_case{"mamba2", 2},
                                            tp_case{"mamba2", 4, true, dtype::q8_0}, tp_case{"nemotron_h", 2, true},
                                            tp_case{"nemotron_h", 4}, tp_case{"qwen3_next", 2}, tp_case{"qwen3_next", 2, true, dtype::f16},
-                                           tp_case{"qwen3_next", 4, true}, tp_case{"bloom", 2}, tp_case{"bloom", 4, true}),
+                                           tp_case{"qwen3_next", 4, true}, tp_case{"bloom", 2}, tp_case{"bloom", 4, true},
+                                           tp_case{"mpt", 2}, tp_case{"mpt", 4, true}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The oracle runs a shard's graph too (its all_reduce over the same group): the reference for any

@@ -125,7 +125,7 @@ int run_feature_matrix() {
               "encode program alone: the oracle and the CPU executor (the driver's encode) are compared on the\n"
               "hidden states of a 4-token row, within 2e-4 of their largest magnitude. A recurrent family (mamba2)\n"
               "carries a conv window and a scan state per sequence instead of KV; it offers no encode program, and\n"
-              "its recurrent mixers have no CUDA kernels yet (the CUDA executor refuses them when an entry is added).\n\n");
+              "its recurrent mixers run on the CUDA executor as one warp per state row (never yet on a device).\n\n");
   std::printf("| family | HF model_type | GGUF architecture | form | step (contiguous) | step (paged) | encode | oracle | cpu executor |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   int failures = 0;

@@ -392,9 +392,7 @@ std::optional<exec_error> cuda_executor::lower_eqn(entry& en, std::size_t i, con
     case collective: return lower_collective(c);
     case norm_rope: return lower_norm_rope(c);
     case attention: return lower_attention(c);
-    case recurrent:  // refused when the entry is added, naming the op, never at a step
-      return exec_error{exec_error_code::unsupported, "eqn " + std::to_string(i) + " (" + std::string(graph::op_name(en.g.equations()[i].code)) + ")",
-                        "the recurrent mixers (ssm_conv, ssm_scan, delta_rule) have no CUDA kernels yet: serve this model on the CPU executor"};
+    case recurrent: return lower_recurrent(c);
   }
   return exec_error{exec_error_code::unsupported, "eqn " + std::to_string(i), "no CUDA lowering"};
 }
@@ -469,6 +467,7 @@ std::optional<exec_error> cuda_executor::flag_error(entry& en) {
     case flag_div_zero: return exec_error{exec_error_code::index_out_of_range, where, "integer division by zero"};
     case flag_take_range: return exec_error{exec_error_code::index_out_of_range, where, "index " + v + " outside [0, " + b + ")"};
     case flag_expert_range: return exec_error{exec_error_code::index_out_of_range, where, "expert " + v + " outside [0, " + b + ")"};
+    case flag_state_row: return exec_error{exec_error_code::index_out_of_range, where, "state row " + v + " outside [0, " + b + ")"};
     default: return exec_error{exec_error_code::device_error, where, "unknown step flag " + std::to_string(f.code)};
   }
 }

@@ -2,7 +2,7 @@
 // The CUDA executor's internals, shared by cuda_executor.cpp (the executor: load, entries, steps,
 // sampling) and its lowering, one file per op family (lowering/lower_elementwise.cpp, lower_reduce.cpp,
 // lower_movement.cpp, lower_linear.cpp, lower_moe.cpp, lower_collective.cpp, lower_norm_rope.cpp,
-// lower_attention.cpp). Private to engine/exec/cuda; built only where nvcc is found.
+// lower_attention.cpp, lower_recurrent.cpp). Private to engine/exec/cuda; built only where nvcc is found.
 #include "engine/exec/cuda/cuda_executor.hpp"
 
 #include <cublasLt.h>
@@ -258,6 +258,7 @@ class cuda_executor final : public executor {
   std::optional<exec_error> lower_collective(lower_ctx& c);  // all_reduce, all_gather, pipe_send, pipe_recv
   std::optional<exec_error> lower_norm_rope(lower_ctx& c);  // rms_norm, layer_norm, rope
   std::optional<exec_error> lower_attention(lower_ctx& c);  // scatter_rows, attention
+  std::optional<exec_error> lower_recurrent(lower_ctx& c);  // ssm_conv, ssm_scan, delta_rule
   result<dtype, exec_error> weight_type(const entry& en, graph::value_id wv, const std::string& where) const;
   std::optional<exec_error> lower_linear(entry& en, const graph::equation& le, float* y, const float* r,
                                          const std::string& where);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "engine/exec/cuda/device_flag.cuh"
 #include "engine/exec/cuda/kernels.hpp"
 #include "engine/exec/cuda/moe_math.hpp"
 #include "engine/exec/cuda/quant_math.hpp"
@@ -20,16 +21,6 @@ cudaStream_t S(void* s) { return static_cast<cudaStream_t>(s); }
 unsigned blocks_for(std::int64_t n, int per = threads) {
   const std::int64_t b = (n + per - 1) / per;
   return static_cast<unsigned>(b < 1 ? 1 : (b > 65535LL * 32 ? 65535LL * 32 : b));
-}
-
-__device__ void raise_flag(step_flag* f, std::int32_t code, std::int32_t eqn, std::int64_t value, std::int64_t bound) {
-  if (atomicCAS(&f->code, 0, -1) == 0) {  // the first refusal wins; -1 while its fields are written
-    f->eqn = eqn;
-    f->value = value;
-    f->bound = bound;
-    __threadfence();
-    atomicExch(&f->code, code);
-  }
 }
 
 __device__ float unary_f(ew op, float x) {
@@ -455,6 +446,7 @@ __global__ void attention_kernel(attention_launch a, int keys_per_tile) {
       for (std::int64_t d = 0; d < a.D; ++d) dot += qw[d] * ks[lane * kstride + d];
       s = dot * a.scale;
       if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
+      if (a.alibi_slopes != nullptr) s += a.alibi_slopes[h] * a.alibi_dist[n * a.C + c0 + lane];
     }
     float tmax = s;
     for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));

@@ -28,6 +28,7 @@ enum flag_code : std::int32_t {
   flag_div_zero = 5,       // integer division by zero
   flag_take_range = 6,     // take_along: an index outside [0, E)
   flag_expert_range = 7,   // linear_id: an expert id at or past the experts
+  flag_state_row = 8,      // ssm_conv, ssm_scan, delta_rule: a state row at or past the pool's rows
 };
 
 // Elementwise operations, the graph's unary, binary, comparison, where and cast ops.
@@ -114,6 +115,10 @@ struct attention_launch {
   std::int64_t Vw = 0;  // floats between a v row's heads (0: Dv); the values are each head's first Dv
   float scale = 1.0f, softcap = 0.0f;
   const float* sinks = nullptr;  // [Hq] or null: head h's sink joins its softmax's denominator
+  // ALiBi (BLOOM, MPT), or null: head h's score of key c for query n = r T + t gains
+  // alibi_slopes[h] * alibi_dist[n C + c] after the scale and the softcap.
+  const float* alibi_slopes = nullptr;  // [Hq]
+  const float* alibi_dist = nullptr;    // [R, T, C]
   // Decode (T = 1) over a long cache: the keys split into `splits` ranges, a block each, their partial
   // softmax states [max, sum, acc[Dv]] in part [R, Hq, splits, Dv + 2], merged by a second kernel
   // (merge_splits_norm / merge_splits_value). 1: one block reads every key.
@@ -144,6 +149,34 @@ void launch_take_along(std::int32_t es, const void* x, std::int64_t rows, std::i
 // linear_id's ids (i32 or i64, count of them) to the i32 the GEMV reads: -1 for a negative id (no
 // expert: zeros), -1 and flag_expert_range for an id at or past E.
 void launch_expert_ids(dtype t, const void* ids, std::int64_t count, std::int64_t E, std::int32_t* ids32, step_flag* flag,
+                       std::int32_t eqn, void* stream);
+
+// The recurrent mixers (op::ssm_conv, op::ssm_scan, op::delta_rule; recurrent_kernels.cu), with the
+// meaning of engine/graph/recurrent_math.hpp. Each step row r is a sequence: its real tokens are those
+// with write[r T + t] >= 0; its carried state is row rows[r] of the pool (S rows), or zeros when its
+// first real token is at position 0; rows[r] < 0 is padding (zeros out), rows[r] >= S flags
+// flag_state_row. Outputs pack, per row, every token's output and then the row's new state.
+struct recurrent_rows {
+  const void* rows = nullptr;  // [R], i32 or i64
+  dtype rows_type = dtype::i32;
+  const std::int32_t* pos = nullptr;    // [R, T]
+  const std::int32_t* write = nullptr;  // [R, T]
+  std::int64_t R = 0, T = 0, S = 0;
+};
+inline constexpr std::int64_t max_conv_kernel = 8;    // ssm_conv's K
+inline constexpr std::int64_t max_recurrent_lanes = 8; // a state row of at most 8 x 32 = 256 floats
+// ssm_conv: x [R, T, C], state [S, (K-1) C], w [C, K] -> y [R, T C + (K-1) C]; a thread per channel.
+void launch_ssm_conv(const recurrent_rows& rr, const float* x, const float* state, const float* w, std::int64_t C, std::int64_t K,
+                     float* y, step_flag* flag, std::int32_t eqn, void* stream);
+// ssm_scan: x [R, T, H, P], dt [R, T, H], A [H], B and Cm [R, T, G, N], state [S, H P N] ->
+// y [R, T H P + H P N]; a warp per (row, head, p), lanes over N.
+void launch_ssm_scan(const recurrent_rows& rr, const float* x, const float* dt, const float* A, const float* B, const float* Cm,
+                     const float* state, std::int64_t H, std::int64_t P, std::int64_t G, std::int64_t N, float* y, step_flag* flag,
+                     std::int32_t eqn, void* stream);
+// delta_rule: q and k [R, T, Hk, Dk], v [R, T, H, Dv], g and beta [R, T, H], state [S, H Dv Dk] ->
+// y [R, T H Dv + H Dv Dk]; a warp per (row, head, state row i < Dv), lanes over Dk.
+void launch_delta_rule(const recurrent_rows& rr, const float* q, const float* k, const float* v, const float* g, const float* beta,
+                       const float* state, std::int64_t Hk, std::int64_t Dk, std::int64_t H, std::int64_t Dv, float* y, step_flag* flag,
                        std::int32_t eqn, void* stream);
 
 }  // namespace troupe::exec::cuda

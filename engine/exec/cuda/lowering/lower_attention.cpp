@@ -26,9 +26,12 @@ std::optional<exec_error> cuda_executor::lower_attention(lower_ctx& c) {
     }
     case op::attention: {
       attention_launch a;
-      if (e.inputs.size() == 7)  // refused when the entry is added, never at a step
-        return exec_error{exec_error_code::unsupported, where, "ALiBi attention has no CUDA kernel yet: serve this model on the CPU executor"};
-      if (e.inputs.size() > 5) {
+      if (e.inputs.size() == 7) {  // ALiBi: slopes [Hq] and key-minus-query distances [R, T, C]
+        if (T(e.inputs[5]).type != dtype::f32 || T(e.inputs[6]).type != dtype::f32)
+          return exec_error{exec_error_code::unsupported, where, "ALiBi slopes and distances must be f32"};
+        a.alibi_slopes = reinterpret_cast<const float*>(P(e.inputs[5]));
+        a.alibi_dist = reinterpret_cast<const float*>(P(e.inputs[6]));
+      } else if (e.inputs.size() > 5) {
         if (T(e.inputs[5]).type != dtype::f32) return exec_error{exec_error_code::unsupported, where, "attention sinks must be f32"};
         a.sinks = reinterpret_cast<const float*>(P(e.inputs[5]));
       }

@@ -112,6 +112,7 @@ std::vector<model_case> all_cases() {
   v.push_back({"mixtral", dtype::bf16, true});
   v.push_back({"qwen2_moe", dtype::f16, false});
   v.push_back({"deepseek_v3", dtype::f16, true});
+  for (auto f : families::recurrent_fixture_families()) v.push_back({f, dtype::f32, true});
   return v;
 }
 

@@ -247,6 +247,72 @@ TEST(cuda_executor, each_op_matches_the_oracle) {
   for (const auto& c : cases) expect_matches_oracle(c, 2e-5);
 }
 
+// The recurrent mixers and ALiBi attention over three step rows: one carrying its state (a padding
+// token at its end), one fresh (its first real token at position 0, after a padding token) and a
+// padding row; state widths past one warp's 32 lanes (N 40, Dk 48).
+TEST(cuda_executor, recurrent_ops_and_alibi_match_the_oracle) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937 rng(11);
+  using graph::op;
+  auto slot = [](graph::builder& b, const char* name, dtype t, troupe::shape s) {
+    return b.slot(graph::slot_kind::request_input, {t, std::move(s)}, name);
+  };
+  constexpr std::int64_t R = 3, Tn = 5, S = 4;
+  tensor rows(dtype::i32, {R}), pos(dtype::i32, {R * Tn}), write(dtype::i32, {R * Tn});
+  const std::int32_t row_of[R] = {2, 0, -1};
+  for (std::int64_t r = 0; r < R; ++r) {
+    rows.as<std::int32_t>()[r] = row_of[r];
+    for (std::int64_t t = 0; t < Tn; ++t) {
+      const bool real = (r == 0 && t < 4) || (r == 1 && t > 0);
+      pos.as<std::int32_t>()[r * Tn + t] = r == 0 ? static_cast<std::int32_t>(7 + t) : static_cast<std::int32_t>(t > 0 ? t - 1 : 0);
+      write.as<std::int32_t>()[r * Tn + t] = real ? static_cast<std::int32_t>(r * Tn + t) : -1;
+    }
+  }
+  graph::builder b;
+  const auto rs = slot(b, "rows", dtype::i32, {R}), ps = slot(b, "pos", dtype::i32, {R * Tn}), ws = slot(b, "write", dtype::i32, {R * Tn});
+  std::map<std::string, tensor> in;
+  auto rnd = [&](const char* name, troupe::shape sh, double lo = -1, double hi = 1) {
+    in.emplace(name, random_tensor(dtype::f32, sh, rng, lo, hi));
+    return slot(b, name, dtype::f32, std::move(sh));
+  };
+  constexpr std::int64_t C = 40, K = 4;
+  b.output("conv", b.apply(op::ssm_conv, {rnd("cx", {R, Tn, C}), rnd("cs", {S, (K - 1) * C}), rs, ps, ws, rnd("cw", {C, K})}));
+  constexpr std::int64_t H = 4, Pd = 3, G = 2, N = 40;
+  b.output("scan", b.apply(op::ssm_scan, {rnd("sx", {R, Tn, H, Pd}), rnd("sdt", {R, Tn, H}), rnd("sa", {H}, -2, -0.1), rnd("sb", {R, Tn, G, N}),
+                                          rnd("sc", {R, Tn, G, N}), rnd("ss", {S, H * Pd * N}), rs, ps, ws}));
+  constexpr std::int64_t Hk = 2, Dk = 48, Hv = 4, Dv = 6;
+  b.output("delta", b.apply(op::delta_rule, {rnd("dq", {R, Tn, Hk, Dk}, -0.2, 0.2), rnd("dk", {R, Tn, Hk, Dk}, -0.2, 0.2),
+                                             rnd("dv", {R, Tn, Hv, Dv}), rnd("dg", {R, Tn, Hv}, -1, 0), rnd("db", {R, Tn, Hv}, 0, 1),
+                                             rnd("ds", {S, Hv * Dv * Dk}), rs, ps, ws}));
+  // ALiBi: 6 heads on 2 KV heads, one row of 4 queries over 12 keys; distances key minus query.
+  tensor ix(dtype::i32, {1, 12}), dist(dtype::f32, {1, 4, 12}), slopes(dtype::f32, {6});
+  for (int c = 0; c < 12; ++c) ix.as<std::int32_t>()[c] = c;
+  for (int t = 0; t < 4; ++t)
+    for (int c = 0; c < 12; ++c) dist.as<float>()[t * 12 + c] = static_cast<float>(c - (8 + t));
+  for (int h = 0; h < 6; ++h) slopes.as<float>()[h] = std::pow(2.0f, -static_cast<float>(h + 1));
+  graph::op_attrs a;
+  a.scale = 0.2;
+  const auto att = b.apply(op::attention, {rnd("aq", {4, 6, 32}), rnd("ak", {12, 2, 32}), rnd("av", {12, 2, 32}), slot(b, "aix", dtype::i32, {1, 12}),
+                                           slot(b, "aal", dtype::boolean, {1, 4, 12}), slot(b, "asl", dtype::f32, {6}),
+                                           slot(b, "adi", dtype::f32, {1, 4, 12})},
+                           a);
+  b.output("alibi", att);
+  auto g = std::move(b).finish();
+  ASSERT_TRUE(g);
+  tensor allow(dtype::boolean, {1, 4, 12});
+  for (int t = 0; t < 4; ++t)
+    for (int c = 0; c < 12; ++c) allow.as<std::uint8_t>()[t * 12 + c] = c <= 8 + t;  // causal
+  in.emplace("rows", std::move(rows));
+  in.emplace("pos", std::move(pos));
+  in.emplace("write", std::move(write));
+  in.emplace("aix", std::move(ix));
+  in.emplace("aal", std::move(allow));
+  in.emplace("asl", std::move(slopes));
+  in.emplace("adi", std::move(dist));
+  // f32 sums of up to 48 products along 5 tokens against the oracle's double.
+  expect_matches_oracle({"recurrent_and_alibi", std::move(*g), std::move(in)}, 1e-4);
+}
+
 // ---- weight formats: the GEMV and the f16 decode against the host dequantizer ----
 
 TEST(cuda_kernels, gemv_and_decode_match_the_host_dequantizer) {
@@ -348,6 +414,7 @@ std::vector<model_case> all_cases() {
   v.push_back({"qwen2", dtype::q8_0, true});
   v.push_back({"gemma2", dtype::q8_0, true});
   v.push_back({"qwen3", dtype::bf16, false});
+  for (auto f : families::recurrent_fixture_families()) v.push_back({f, dtype::f32, true});  // conv, scan and delta-rule kernels
   return v;
 }
 

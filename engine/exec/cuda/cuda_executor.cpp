@@ -105,6 +105,41 @@ result<void, exec_error> cuda_executor::copy_state_rows(executable_id exe, std::
   return {};  // on the executor's stream: ordered before the next step
 }
 
+// A LoRA adapter written into slot `index` of a pool: that expert's rows of the uploaded weight are
+// copied again from the source (decoded to f16 as at upload when the device holds it so). Nothing to
+// do for a weight no entry has uploaded yet: its first upload reads the new bytes. Ordered after every
+// step already enqueued (the stream is drained first) and before the next.
+result<void, exec_error> cuda_executor::reload_expert(executable_id exe, const graph::weight_role& role, std::int64_t index) {
+  if (exe.value >= exes_.size()) return unexpected(exec_error{exec_error_code::unknown_id, "executable", "not loaded here"});
+  if (auto e = refused_if_poisoned()) return unexpected(*e);
+  const std::lock_guard lock(structure_);
+  auto& ex = *exes_[exe.value];
+  const auto key = role.str();
+  const auto it = ex.uploaded.find(key);
+  if (it == ex.uploaded.end()) return {};
+  const auto full = ex.weights->find(role);
+  const auto& d = it->second;
+  if (!full || full->shape().rank() != 3 || full->shape() != d.dims || index < 0 || index >= full->shape()[0])
+    return unexpected(exec_error{exec_error_code::bad_binding, "weight " + key, "expert " + std::to_string(index) + " is not in the source's stack"});
+  const std::int64_t NK = full->shape()[1] * full->shape()[2];
+  const auto src_bytes = *storage_bytes(full->type(), static_cast<std::uint64_t>(NK));
+  const std::byte* src = full->data() + static_cast<std::size_t>(index) * src_bytes;
+  std::vector<std::uint16_t> half;
+  std::size_t bytes = src_bytes;
+  if (d.type != full->type()) {  // decoded to f16 at upload
+    std::vector<float> f(static_cast<std::size_t>(NK));
+    if (auto r = dequantize_row(full->type(), src, f.data(), NK); !r) return unexpected(exec_error{exec_error_code::unsupported, key, r.error().message()});
+    half.resize(f.size());
+    for (std::size_t j = 0; j < f.size(); ++j) half[j] = f32_to_f16(f[j]);
+    src = reinterpret_cast<const std::byte*>(half.data());
+    bytes = half.size() * sizeof(std::uint16_t);
+  }
+  if (auto e = check(cudaStreamSynchronize(stream_), "reload " + key, true)) return unexpected(*e);
+  if (auto e = check(cudaMemcpy(d.ptr + static_cast<std::size_t>(index) * bytes, src, bytes, cudaMemcpyHostToDevice), "reload " + key, true))
+    return unexpected(*e);
+  return {};
+}
+
 result<tensor, exec_error> cuda_executor::read_state(executable_id exe, const std::string& name) const {
   if (exe.value >= exes_.size()) return unexpected(exec_error{exec_error_code::unknown_id, "executable", "not loaded here"});
   if (auto e = refused_if_poisoned()) return unexpected(*e);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <random>
 
@@ -574,34 +575,89 @@ TEST(cuda_executor, samples_on_the_device_as_the_host_rules_do) {
   }
 }
 
+// The tokens the driver generates for `reqs` on `ex`, after `setup` on the prepared driver.
+std::vector<std::vector<std::int32_t>> driver_tokens(const std::shared_ptr<const families::model_handle>& h, executor& ex,
+                                                     const driver::driver_options& opt, std::vector<driver::seq_request> reqs,
+                                                     const std::function<void(driver::driver<driver::serving>&)>& setup) {
+  auto d = driver::driver<driver::unprepared>(h, ex, opt).prepare();
+  EXPECT_TRUE(d);
+  std::vector<std::vector<std::int32_t>> out;
+  if (!d) return out;
+  if (setup) setup(*d);
+  for (auto& req : reqs) {
+    auto g = d->generate(std::move(req));
+    EXPECT_TRUE(g) << (g ? "" : g.error().message());
+    out.push_back(g ? g->tokens : std::vector<std::int32_t>{});
+  }
+  return out;
+}
+
+// The same requests through the driver on the device and on the CPU target give the same tokens.
+void expect_the_cpu_targets_tokens(const std::shared_ptr<const families::model_handle>& h, driver::driver_options opt,
+                                   const std::vector<driver::seq_request>& reqs,
+                                   const std::function<void(driver::driver<driver::serving>&)>& setup = {}) {
+  opt.max_rows = 4;
+  opt.capacity = 64;
+  opt.prefill_chunk = 32;
+  cpu::cpu_executor cpu_ex({2, std::nullopt});
+  auto ex = make();
+  ASSERT_TRUE(ex);
+  EXPECT_EQ(driver_tokens(h, *ex, opt, reqs, setup), driver_tokens(h, cpu_ex, opt, reqs, setup));
+}
+
+driver::seq_request prompt_request(int s, int length, int max_tokens) {
+  driver::seq_request req;
+  for (int i = 0; i < length; ++i) req.prompt.push_back(5 + (i * 37 + s) % 500);
+  req.max_tokens = max_tokens;
+  return req;
+}
+
 TEST(cuda_executor, the_driver_generates_the_cpu_targets_tokens) {
   SKIP_WITHOUT_DEVICE();
   auto h = load_case({"qwen2", dtype::f32, true});
   ASSERT_TRUE(h);
-  auto run = [&](executor& ex) {
-    driver::driver_options opt;
-    opt.max_rows = 4;
-    opt.capacity = 64;
-    opt.prefill_chunk = 32;
-    auto d = driver::driver<driver::unprepared>(h, ex, opt).prepare();
-    EXPECT_TRUE(d);
-    std::vector<std::vector<std::int32_t>> out;
-    for (int s = 0; s < 3; ++s) {
-      driver::seq_request req;
-      for (int i = 0; i < 12 + s; ++i) req.prompt.push_back(5 + (i * 37 + s) % 500);
-      req.max_tokens = 16;
-      req.sampling.temperature = s == 0 ? 0.0f : 0.9f;
-      req.sampling.seed = 1234 + static_cast<std::uint64_t>(s);
-      auto g = d->generate(std::move(req));
-      EXPECT_TRUE(g);
-      out.push_back(g ? g->tokens : std::vector<std::int32_t>{});
-    }
-    return out;
-  };
-  cpu::cpu_executor cpu_ex({2, std::nullopt});
-  auto ex = make();
-  ASSERT_TRUE(ex);
-  EXPECT_EQ(run(*ex), run(cpu_ex));
+  std::vector<driver::seq_request> reqs;
+  for (int s = 0; s < 3; ++s) {
+    auto req = prompt_request(s, 12 + s, 16);
+    req.sampling.temperature = s == 0 ? 0.0f : 0.9f;
+    req.sampling.seed = 1234 + static_cast<std::uint64_t>(s);
+    reqs.push_back(std::move(req));
+  }
+  expect_the_cpu_targets_tokens(h, {}, reqs);
+}
+
+// LoRA adapters on the device: the driver writes each loaded adapter into its slot of the pools and
+// asks the executor to re-read that expert (reload_expert); rows with different adapters and none
+// give the CPU target's tokens. Three adapters share two slots, so a slot is rewritten after the
+// pools were first uploaded.
+TEST(cuda_executor, rows_with_adapters_give_the_cpu_targets_tokens) {
+  SKIP_WITHOUT_DEVICE();
+  namespace fs = std::filesystem;
+  const auto dir = fs::temp_directory_path() / ("troupe-cuda-lora-" + std::to_string(::getpid()));
+  const auto base = dir / "qwen2-hf";
+  ASSERT_TRUE(families::write_fixture("qwen2", troupe::testing::case_dims("qwen2"), base, false));
+  std::vector<fs::path> adapters;
+  for (int i = 0; i < 3; ++i) {
+    families::lora_fixture l;
+    l.rank = 2 + 2 * i;
+    l.alpha = 4.0 + i;
+    l.seed = 300 + static_cast<std::uint64_t>(i);
+    adapters.push_back(dir / ("lora" + std::to_string(i)));
+    ASSERT_TRUE(families::write_lora_adapter(base, l, adapters.back()));
+  }
+  auto h = families::model_handle::load(base, families::registry::builtin());
+  ASSERT_TRUE(h);
+  driver::driver_options opt;
+  opt.adapters.slots = 2;
+  opt.adapters.max_rank = 8;
+  std::vector<driver::seq_request> reqs;
+  for (int s = 0; s < 4; ++s) {  // a0, a1, then a2 evicts the idle a0 from its slot; the last row is the base
+    reqs.push_back(prompt_request(s, 12, 12));
+    if (s < 3) reqs.back().adapter = "a" + std::to_string(s);
+  }
+  expect_the_cpu_targets_tokens(*h, opt, reqs, [&](driver::driver<driver::serving>& d) {
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(d.load_adapter("a" + std::to_string(i), adapters[static_cast<std::size_t>(i)]));
+  });
 }
 
 }  // namespace

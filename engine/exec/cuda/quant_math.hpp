@@ -558,6 +558,220 @@ struct fmt_fp8_s32 {
   }
 };
 
+// q4_1: f16 d at 0, f16 m at 2, qs[16] at 4 in q4_0's nibble order; w = q * d + m (offset -m: the
+// same rounding, subtracting a negated value being exact).
+struct fmt_q4_1 {
+  static constexpr dtype type = dtype::q4_1;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 32, block_bytes = 20, pieces = 2, affine = 2;
+  static constexpr int max_align = 4, mid_align = 4;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return 8 * p + 16 * h; }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    std::uint32_t head[1];
+    ld.template words<align_min(A, 4), 1>(blk, head);
+    const float d = f16_bits_to_float(static_cast<std::uint16_t>(head[0] & 0xffffu));
+    const float m = f16_bits_to_float(static_cast<std::uint16_t>(head[0] >> 16));
+    std::uint32_t q[2];
+    ld.template words<align_min(A, 4), 2>(blk + 4 + 8 * p, q);
+    nibble_runs(q, d, -m, [](std::uint32_t c) { return code_to_float<0>(c); }, out);
+  }
+};
+
+// The two runs of q5 nibbles (q4_0's order) with their fifth bits: element j's is bit j of qh.
+// Piece p: qs bytes [8p, 8p + 8) in q; run 0 elements 8p.., run 1 elements 16 + 8p...
+template <int Bias>
+TROUPE_HD void q5_runs(const std::uint32_t (&q)[2], std::uint32_t qh, int p, float scale, float offset, run8 (&out)[2]) {
+  TROUPE_QUANT_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    TROUPE_QUANT_UNROLL
+    for (int i = 0; i < 8; ++i) {
+      const std::uint32_t lo = (q[i / 4] >> (8 * (i & 3) + 4 * h)) & 0xfu;
+      const std::uint32_t hi = (qh >> (16 * h + 8 * p + i)) & 1u;
+      out[h].code[i] = code_to_float<Bias>(lo | (hi << 4));
+    }
+    out[h].scale = scale;
+    out[h].offset = offset;
+  }
+}
+
+// q5_0: f16 d at 0, u32 qh at 2, qs[16] at 6; w = ((nibble | fifth bit << 4) - 16) * d.
+struct fmt_q5_0 {
+  static constexpr dtype type = dtype::q5_0;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 32, block_bytes = 22, pieces = 2, affine = 1;
+  static constexpr int max_align = 2, mid_align = 2;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return 8 * p + 16 * h; }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    const float d = f16_bits_to_float(static_cast<std::uint16_t>(ld.template u16<A>(blk)));
+    const std::uint32_t qh = ld.template u16<align_min(A, 2)>(blk + 2) | (ld.template u16<align_min(A, 2)>(blk + 4) << 16);
+    std::uint32_t q[2];
+    ld.template words<align_min(A, 2), 2>(blk + 6 + 8 * p, q);
+    q5_runs<16>(q, qh, p, d, 0.0f, out);
+  }
+};
+
+// q5_1: f16 d at 0, f16 m at 2, u32 qh at 4, qs[16] at 8; w = (nibble | fifth bit << 4) * d + m.
+struct fmt_q5_1 {
+  static constexpr dtype type = dtype::q5_1;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 32, block_bytes = 24, pieces = 2, affine = 2;
+  static constexpr int max_align = 8, mid_align = 4;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return 8 * p + 16 * h; }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    std::uint32_t head[2];  // d | m << 16, qh
+    ld.template words<align_min(A, 8), 2>(blk, head);
+    const float d = f16_bits_to_float(static_cast<std::uint16_t>(head[0] & 0xffffu));
+    const float m = f16_bits_to_float(static_cast<std::uint16_t>(head[0] >> 16));
+    std::uint32_t q[2];
+    ld.template words<align_min(A, 8), 2>(blk + 8 + 8 * p, q);
+    q5_runs<0>(q, head[1], p, d, -m, out);
+  }
+};
+
+// q5_k: q4_k's f16 d, dmin and 12 scale bytes at 0, qh[32] at 16, qs[128] at 48. As q4_k, with the
+// fifth bit of element l (0..31) of sub-block s bit s of qh[l]. Piece p = 4c + u: qs[8p .. 8p + 8)
+// and qh[8u .. 8u + 8); run 0 the low nibbles (sub-block 2c, elements 64c + 8u..), run 1 the high
+// (sub-block 2c + 1, elements 64c + 32 + 8u..).
+struct fmt_q5_k {
+  static constexpr dtype type = dtype::q5_k;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 256, block_bytes = 176, pieces = 16, affine = 2;
+  static constexpr int max_align = 16, mid_align = 4;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return fmt_q4_k::run_elem(p, h); }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    std::uint32_t head[4];  // d | dmin << 16, then the scale bytes
+    ld.template words<A, 4>(blk, head);
+    std::uint32_t q[2], qh[2];
+    ld.template words<align_min(A, 8), 2>(blk + 48 + 8 * p, q);
+    ld.template words<align_min(A, 8), 2>(blk + 16 + 8 * (p & 3), qh);
+    const float d = f16_bits_to_float(static_cast<std::uint16_t>(head[0] & 0xffffu));
+    const float dmin = f16_bits_to_float(static_cast<std::uint16_t>(head[0] >> 16));
+    TROUPE_QUANT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const int sub = 2 * (p >> 2) + h;
+      std::uint32_t sc, m;
+      fmt_q4_k::scale_min(head[1], head[2], head[3], sub, sc, m);
+      out[h].scale = mul_rn(d, static_cast<float>(sc));
+      out[h].offset = mul_rn(dmin, static_cast<float>(m));
+      TROUPE_QUANT_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        const std::uint32_t lo = (q[i / 4] >> (8 * (i & 3) + 4 * h)) & 0xfu;
+        const std::uint32_t hi = (qh[i / 4] >> (8 * (i & 3) + sub)) & 1u;
+        out[h].code[i] = code_to_float<0>(lo | (hi << 4));
+      }
+    }
+  }
+};
+
+// q2_k and q3_k share a layout of 2-bit fields: element 128 half + 32 g + 16 sub + l (l < 16) is
+// bits 2g, 2g + 1 of qs[32 half + 16 sub + l], in sub-block 8 half + 2 g + sub. Piece p reads the
+// octet o = p >> 1 of qs (half o >> 2, sub (o >> 1) & 1, l from 8 (o & 1)); its run h is group
+// g = 2 (p & 1) + h.
+struct k2_layout {
+  TROUPE_HD static constexpr int octet(int p) { return p >> 1; }
+  TROUPE_HD static constexpr int group(int p, int h) { return 2 * (p & 1) + h; }
+  TROUPE_HD static constexpr int run_elem(int p, int h) {
+    return 128 * (octet(p) >> 2) + 32 * group(p, h) + 16 * ((octet(p) >> 1) & 1) + 8 * (octet(p) & 1);
+  }
+  TROUPE_HD static constexpr int sub_block(int p, int h) { return 8 * (octet(p) >> 2) + 2 * group(p, h) + ((octet(p) >> 1) & 1); }
+};
+
+// q2_k: scales[16] at 0 (low nibble scale, high nibble min), qs[64] at 16, f16 d at 80, f16 dmin at
+// 82; w = (d * scale) * q - dmin * min.
+struct fmt_q2_k {
+  static constexpr dtype type = dtype::q2_k;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 256, block_bytes = 84, pieces = 16, affine = 2;
+  static constexpr int max_align = 4, mid_align = 4;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return k2_layout::run_elem(p, h); }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    std::uint32_t q[2], dd[1];
+    ld.template words<align_min(A, 4), 2>(blk + 16 + 8 * k2_layout::octet(p), q);
+    ld.template words<align_min(A, 4), 1>(blk + 80, dd);
+    const float d = f16_bits_to_float(static_cast<std::uint16_t>(dd[0] & 0xffffu));
+    const float dmin = f16_bits_to_float(static_cast<std::uint16_t>(dd[0] >> 16));
+    TROUPE_QUANT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const std::uint32_t sm = ld.u8(blk + k2_layout::sub_block(p, h));
+      const int g = k2_layout::group(p, h);
+      out[h].scale = mul_rn(d, code_to_float<0>(sm & 0xfu));
+      out[h].offset = mul_rn(dmin, code_to_float<0>(sm >> 4));
+      TROUPE_QUANT_UNROLL
+      for (int i = 0; i < 8; ++i) out[h].code[i] = code_to_float<0>((q[i / 4] >> (8 * (i & 3) + 2 * g)) & 3u);
+    }
+  }
+};
+
+// q3_k: hmask[32] at 0, qs[64] at 32, 12 bytes of 6-bit scales at 96 (stored plus 32), f16 d at 108.
+// As q2_k's layout for the low 2 bits; the element at qs offset 16 sub + l of group g in half `half`
+// has its high bit at bit 4 half + g of hmask[16 sub + l], and a clear bit subtracts 4; w = (d *
+// scale) * q. Scale j: its low 4 bits the low nibble of byte j (j < 8) or the high of byte j - 8, its
+// top 2 bits bits 2 (j / 4) of byte 8 + j % 4.
+struct fmt_q3_k {
+  static constexpr dtype type = dtype::q3_k;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 256, block_bytes = 110, pieces = 16, affine = 1;
+  static constexpr int max_align = 2, mid_align = 2;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return k2_layout::run_elem(p, h); }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    const int o = k2_layout::octet(p), half = o >> 2;
+    std::uint32_t q[2], hm[2];
+    ld.template words<align_min(A, 2), 2>(blk + 32 + 8 * o, q);
+    ld.template words<align_min(A, 2), 2>(blk + 8 * (o & 3), hm);
+    const float d = f16_bits_to_float(static_cast<std::uint16_t>(ld.template u16<align_min(A, 2)>(blk + 108)));
+    TROUPE_QUANT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const int g = k2_layout::group(p, h), j = k2_layout::sub_block(p, h);
+      const std::uint32_t low = j < 8 ? (ld.u8(blk + 96 + j) & 0xfu) : (ld.u8(blk + 96 + j - 8) >> 4);
+      const std::uint32_t high = (ld.u8(blk + 96 + 8 + (j & 3)) >> (2 * (j >> 2))) & 3u;
+      out[h].scale = mul_rn(d, code_to_float<32>(low | (high << 4)));
+      out[h].offset = 0.0f;
+      TROUPE_QUANT_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        const std::uint32_t lo = (q[i / 4] >> (8 * (i & 3) + 2 * g)) & 3u;
+        const std::uint32_t hb = (hm[i / 4] >> (8 * (i & 3) + 4 * half + g)) & 1u;
+        out[h].code[i] = code_to_float<4>(lo | (hb << 2));  // low - 4 without the high bit
+      }
+    }
+  }
+};
+
+// MXFP4's E2M1 levels doubled (ggml's kvalues_mxfp4), as selects.
+TROUPE_HD float e2m1_doubled_level(std::uint32_t nibble) {
+  constexpr std::int8_t levels[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  float v = 0.0f;
+  TROUPE_QUANT_UNROLL
+  for (std::uint32_t j = 0; j < 16; ++j) v = nibble == j ? static_cast<float>(levels[j]) : v;
+  return v;
+}
+
+// 2^(e - 128), exactly: E8M0's scale halved, as ggml pairs it with the doubled levels (e 0 and 1 are
+// f32 subnormals).
+TROUPE_HD float e8m0_half(std::uint32_t e) { return e < 2 ? float_of(1u << (21 + e)) : float_of((e - 1) << 23); }
+
+// mxfp4 (gpt-oss's experts): an E8M0 exponent byte e at 0, qs[16] at 1 in q4_0's nibble order;
+// w = e2m1_doubled(nibble) * 2^(e - 128). 17-byte blocks: byte loads.
+struct fmt_mxfp4 {
+  static constexpr dtype type = dtype::mxfp4;
+  static constexpr bool plain = false;
+  static constexpr int elem_bytes = 0, block_elems = 32, block_bytes = 17, pieces = 2, affine = 1;
+  static constexpr int max_align = 1, mid_align = 1;
+  TROUPE_HD static constexpr int run_elem(int p, int h) { return 8 * p + 16 * h; }
+  template <int A, class Ld>
+  TROUPE_HD static void load_piece(const Ld& ld, const std::uint8_t* blk, int p, run8 (&out)[2]) {
+    const float d = e8m0_half(ld.u8(blk));
+    std::uint32_t q[2];
+    ld.template words<1, 2>(blk + 1 + 8 * p, q);
+    nibble_runs(q, d, 0.0f, [](std::uint32_t c) { return e2m1_doubled_level(c); }, out);
+  }
+};
+
 // Calls fn(F{}) for the format that reads `t`; false when no format does.
 template <class Fn>
 bool with_format(dtype t, Fn&& fn) {
@@ -574,6 +788,13 @@ bool with_format(dtype t, Fn&& fn) {
     case dtype::q4_a32: fn(fmt_q4_a32{}); return true;
     case dtype::q8_a32: fn(fmt_q8_a32{}); return true;
     case dtype::fp8_s32: fn(fmt_fp8_s32{}); return true;
+    case dtype::q4_1: fn(fmt_q4_1{}); return true;
+    case dtype::q5_0: fn(fmt_q5_0{}); return true;
+    case dtype::q5_1: fn(fmt_q5_1{}); return true;
+    case dtype::q5_k: fn(fmt_q5_k{}); return true;
+    case dtype::q2_k: fn(fmt_q2_k{}); return true;
+    case dtype::q3_k: fn(fmt_q3_k{}); return true;
+    case dtype::mxfp4: fn(fmt_mxfp4{}); return true;
     default: return false;
   }
 }

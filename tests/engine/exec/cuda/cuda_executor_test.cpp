@@ -410,8 +410,10 @@ std::vector<model_case> all_cases() {
   // Routed experts in a block format: linear_id's GEMV reads them as stored.
   v.push_back({"qwen3_moe", dtype::q8_0, true});
   v.push_back({"qwen3_moe", dtype::q4_k, true});
-  v.push_back({"gpt_oss", dtype::mxfp4, true});  // MXFP4 experts decoded to f16 at upload
-  for (dtype t : {dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k, dtype::q5_0}) v.push_back({"llama", t, true});
+  v.push_back({"gpt_oss", dtype::mxfp4, true});  // MXFP4 experts read as stored by linear_id's GEMV
+  for (dtype t : {dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k, dtype::q5_0, dtype::q4_1, dtype::q5_1,
+                  dtype::q5_k, dtype::q2_k, dtype::q3_k, dtype::iq4_nl, dtype::iq4_xs})
+    v.push_back({"llama", t, true});
   v.push_back({"qwen2", dtype::q8_0, true});
   v.push_back({"gemma2", dtype::q8_0, true});
   v.push_back({"qwen3", dtype::bf16, false});

@@ -24,7 +24,7 @@ dense_decoder::dense_decoder(dense_decoder_spec spec, families::weight_map weigh
   std::vector<state_decl> kv;
   for (std::int64_t l = 0; l < spec_.stack.layers; ++l) {
     const auto k = spec_.kind(l);
-    if (k == dense_decoder_spec::layer_kind::mamba2) add_mamba2_states(kv, spec_.mamba2, l);
+    if (spec_.mamba2_at(l)) add_mamba2_states(kv, spec_.mamba2, l);
     else if (k == dense_decoder_spec::layer_kind::gated_delta) add_gated_delta_states(kv, spec_.gated_delta, l);
     else if (k != dense_decoder_spec::layer_kind::ffn_only) add_kv(kv, spec_.attention[l], l, spec_.kv_type);
   }
@@ -48,7 +48,7 @@ void dense_decoder::trace_into(const step_spec& spec, graph::builder& b) const {
   ctx.kv_type = spec_.kv_type;
   decoder_trace t(ctx);
   const auto mixer = [this](decoder_trace& d, graph::value_id x, std::int32_t l) {
-    if (spec_.kind(l) == dense_decoder_spec::layer_kind::mamba2) return mamba2_mixer(d, x, l, spec_.mamba2);
+    if (spec_.mamba2_at(l)) return mamba2_mixer(d, x, l, spec_.mamba2);
     if (spec_.kind(l) == dense_decoder_spec::layer_kind::gated_delta) return gated_delta_mixer(d, x, l, spec_.gated_delta);
     if (spec_.kind(l) == dense_decoder_spec::layer_kind::ffn_only) return d.feed_forward(x, l, spec_.ffn);
     const auto& a = spec_.attention[l];
@@ -63,10 +63,7 @@ void dense_decoder::trace_into(const step_spec& spec, graph::builder& b) const {
     return;
   }
   if (!spec_.kinds.empty()) {
-    t.standard_stack(spec_.stack, mixer, ffn, [this](std::int32_t l) {
-      const auto k = spec_.kind(l);
-      return k == dense_decoder_spec::layer_kind::attention_ffn || k == dense_decoder_spec::layer_kind::gated_delta;
-    });
+    t.standard_stack(spec_.stack, mixer, ffn, [this](std::int32_t l) { return spec_.ffn_after_mixer(l); });
     return;
   }
   t.standard_stack(spec_.stack, mixer, ffn);
@@ -89,6 +86,13 @@ std::unique_ptr<dense_decoder> dense_decoder::drop_mtp() const {
   return std::unique_ptr<dense_decoder>(new dense_decoder(without_mtp(spec_), weights_.derive(std::move(keep), {})));
 }
 
+std::optional<model_error> missing_in_layer(const weight_map& w, std::int64_t layer, std::span<const role> roles) {
+  const auto l = static_cast<std::int32_t>(layer);
+  for (const auto r : roles)
+    if (!w.has({r, l})) return model_error{weight_error{weight_error_code::missing, {r, l}, "(layer " + std::to_string(layer) + ")", "", ""}};
+  return std::nullopt;
+}
+
 expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& s) {
   return [s](role r, std::int32_t layer) -> std::optional<troupe::shape> {
     const std::int64_t H = s.stack.hidden, V = s.stack.vocab;
@@ -96,9 +100,10 @@ expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& s) {
     if (r == role::output_norm || r == role::output_norm_bias || r == role::token_embd_norm || r == role::token_embd_norm_bias) return troupe::shape{H};
     if (auto m = mtp_shape(r, H, V)) return m;
     if (r == role::rope_freqs) return troupe::shape{s.attention.empty() ? 0 : s.attention[0].rope.dims / 2};
-    if (s.kind(layer) == dense_decoder_spec::layer_kind::mamba2) {
-      if (r == role::attn_norm) return troupe::shape{H};
-      return mamba2_shape(r, s.mamba2, H);
+    if (s.mamba2_at(layer)) {
+      if (r == role::attn_norm || (r == role::ffn_norm && s.kind(layer) == dense_decoder_spec::layer_kind::mamba2_ffn)) return troupe::shape{H};
+      if (auto m = mamba2_shape(r, s.mamba2, H)) return m;
+      return std::nullopt;  // the feed-forward's roles: checked by the family or the routed shape rule
     }
     if (s.kind(layer) == dense_decoder_spec::layer_kind::gated_delta) {
       if (r == role::attn_norm || r == role::ffn_norm) return troupe::shape{H};
@@ -131,7 +136,7 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
   if (!map) return unexpected(model_error{map.error()});
   // Mamba2 roles whose stored shape differs by form: their element counts.
   for (std::int32_t l = 0; l < static_cast<std::int32_t>(spec.stack.layers); ++l) {
-    if (spec.kind(l) != dense_decoder_spec::layer_kind::mamba2) continue;
+    if (!spec.mamba2_at(l)) continue;
     for (const role r : {role::ssm_conv1d, role::ssm_a, role::ssm_d, role::ssm_norm}) {
       const auto* e = map->find({r, l});
       const auto want = mamba2_numel(r, spec.mamba2);
@@ -347,15 +352,19 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
   const auto attends = [&](std::int64_t l) { return spec_.kind(l) == kind::attention_ffn || spec_.kind(l) == kind::attention_only; };
   const auto has_kind = [&](kind k) { return std::any_of(spec_.kinds.begin(), spec_.kinds.end(), [k](kind x) { return x == k; }); };
   // Recurrent layers split by heads; their states follow their heads (each rank declares its part).
-  if (has_kind(kind::mamba2)) {
+  if (has_kind(kind::mamba2) || has_kind(kind::mamba2_ffn)) {
     auto& m = s.mamba2;
     if (m.heads % size != 0) return refuse(std::to_string(m.heads) + " Mamba2 heads do not split " + std::to_string(size) + " ways");
     if (m.groups % size != 0)
       return refuse(std::to_string(m.groups) + " Mamba2 B/C groups do not split " + std::to_string(size) +
                     " ways (the gated norm runs over a group, which a rank must hold whole)");
+    if (m.gated_norm_groups() % size != 0)
+      return refuse("the Mamba2 gated norm spans " + std::to_string(m.gated_norm_groups()) + " group(s), which do not split " +
+                    std::to_string(size) + " ways");
     m.inner /= size;
     m.heads /= size;
     m.groups /= size;
+    if (m.norm_groups > 0) m.norm_groups /= size;
     m.reduce_output = size > 1;
   }
   if (has_kind(kind::gated_delta)) {
@@ -419,7 +428,7 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
     weight_entry w = e;
     const auto r = e.role.kind;
     const std::int32_t l = e.role.layer;
-    if (spec_.kind(l) == kind::mamba2 && r != role::attn_norm && r != role::ffn_norm) {
+    if (spec_.mamba2_at(l) && is_mamba2_role(r)) {
       auto v = mamba2_part(e, spec_.mamba2, rank, size);
       if (!v) return refuse(e.key + ": " + v.error());
       if (v->second) owned.push_back(v->second);
@@ -578,8 +587,8 @@ result<std::unique_ptr<model>, model_error> dense_decoder::with_kv_type(dtype t)
     const auto layers = static_cast<std::int64_t>(spec_.attention.size());
     for (std::int64_t l = 0; l < layers; ++l) {
       const auto k = spec_.kind(l);
-      if (k == dense_decoder_spec::layer_kind::mamba2 || k == dense_decoder_spec::layer_kind::gated_delta ||
-          k == dense_decoder_spec::layer_kind::ffn_only)
+      if (k == dense_decoder_spec::layer_kind::mamba2 || k == dense_decoder_spec::layer_kind::mamba2_ffn ||
+          k == dense_decoder_spec::layer_kind::gated_delta || k == dense_decoder_spec::layer_kind::ffn_only)
         continue;
       const auto& a = spec_.attention[static_cast<std::size_t>(l)];
       const std::int64_t row = a.mla.kv_lora_rank > 0 ? a.mla.kv_lora_rank + a.head_dim : a.head_dim;

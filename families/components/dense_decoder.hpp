@@ -35,16 +35,28 @@ struct dense_decoder_spec {
   // attention + feed-forward. The others are one block each behind the layer's attn_norm: a Mamba2
   // mixer (with `mamba2`'s sizes), attention alone, or the feed-forward alone (Nemotron-H's M, * and -);
   // gated_delta is a Gated DeltaNet mixer (with `gated_delta`'s sizes) followed by the layer's
-  // feed-forward, as attention_ffn (Qwen3-Next's linear-attention layers).
-  enum class layer_kind : std::uint8_t { attention_ffn, mamba2, attention_only, ffn_only, gated_delta };
+  // feed-forward, as attention_ffn (Qwen3-Next's linear-attention layers); mamba2_ffn a Mamba2 mixer
+  // followed by the layer's feed-forward (Granite 4's hybrid).
+  enum class layer_kind : std::uint8_t { attention_ffn, mamba2, attention_only, ffn_only, gated_delta, mamba2_ffn };
   std::vector<layer_kind> kinds;
   mamba2_params mamba2;
   gated_delta_params gated_delta;
   layer_kind kind(std::int64_t layer) const {
     return layer >= 0 && layer < static_cast<std::int64_t>(kinds.size()) ? kinds[static_cast<std::size_t>(layer)] : layer_kind::attention_ffn;
   }
+  // Whether layer `layer`'s mixer is Mamba2 (alone or before a feed-forward).
+  bool mamba2_at(std::int64_t layer) const {
+    const auto k = kind(layer);
+    return k == layer_kind::mamba2 || k == layer_kind::mamba2_ffn;
+  }
+  // Whether layer `layer` runs the feed-forward after its mixer.
+  bool ffn_after_mixer(std::int64_t layer) const {
+    const auto k = kind(layer);
+    return k == layer_kind::attention_ffn || k == layer_kind::gated_delta || k == layer_kind::mamba2_ffn;
+  }
   bool recurrent() const {
-    return std::any_of(kinds.begin(), kinds.end(), [](layer_kind k) { return k == layer_kind::mamba2 || k == layer_kind::gated_delta; });
+    return std::any_of(kinds.begin(), kinds.end(),
+                       [](layer_kind k) { return k == layer_kind::mamba2 || k == layer_kind::mamba2_ffn || k == layer_kind::gated_delta; });
   }
   const moe_params* routed(std::int64_t layer) const {
     return layer >= 0 && layer < static_cast<std::int64_t>(moe.size()) && moe[static_cast<std::size_t>(layer)].experts > 0
@@ -91,6 +103,10 @@ expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& spec);
 // A family's rewrite of the resolved weights before they are checked against the layers (a checkpoint
 // that stores a role fused or transposed, split into the roles the tracer reads).
 using weight_rewrite = std::function<result<weight_map, weight_error>(const weight_map&)>;
+
+// The first of `roles` that layer `layer` of `w` lacks, as the typed refusal a family returns for a
+// layer whose block a name table could only list as optional (a hybrid's per-layer kinds).
+std::optional<model_error> missing_in_layer(const weight_map& w, std::int64_t layer, std::span<const role> roles);
 
 // Builds the weight map from `rules` and the model, or names the first bad weight.
 result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spec spec, const load::weight_store& store,

@@ -14,6 +14,21 @@ void add_mamba2_names(std::vector<name_rule>& t, bool gguf, const std::string& h
   t.push_back({gguf ? role::ssm_a : role::ssm_a_log, true, gguf ? std::string("blk.{L}.ssm_a") : hf_prefix + "A_log", p});
 }
 
+bool is_mamba2_role(role r) {
+  switch (r) {
+    case role::ssm_in:
+    case role::ssm_conv1d:
+    case role::ssm_conv1d_bias:
+    case role::ssm_dt_bias:
+    case role::ssm_a:
+    case role::ssm_a_log:
+    case role::ssm_d:
+    case role::ssm_norm:
+    case role::ssm_out: return true;
+    default: return false;
+  }
+}
+
 void add_mamba2_states(std::vector<state_decl>& states, const mamba2_params& p, std::int64_t layer) {
   const auto l = std::to_string(layer);
   states.push_back({"ssm.conv." + l, dtype::f32, {(p.conv - 1) * p.conv_channels()}, true});
@@ -57,12 +72,13 @@ value_id mamba2_mixer(decoder_trace& d, value_id x, std::int32_t layer, const ma
   y = b.add(y, b.mul(b.reshape(xs, {N, H, P}), b.reshape(ctx.vector_f32(role::ssm_d, layer), {H, 1})));
   b.label(y, "ssm_scan");
 
-  // Gate, then RMSNorm per group (norm_before_gate false), then the output projection.
+  // Gate, then RMSNorm per norm group (norm_before_gate false), then the output projection.
   y = b.mul(b.reshape(y, {N, D}), b.unary(op::silu, z));
-  tensor ones(dtype::f32, {D / G});
-  for (std::int64_t i = 0; i < D / G; ++i) ones.as<float>()[i] = 1.0f;
-  y = b.rms_norm(b.reshape(y, {N, G, D / G}), b.literal(std::move(ones), "ones"), p.norm_eps);
-  y = b.mul(y, b.reshape(ctx.vector_f32(role::ssm_norm, layer), {G, D / G}));
+  const std::int64_t NG = p.gated_norm_groups();
+  tensor ones(dtype::f32, {D / NG});
+  for (std::int64_t i = 0; i < D / NG; ++i) ones.as<float>()[i] = 1.0f;
+  y = b.rms_norm(b.reshape(y, {N, NG, D / NG}), b.literal(std::move(ones), "ones"), p.norm_eps);
+  y = b.mul(y, b.reshape(ctx.vector_f32(role::ssm_norm, layer), {NG, D / NG}));
   const auto out = d.projection(b.reshape(y, {N, D}), role::ssm_out, layer, p.reduce_output);
   b.label(out, "mamba_out");
   return out;

@@ -24,9 +24,13 @@ struct mamba2_params {
   std::int64_t groups = 1;   // G
   std::int64_t conv = 4;     // K
   double norm_eps = 1e-5;    // the gated norm's
+  // The gated norm's groups: 0, the B/C groups (HF Mamba2, llama.cpp); 1 spans the whole inner width
+  // (HF Bamba and Granite 4's MambaRMSNormGated).
+  std::int64_t norm_groups = 0;
   bool reduce_output = false;  // a tensor-parallel shard (heads and groups split): all_reduce ssm_out's partial sums
   std::int64_t head_dim() const { return heads > 0 ? inner / heads : 0; }
   std::int64_t conv_channels() const { return inner + 2 * groups * state; }
+  std::int64_t gated_norm_groups() const { return norm_groups > 0 ? norm_groups : groups; }
 };
 
 graph::value_id mamba2_mixer(decoder_trace& d, graph::value_id x, std::int32_t layer, const mamba2_params& p);
@@ -36,6 +40,8 @@ graph::value_id mamba2_mixer(decoder_trace& d, graph::value_id x, std::int32_t l
 // always optional).
 void add_mamba2_names(std::vector<name_rule>& t, bool gguf, const std::string& hf_prefix, presence p);
 
+// Whether `r` is one of the Mamba2 mixer's roles (ssm_*), which a tensor-parallel split takes by heads.
+bool is_mamba2_role(role r);
 // The layer's two per-sequence states: the conv window and the scan state.
 void add_mamba2_states(std::vector<state_decl>& states, const mamba2_params& p, std::int64_t layer);
 

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "families/components/config_reader.hpp"
-#include "families/components/dense_decoder.hpp"
+#include "families/components/decoder_config.hpp"
 #include "families/families.hpp"
 
 namespace troupe::families {
@@ -117,28 +117,10 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
     if (!v) return fail(v.error());
     vocab = *v;
   }
-  dense_decoder_spec s;
-  s.config.family = "nemotron_h";
-  s.config.vocab = vocab;
-  s.config.hidden = *hidden;
-  s.config.layers = L;
-  s.config.max_positions = *positions;
-  s.config.bos_id = r.bos_id();
-  s.config.eos_ids = r.eos_ids();
-  s.config.kv_elems_per_token_per_layer = 2 * kv_heads * head_dim;
-  s.stack.vocab = vocab;
-  s.stack.hidden = *hidden;
-  s.stack.layers = L;
-  s.stack.norm_eps = *eps;
-  attention_params a;
-  a.heads = *heads;
-  a.kv_heads = kv_heads > 0 ? kv_heads : *heads;
-  a.head_dim = head_dim;
-  a.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  a.rope.dims = 0;  // no positional encoding: the Mamba2 layers carry order
-  a.norm_eps = *eps;
-  s.attention.assign(static_cast<std::size_t>(L), a);
-  s.ffn.width = ffn;
+  // No positional encoding (basics.rope.dims 0): the Mamba2 layers carry order.
+  const decoder_basics basics{vocab, *hidden, ffn, L, *heads, kv_heads > 0 ? kv_heads : *heads, head_dim, *positions, *eps};
+  auto s = uniform_spec("nemotron_h", basics, r);
+  s.config.kv_elems_per_token_per_layer = 2 * kv_heads * head_dim;  // 0 without an attention layer
   s.ffn.gated = false;
   s.ffn.act = activation::relu_sqr;
   s.kinds = kinds;
@@ -151,9 +133,7 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
     if (k == kind::mamba2) continue;  // checked by the decoder
     const auto need = k == kind::attention_only ? std::vector<role>{role::attn_q, role::attn_k, role::attn_v, role::attn_output}
                                                 : std::vector<role>{role::ffn_up, role::ffn_down};
-    for (const auto rr : need)
-      if (!(*m)->weights().has({rr, static_cast<std::int32_t>(l)}))
-        return unexpected(model_error{weight_error{weight_error_code::missing, {rr, static_cast<std::int32_t>(l)}, "(layer " + std::to_string(l) + ")", "", ""}});
+    if (auto e = missing_in_layer((*m)->weights(), l, need)) return unexpected(std::move(*e));
   }
   return m;
 }

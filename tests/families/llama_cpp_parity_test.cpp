@@ -79,6 +79,17 @@ fixture_dims dims_for(const parity_case& c) {
     d.hidden = d.heads * c.head_dim;
     d.ffn = (c.head_dim == 64 ? 4 : 3) * d.hidden;  // expansion_ratio 4 and 3
   }
+  if (c.family == "granite_hybrid") {  // M * M M; hd64 routed (8 experts, 2 a token, a shared expert), hd32 dense
+    d.hidden = 128;
+    d.layers = 4;
+    d.ssm_groups = 1;  // HF's gated norm spans the inner width; llama.cpp's a group: the same for one
+    d.ssm_state = c.head_dim == 64 ? 16 : 32;
+    d.ssm_conv = c.head_dim == 64 ? 4 : 3;
+    d.experts = c.head_dim == 64 ? 8 : 0;
+    d.experts_used = 2;
+    d.expert_ffn = 128;
+    d.shared_ffn = 192;
+  }
   if (c.family == "qwen3_next") {  // linear and full attention alternating, routed with a gated shared expert
     d.layers = 4;
     d.experts = 8;
@@ -204,7 +215,8 @@ INSTANTIATE_TEST_SUITE_P(families, llama_cpp_parity,
                                            parity_case{"starcoder2", 64}, parity_case{"starcoder2", 128}, parity_case{"mamba2", 64},
                                            parity_case{"mamba2", 32}, parity_case{"nemotron_h", 32}, parity_case{"nemotron_h", 64},
                                            parity_case{"qwen3_next", 64}, parity_case{"qwen3_next", 32}, parity_case{"bloom", 64},
-                                           parity_case{"bloom", 128}, parity_case{"mpt", 64}, parity_case{"mpt", 128}),
+                                           parity_case{"bloom", 128}, parity_case{"mpt", 64}, parity_case{"mpt", 128},
+                                           parity_case{"granite_hybrid", 64}, parity_case{"granite_hybrid", 32}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The CPU executor against llama.cpp on files with f16 and block-quantized matrices. Both quantize
@@ -285,7 +297,8 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_cpu_parity,
                                            cpu_case{"gpt_oss", dtype::f32}, cpu_case{"mamba2", dtype::f32}, cpu_case{"mamba2", dtype::q8_0},
                                            cpu_case{"nemotron_h", dtype::f32}, cpu_case{"qwen3_next", dtype::f32},
                                            cpu_case{"bloom", dtype::f32}, cpu_case{"bloom", dtype::q8_0},
-                                           cpu_case{"mpt", dtype::f32}, cpu_case{"mpt", dtype::q8_0}),
+                                           cpu_case{"mpt", dtype::f32}, cpu_case{"mpt", dtype::q8_0},
+                                           cpu_case{"granite_hybrid", dtype::f32}),
                          [](const auto& info) { return cpu_case_name(info.param); });
 
 // Routed families on quantized files. Quantizing the router's inputs and weights moves scores across
@@ -391,7 +404,8 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_routed_quantized,
                                            // Recurrent layers carry a quantized step's rounding forward in their state,
                                            // so they are held to the same rule.
                                            cpu_case{"mamba2", dtype::q8_0}, cpu_case{"mamba2", dtype::q4_0},
-                                           cpu_case{"nemotron_h", dtype::q8_0}, cpu_case{"qwen3_next", dtype::q8_0}),
+                                           cpu_case{"nemotron_h", dtype::q8_0}, cpu_case{"qwen3_next", dtype::q8_0},
+                                           cpu_case{"granite_hybrid", dtype::q8_0}),
                          [](const auto& info) { return cpu_case_name(info.param); });
 
 // Rotary scaling as llama.cpp reads it from a GGUF (linear and YaRN from rope.scaling.*, Llama 3's from

@@ -8,7 +8,9 @@
 // (qwen3), sandwich norms and softcaps (gemma2), fused qkv and gate_up projections (phi3), and the
 // recurrent layers (mamba2, the hybrids nemotron_h and qwen3_next: heads split, states with them), and
 // ALiBi (bloom: each rank's heads keep their slopes; HF's per-head QKV split by heads; mpt: a fused
-// [q | k | v] over grouped KV heads, bias-free LayerNorms, clamped q, k and v).
+// [q | k | v] over grouped KV heads, bias-free LayerNorms, clamped q, k and v), and granite_hybrid's
+// Mamba2 layers followed by routed feed-forwards (GGUF: its gated norm per B/C group; HF's spans the
+// whole inner width, which a rank cannot hold, and is refused by name).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -57,8 +59,8 @@ std::shared_ptr<const model_handle> load(const tp_case& c) {
   // Recurrent layers split by heads (Mamba2: 8 heads of 32 in 4 B/C groups; Qwen3-Next's linear
   // attention: 4 key heads, 8 value heads of 16), their states with them; the hybrids keep their
   // attention (and MLP) layers in the split too.
-  if (c.family == "mamba2" || c.family == "nemotron_h" || c.family == "qwen3_next") d.ssm_groups = 4;
-  if (c.family == "nemotron_h" || c.family == "qwen3_next") d.layers = 4;
+  if (c.family == "mamba2" || c.family == "nemotron_h" || c.family == "qwen3_next" || c.family == "granite_hybrid") d.ssm_groups = 4;
+  if (c.family == "nemotron_h" || c.family == "qwen3_next" || c.family == "granite_hybrid") d.layers = 4;
   return troupe::testing::load_split_fixture(c.family, d, "troupe-tp-" + case_name(c), c.gguf);
 }
 
@@ -159,7 +161,7 @@ INSTANTIATE_TEST_SUITE_P(families, tensor_parallel,
                                            tp_case{"mamba2", 4, true, dtype::q8_0}, tp_case{"nemotron_h", 2, true},
                                            tp_case{"nemotron_h", 4}, tp_case{"qwen3_next", 2}, tp_case{"qwen3_next", 2, true, dtype::f16},
                                            tp_case{"qwen3_next", 4, true}, tp_case{"bloom", 2}, tp_case{"bloom", 4, true},
-                                           tp_case{"mpt", 2}, tp_case{"mpt", 4, true}),
+                                           tp_case{"mpt", 2}, tp_case{"mpt", 4, true}, tp_case{"granite_hybrid", 2, true}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The oracle runs a shard's graph too (its all_reduce over the same group): the reference for any
@@ -219,6 +221,14 @@ TEST(tensor_parallel_refusals, splits_that_do_not_divide_are_typed_refusals) {
   ASSERT_FALSE(m);
   EXPECT_NE(message(m.error()).find("groups"), std::string::npos) << message(m.error());
   EXPECT_TRUE(one_group->shard(0, 1));
+  // Granite 4's HF gated norm spans the whole inner width even over several B/C groups: refused by name.
+  auto gd = troupe::testing::tp_dims();
+  gd.ssm_groups = 4;
+  const auto granite_hf = troupe::testing::load_split_fixture("granite_hybrid", gd, "troupe-tp-granite-hf", false);
+  ASSERT_TRUE(granite_hf);
+  auto gs = granite_hf->shard(0, 2);
+  ASSERT_FALSE(gs);
+  EXPECT_NE(message(gs.error()).find("gated norm"), std::string::npos) << message(gs.error());
   // A shard holds its slices: half the query heads, one of the two key/value heads, half the
   // feed-forward rows and columns, half the head's vocabulary rows; the embedding whole.
   auto shard = whole->shard(1, 2);

@@ -50,7 +50,10 @@ void dense_decoder::trace_into(const step_spec& spec, graph::builder& b) const {
   const auto mixer = [this](decoder_trace& d, graph::value_id x, std::int32_t l) {
     if (spec_.mamba2_at(l)) return mamba2_mixer(d, x, l, spec_.mamba2);
     if (spec_.kind(l) == dense_decoder_spec::layer_kind::gated_delta) return gated_delta_mixer(d, x, l, spec_.gated_delta);
-    if (spec_.kind(l) == dense_decoder_spec::layer_kind::ffn_only) return d.feed_forward(x, l, spec_.ffn);
+    if (spec_.kind(l) == dense_decoder_spec::layer_kind::ffn_only) {  // Nemotron-H's MLP or routed block
+      if (const auto* m = spec_.routed(l)) return moe_feed_forward(d, x, l, *m);
+      return d.feed_forward(x, l, spec_.ffn);
+    }
     const auto& a = spec_.attention[l];
     return a.mla.kv_lora_rank > 0 ? mla_attention(d, x, l, a) : d.attention(x, l, a);
   };
@@ -193,10 +196,13 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
                                                    shapes(r, l)->str(), ""}});
   if (!spec.moe.empty()) {
     for (std::int32_t l = 0; l < all_layers; ++l) {
+      const auto k = spec.kind(l);
+      if (k == dense_decoder_spec::layer_kind::mamba2 || k == dense_decoder_spec::layer_kind::attention_only) continue;  // no feed-forward
       const auto* m = spec.routed(l);
       std::vector<role> need = m ? std::vector<role>{role::ffn_gate_inp, role::ffn_up_exps, role::ffn_down_exps}
                                  : std::vector<role>{role::ffn_up, role::ffn_down};
-      if (m && m->shared_width > 0) need.insert(need.end(), {role::ffn_gate_shexp, role::ffn_up_shexp, role::ffn_down_shexp});
+      if (m && m->shared_width > 0) need.insert(need.end(), {role::ffn_up_shexp, role::ffn_down_shexp});
+      if (m && m->shared_width > 0 && m->shared_gate_proj) need.push_back(role::ffn_gate_shexp);
       for (const auto r : need) {
         const bool fused_dense = !m && map->has({role::ffn_gate_up, l});
         if (!map->has({r, l}) && !fused_dense) {

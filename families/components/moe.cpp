@@ -97,7 +97,6 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
   auto& ctx = d.ctx();
   auto& b = ctx.b;
   const std::int64_t N = b.type_of(x).dims[0], E = p.experts, k = p.used;
-  const op act = p.act == activation::gelu_tanh ? op::gelu_tanh : op::silu;
 
   // The router: scores over the experts, the k best, their weights.
   auto logits = ctx.linear(x, role::ffn_gate_inp, layer);
@@ -150,10 +149,10 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
       const auto uc = b.binary(op::maximum, b.binary(op::minimum, up, limit), b.scalar(-7.0));
       h = b.mul(b.mul(gc, b.unary(op::sigmoid, b.mul(gc, b.scalar(1.702)))), b.add(uc, b.scalar(1.0)));
     } else {
-      h = b.mul(b.unary(act, g), up);
+      h = b.mul(d.activate(g, p.act), up);
     }
   } else {
-    h = b.unary(act, up);
+    h = d.activate(up, p.act);  // experts without a gate projection (Nemotron-H's squared ReLU)
   }
   const auto down = expert_bias(b.linear_id(h, ctx.weight(role::ffn_down_exps, layer), mine), role::ffn_down_exps_bias);
   const std::int64_t H = b.type_of(down).dims[2];
@@ -161,7 +160,8 @@ value_id moe_feed_forward(decoder_trace& d, value_id x, std::int32_t layer, cons
   b.label(out, "moe_out");
 
   if (p.shared_width > 0) {
-    auto sh = b.mul(b.unary(act, ctx.linear(x, role::ffn_gate_shexp, layer)), ctx.linear(x, role::ffn_up_shexp, layer));
+    const auto su = ctx.linear(x, role::ffn_up_shexp, layer);
+    auto sh = ctx.has(role::ffn_gate_shexp, layer) ? b.mul(d.activate(ctx.linear(x, role::ffn_gate_shexp, layer), p.act), su) : d.activate(su, p.act);
     sh = ctx.linear(sh, role::ffn_down_shexp, layer);
     if (p.shared_gated && ctx.has(role::ffn_gate_inp_shexp, layer)) {
       const auto g = b.linear(x, b.reshape(ctx.vector_f32(role::ffn_gate_inp_shexp, layer), {1, H}));  // [N, 1]

@@ -34,6 +34,7 @@ struct moe_params {
   double routed_scale = 1.0;   // every routed weight times this (routed_scaling_factor)
   activation act = activation::silu;
   std::int64_t shared_width = 0;  // the shared experts' intermediate size (0: none)
+  bool shared_gate_proj = true;   // the shared experts have a gate projection (ffn_gate_shexp); else act(up) (Nemotron-H)
   bool shared_gated = false;      // sigmoid(x . ffn_gate_inp_shexp) scales the shared experts' output
   bool reduce_output = false;     // a tensor-parallel shard (each expert's width split): all_reduce the output
   // Group-limited selection (DeepSeek-V2 group_limited_greedy, V3 noaux_tc): the experts in `groups`

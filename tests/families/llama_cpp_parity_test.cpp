@@ -56,11 +56,13 @@ fixture_dims dims_for(const parity_case& c) {
     d.shared_ffn = 384;
   }
   if (c.family == "olmoe") d.kv_heads = d.heads;
-  if (c.family == "nemotron_h") {  // layers Mamba2, attention, Mamba2, MLP; scan and attention heads head_dim wide
+  if (c.family.starts_with("nemotron_h")) {  // layers Mamba2, attention, Mamba2, MLP (moe: routed); scan and attention heads head_dim wide
     d.hidden = 128;
     d.layers = 4;
     d.ffn = 256;
     d.ssm_groups = 2;
+    d.expert_ffn = 128;
+    d.shared_ffn = 192;
   }
   if (c.family == "mamba2") {  // the scan's heads are head_dim wide; two B/C groups at head_dim 32
     d.hidden = 128;
@@ -216,7 +218,8 @@ INSTANTIATE_TEST_SUITE_P(families, llama_cpp_parity,
                                            parity_case{"mamba2", 32}, parity_case{"nemotron_h", 32}, parity_case{"nemotron_h", 64},
                                            parity_case{"qwen3_next", 64}, parity_case{"qwen3_next", 32}, parity_case{"bloom", 64},
                                            parity_case{"bloom", 128}, parity_case{"mpt", 64}, parity_case{"mpt", 128},
-                                           parity_case{"granite_hybrid", 64}, parity_case{"granite_hybrid", 32}),
+                                           parity_case{"granite_hybrid", 64}, parity_case{"granite_hybrid", 32},
+                                           parity_case{"nemotron_h_moe", 64}, parity_case{"nemotron_h_moe", 32}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The CPU executor against llama.cpp on files with f16 and block-quantized matrices. Both quantize
@@ -298,7 +301,7 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_cpu_parity,
                                            cpu_case{"nemotron_h", dtype::f32}, cpu_case{"qwen3_next", dtype::f32},
                                            cpu_case{"bloom", dtype::f32}, cpu_case{"bloom", dtype::q8_0},
                                            cpu_case{"mpt", dtype::f32}, cpu_case{"mpt", dtype::q8_0},
-                                           cpu_case{"granite_hybrid", dtype::f32}),
+                                           cpu_case{"granite_hybrid", dtype::f32}, cpu_case{"nemotron_h_moe", dtype::f32}),
                          [](const auto& info) { return cpu_case_name(info.param); });
 
 // Routed families on quantized files. Quantizing the router's inputs and weights moves scores across
@@ -405,7 +408,7 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_routed_quantized,
                                            // so they are held to the same rule.
                                            cpu_case{"mamba2", dtype::q8_0}, cpu_case{"mamba2", dtype::q4_0},
                                            cpu_case{"nemotron_h", dtype::q8_0}, cpu_case{"qwen3_next", dtype::q8_0},
-                                           cpu_case{"granite_hybrid", dtype::q8_0}),
+                                           cpu_case{"granite_hybrid", dtype::q8_0}, cpu_case{"nemotron_h_moe", dtype::q8_0}),
                          [](const auto& info) { return cpu_case_name(info.param); });
 
 // Rotary scaling as llama.cpp reads it from a GGUF (linear and YaRN from rope.scaling.*, Llama 3's from

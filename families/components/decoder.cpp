@@ -265,7 +265,8 @@ value_id decoder_trace::attention(value_id x, std::int32_t layer, const attentio
                     p.causal, 0, slopes);
   att = b.reshape(att, {N, p.heads * D});
   if (p.output_gate) att = b.mul(att, b.unary(op::sigmoid, gate));
-  const auto out = projection(att, role::attn_output, layer, p.reduce_output);
+  auto out = projection(att, role::attn_output, layer, p.reduce_output);
+  if (p.output_scale != 1.0) out = b.mul(out, b.scalar(p.output_scale));
   b.label(out, "attn_out");
   return out;
 }
@@ -293,9 +294,12 @@ value_id decoder_trace::feed_forward(value_id x, std::int32_t layer, const ffn_p
     const auto last = static_cast<std::int64_t>(b.type_of(gu).dims.rank()) - 1;
     h = b.mul(activate(b.slice(gu, last, 0, width), p.act), b.slice(gu, last, width, 2 * width));
   } else {
-    h = b.mul(activate(projection(x, role::ffn_gate, layer), p.act), projection(x, role::ffn_up, layer));
+    auto g = projection(x, role::ffn_gate, layer);
+    if (p.gate_scale != 1.0) g = b.mul(g, b.scalar(p.gate_scale));
+    h = b.mul(activate(g, p.act), projection(x, role::ffn_up, layer));
   }
-  const auto out = projection(h, role::ffn_down, layer, p.reduce_output);
+  auto out = projection(h, role::ffn_down, layer, p.reduce_output);
+  if (p.down_scale != 1.0) out = b.mul(out, b.scalar(p.down_scale));
   b.label(out, "ffn_out");
   return out;
 }

@@ -35,6 +35,7 @@ struct attention_params {
   // q, k and v clamped to [-clip_qkv, clip_qkv] after their projections and biases (MPT's and OLMo's
   // clip_qkv, llama.cpp's clamp_kqv); 0: none.
   double clip_qkv = 0.0;
+  double output_scale = 1.0;  // the output (after attn_output) times this (Falcon-H1's mup multipliers)
   // ALiBi (BLOOM, MPT) instead of a rotary embedding: head h's scores gain slope_h (key position -
   // query position), the slopes of llama.cpp / HF over `alibi_heads` heads with max bias
   // `alibi_max_bias`; a tensor-parallel shard holds heads [alibi_offset, alibi_offset + heads).
@@ -62,6 +63,7 @@ struct ffn_params {
   std::int64_t width = 0;  // the intermediate size
   activation act = activation::silu;
   bool gated = true;  // act(gate(x)) * up(x); otherwise act(up(x))
+  double gate_scale = 1.0, down_scale = 1.0;  // act(gate_scale gate(x)) ..., down(h) down_scale (Falcon-H1's mup multipliers)
   bool reduce_output = false;  // a tensor-parallel shard: all_reduce ffn_down's partial sums
 };
 

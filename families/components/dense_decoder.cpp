@@ -24,9 +24,9 @@ dense_decoder::dense_decoder(dense_decoder_spec spec, families::weight_map weigh
   std::vector<state_decl> kv;
   for (std::int64_t l = 0; l < spec_.stack.layers; ++l) {
     const auto k = spec_.kind(l);
+    if (spec_.attends(l)) add_kv(kv, spec_.attention[l], l, spec_.kv_type);
     if (spec_.mamba2_at(l)) add_mamba2_states(kv, spec_.mamba2, l);
     else if (k == dense_decoder_spec::layer_kind::gated_delta) add_gated_delta_states(kv, spec_.gated_delta, l);
-    else if (k != dense_decoder_spec::layer_kind::ffn_only) add_kv(kv, spec_.attention[l], l, spec_.kv_type);
   }
   schema_.add_program(program::step, std::move(kv));
   if (spec_.stack.embeds_input) {
@@ -48,6 +48,8 @@ void dense_decoder::trace_into(const step_spec& spec, graph::builder& b) const {
   ctx.kv_type = spec_.kv_type;
   decoder_trace t(ctx);
   const auto mixer = [this](decoder_trace& d, graph::value_id x, std::int32_t l) {
+    if (spec_.kind(l) == dense_decoder_spec::layer_kind::parallel_ffn)  // Falcon-H1: both over the same input, summed
+      return d.ctx().b.add(d.attention(x, l, spec_.attention[l]), mamba2_mixer(d, x, l, spec_.mamba2));
     if (spec_.mamba2_at(l)) return mamba2_mixer(d, x, l, spec_.mamba2);
     if (spec_.kind(l) == dense_decoder_spec::layer_kind::gated_delta) return gated_delta_mixer(d, x, l, spec_.gated_delta);
     if (spec_.kind(l) == dense_decoder_spec::layer_kind::ffn_only) {  // Nemotron-H's MLP or routed block
@@ -104,8 +106,10 @@ expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& s) {
     if (auto m = mtp_shape(r, H, V)) return m;
     if (r == role::rope_freqs) return troupe::shape{s.attention.empty() ? 0 : s.attention[0].rope.dims / 2};
     if (s.mamba2_at(layer)) {
-      if (r == role::attn_norm || (r == role::ffn_norm && s.kind(layer) == dense_decoder_spec::layer_kind::mamba2_ffn)) return troupe::shape{H};
+      if (r == role::attn_norm || (r == role::ffn_norm && s.ffn_after_mixer(layer))) return troupe::shape{H};
       if (auto m = mamba2_shape(r, s.mamba2, H)) return m;
+      if (s.kind(layer) == dense_decoder_spec::layer_kind::parallel_ffn && layer < static_cast<std::int32_t>(s.attention.size()))
+        return attention_shape(r, s.attention[layer], H);
       return std::nullopt;  // the feed-forward's roles: checked by the family or the routed shape rule
     }
     if (s.kind(layer) == dense_decoder_spec::layer_kind::gated_delta) {
@@ -148,7 +152,7 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
                                                    e->view.shape().str()}});
     }
     for (const role r : {role::ssm_in, role::ssm_conv1d, role::ssm_dt_bias, role::ssm_d, role::ssm_norm, role::ssm_out})
-      if (!map->has({r, l}))
+      if (!map->has({r, l}) && (r != role::ssm_norm || spec.mamba2.gated_norm))
         return unexpected(model_error{weight_error{weight_error_code::missing, {r, l}, "(Mamba2 layer " + std::to_string(l) + ")", "", ""}});
     if (!map->has({role::ssm_a, l}) && !map->has({role::ssm_a_log, l}))
       return unexpected(model_error{weight_error{weight_error_code::missing, {role::ssm_a, l}, "(A or A_log)", "", ""}});
@@ -197,7 +201,7 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
   if (!spec.moe.empty()) {
     for (std::int32_t l = 0; l < all_layers; ++l) {
       const auto k = spec.kind(l);
-      if (k == dense_decoder_spec::layer_kind::mamba2 || k == dense_decoder_spec::layer_kind::attention_only) continue;  // no feed-forward
+      if (!spec.ffn_after_mixer(l) && k != dense_decoder_spec::layer_kind::ffn_only) continue;  // no feed-forward
       const auto* m = spec.routed(l);
       std::vector<role> need = m ? std::vector<role>{role::ffn_gate_inp, role::ffn_up_exps, role::ffn_down_exps}
                                  : std::vector<role>{role::ffn_up, role::ffn_down};
@@ -355,10 +359,10 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
   const std::int64_t F = spec_.ffn.width;
   if (F % size != 0) return refuse("the feed-forward width " + std::to_string(F) + " does not split " + std::to_string(size) + " ways");
   using kind = dense_decoder_spec::layer_kind;
-  const auto attends = [&](std::int64_t l) { return spec_.kind(l) == kind::attention_ffn || spec_.kind(l) == kind::attention_only; };
+  const auto attends = [&](std::int64_t l) { return spec_.attends(l); };
   const auto has_kind = [&](kind k) { return std::any_of(spec_.kinds.begin(), spec_.kinds.end(), [k](kind x) { return x == k; }); };
   // Recurrent layers split by heads; their states follow their heads (each rank declares its part).
-  if (has_kind(kind::mamba2) || has_kind(kind::mamba2_ffn)) {
+  if (has_kind(kind::mamba2) || has_kind(kind::mamba2_ffn) || has_kind(kind::parallel_ffn)) {
     auto& m = s.mamba2;
     if (m.heads % size != 0) return refuse(std::to_string(m.heads) + " Mamba2 heads do not split " + std::to_string(size) + " ways");
     if (m.groups % size != 0)
@@ -592,10 +596,7 @@ result<std::unique_ptr<model>, model_error> dense_decoder::with_kv_type(dtype t)
   if (t == dtype::q8_0) {
     const auto layers = static_cast<std::int64_t>(spec_.attention.size());
     for (std::int64_t l = 0; l < layers; ++l) {
-      const auto k = spec_.kind(l);
-      if (k == dense_decoder_spec::layer_kind::mamba2 || k == dense_decoder_spec::layer_kind::mamba2_ffn ||
-          k == dense_decoder_spec::layer_kind::gated_delta || k == dense_decoder_spec::layer_kind::ffn_only)
-        continue;
+      if (!spec_.attends(l)) continue;
       const auto& a = spec_.attention[static_cast<std::size_t>(l)];
       const std::int64_t row = a.mla.kv_lora_rank > 0 ? a.mla.kv_lora_rank + a.head_dim : a.head_dim;
       if (row % 32 != 0)

@@ -36,8 +36,10 @@ struct dense_decoder_spec {
   // mixer (with `mamba2`'s sizes), attention alone, or the feed-forward alone (Nemotron-H's M, * and -);
   // gated_delta is a Gated DeltaNet mixer (with `gated_delta`'s sizes) followed by the layer's
   // feed-forward, as attention_ffn (Qwen3-Next's linear-attention layers); mamba2_ffn a Mamba2 mixer
-  // followed by the layer's feed-forward (Granite 4's hybrid).
-  enum class layer_kind : std::uint8_t { attention_ffn, mamba2, attention_only, ffn_only, gated_delta, mamba2_ffn };
+  // followed by the layer's feed-forward (Granite 4's hybrid); parallel_ffn attention and a Mamba2
+  // mixer side by side over the same normed input, their outputs summed, then the feed-forward
+  // (Falcon-H1).
+  enum class layer_kind : std::uint8_t { attention_ffn, mamba2, attention_only, ffn_only, gated_delta, mamba2_ffn, parallel_ffn };
   std::vector<layer_kind> kinds;
   mamba2_params mamba2;
   gated_delta_params gated_delta;
@@ -47,16 +49,23 @@ struct dense_decoder_spec {
   // Whether layer `layer`'s mixer is Mamba2 (alone or before a feed-forward).
   bool mamba2_at(std::int64_t layer) const {
     const auto k = kind(layer);
-    return k == layer_kind::mamba2 || k == layer_kind::mamba2_ffn;
+    return k == layer_kind::mamba2 || k == layer_kind::mamba2_ffn || k == layer_kind::parallel_ffn;
+  }
+  // Whether layer `layer` runs attention (alone, or beside a Mamba2 mixer).
+  bool attends(std::int64_t layer) const {
+    const auto k = kind(layer);
+    return k == layer_kind::attention_ffn || k == layer_kind::attention_only || k == layer_kind::parallel_ffn;
   }
   // Whether layer `layer` runs the feed-forward after its mixer.
   bool ffn_after_mixer(std::int64_t layer) const {
     const auto k = kind(layer);
-    return k == layer_kind::attention_ffn || k == layer_kind::gated_delta || k == layer_kind::mamba2_ffn;
+    return k == layer_kind::attention_ffn || k == layer_kind::gated_delta || k == layer_kind::mamba2_ffn || k == layer_kind::parallel_ffn;
   }
   bool recurrent() const {
     return std::any_of(kinds.begin(), kinds.end(),
-                       [](layer_kind k) { return k == layer_kind::mamba2 || k == layer_kind::mamba2_ffn || k == layer_kind::gated_delta; });
+                       [](layer_kind k) {
+                         return k == layer_kind::mamba2 || k == layer_kind::mamba2_ffn || k == layer_kind::parallel_ffn || k == layer_kind::gated_delta;
+                       });
   }
   const moe_params* routed(std::int64_t layer) const {
     return layer >= 0 && layer < static_cast<std::int64_t>(moe.size()) && moe[static_cast<std::size_t>(layer)].experts > 0

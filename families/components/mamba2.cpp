@@ -42,7 +42,16 @@ value_id mamba2_mixer(decoder_trace& d, value_id x, std::int32_t layer, const ma
   const std::int64_t R = s.rows(), T = s.tokens(), N = R * T, S = s.state_rows();
   const std::int64_t D = p.inner, G = p.groups, NS = p.state, H = p.heads, P = p.head_dim(), Cc = p.conv_channels(), K = p.conv;
   const auto l = std::to_string(layer);
-  const auto zxbcdt = ctx.linear(x, role::ssm_in, layer);
+  auto zxbcdt = ctx.linear(x, role::ssm_in, layer);
+  if (p.in_scale != std::array<double, 5>{1.0, 1.0, 1.0, 1.0, 1.0}) {  // per segment: z, x, B, C, dt (this rank's widths)
+    tensor mup(dtype::f32, {2 * D + 2 * G * NS + H});
+    const std::int64_t ends[5] = {D, 2 * D, 2 * D + G * NS, 2 * D + 2 * G * NS, 2 * D + 2 * G * NS + H};
+    for (std::int64_t i = 0, seg = 0; i < ends[4]; ++i) {
+      while (i >= ends[seg]) ++seg;
+      mup.as<float>()[i] = static_cast<float>(p.in_scale[static_cast<std::size_t>(seg)]);
+    }
+    zxbcdt = b.mul(zxbcdt, b.literal(std::move(mup), "mamba.in_scale"));
+  }
   const auto z = b.slice(zxbcdt, 1, 0, D);
   const auto xbc = b.slice(zxbcdt, 1, D, D + Cc);
   auto dt = b.slice(zxbcdt, 1, D + Cc, D + Cc + H);
@@ -72,14 +81,18 @@ value_id mamba2_mixer(decoder_trace& d, value_id x, std::int32_t layer, const ma
   y = b.add(y, b.mul(b.reshape(xs, {N, H, P}), b.reshape(ctx.vector_f32(role::ssm_d, layer), {H, 1})));
   b.label(y, "ssm_scan");
 
-  // Gate, then RMSNorm per norm group (norm_before_gate false), then the output projection.
+  // Gate, then RMSNorm per norm group (norm_before_gate false) when the layer has the norm (Falcon-H1's
+  // mamba_rms_norm false: none, as llama.cpp without ssm_norm), then the output projection.
   y = b.mul(b.reshape(y, {N, D}), b.unary(op::silu, z));
-  const std::int64_t NG = p.gated_norm_groups();
-  tensor ones(dtype::f32, {D / NG});
-  for (std::int64_t i = 0; i < D / NG; ++i) ones.as<float>()[i] = 1.0f;
-  y = b.rms_norm(b.reshape(y, {N, NG, D / NG}), b.literal(std::move(ones), "ones"), p.norm_eps);
-  y = b.mul(y, b.reshape(ctx.vector_f32(role::ssm_norm, layer), {NG, D / NG}));
-  const auto out = d.projection(b.reshape(y, {N, D}), role::ssm_out, layer, p.reduce_output);
+  if (p.gated_norm) {
+    const std::int64_t NG = p.gated_norm_groups();
+    tensor ones(dtype::f32, {D / NG});
+    for (std::int64_t i = 0; i < D / NG; ++i) ones.as<float>()[i] = 1.0f;
+    y = b.rms_norm(b.reshape(y, {N, NG, D / NG}), b.literal(std::move(ones), "ones"), p.norm_eps);
+    y = b.mul(y, b.reshape(ctx.vector_f32(role::ssm_norm, layer), {NG, D / NG}));
+  }
+  auto out = d.projection(b.reshape(y, {N, D}), role::ssm_out, layer, p.reduce_output);
+  if (p.out_scale != 1.0) out = b.mul(out, b.scalar(p.out_scale));
   b.label(out, "mamba_out");
   return out;
 }

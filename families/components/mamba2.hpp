@@ -9,6 +9,7 @@
 // Weight roles, per layer: ssm_in [2 D + 2 G N + H, hidden], ssm_conv1d [D + 2 G N, K] (HF's
 // [C, 1, K] read as it lies), ssm_conv1d_bias, ssm_dt_bias [H], ssm_a (GGUF: A itself, [H] or [H, 1])
 // or ssm_a_log (HF), ssm_d [H], ssm_norm [D] (GGUF [G, D / G]), ssm_out [hidden, D].
+#include <array>
 #include <optional>
 
 #include "families/components/decoder.hpp"
@@ -27,6 +28,11 @@ struct mamba2_params {
   // The gated norm's groups: 0, the B/C groups (HF Mamba2, llama.cpp); 1 spans the whole inner width
   // (HF Bamba and Granite 4's MambaRMSNormGated).
   std::int64_t norm_groups = 0;
+  bool gated_norm = true;  // false: y * silu(z) with no norm (Falcon-H1's mamba_rms_norm false; no ssm_norm)
+  // Falcon-H1's mup multipliers: the input projection's z, x, B, C and dt rows scaled by these (the
+  // checkpoint's ssm_multipliers times ssm_in_multiplier), the mixer's output by out_scale.
+  std::array<double, 5> in_scale{1.0, 1.0, 1.0, 1.0, 1.0};
+  double out_scale = 1.0;
   bool reduce_output = false;  // a tensor-parallel shard (heads and groups split): all_reduce ssm_out's partial sums
   std::int64_t head_dim() const { return heads > 0 ? inner / heads : 0; }
   std::int64_t conv_channels() const { return inner + 2 * groups * state; }

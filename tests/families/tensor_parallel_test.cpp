@@ -10,7 +10,8 @@
 // ALiBi (bloom: each rank's heads keep their slopes; HF's per-head QKV split by heads; mpt: a fused
 // [q | k | v] over grouped KV heads, bias-free LayerNorms, clamped q, k and v), and granite_hybrid's
 // Mamba2 layers followed by routed feed-forwards (GGUF: its gated norm per B/C group; HF's spans the
-// whole inner width, which a rank cannot hold, and is refused by name).
+// whole inner width, which a rank cannot hold, and is refused by name), and falcon_h1's attention and
+// Mamba2 side by side (HF: the mup multipliers in the graph, per rank's segment widths).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,7 +60,8 @@ std::shared_ptr<const model_handle> load(const tp_case& c) {
   // Recurrent layers split by heads (Mamba2: 8 heads of 32 in 4 B/C groups; Qwen3-Next's linear
   // attention: 4 key heads, 8 value heads of 16), their states with them; the hybrids keep their
   // attention (and MLP) layers in the split too.
-  if (c.family == "mamba2" || c.family == "nemotron_h" || c.family == "qwen3_next" || c.family == "granite_hybrid") d.ssm_groups = 4;
+  if (c.family == "mamba2" || c.family == "nemotron_h" || c.family == "qwen3_next" || c.family == "granite_hybrid" || c.family == "falcon_h1")
+    d.ssm_groups = 4;
   if (c.family == "nemotron_h" || c.family == "qwen3_next" || c.family == "granite_hybrid") d.layers = 4;
   return troupe::testing::load_split_fixture(c.family, d, "troupe-tp-" + case_name(c), c.gguf);
 }
@@ -161,7 +163,8 @@ INSTANTIATE_TEST_SUITE_P(families, tensor_parallel,
                                            tp_case{"mamba2", 4, true, dtype::q8_0}, tp_case{"nemotron_h", 2, true},
                                            tp_case{"nemotron_h", 4}, tp_case{"qwen3_next", 2}, tp_case{"qwen3_next", 2, true, dtype::f16},
                                            tp_case{"qwen3_next", 4, true}, tp_case{"bloom", 2}, tp_case{"bloom", 4, true},
-                                           tp_case{"mpt", 2}, tp_case{"mpt", 4, true}, tp_case{"granite_hybrid", 2, true}),
+                                           tp_case{"mpt", 2}, tp_case{"mpt", 4, true}, tp_case{"granite_hybrid", 2, true},
+                                           tp_case{"falcon_h1", 2}, tp_case{"falcon_h1", 4, true}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The oracle runs a shard's graph too (its all_reduce over the same group): the reference for any

@@ -30,6 +30,7 @@ extern const family_entry bloom_entry;
 extern const family_entry mpt_entry;
 extern const family_entry granite_hybrid_entry;
 extern const family_entry falcon_h1_entry;
+extern const family_entry lfm2_entry;
 extern const family_entry bert_entry;
 extern const family_entry nomic_bert_entry;
 

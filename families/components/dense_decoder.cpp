@@ -27,6 +27,7 @@ dense_decoder::dense_decoder(dense_decoder_spec spec, families::weight_map weigh
     if (spec_.attends(l)) add_kv(kv, spec_.attention[l], l, spec_.kv_type);
     if (spec_.mamba2_at(l)) add_mamba2_states(kv, spec_.mamba2, l);
     else if (k == dense_decoder_spec::layer_kind::gated_delta) add_gated_delta_states(kv, spec_.gated_delta, l);
+    else if (k == dense_decoder_spec::layer_kind::shortconv_ffn) add_shortconv_states(kv, spec_.shortconv, l);
   }
   schema_.add_program(program::step, std::move(kv));
   if (spec_.stack.embeds_input) {
@@ -51,6 +52,7 @@ void dense_decoder::trace_into(const step_spec& spec, graph::builder& b) const {
     if (spec_.kind(l) == dense_decoder_spec::layer_kind::parallel_ffn)  // Falcon-H1: both over the same input, summed
       return d.ctx().b.add(d.attention(x, l, spec_.attention[l]), mamba2_mixer(d, x, l, spec_.mamba2));
     if (spec_.mamba2_at(l)) return mamba2_mixer(d, x, l, spec_.mamba2);
+    if (spec_.kind(l) == dense_decoder_spec::layer_kind::shortconv_ffn) return shortconv_mixer(d, x, l, spec_.shortconv);
     if (spec_.kind(l) == dense_decoder_spec::layer_kind::gated_delta) return gated_delta_mixer(d, x, l, spec_.gated_delta);
     if (spec_.kind(l) == dense_decoder_spec::layer_kind::ffn_only) {  // Nemotron-H's MLP or routed block
       if (const auto* m = spec_.routed(l)) return moe_feed_forward(d, x, l, *m);
@@ -112,6 +114,10 @@ expected_shape_fn dense_decoder_shapes(const dense_decoder_spec& s) {
         return attention_shape(r, s.attention[layer], H);
       return std::nullopt;  // the feed-forward's roles: checked by the family or the routed shape rule
     }
+    if (s.kind(layer) == dense_decoder_spec::layer_kind::shortconv_ffn) {
+      if (r == role::attn_norm || r == role::ffn_norm) return troupe::shape{H};
+      return shortconv_shape(r, s.shortconv, H);
+    }
     if (s.kind(layer) == dense_decoder_spec::layer_kind::gated_delta) {
       if (r == role::attn_norm || r == role::ffn_norm) return troupe::shape{H};
       return gated_delta_shape(r, s.gated_delta, H);
@@ -156,6 +162,17 @@ result<std::unique_ptr<model>, model_error> make_dense_decoder(dense_decoder_spe
         return unexpected(model_error{weight_error{weight_error_code::missing, {r, l}, "(Mamba2 layer " + std::to_string(l) + ")", "", ""}});
     if (!map->has({role::ssm_a, l}) && !map->has({role::ssm_a_log, l}))
       return unexpected(model_error{weight_error{weight_error_code::missing, {role::ssm_a, l}, "(A or A_log)", "", ""}});
+  }
+  // Short-convolution layers (LFM2): whole, the conv weight of C x K elements in either form.
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(spec.stack.layers); ++l) {
+    if (spec.kind(l) != dense_decoder_spec::layer_kind::shortconv_ffn) continue;
+    for (const role r : {role::ssm_in, role::ssm_conv1d, role::ssm_out})
+      if (!map->has({r, l}))
+        return unexpected(model_error{weight_error{weight_error_code::missing, {r, l}, "(short-convolution layer " + std::to_string(l) + ")", "", ""}});
+    const auto* e = map->find({role::ssm_conv1d, l});
+    if (e->view.shape().numel() != shortconv_numel(spec.shortconv))
+      return unexpected(model_error{weight_error{weight_error_code::shape_mismatch, {role::ssm_conv1d, l}, e->key,
+                                                 std::to_string(shortconv_numel(spec.shortconv)) + " elements", e->view.shape().str()}});
   }
   // Gated DeltaNet layers: the same, with the projections in either form.
   for (std::int32_t l = 0; l < static_cast<std::int32_t>(spec.stack.layers); ++l) {
@@ -362,6 +379,7 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
   const auto attends = [&](std::int64_t l) { return spec_.attends(l); };
   const auto has_kind = [&](kind k) { return std::any_of(spec_.kinds.begin(), spec_.kinds.end(), [k](kind x) { return x == k; }); };
   // Recurrent layers split by heads; their states follow their heads (each rank declares its part).
+  if (has_kind(kind::shortconv_ffn)) return refuse("short-convolution layers (LFM2) are not split across ranks");
   if (has_kind(kind::mamba2) || has_kind(kind::mamba2_ffn) || has_kind(kind::parallel_ffn)) {
     auto& m = s.mamba2;
     if (m.heads % size != 0) return refuse(std::to_string(m.heads) + " Mamba2 heads do not split " + std::to_string(size) + " ways");

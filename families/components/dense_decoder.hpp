@@ -13,6 +13,7 @@
 #include "families/components/gated_delta.hpp"
 #include "families/components/mamba2.hpp"
 #include "families/components/moe.hpp"
+#include "families/components/shortconv.hpp"
 #include "families/family_error.hpp"
 #include "families/model.hpp"
 
@@ -38,11 +39,13 @@ struct dense_decoder_spec {
   // feed-forward, as attention_ffn (Qwen3-Next's linear-attention layers); mamba2_ffn a Mamba2 mixer
   // followed by the layer's feed-forward (Granite 4's hybrid); parallel_ffn attention and a Mamba2
   // mixer side by side over the same normed input, their outputs summed, then the feed-forward
-  // (Falcon-H1).
-  enum class layer_kind : std::uint8_t { attention_ffn, mamba2, attention_only, ffn_only, gated_delta, mamba2_ffn, parallel_ffn };
+  // (Falcon-H1); shortconv_ffn a gated short convolution (components/shortconv.hpp) then the
+  // feed-forward (LFM2).
+  enum class layer_kind : std::uint8_t { attention_ffn, mamba2, attention_only, ffn_only, gated_delta, mamba2_ffn, parallel_ffn, shortconv_ffn };
   std::vector<layer_kind> kinds;
   mamba2_params mamba2;
   gated_delta_params gated_delta;
+  shortconv_params shortconv;
   layer_kind kind(std::int64_t layer) const {
     return layer >= 0 && layer < static_cast<std::int64_t>(kinds.size()) ? kinds[static_cast<std::size_t>(layer)] : layer_kind::attention_ffn;
   }
@@ -59,12 +62,14 @@ struct dense_decoder_spec {
   // Whether layer `layer` runs the feed-forward after its mixer.
   bool ffn_after_mixer(std::int64_t layer) const {
     const auto k = kind(layer);
-    return k == layer_kind::attention_ffn || k == layer_kind::gated_delta || k == layer_kind::mamba2_ffn || k == layer_kind::parallel_ffn;
+    return k == layer_kind::attention_ffn || k == layer_kind::gated_delta || k == layer_kind::mamba2_ffn || k == layer_kind::parallel_ffn ||
+           k == layer_kind::shortconv_ffn;
   }
   bool recurrent() const {
     return std::any_of(kinds.begin(), kinds.end(),
                        [](layer_kind k) {
-                         return k == layer_kind::mamba2 || k == layer_kind::mamba2_ffn || k == layer_kind::parallel_ffn || k == layer_kind::gated_delta;
+                         return k == layer_kind::mamba2 || k == layer_kind::mamba2_ffn || k == layer_kind::parallel_ffn || k == layer_kind::gated_delta ||
+                                k == layer_kind::shortconv_ffn;
                        });
   }
   const moe_params* routed(std::int64_t layer) const {

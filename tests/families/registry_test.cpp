@@ -23,7 +23,7 @@ fs::path scratch(const std::string& name) {
 
 TEST(registry, every_shipped_key_resolves_to_exactly_one_family) {
   const auto reg = registry::builtin();
-  EXPECT_EQ(reg.entries().size(), 28u);
+  EXPECT_EQ(reg.entries().size(), 29u);
   for (const auto& e : reg.entries()) {
     for (const auto& k : e.keys) {
       auto cfg = k.source == load::config_source::gguf

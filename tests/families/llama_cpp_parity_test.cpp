@@ -99,9 +99,10 @@ fixture_dims dims_for(const parity_case& c) {
     d.ssm_state = c.head_dim == 64 ? 16 : 32;
     d.ssm_conv = c.head_dim == 64 ? 4 : 3;
   }
-  if (c.family == "lfm2") {  // conv, conv, attention (q/k norms, NeoX rope), conv, conv, attention; kernel 3 and 4
-    d.layers = 6;
+  if (c.family.starts_with("lfm2")) {  // conv, conv, attention (q/k norms, NeoX rope), conv, conv, attention; kernel 3 and 4
+    d.layers = 6;                          // lfm2_moe: the first layer dense, the others routed
     d.ssm_conv = c.head_dim == 64 ? 3 : 4;
+    d.expert_ffn = 128;
   }
   if (c.family == "qwen3_next") {  // linear and full attention alternating, routed with a gated shared expert
     d.layers = 4;
@@ -231,7 +232,8 @@ INSTANTIATE_TEST_SUITE_P(families, llama_cpp_parity,
                                            parity_case{"bloom", 128}, parity_case{"mpt", 64}, parity_case{"mpt", 128},
                                            parity_case{"granite_hybrid", 64}, parity_case{"granite_hybrid", 32},
                                            parity_case{"nemotron_h_moe", 64}, parity_case{"nemotron_h_moe", 32}, parity_case{"falcon_h1", 64},
-                                           parity_case{"falcon_h1", 32}, parity_case{"lfm2", 64}, parity_case{"lfm2", 32}),
+                                           parity_case{"falcon_h1", 32}, parity_case{"lfm2", 64}, parity_case{"lfm2", 32},
+                                           parity_case{"lfm2_moe", 64}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The CPU executor against llama.cpp on files with f16 and block-quantized matrices. Both quantize
@@ -314,7 +316,7 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_cpu_parity,
                                            cpu_case{"bloom", dtype::f32}, cpu_case{"bloom", dtype::q8_0},
                                            cpu_case{"mpt", dtype::f32}, cpu_case{"mpt", dtype::q8_0},
                                            cpu_case{"granite_hybrid", dtype::f32}, cpu_case{"nemotron_h_moe", dtype::f32},
-                                           cpu_case{"falcon_h1", dtype::f32}, cpu_case{"lfm2", dtype::f32}),
+                                           cpu_case{"falcon_h1", dtype::f32}, cpu_case{"lfm2", dtype::f32}, cpu_case{"lfm2_moe", dtype::f32}),
                          [](const auto& info) { return cpu_case_name(info.param); });
 
 // Routed families on quantized files. Quantizing the router's inputs and weights moves scores across
@@ -422,7 +424,7 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_routed_quantized,
                                            cpu_case{"mamba2", dtype::q8_0}, cpu_case{"mamba2", dtype::q4_0},
                                            cpu_case{"nemotron_h", dtype::q8_0}, cpu_case{"qwen3_next", dtype::q8_0},
                                            cpu_case{"granite_hybrid", dtype::q8_0}, cpu_case{"nemotron_h_moe", dtype::q8_0},
-                                           cpu_case{"falcon_h1", dtype::q8_0}, cpu_case{"lfm2", dtype::q8_0}),
+                                           cpu_case{"falcon_h1", dtype::q8_0}, cpu_case{"lfm2", dtype::q8_0}, cpu_case{"lfm2_moe", dtype::q8_0}),
                          [](const auto& info) { return cpu_case_name(info.param); });
 
 // Rotary scaling as llama.cpp reads it from a GGUF (linear and YaRN from rope.scaling.*, Llama 3's from

@@ -24,7 +24,7 @@ std::shared_ptr<const families::model_handle> recurrent_model(std::string_view f
   families::fixture_dims d;
   d.vocab = 512;
   d.hidden = 128;
-  d.layers = family.starts_with("nemotron_h") ? 4 : 2;
+  d.layers = family.starts_with("nemotron_h") ? 4 : family.starts_with("lfm2") ? 3 : 2;  // lfm2: conv, conv, attention
   d.head_dim = 32;
   d.heads = 4;
   d.kv_heads = 2;

@@ -305,13 +305,17 @@ part rows_part(const tensor_view& v, std::int64_t R, const std::vector<std::pair
 
 }  // namespace
 
-// A Mamba2 layer's weight for rank `rank` of `size` (heads and B/C groups split evenly): the z, x, B, C
-// and dt rows of ssm_in, the x, B and C channels of the conv, the heads' dt bias, A and D, the norm's
-// and the output projection's share of the inner width.
+// A Mamba2 layer's weight for rank `rank` of `size`: the z, x, B, C and dt rows of ssm_in, the x, B and
+// C channels of the conv, the heads' dt bias, A and D, the norm's and the output projection's share of
+// the inner width. A rank's rows of a Mamba2 layer: its heads' z, x, dt and channels, and the B/C rows of its groups:
+// its share of them when the groups split over the ranks, or (fewer groups than ranks, each rank's heads
+// within one group) its one group's, which the ranks sharing the group each hold.
 static result<part, std::string> mamba2_part(const weight_entry& e, const mamba2_params& m, int rank, int size) {
   const std::int64_t D = m.inner, GN = m.groups * m.state, H = m.heads;
-  const std::int64_t d = D / size, gn = GN / size, h = H / size;
-  const std::pair<std::int64_t, std::int64_t> xs{rank * d, (rank + 1) * d}, bs{rank * gn, (rank + 1) * gn}, hs{rank * h, (rank + 1) * h};
+  const std::int64_t d = D / size, h = H / size;
+  const std::int64_t gn = m.groups % size == 0 ? GN / size : m.state;
+  const std::int64_t g0 = m.groups % size == 0 ? rank * gn : rank / (size / m.groups) * m.state;
+  const std::pair<std::int64_t, std::int64_t> xs{rank * d, (rank + 1) * d}, bs{g0, g0 + gn}, hs{rank * h, (rank + 1) * h};
   auto shift = [](std::pair<std::int64_t, std::int64_t> p, std::int64_t by) { return std::pair{p.first + by, p.second + by}; };
   const auto& v = e.view;
   switch (e.role.kind) {
@@ -324,7 +328,10 @@ static result<part, std::string> mamba2_part(const weight_entry& e, const mamba2
     case role::ssm_a:
     case role::ssm_a_log:
     case role::ssm_d: return rows_part(v, H, {hs});
-    case role::ssm_norm: return rows_part(v, D, {xs});  // [D] or [G, D / G]: whole groups, as their channels
+    case role::ssm_norm: {  // [D] or [G, D / G], read as its D channels
+      const tensor_view flat(v.type(), troupe::shape{D}, v.data());
+      return rows_part(flat, D, {xs});
+    }
     case role::ssm_out: {
       auto t = columns_of(v, xs.first, xs.second);
       if (!t) return unexpected(t.error());
@@ -383,16 +390,20 @@ result<std::unique_ptr<model>, model_error> dense_decoder::shard(int rank, int s
   if (has_kind(kind::mamba2) || has_kind(kind::mamba2_ffn) || has_kind(kind::parallel_ffn)) {
     auto& m = s.mamba2;
     if (m.heads % size != 0) return refuse(std::to_string(m.heads) + " Mamba2 heads do not split " + std::to_string(size) + " ways");
-    if (m.groups % size != 0)
-      return refuse(std::to_string(m.groups) + " Mamba2 B/C groups do not split " + std::to_string(size) +
-                    " ways (the gated norm runs over a group, which a rank must hold whole)");
-    if (m.gated_norm_groups() % size != 0)
-      return refuse("the Mamba2 gated norm spans " + std::to_string(m.gated_norm_groups()) + " group(s), which do not split " +
-                    std::to_string(size) + " ways");
+    // B/C groups split over the ranks, or (fewer groups than ranks) each rank holds its heads' one group.
+    if (m.groups % size != 0 && size % m.groups != 0)
+      return refuse(std::to_string(m.groups) + " Mamba2 B/C groups neither split " + std::to_string(size) + " ways nor divide the ranks");
+    // The gated norm: its groups split over the ranks, or one group spans them all (its sum of squares
+    // all-reduced); a norm group over some ranks but not all would need a subgroup.
+    const std::int64_t ng = m.gated_norm_groups();
+    if (ng % size != 0 && ng != 1)
+      return refuse("the Mamba2 gated norm spans " + std::to_string(ng) + " groups, which neither split " + std::to_string(size) +
+                    " ways nor are one over every rank");
+    if (m.gated_norm && ng % size != 0) m.norm_ranks = size;
+    m.norm_groups = ng % size == 0 ? ng / size : 1;
     m.inner /= size;
     m.heads /= size;
-    m.groups /= size;
-    if (m.norm_groups > 0) m.norm_groups /= size;
+    m.groups = m.groups % size == 0 ? m.groups / size : 1;
     m.reduce_output = size > 1;
   }
   if (has_kind(kind::gated_delta)) {

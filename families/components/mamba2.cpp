@@ -84,7 +84,11 @@ value_id mamba2_mixer(decoder_trace& d, value_id x, std::int32_t layer, const ma
   // Gate, then RMSNorm per norm group (norm_before_gate false) when the layer has the norm (Falcon-H1's
   // mamba_rms_norm false: none, as llama.cpp without ssm_norm), then the output projection.
   y = b.mul(b.reshape(y, {N, D}), b.unary(op::silu, z));
-  if (p.gated_norm) {
+  if (p.gated_norm && p.norm_ranks > 1) {  // one norm group over every rank: its sum of squares all-reduced
+    const auto ss = b.all_reduce(b.reduce(op::reduce_sum, b.mul(y, y), -1, true));  // [N, 1]
+    const auto mean = b.mul(ss, b.scalar(1.0 / static_cast<double>(D * p.norm_ranks)));
+    y = b.mul(b.mul(y, b.unary(op::rsqrt, b.add(mean, b.scalar(p.norm_eps)))), ctx.vector_f32(role::ssm_norm, layer));
+  } else if (p.gated_norm) {
     const std::int64_t NG = p.gated_norm_groups();
     tensor ones(dtype::f32, {D / NG});
     for (std::int64_t i = 0; i < D / NG; ++i) ones.as<float>()[i] = 1.0f;

@@ -29,6 +29,9 @@ struct mamba2_params {
   // (HF Bamba and Granite 4's MambaRMSNormGated).
   std::int64_t norm_groups = 0;
   bool gated_norm = true;  // false: y * silu(z) with no norm (Falcon-H1's mamba_rms_norm false; no ssm_norm)
+  // A tensor-parallel shard whose one gated-norm group spans this many ranks (each holding inner / ranks
+  // of it): the sum of squares is all-reduced over them. 1: the norm's groups are whole here.
+  std::int64_t norm_ranks = 1;
   // Falcon-H1's mup multipliers: the input projection's z, x, B, C and dt rows scaled by these (the
   // checkpoint's ssm_multipliers times ssm_in_multiplier), the mixer's output by out_scale.
   std::array<double, 5> in_scale{1.0, 1.0, 1.0, 1.0, 1.0};

@@ -42,9 +42,11 @@ struct tp_case {
   bool gguf = false;
   dtype type = dtype::f32;
   bool experts_whole = false;  // expert parallel: each rank holds E / size whole experts (model::expert_parallel)
+  std::int64_t ssm_groups = 4;  // Mamba2 B/C groups (1: every rank holds the one group; its gated norm spans the ranks)
 };
 std::string case_name(const tp_case& c) {
   return std::string(c.family) + (c.experts_whole ? "_ep" : "_tp") + std::to_string(c.size) + (c.gguf ? "_gguf" : "") +
+         (c.ssm_groups != 4 ? "_g" + std::to_string(c.ssm_groups) : "") +
          (c.type != dtype::f32 ? "_" + std::string(name(c.type)) : "");
 }
 void PrintTo(const tp_case& c, std::ostream* os) { *os << case_name(c); }
@@ -61,7 +63,7 @@ std::shared_ptr<const model_handle> load(const tp_case& c) {
   // attention: 4 key heads, 8 value heads of 16), their states with them; the hybrids keep their
   // attention (and MLP) layers in the split too.
   if (c.family == "mamba2" || c.family == "nemotron_h" || c.family == "qwen3_next" || c.family == "granite_hybrid" || c.family == "falcon_h1")
-    d.ssm_groups = 4;
+    d.ssm_groups = c.ssm_groups;
   if (c.family == "nemotron_h" || c.family == "qwen3_next" || c.family == "granite_hybrid") d.layers = 4;
   return troupe::testing::load_split_fixture(c.family, d, "troupe-tp-" + case_name(c), c.gguf);
 }
@@ -164,7 +166,12 @@ INSTANTIATE_TEST_SUITE_P(families, tensor_parallel,
                                            tp_case{"nemotron_h", 4}, tp_case{"qwen3_next", 2}, tp_case{"qwen3_next", 2, true, dtype::f16},
                                            tp_case{"qwen3_next", 4, true}, tp_case{"bloom", 2}, tp_case{"bloom", 4, true},
                                            tp_case{"mpt", 2}, tp_case{"mpt", 4, true}, tp_case{"granite_hybrid", 2, true},
-                                           tp_case{"falcon_h1", 2}, tp_case{"falcon_h1", 4, true}),
+                                           tp_case{"falcon_h1", 2}, tp_case{"falcon_h1", 4, true},
+                                           // One B/C group, as Mamba2, Granite 4 and Falcon-H1 ship: every rank holds it, and the
+                                           // gated norm's sum of squares is all-reduced (HF Granite's spans the width at any groups).
+                                           tp_case{"mamba2", 2, true, dtype::f32, false, 1}, tp_case{"mamba2", 4, false, dtype::f32, false, 1},
+                                           tp_case{"granite_hybrid", 2, true, dtype::f32, false, 1}, tp_case{"granite_hybrid", 2},
+                                           tp_case{"falcon_h1", 2, true, dtype::f32, false, 1}),
                          [](const auto& info) { return case_name(info.param); });
 
 // The oracle runs a shard's graph too (its all_reduce over the same group): the reference for any
@@ -217,21 +224,16 @@ TEST(tensor_parallel_refusals, splits_that_do_not_divide_are_typed_refusals) {
   EXPECT_NE(message(three.error()).find("tensor_parallel"), std::string::npos) << message(three.error());
   EXPECT_FALSE(whole->shard(2, 2));
   EXPECT_FALSE(whole->shard(0, 0));
-  // One Mamba2 B/C group: its gated norm spans the group, which two ranks cannot split.
-  const auto one_group = troupe::testing::load_split_fixture("mamba2", troupe::testing::tp_dims(), "troupe-tp-mamba2-one-group", true);
-  ASSERT_TRUE(one_group);
-  auto m = one_group->shard(0, 2);
-  ASSERT_FALSE(m);
-  EXPECT_NE(message(m.error()).find("groups"), std::string::npos) << message(m.error());
-  EXPECT_TRUE(one_group->shard(0, 1));
-  // Granite 4's HF gated norm spans the whole inner width even over several B/C groups: refused by name.
+  // Two Mamba2 B/C groups over four ranks: each gated-norm group would span two of the ranks, a subgroup
+  // the all-reduce does not have: refused by name. Three groups over two ranks neither split nor divide.
   auto gd = troupe::testing::tp_dims();
-  gd.ssm_groups = 4;
-  const auto granite_hf = troupe::testing::load_split_fixture("granite_hybrid", gd, "troupe-tp-granite-hf", false);
-  ASSERT_TRUE(granite_hf);
-  auto gs = granite_hf->shard(0, 2);
-  ASSERT_FALSE(gs);
-  EXPECT_NE(message(gs.error()).find("gated norm"), std::string::npos) << message(gs.error());
+  gd.ssm_groups = 2;
+  const auto two_groups = troupe::testing::load_split_fixture("mamba2", gd, "troupe-tp-mamba2-two-groups", true);
+  ASSERT_TRUE(two_groups);
+  auto m = two_groups->shard(0, 4);
+  ASSERT_FALSE(m);
+  EXPECT_NE(message(m.error()).find("gated norm"), std::string::npos) << message(m.error());
+  EXPECT_TRUE(two_groups->shard(0, 2));
   // A shard holds its slices: half the query heads, one of the two key/value heads, half the
   // feed-forward rows and columns, half the head's vocabulary rows; the embedding whole.
   auto shard = whole->shard(1, 2);

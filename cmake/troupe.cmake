@@ -23,7 +23,8 @@ endfunction()
 # npm reference packages installed by scripts/install-references).
 function(troupe_test name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LINKS;LABELS;FIXTURES" ${ARGN})
-  add_executable(${name} ${ARG_SOURCES})
+  # Every test binary removes the scratch directories its process made (tests/support/scratch_cleanup.cpp).
+  add_executable(${name} ${ARG_SOURCES} ${PROJECT_SOURCE_DIR}/tests/support/scratch_cleanup.cpp)
   target_link_libraries(${name} PRIVATE ${ARG_LINKS} GTest::gtest_main GTest::gmock)
   troupe_warnings(${name})
   set(labels unit)

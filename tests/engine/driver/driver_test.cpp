@@ -301,7 +301,7 @@ TEST(driver, guide_specs_shape_the_decoded_text_in_both_forms) {
     dims.kv_heads = 1;
     dims.head_dim = 32;
     dims.layers = 1;
-    const auto path = fs::temp_directory_path() / ("troupe-driver-guide-" + std::to_string(::getpid()) + (gguf ? ".gguf" : "-hf"));
+    const auto path = fs::temp_directory_path() / (gguf ? "troupe-driver-guide-" + std::to_string(::getpid()) + ".gguf" : "troupe-driver-guide-hf-" + std::to_string(::getpid()));
     ASSERT_TRUE(families::write_fixture("llama", dims, path, gguf));
     auto h = families::model_handle::load(path, families::registry::builtin());
     ASSERT_TRUE(h) << families::message(h.error());

@@ -120,6 +120,34 @@ result<decoder_basics, config_error> read_decoder_basics(const config_reader& r,
   return d;
 }
 
+result<hybrid_layers, config_error> hybrid_layers_from_kv(const config_reader& r, std::span<const std::int64_t> kv, std::int64_t layers,
+                                                          dense_decoder_spec::layer_kind kind) {
+  const auto key = r.key("", "attention.head_count_kv");
+  if (static_cast<std::int64_t>(kv.size()) != layers) return unexpected(r.error(key, "must hold one value per layer"));
+  hybrid_layers h{std::vector<dense_decoder_spec::layer_kind>(kv.size(), dense_decoder_spec::layer_kind::attention_ffn), 0};
+  for (std::size_t l = 0; l < kv.size(); ++l) {
+    if (kv[l] < 0) return unexpected(r.error(key, "negative"));
+    if (kv[l] == 0) h.kinds[l] = kind;
+    else if (h.kv_heads != 0 && h.kv_heads != kv[l]) return unexpected(r.error(key, "attention layers must share their KV heads"));
+    else h.kv_heads = kv[l];
+  }
+  return h;
+}
+
+result<hybrid_layers, config_error> hybrid_layers_from_types(const config_reader& r, std::int64_t layers, dense_decoder_spec::layer_kind kind,
+                                                             const std::string& recurrent, const std::string& attention) {
+  const auto types = r.raw().get_string_array("layer_types");
+  if (!types || static_cast<std::int64_t>(types->size()) != layers)
+    return unexpected(r.error("layer_types", "must name each of the " + std::to_string(layers) + " layers (" + recurrent + " or " + attention + ")"));
+  hybrid_layers h{std::vector<dense_decoder_spec::layer_kind>(types->size(), dense_decoder_spec::layer_kind::attention_ffn), 0};
+  for (std::size_t l = 0; l < types->size(); ++l) {
+    const auto& t = (*types)[l];
+    if (t != recurrent && t != attention) return unexpected(r.error("layer_types", "unknown layer type '" + t + "'"));
+    if (t == recurrent) h.kinds[l] = kind;
+  }
+  return h;
+}
+
 dense_decoder_spec uniform_spec(const std::string& family, const decoder_basics& d, const config_reader& r) {
   dense_decoder_spec s;
   s.config.family = family;

@@ -17,6 +17,18 @@ struct decoder_basics {
 
 result<decoder_basics, config_error> read_decoder_basics(const config_reader& r, const load::weight_store& store);
 
+// A hybrid's layers: each the recurrent `kind` or attention_ffn, and the attention layers' shared KV
+// heads (0: none attends). From GGUF, llama.cpp's per-layer head_count_kv (`kv`, 0 on a recurrent
+// layer); from HF, `layer_types` naming each layer `recurrent` or `attention`. Refusals name the key.
+struct hybrid_layers {
+  std::vector<dense_decoder_spec::layer_kind> kinds;
+  std::int64_t kv_heads = 0;
+};
+result<hybrid_layers, config_error> hybrid_layers_from_kv(const config_reader& r, std::span<const std::int64_t> kv, std::int64_t layers,
+                                                          dense_decoder_spec::layer_kind kind);
+result<hybrid_layers, config_error> hybrid_layers_from_types(const config_reader& r, std::int64_t layers, dense_decoder_spec::layer_kind kind,
+                                                             const std::string& recurrent, const std::string& attention);
+
 // A spec with every layer's attention alike (full attention, the basics' rope, scale 1/sqrt(head_dim)).
 dense_decoder_spec uniform_spec(const std::string& family, const decoder_basics& d, const config_reader& r);
 

@@ -16,7 +16,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "families/components/config_reader.hpp"
 #include "families/components/decoder_config.hpp"
 #include "families/components/mamba2.hpp"
 #include "families/families.hpp"
@@ -144,7 +143,7 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
     if (!(std::isfinite(v) && v > 0)) return fail(r.error(r.key(hf, gguf), "must be a positive number"));
   if (!(std::isfinite(*attention) && *attention >= 0)) return fail(r.error(r.key("attention_multiplier", "attention.scale"), "must be a non-negative number"));
 
-  std::vector<kind> kinds(static_cast<std::size_t>(L), kind::attention_ffn);
+  std::vector<kind> kinds;  // each layer's, from either form below
   std::int64_t kv_heads = 0, inner = 0, ffn = 0, shared = 0;
   bool rope = false;
   if (r.gguf()) {
@@ -157,17 +156,10 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
       if (!one) return fail(one.error());
       kv.assign(static_cast<std::size_t>(L), *one);
     }
-    if (static_cast<std::int64_t>(kv.size()) != L) return fail(r.error(r.key("", "attention.head_count_kv"), "must hold one value per layer"));
-    for (std::int64_t l = 0; l < L; ++l) {
-      const auto k = kv[static_cast<std::size_t>(l)];
-      if (k < 0) return fail(r.error(r.key("", "attention.head_count_kv"), "negative"));
-      if (k == 0) {
-        kinds[static_cast<std::size_t>(l)] = kind::mamba2_ffn;
-      } else {
-        if (kv_heads != 0 && kv_heads != k) return fail(r.error(r.key("", "attention.head_count_kv"), "attention layers must share their KV heads"));
-        kv_heads = k;
-      }
-    }
+    auto h = hybrid_layers_from_kv(r, kv, L, kind::mamba2_ffn);
+    if (!h) return fail(h.error());
+    kinds = std::move(h->kinds);
+    kv_heads = h->kv_heads;
     auto i = r.positive("", "ssm.inner_size");
     auto f = r.positive("", "feed_forward_length");
     auto sh = r.count_or("", "expert_shared_feed_forward_length", 0);
@@ -178,14 +170,9 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
     shared = *experts > 0 ? *sh : *f;
     rope = *finetuned;
   } else {
-    const auto types = r.raw().get_string_array("layer_types");
-    if (!types || static_cast<std::int64_t>(types->size()) != L)
-      return fail(r.error("layer_types", "must name each of the " + std::to_string(L) + " layers (mamba or attention)"));
-    for (std::int64_t l = 0; l < L; ++l) {
-      const auto& t = (*types)[static_cast<std::size_t>(l)];
-      if (t != "mamba" && t != "attention") return fail(r.error("layer_types", "unknown layer type '" + t + "'"));
-      if (t == "mamba") kinds[static_cast<std::size_t>(l)] = kind::mamba2_ffn;
-    }
+    auto h = hybrid_layers_from_types(r, L, kind::mamba2_ffn, "mamba", "attention");
+    if (!h) return fail(h.error());
+    kinds = std::move(h->kinds);
     auto kv = r.positive_or("num_key_value_heads", "", *heads);
     auto expand = r.positive_or("mamba_expand", "", 2);
     auto f = r.positive("intermediate_size", "");

@@ -11,7 +11,6 @@
 // experts of moe_intermediate_size.
 #include <cmath>
 
-#include "families/components/config_reader.hpp"
 #include "families/components/decoder_config.hpp"
 #include "families/components/moe.hpp"
 #include "families/families.hpp"
@@ -106,30 +105,22 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
   if (L > static_cast<std::int64_t>(store.size())) return fail(r.error(r.key("num_hidden_layers", "block_count"), "more layers than tensors"));
   if (*hidden % *heads != 0) return fail(r.error(r.key("num_attention_heads", "attention.head_count"), "the heads must divide the hidden size"));
   if (*cache < 2 || *cache > 64) return fail(r.error(r.key("conv_L_cache", "shortconv.l_cache"), "the kernel must lie in [2, 64]"));
-  std::vector<kind> kinds(static_cast<std::size_t>(L), kind::attention_ffn);
+  std::vector<kind> kinds;  // each layer's, from either form below
   std::int64_t kv_heads = 0, ffn = 0;
   if (r.gguf()) {
     auto kv = r.raw().get_int_array(r.key("", "attention.head_count_kv"));
-    if (!kv || static_cast<std::int64_t>(kv->size()) != L) return fail(r.error(r.key("", "attention.head_count_kv"), "must hold one value per layer"));
-    for (std::int64_t l = 0; l < L; ++l) {
-      const auto k = (*kv)[static_cast<std::size_t>(l)];
-      if (k < 0) return fail(r.error(r.key("", "attention.head_count_kv"), "negative"));
-      if (k == 0) kinds[static_cast<std::size_t>(l)] = kind::shortconv_ffn;
-      else if (kv_heads != 0 && kv_heads != k) return fail(r.error(r.key("", "attention.head_count_kv"), "attention layers must share their KV heads"));
-      else kv_heads = k;
-    }
+    if (!kv) return fail(r.error(r.key("", "attention.head_count_kv"), "must hold one value per layer"));
+    auto h = hybrid_layers_from_kv(r, *kv, L, kind::shortconv_ffn);
+    if (!h) return fail(h.error());
+    kinds = std::move(h->kinds);
+    kv_heads = h->kv_heads;
     auto f = r.positive("", "feed_forward_length");
     if (!f) return fail(f.error());
     ffn = *f;
   } else {
-    const auto types = r.raw().get_string_array("layer_types");
-    if (!types || static_cast<std::int64_t>(types->size()) != L)
-      return fail(r.error("layer_types", "must name each of the " + std::to_string(L) + " layers (conv or full_attention)"));
-    for (std::int64_t l = 0; l < L; ++l) {
-      const auto& t = (*types)[static_cast<std::size_t>(l)];
-      if (t != "conv" && t != "full_attention") return fail(r.error("layer_types", "unknown layer type '" + t + "'"));
-      if (t == "conv") kinds[static_cast<std::size_t>(l)] = kind::shortconv_ffn;
-    }
+    auto h = hybrid_layers_from_types(r, L, kind::shortconv_ffn, "conv", "full_attention");
+    if (!h) return fail(h.error());
+    kinds = std::move(h->kinds);
     auto kv = r.positive_or("num_key_value_heads", "", *heads);
     auto ff = moe.experts > 0 ? r.positive("intermediate_size", "") : r.positive("block_ff_dim", "");
     auto adjust = r.flag_or("block_auto_adjust_ff_dim", "", false);

@@ -119,6 +119,11 @@ result<std::unique_ptr<model>, model_error> build_as(const load::raw_config& cfg
       if (m.experts % groups != 0 || groups_used < 1 || groups_used > groups)
         return fail(r.error(r.key("n_group", "expert_group_count"), std::to_string(m.experts) + " experts do not make " + std::to_string(groups) +
                                                                          " groups of which " + std::to_string(groups_used) + " are used"));
+      // DeepSeek-V3's group score sums each group's best two experts: a group of one has no second
+      // (Hugging Face's topk(2) fails on it and llama.cpp asserts n_expert_groups < n_expert).
+      if (rule == moe_params::group_score::top2_sum && m.experts / groups < 2)
+        return fail(r.error(r.key("n_group", "expert_group_count"), std::to_string(groups) + " groups of " + std::to_string(m.experts) +
+                                                                         " experts leave one expert per group; the top-2 group score needs two"));
       m.groups = groups;
       m.groups_used = groups_used;
       m.group_rule = rule;

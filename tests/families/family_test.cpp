@@ -254,6 +254,32 @@ TEST_P(family_test, the_cache_states_are_what_the_config_counts) {
   }
 }
 
+// DeepSeek-V3's noaux_tc selection scores a group by its best two experts: n_group equal to the
+// expert count leaves groups of one, which is refused naming n_group (Hugging Face's topk(2) fails on
+// such a config and llama.cpp asserts), not evaluated with a second expert read past the group.
+TEST(deepseek_v3_groups, a_group_of_one_expert_is_refused_naming_n_group) {
+  auto d = small_dims("deepseek_v3");
+  d.experts = 4;
+  d.experts_used = 2;
+  d.expert_ffn = 32;
+  const auto dir = scratch("deepseek_v3-groups-hf");
+  ASSERT_TRUE(write_fixture("deepseek_v3", d, dir, false));
+  nlohmann::json c = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+  ASSERT_EQ(c.value("n_group", 0), 4);
+  c["n_routed_experts"] = 4;
+  c["topk_group"] = 2;
+  std::ofstream(dir / "config.json") << c.dump();
+  auto h = model_handle::load(dir, registry::builtin());
+  ASSERT_FALSE(h);
+  const auto* e = std::get_if<config_error>(&h.error());
+  ASSERT_NE(e, nullptr) << message(h.error());
+  EXPECT_EQ(e->field, "n_group") << message(h.error());
+  c["n_group"] = 2;  // groups of two are what the rule needs
+  std::ofstream(dir / "config.json") << c.dump();
+  auto ok = model_handle::load(dir, registry::builtin());
+  EXPECT_TRUE(ok) << message(ok.error());
+}
+
 INSTANTIATE_TEST_SUITE_P(shipped, family_test, ::testing::ValuesIn(fixture_families()),
                          [](const auto& info) { return std::string(info.param); });
 

@@ -738,10 +738,15 @@ void q6_k_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
                               : V::cvt_i8_i32(u + scale_at + j * panel_rows + h * V::lanes));
       typename V::vi isum[MR], msum[MR];
       for (int i = 0; i < MR; ++i) isum[i] = msum[i] = V::zero_i();
+      // Unrolled on request: GCC 12 kept these loops, so every group computed its addresses and
+      // switched on its quarter at run time (scalar work that cost q6_k decode half its speed).
+#pragma GCC unroll 1
       for (int hf = 0; hf < 2; ++hf) {
+#pragma GCC unroll 8
         for (int sub = 0; sub < 8; ++sub) {
           typename V::vi acc[MR];
           for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
+#pragma GCC unroll 4
           for (int t = 0; t < 4; ++t) {
             typename V::vi w;
             if constexpr (Kind == k16::q6) w = q6_group<V>(u, hf, 4 * sub + t, h);
@@ -761,7 +766,7 @@ void q6_k_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
           } else {
             for (int i = 0; i < MR; ++i) {
               const typename V::vi c = V::sub_i32(acc[i], V::set1_i32(x[i].s[16 * b + 8 * hf + sub]));
-              isum[i] = V::add_i32(isum[i], V::mullo_i32(c, s));
+              isum[i] = V::pin(V::add_i32(isum[i], V::mullo_i32(c, s)));
             }
           }
         }

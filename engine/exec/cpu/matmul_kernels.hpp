@@ -738,8 +738,9 @@ void q6_k_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
                               : V::cvt_i8_i32(u + scale_at + j * panel_rows + h * V::lanes));
       typename V::vi isum[MR], msum[MR];
       for (int i = 0; i < MR; ++i) isum[i] = msum[i] = V::zero_i();
-      // Unrolled on request: GCC 12 kept these loops, so every group computed its addresses and
-      // switched on its quarter at run time (scalar work that cost q6_k decode half its speed).
+      // The sub-block and group loops are unrolled on request: GCC 12 kept them, so every group
+      // computed its addresses and switched on its quarter at run time (scalar work that cost q6_k
+      // decode a third of its speed on Zen 3). Unrolling the halves as well made the 4-row tile slower.
 #pragma GCC unroll 1
       for (int hf = 0; hf < 2; ++hf) {
 #pragma GCC unroll 8

@@ -115,6 +115,9 @@ struct v256 {
 
 }  // namespace
 
+// Row tiles: 4 rows, except q6_k's 3. Its 4-row tile (4 int accumulators, 4 float sums, the codes and
+// the sub-block scales) spilled past the 16 ymm registers and ran prefill at 0.6x the 3-row tile's
+// speed (bench/results/cpu-quant-formats-zen3-avx2.md).
 const kernel_table& avx2_kernels() {
   static const kernel_table t{
       .f32 = {nullptr, nullptr, compute_f32<v256, 6, 2>},
@@ -123,7 +126,7 @@ const kernel_table& avx2_kernels() {
       .q8_0 = {bytes32, nullptr, compute_q8_0<v256, 4>, prepare_q8_32<v256, v256::q8_offset>},
       .q4_0 = {bytes32, nullptr, compute_q4_0<v256, 4>, prepare_q8_32<v256, 8>},
       .q4_k = {bytes256, prepare_q4_k<v256>, compute_q4_k<v256, 4>},
-      .q6_k = {bytes256, prepare_q6_k<v256>, compute_q6_k<v256, 4>},
+      .q6_k = {bytes256, prepare_q6_k<v256>, compute_q6_k<v256, 3>},
       .mxfp4 = {bytes32, nullptr, compute_mxfp4<v256, 4>, prepare_q8_32<v256, mxfp4_offset>},
       .iq4_nl = {bytes32, nullptr, compute_iq4_nl<v256, 4>, prepare_q8_32<v256, v256::q8_offset>},
       .iq4_xs = {bytes32, nullptr, compute_iq4_xs<v256, 4>, prepare_q8_32<v256, v256::q8_offset>},

@@ -10,6 +10,7 @@
 #include "apps/generate.hpp"
 #include "apps/inspect.hpp"
 #include "apps/plan.hpp"
+#include "apps/cluster_module.hpp"
 #include "apps/serve.hpp"
 #include "apps/default_model.hpp"
 #include "cluster/sim.hpp"
@@ -246,7 +247,7 @@ int main(int argc, char** argv) {
   sv->add_option("--max-loras", serve.max_loras, "adapters resident at once per replica (0: all of --lora-modules)")->check(CLI::Range(0, 64));
   sv->add_option("--max-lora-rank", serve.max_lora_rank, "the largest adapter rank served")->check(CLI::Range(1, 256));
   add_speculation_flags(sv, serve.speculation);
-  sv->callback([&] { rc = troupe::app::run_serve(serve); });
+  sv->callback([&] { rc = troupe::app::through_cluster_module("serve", [&](const auto& m) { return m.serve(serve); }); });
 
   troupe::cluster::sim_options sim;
   bool sim_no_model = false;
@@ -274,7 +275,7 @@ int main(int argc, char** argv) {
       }
       m = std::move(*found);
     }
-    rc = troupe::cluster::run_sim(sim);
+    rc = troupe::app::through_cluster_module("sim", [&](const auto& m) { return m.sim(sim); });
   });
 
   troupe::app::cluster_cmd_options cc;
@@ -296,12 +297,12 @@ int main(int argc, char** argv) {
   auto* ci = ce->add_subcommand("init", "make DIR/ca.pem and DIR/ca.key");
   ci->add_option("--dir", certs_dir, "where the CA goes (default: certs)");
   ci->add_option("--days", certs_days, "validity (default 3650)")->check(CLI::Range(1, 36500));
-  ci->callback([&] { rc = troupe::app::run_certs_cmd("init", certs_dir, "", certs_days); });
+  ci->callback([&] { rc = troupe::app::through_cluster_module("certs", [&](const auto& m) { return m.certs("init", certs_dir, "", certs_days); }); });
   auto* cs = ce->add_subcommand("issue", "make DIR/NAME.pem and DIR/NAME.key signed by the CA in DIR");
   cs->add_option("--dir", certs_dir, "where the CA is (default: certs)");
   cs->add_option("--name", certs_name, "the process's name (a node id, coordinator, gateway, a client)")->required();
   cs->add_option("--days", certs_days, "validity (default 825)")->check(CLI::Range(1, 36500));
-  cs->callback([&] { rc = troupe::app::run_certs_cmd("issue", certs_dir, certs_name, certs_days); });
+  cs->callback([&] { rc = troupe::app::through_cluster_module("certs", [&](const auto& m) { return m.certs("issue", certs_dir, certs_name, certs_days); }); });
   auto* co = app.add_subcommand("coordinator", "run a cluster's coordinator");
   common(co, "--listen", "HOST:PORT to listen on (port 0: any)");
   co->add_option("--port-file", cc.port_file, "write the bound port here");
@@ -311,7 +312,7 @@ int main(int argc, char** argv) {
                  "a serving replica whose driver answers no progress probe this long (a step that never returns) is declared hung, "
                  "taken out of routing and replaced (default 60000: above the longest step of a large model on a CPU)")
       ->check(CLI::Range(100, 3600000));
-  co->callback([&] { rc = troupe::app::run_coordinator_cmd(cc); });
+  co->callback([&] { rc = troupe::app::through_cluster_module("coordinator", [&](const auto& m) { return m.coordinator(cc); }); });
   auto* nd = app.add_subcommand("node", "run a node that joins a coordinator");
   common(nd, "--join", "the coordinator's HOST:PORT");
   nd->add_option("--node-id", cc.node_id);
@@ -322,7 +323,7 @@ int main(int argc, char** argv) {
   nd->add_option("--collective-host", cc.collective_host,
                  "the address this node's cross-node collectives (pipeline stages on other nodes) listen on; default: the local "
                  "address that routes toward the coordinator");
-  nd->callback([&] { rc = troupe::app::run_node_cmd(cc); });
+  nd->callback([&] { rc = troupe::app::through_cluster_module("node", [&](const auto& m) { return m.node(cc); }); });
   auto* dp = app.add_subcommand("deploy", "deploy a model on a running cluster");
   common(dp, "--coordinator", "the coordinator's HOST:PORT");
   dp->add_option("--model", cc.model, "a path every node can read (default: every [[deployment]] of the cluster file)");
@@ -348,7 +349,7 @@ int main(int argc, char** argv) {
                "put each pipeline stage on a node of its own (the stages pass activations over Gloo, meeting through the coordinator)");
   dp->add_flag("--progress", cc.progress, "show the replicas' preparation (weights, then each compiled entry) as a progress bar");
   add_speculation_flags(dp, cc.speculation);
-  dp->callback([&] { rc = troupe::app::run_deploy_cmd(cc); });
+  dp->callback([&] { rc = troupe::app::through_cluster_module("deploy", [&](const auto& m) { return m.deploy(cc); }); });
   auto* sb = app.add_subcommand("submit", "submit a job to a running cluster and stream its answer");
   common(sb, "--coordinator", "the coordinator's HOST:PORT");
   sb->add_option("--model", cc.model, "the served model's name (may be left out when the cluster serves one model)");
@@ -362,29 +363,29 @@ int main(int argc, char** argv) {
   sb->add_flag("--ignore-eos", cc.ignore_eos, "keep generating past the model's end of text, to --max-tokens");
   sb->callback([&] {
     cc.has_prompt_ids = sids->count() > 0;
-    rc = troupe::app::run_submit_cmd(cc);
+    rc = troupe::app::through_cluster_module("submit", [&](const auto& m) { return m.submit(cc); });
   });
   auto* scl = app.add_subcommand("scale", "set a deployed model's replica count (new ones warm first, removed ones drain)");
   common(scl, "--coordinator", "the coordinator's HOST:PORT");
   scl->add_option("--model", cc.model, "the deployed model's name")->required();
   scl->add_option("--replicas", cc.replicas)->required()->check(CLI::Range(0, 1024));
-  scl->callback([&] { rc = troupe::app::run_scale_cmd(cc); });
+  scl->callback([&] { rc = troupe::app::through_cluster_module("scale", [&](const auto& m) { return m.scale(cc); }); });
   auto* gwc = app.add_subcommand("gateway", "the OpenAI-compatible HTTP API in front of a running cluster");
   common(gwc, "--coordinator", "the coordinator's HOST:PORT");
   gwc->add_option("--listen", cc.listen, "HOST:PORT for HTTP (default 127.0.0.1:8000)");
   gwc->add_option("--model", cc.model, "the deployed checkpoint's path, for its tokenizer (token strings in logprobs)");
   gwc->add_option("--api-key-file", cc.api_key_file, "one API key a line; none: no authentication");
-  gwc->callback([&] { rc = troupe::app::run_gateway_cmd(cc); });
+  gwc->callback([&] { rc = troupe::app::through_cluster_module("gateway", [&](const auto& m) { return m.gateway(cc); }); });
   auto* ss = app.add_subcommand("status", "nodes, replicas and load of a running cluster");
   common(ss, "--coordinator", "the coordinator's HOST:PORT");
   ss->add_flag("--json", cc.json, "every node (id, devices, state) and replica (id, model, nodes, devices, state, load) as JSON");
-  ss->callback([&] { rc = troupe::app::run_status_cmd(cc); });
+  ss->callback([&] { rc = troupe::app::through_cluster_module("status", [&](const auto& m) { return m.status(cc); }); });
   auto* tp = app.add_subcommand("top", "a live view of every replica: running and queued jobs, tokens per second, jobs done");
   common(tp, "--coordinator", "the coordinator's HOST:PORT");
   tp->add_option("--interval-ms", cc.interval_ms, "between samples")->check(CLI::Range(50, 60000));
   tp->add_option("--duration", cc.duration_s, "seconds to run (0: until interrupted)")->check(CLI::Range(0.0, 86400.0));
   tp->add_flag("--until-idle", cc.until_idle, "stop once jobs were seen and none is left");
-  tp->callback([&] { rc = troupe::app::run_top_cmd(cc); });
+  tp->callback([&] { rc = troupe::app::through_cluster_module("top", [&](const auto& m) { return m.top(cc); }); });
   auto* coll = app.add_subcommand("collectives",
                                 "one rank of a Gloo group meeting through the coordinator's rendezvous: checks all_reduce, "
                                 "all_gather and send/recv for exact values and times all_reduce (bus bandwidth)");
@@ -394,7 +395,7 @@ int main(int argc, char** argv) {
   coll->add_option("--size", cc.size, "ranks in the group")->required()->check(CLI::Range(1, 1024));
   coll->add_option("--floats", cc.floats, "all_reduce length")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   coll->add_option("--rounds", cc.rounds, "timed all_reduce rounds (the median is printed)")->check(CLI::Range(1, 10000));
-  coll->callback([&] { rc = troupe::app::run_collectives_cmd(cc); });
+  coll->callback([&] { rc = troupe::app::through_cluster_module("collectives", [&](const auto& m) { return m.collectives(cc); }); });
 
   app.add_subcommand("feature-matrix", "print the feature matrix (docs/feature-matrix.md)")->callback([&] {
     rc = troupe::app::run_feature_matrix();

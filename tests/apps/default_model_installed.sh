@@ -20,4 +20,7 @@ if TROUPE_DEFAULT_MODEL=/nonexistent.gguf "$dir/moved/bin/troupe" generate --pro
   echo "a missing TROUPE_DEFAULT_MODEL was accepted"; exit 1
 fi
 grep -q "/nonexistent.gguf" "$dir/err2" || { cat "$dir/err2"; exit 1; }
+# The installed binary opens its cluster module from <prefix>/<libdir>/troupe.
+"$dir/moved/bin/troupe" certs init --dir "$dir/certs" >/dev/null 2>"$dir/err3" || {
+  echo "the installed binary could not run a cluster command:"; cat "$dir/err3"; exit 1; }
 echo "installed default model test passed"

@@ -145,6 +145,18 @@ constexpr std::size_t prefetch_distance = 8192;
 
 constexpr int halves_of(int lanes) { return panel_rows / lanes; }
 
+// How a tile walks the halves of a panel (AVX2: two halves of 8 rows). A one-row tile (decode) walks
+// both in one pass over K, so each cache line of codes is used whole as it arrives from memory
+// (troupe_matmul_bench at M = 1 on Zen 3, seven shapes each: q8_0 from about 70% to 77% of the read
+// bandwidth, q4_0 from 65% to 80%; Qwen2.5-shape decode +8%, Qwen3-MoE-shape q8_0 decode from 67% to
+// 79% of its active-bytes bound); larger tiles walk the halves one after the other, each with its own
+// registers. Outer passes x halves per pass = H. The q8_0, q8_a32, nibble, IQ4 and q4_k / q5_k tiles
+// take it (q4_k at M = 1: 0.54-0.64 -> 0.70-0.77 of the bandwidth on 896x4864); q6_k and the q2_k /
+// q3_k forms of its tile, whose decode is bound by their unpacking rather than by memory here, showed
+// no gain and keep two walks.
+template <int H, int MR>
+inline constexpr int halves_per_pass = MR == 1 ? H : 1;
+
 // Rows of y a half of panel p covers.
 int valid_rows(const gemm_args& a, std::int64_t p, int half, int lanes) {
   const std::int64_t first = p * panel_rows + half * lanes;
@@ -175,6 +187,18 @@ void store_rows(const gemm_args& a, std::int64_t m, std::int64_t p, int half, ty
   } else {
     V::store_partial(y, v, n);
   }
+}
+
+// A pass's sums over its halves (halves_per_pass): zeroed, and stored as rows m.. of halves h0...
+template <class V, int HP, int MR>
+void zero_halves(typename V::vf (&fs)[HP][MR]) {
+  for (int e = 0; e < HP; ++e)
+    for (int i = 0; i < MR; ++i) fs[e][i] = V::zero_f();
+}
+template <class V, int HP, int MR>
+void store_halves(const gemm_args& a, std::int64_t m, std::int64_t p, int h0, typename V::vf (&fs)[HP][MR]) {
+  for (int e = 0; e < HP; ++e)
+    for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h0 + e, fs[e][i]);
 }
 
 struct row_acts {
@@ -372,76 +396,82 @@ void q4_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   const typename V::vi high4 = V::set1_i8(0xf0);
   [[maybe_unused]] const typename V::vi bit4 = V::set1_i8(0x10);
   [[maybe_unused]] const typename V::vi lut = V::bcast16(e2m1_doubled_plus_12);
-  for (int h = 0; h < H; ++h) {
-    typename V::vf f[MR];
-    for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
+  constexpr int HP = halves_per_pass<H, MR>;
+  for (int h0 = 0; h0 < H; h0 += HP) {
+    typename V::vf fs[HP][MR];
+    zero_halves<V>(fs);
     for (std::int64_t b = 0; b < blocks; ++b) {
-      std::size_t scales, codes;
-      if constexpr (Affine) {
-        scales = G.head(b, shift);
-        codes = G.codes(b, shift);
-        // The block's bytes, with its group's header before the first.
-        const std::size_t from = (b & in_group) == 0 ? scales : codes;
-        if (h == 0) prefetch_ahead(stream, panel + from, codes + G.unit - from);
-      } else {
-        scales = L.scales(b);
-        codes = L.codes(b);
-        if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + scales, L.pair());
-      }
-      const std::byte* u = panel + codes + h * V::lanes * 4;
-      // MXFP4: 2^(e - 127) from the exponent byte's bits (e = 0, 2^-127, reads as 0); the table's
-      // doubling is undone with the activation scale below.
-      typename V::vf dw;
-      if constexpr (Fp4) dw = V::as_f(V::template slli32<23>(V::cvt_u8_i32(panel + scales + h * V::lanes)));
-      else dw = V::load_f16(panel + scales + h * V::lanes * 2);
-      [[maybe_unused]] typename V::vi z;
-      if constexpr (Affine) z = V::cvt_u8_i32(panel + scales + G.zeros_at + h * V::lanes);
-      [[maybe_unused]] typename V::vf mw;
-      if constexpr (Min) mw = V::load_f16(panel + L.zeros(b) + h * V::lanes * 2);
-      // The fifth bits of group g sit in bits g and 4 + g of each byte (q5's word layout); shifted
-      // down by one per group, they are always bits 0 and 4.
-      [[maybe_unused]] typename V::vi fifth;
-      if constexpr (Fifth) fifth = V::load_i(u + q4_0_unit);
-      // Small row tiles are latency-bound: they run low and high nibbles as two chains of dot
-      // products, and where byte dots take the full u8 range the high nibbles stay in place (16 times
-      // their value) with their sum shifted back at the end. Large tiles have parallelism to spare and
-      // spend one shift per weight vector instead of two operations per row.
-      constexpr bool split = MR <= 2;
-      constexpr bool in_place = split && V::full_u8_dot && !Fp4 && !Fifth;
-      typename V::vi acc[MR], acc_hi[MR];
-      for (int i = 0; i < MR; ++i) acc[i] = acc_hi[i] = V::zero_i();
-      for (int g = 0; g < 4; ++g) {
-        const typename V::vi v = V::load_i(u + g * 64);
-        typename V::vi lo = V::and_i(v, low4);
-        typename V::vi hi = in_place ? V::and_i(v, high4) : V::and_i(V::template srli16<4>(v), low4);
-        if constexpr (Fp4) lo = V::shuffle_i8(lut, lo), hi = V::shuffle_i8(lut, hi);
-        if constexpr (Fifth) {
-          lo = V::or_i(lo, V::and_i(V::template slli16<4>(fifth), bit4));
-          hi = V::or_i(hi, V::and_i(fifth, bit4));
-          fifth = V::template srli16<1>(fifth);
+#pragma GCC unroll 2
+      for (int e = 0; e < HP; ++e) {
+        const int h = h0 + e;
+        typename V::vf* f = fs[e];
+        std::size_t scales, codes;
+        if constexpr (Affine) {
+          scales = G.head(b, shift);
+          codes = G.codes(b, shift);
+          // The block's bytes, with its group's header before the first.
+          const std::size_t from = (b & in_group) == 0 ? scales : codes;
+          if (h == 0) prefetch_ahead(stream, panel + from, codes + G.unit - from);
+        } else {
+          scales = L.scales(b);
+          codes = L.codes(b);
+          if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + scales, L.pair());
+        }
+        const std::byte* u = panel + codes + h * V::lanes * 4;
+        // MXFP4: 2^(e - 127) from the exponent byte's bits (e = 0, 2^-127, reads as 0); the table's
+        // doubling is undone with the activation scale below.
+        typename V::vf dw;
+        if constexpr (Fp4) dw = V::as_f(V::template slli32<23>(V::cvt_u8_i32(panel + scales + h * V::lanes)));
+        else dw = V::load_f16(panel + scales + h * V::lanes * 2);
+        [[maybe_unused]] typename V::vi z;
+        if constexpr (Affine) z = V::cvt_u8_i32(panel + scales + G.zeros_at + h * V::lanes);
+        [[maybe_unused]] typename V::vf mw;
+        if constexpr (Min) mw = V::load_f16(panel + L.zeros(b) + h * V::lanes * 2);
+        // The fifth bits of group g sit in bits g and 4 + g of each byte (q5's word layout); shifted
+        // down by one per group, they are always bits 0 and 4.
+        [[maybe_unused]] typename V::vi fifth;
+        if constexpr (Fifth) fifth = V::load_i(u + q4_0_unit);
+        // Small row tiles are latency-bound: they run low and high nibbles as two chains of dot
+        // products, and where byte dots take the full u8 range the high nibbles stay in place (16 times
+        // their value) with their sum shifted back at the end. Large tiles have parallelism to spare and
+        // spend one shift per weight vector instead of two operations per row.
+        constexpr bool split = MR <= 2;
+        constexpr bool in_place = split && V::full_u8_dot && !Fp4 && !Fifth;
+        typename V::vi acc[MR], acc_hi[MR];
+        for (int i = 0; i < MR; ++i) acc[i] = acc_hi[i] = V::zero_i();
+        for (int g = 0; g < 4; ++g) {
+          const typename V::vi v = V::load_i(u + g * 64);
+          typename V::vi lo = V::and_i(v, low4);
+          typename V::vi hi = in_place ? V::and_i(v, high4) : V::and_i(V::template srli16<4>(v), low4);
+          if constexpr (Fp4) lo = V::shuffle_i8(lut, lo), hi = V::shuffle_i8(lut, hi);
+          if constexpr (Fifth) {
+            lo = V::or_i(lo, V::and_i(V::template slli16<4>(fifth), bit4));
+            hi = V::or_i(hi, V::and_i(fifth, bit4));
+            fifth = V::template srli16<1>(fifth);
+          }
+          for (int i = 0; i < MR; ++i) {
+            acc[i] = V::dot_u8s8(acc[i], lo, V::bcast4(x.q(i, b) + 4 * g));
+            typename V::vi& target = split ? acc_hi[i] : acc[i];
+            target = V::dot_u8s8(target, hi, V::bcast4(x.q(i, b) + 16 + 4 * g));
+          }
         }
         for (int i = 0; i < MR; ++i) {
-          acc[i] = V::dot_u8s8(acc[i], lo, V::bcast4(x.q(i, b) + 4 * g));
-          typename V::vi& target = split ? acc_hi[i] : acc[i];
-          target = V::dot_u8s8(target, hi, V::bcast4(x.q(i, b) + 16 + 4 * g));
+          typename V::vi dot = acc[i];
+          if constexpr (in_place) {
+            dot = V::add_i32(dot, V::template srai32<4>(acc_hi[i]));
+          } else if constexpr (split) {
+            dot = V::add_i32(dot, acc_hi[i]);
+          }
+          typename V::vi c;
+          if constexpr (Affine) c = V::sub_i32(dot, V::mullo_i32(z, V::set1_i32(x.s(i, b))));
+          else if constexpr (Min) c = dot;
+          else c = V::sub_i32(dot, V::set1_i32(x.s(i, b)));
+          f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(Fp4 ? 0.5f * x.d(i, b) : x.d(i, b))), f[i]);
+          if constexpr (Min) f[i] = V::fmadd(mw, V::set1_f(x.d(i, b) * static_cast<float>(x.s(i, b))), f[i]);
         }
-      }
-      for (int i = 0; i < MR; ++i) {
-        typename V::vi dot = acc[i];
-        if constexpr (in_place) {
-          dot = V::add_i32(dot, V::template srai32<4>(acc_hi[i]));
-        } else if constexpr (split) {
-          dot = V::add_i32(dot, acc_hi[i]);
-        }
-        typename V::vi c;
-        if constexpr (Affine) c = V::sub_i32(dot, V::mullo_i32(z, V::set1_i32(x.s(i, b))));
-        else if constexpr (Min) c = dot;
-        else c = V::sub_i32(dot, V::set1_i32(x.s(i, b)));
-        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(Fp4 ? 0.5f * x.d(i, b) : x.d(i, b))), f[i]);
-        if constexpr (Min) f[i] = V::fmadd(mw, V::set1_f(x.d(i, b) * static_cast<float>(x.s(i, b))), f[i]);
       }
     }
-    for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
+    store_halves<V>(a, m, p, h0, fs);
   }
 }
 
@@ -460,45 +490,52 @@ void iq4_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   const tile32 x(a, m);
   const typename V::vi low4 = V::set1_i8(0x0f);
   const typename V::vi lut = V::bcast16(iq4nl_levels);
-  for (int h = 0; h < H; ++h) {
-    typename V::vf f[MR];
-    for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
-    [[maybe_unused]] typename V::vf dsb = V::zero_f();  // iq4_xs: the superblock's d
+  constexpr int HP = halves_per_pass<H, MR>;
+  for (int h0 = 0; h0 < H; h0 += HP) {
+    typename V::vf fs[HP][MR];
+    zero_halves<V>(fs);
+    [[maybe_unused]] typename V::vf dsb[HP];  // iq4_xs: the superblock's d, per half
+    for (int e = 0; e < HP; ++e) dsb[e] = V::zero_f();
     for (std::int64_t b = 0; b < blocks; ++b) {
-      typename V::vf dw;
-      const std::byte* u;
-      if constexpr (Xs) {
-        constexpr iq4_xs_layout L = iq4_xs_blocks;
-        if (b % 8 == 0) dsb = V::loadu_f(at<float>(panel, L.d(b)) + h * V::lanes);
-        dw = V::mul_f(dsb, V::cvt_f(V::cvt_i8_i32(panel + L.scales(b) + h * V::lanes)));
-        u = panel + L.codes(b) + h * V::lanes * 4;
-        if (h == 0) {
-          const std::size_t from = b % 8 == 0 ? L.d(b) : L.codes(b);
-          prefetch_ahead(stream, panel + from, L.codes(b) + q4_0_unit - from);
+#pragma GCC unroll 2
+      for (int e = 0; e < HP; ++e) {
+        const int h = h0 + e;
+        typename V::vf* f = fs[e];
+        typename V::vf dw;
+        const std::byte* u;
+        if constexpr (Xs) {
+          constexpr iq4_xs_layout L = iq4_xs_blocks;
+          if (b % 8 == 0) dsb[e] = V::loadu_f(at<float>(panel, L.d(b)) + h * V::lanes);
+          dw = V::mul_f(dsb[e], V::cvt_f(V::cvt_i8_i32(panel + L.scales(b) + h * V::lanes)));
+          u = panel + L.codes(b) + h * V::lanes * 4;
+          if (h == 0) {
+            const std::size_t from = b % 8 == 0 ? L.d(b) : L.codes(b);
+            prefetch_ahead(stream, panel + from, L.codes(b) + q4_0_unit - from);
+          }
+        } else {
+          dw = V::load_f16(panel + block_scales(b, q4_0_unit) + h * V::lanes * 2);
+          u = panel + block_codes(b, q4_0_unit) + h * V::lanes * 4;
+          if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + block_scales(b, q4_0_unit), pair_bytes(q4_0_unit));
         }
-      } else {
-        dw = V::load_f16(panel + block_scales(b, q4_0_unit) + h * V::lanes * 2);
-        u = panel + block_codes(b, q4_0_unit) + h * V::lanes * 4;
-        if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + block_scales(b, q4_0_unit), pair_bytes(q4_0_unit));
-      }
-      typename V::vi acc[MR];
-      for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
-      for (int g = 0; g < 4; ++g) {
-        const typename V::vi v = V::load_i(u + g * 64);
-        const typename V::vi lo = V::shuffle_i8(lut, V::and_i(v, low4));
-        const typename V::vi hi = V::shuffle_i8(lut, V::and_i(V::template srli16<4>(v), low4));
-        const typename V::vi lop = V::q8_weights(lo), hip = V::q8_weights(hi);
+        typename V::vi acc[MR];
+        for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
+        for (int g = 0; g < 4; ++g) {
+          const typename V::vi v = V::load_i(u + g * 64);
+          const typename V::vi lo = V::shuffle_i8(lut, V::and_i(v, low4));
+          const typename V::vi hi = V::shuffle_i8(lut, V::and_i(V::template srli16<4>(v), low4));
+          const typename V::vi lop = V::q8_weights(lo), hip = V::q8_weights(hi);
+          for (int i = 0; i < MR; ++i) {
+            acc[i] = V::dot_q8(acc[i], lop, lo, V::bcast4(x.q(i, b) + 4 * g));
+            acc[i] = V::dot_q8(acc[i], hip, hi, V::bcast4(x.q(i, b) + 16 + 4 * g));
+          }
+        }
         for (int i = 0; i < MR; ++i) {
-          acc[i] = V::dot_q8(acc[i], lop, lo, V::bcast4(x.q(i, b) + 4 * g));
-          acc[i] = V::dot_q8(acc[i], hip, hi, V::bcast4(x.q(i, b) + 16 + 4 * g));
+          const typename V::vi c = V::q8_offset == 0 ? acc[i] : V::sub_i32(acc[i], V::set1_i32(x.s(i, b)));
+          f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x.d(i, b))), f[i]);
         }
-      }
-      for (int i = 0; i < MR; ++i) {
-        const typename V::vi c = V::q8_offset == 0 ? acc[i] : V::sub_i32(acc[i], V::set1_i32(x.s(i, b)));
-        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x.d(i, b))), f[i]);
       }
     }
-    for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
+    store_halves<V>(a, m, p, h0, fs);
   }
 }
 
@@ -514,31 +551,37 @@ void q8_a_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   const int shift = a.w->group_shift;
   const std::int64_t in_group = (std::int64_t{1} << shift) - 1;
   const tile32 x(a, m);
-  for (int h = 0; h < H; ++h) {
-    typename V::vf f[MR];
-    for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
+  constexpr int HP = halves_per_pass<H, MR>;
+  for (int h0 = 0; h0 < H; h0 += HP) {
+    typename V::vf fs[HP][MR];
+    zero_halves<V>(fs);
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::size_t head = G.head(b, shift), codes = G.codes(b, shift);
-      const typename V::vf dw = V::loadu_f(at<float>(panel, head) + h * V::lanes);
-      const typename V::vi z = V::add_i32(V::set1_i32(V::q8_offset), V::cvt_i8_i32(panel + head + G.zeros_at + h * V::lanes));
-      const std::byte* u = panel + codes + h * V::lanes * 4;
-      if (h == 0) {
-        const std::size_t from = (b & in_group) == 0 ? head : codes;
-        prefetch_ahead(stream, panel + from, codes + G.unit - from);
-      }
-      typename V::vi acc[MR];
-      for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
-      for (int g = 0; g < 8; ++g) {
-        const typename V::vi w = V::load_i(u + g * 64);
-        const typename V::vi wp = V::q8_weights(w);
-        for (int i = 0; i < MR; ++i) acc[i] = V::dot_q8(acc[i], wp, w, V::bcast4(x.q(i, b) + 4 * g));
-      }
-      for (int i = 0; i < MR; ++i) {
-        const typename V::vi c = V::sub_i32(acc[i], V::mullo_i32(z, V::set1_i32(x.s(i, b))));
-        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x.d(i, b))), f[i]);
+#pragma GCC unroll 2
+      for (int e = 0; e < HP; ++e) {
+        const int h = h0 + e;
+        typename V::vf* f = fs[e];
+        const std::size_t head = G.head(b, shift), codes = G.codes(b, shift);
+        const typename V::vf dw = V::loadu_f(at<float>(panel, head) + h * V::lanes);
+        const typename V::vi z = V::add_i32(V::set1_i32(V::q8_offset), V::cvt_i8_i32(panel + head + G.zeros_at + h * V::lanes));
+        const std::byte* u = panel + codes + h * V::lanes * 4;
+        if (h == 0) {
+          const std::size_t from = (b & in_group) == 0 ? head : codes;
+          prefetch_ahead(stream, panel + from, codes + G.unit - from);
+        }
+        typename V::vi acc[MR];
+        for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
+        for (int g = 0; g < 8; ++g) {
+          const typename V::vi w = V::load_i(u + g * 64);
+          const typename V::vi wp = V::q8_weights(w);
+          for (int i = 0; i < MR; ++i) acc[i] = V::dot_q8(acc[i], wp, w, V::bcast4(x.q(i, b) + 4 * g));
+        }
+        for (int i = 0; i < MR; ++i) {
+          const typename V::vi c = V::sub_i32(acc[i], V::mullo_i32(z, V::set1_i32(x.s(i, b))));
+          f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x.d(i, b))), f[i]);
+        }
       }
     }
-    for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
+    store_halves<V>(a, m, p, h0, fs);
   }
 }
 
@@ -578,29 +621,43 @@ void q8_0_tile(const gemm_args& a, std::int64_t p, std::int64_t m, std::int64_t 
   const std::int64_t blocks = a.w->cols / 32;
   const std::byte* panel = a.w->panel(p);
   const tile32 x(a, m);
-  for (int h = 0; h < H; ++h) {
-    typename V::vf f[MR];
-    for (int i = 0; i < MR; ++i) f[i] = carry && b0 > 0 ? V::loadu_f(carry + (h * MR + i) * V::lanes) : V::zero_f();
+  constexpr int HP = halves_per_pass<H, MR>;
+  for (int h0 = 0; h0 < H; h0 += HP) {
+    typename V::vf fs[HP][MR];
+    for (int e = 0; e < HP; ++e) {
+      [[maybe_unused]] const int h = h0 + e;
+      typename V::vf* f = fs[e];
+      for (int i = 0; i < MR; ++i) f[i] = carry && b0 > 0 ? V::loadu_f(carry + (h * MR + i) * V::lanes) : V::zero_f();
+    }
     for (std::int64_t b = b0; b < b1; ++b) {
-      const typename V::vf dw = V::load_f16(panel + block_scales(b, q8_0_unit) + h * V::lanes * 2);
-      const std::byte* u = panel + block_codes(b, q8_0_unit) + h * V::lanes * 4;
-      if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + block_scales(b, q8_0_unit), pair_bytes(q8_0_unit));
-      typename V::vi acc[MR];
-      for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
-      for (int g = 0; g < 8; ++g) {
-        const typename V::vi w = V::load_i(u + g * 64);
-        const typename V::vi wp = V::q8_weights(w);
-        for (int i = 0; i < MR; ++i) acc[i] = V::dot_q8(acc[i], wp, w, V::bcast4(x.q(i, b) + 4 * g));
-      }
-      for (int i = 0; i < MR; ++i) {
-        const typename V::vi c = V::q8_offset == 0 ? acc[i] : V::sub_i32(acc[i], V::set1_i32(x.s(i, b)));
-        f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x.d(i, b))), f[i]);
+#pragma GCC unroll 2
+      for (int e = 0; e < HP; ++e) {
+        const int h = h0 + e;
+        typename V::vf* f = fs[e];
+        const typename V::vf dw = V::load_f16(panel + block_scales(b, q8_0_unit) + h * V::lanes * 2);
+        const std::byte* u = panel + block_codes(b, q8_0_unit) + h * V::lanes * 4;
+        if (h == 0 && b % 2 == 0) prefetch_ahead(stream, panel + block_scales(b, q8_0_unit), pair_bytes(q8_0_unit));
+        typename V::vi acc[MR];
+        for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
+        for (int g = 0; g < 8; ++g) {
+          const typename V::vi w = V::load_i(u + g * 64);
+          const typename V::vi wp = V::q8_weights(w);
+          for (int i = 0; i < MR; ++i) acc[i] = V::dot_q8(acc[i], wp, w, V::bcast4(x.q(i, b) + 4 * g));
+        }
+        for (int i = 0; i < MR; ++i) {
+          const typename V::vi c = V::q8_offset == 0 ? acc[i] : V::sub_i32(acc[i], V::set1_i32(x.s(i, b)));
+          f[i] = V::fmadd(V::cvt_f(c), V::mul_f(dw, V::set1_f(x.d(i, b))), f[i]);
+        }
       }
     }
-    if (b1 == blocks) {
-      for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
-    } else {
-      for (int i = 0; i < MR; ++i) V::storeu_f(carry + (h * MR + i) * V::lanes, f[i]);
+    for (int e = 0; e < HP; ++e) {
+      const int h = h0 + e;
+      typename V::vf* f = fs[e];
+      if (b1 == blocks) {
+        for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
+      } else {
+        for (int i = 0; i < MR; ++i) V::storeu_f(carry + (h * MR + i) * V::lanes, f[i]);
+      }
     }
   }
 }
@@ -621,50 +678,56 @@ void q4_k_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   for (int i = 0; i < MR; ++i) x[i] = acts256(a, m + i);
   const typename V::vi low4 = V::set1_i8(0x0f);
   alignas(64) std::int32_t sc[8][V::lanes];
-  for (int h = 0; h < H; ++h) {
-    typename V::vf f[MR];
-    for (int i = 0; i < MR; ++i) f[i] = V::zero_f();
+  constexpr int HP = halves_per_pass<H, MR>;
+  for (int h0 = 0; h0 < H; h0 += HP) {
+    typename V::vf fs[HP][MR];
+    zero_halves<V>(fs);
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::byte* u = a.w->panel(p) + static_cast<std::size_t>(b) * unit;
-      if (h == 0) prefetch_ahead(stream, u, unit);
-      for (int j = 0; j < 8; ++j) V::store_i(sc[j], V::cvt_u8_i32(u + q4_k_scale + j * panel_rows + h * V::lanes));
-      typename V::vi isum[MR];
-      for (int i = 0; i < MR; ++i) isum[i] = V::zero_i();
-      for (int sub = 0; sub < 8; ++sub) {
-        const std::byte* qv = u + q4_k_q + (sub / 2) * 8 * 64 + h * V::lanes * 4;
-        typename V::vi acc[MR];
-        for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
-        [[maybe_unused]] typename V::vi fifth = V::zero_i();
-        for (int g = 0; g < 8; ++g) {
-          const typename V::vi v = V::load_i(qv + g * 64);
-          typename V::vi w = V::and_i(sub % 2 == 0 ? v : V::template srli16<4>(v), low4);
-          if constexpr (Five) {
-            if (g % 4 == 0) fifth = V::load_i(u + q5_k_h + ((sub / 2) * 2 + g / 4) * 64 + h * V::lanes * 4);
-            w = V::or_i(w, V::and_i(sub % 2 == 0 ? V::template slli16<4>(fifth) : fifth, V::set1_i8(0x10)));
-            fifth = V::template srli16<1>(fifth);
+#pragma GCC unroll 2
+      for (int e = 0; e < HP; ++e) {
+        const int h = h0 + e;
+        typename V::vf* f = fs[e];
+        const std::byte* u = a.w->panel(p) + static_cast<std::size_t>(b) * unit;
+        if (h == 0) prefetch_ahead(stream, u, unit);
+        for (int j = 0; j < 8; ++j) V::store_i(sc[j], V::cvt_u8_i32(u + q4_k_scale + j * panel_rows + h * V::lanes));
+        typename V::vi isum[MR];
+        for (int i = 0; i < MR; ++i) isum[i] = V::zero_i();
+        for (int sub = 0; sub < 8; ++sub) {
+          const std::byte* qv = u + q4_k_q + (sub / 2) * 8 * 64 + h * V::lanes * 4;
+          typename V::vi acc[MR];
+          for (int i = 0; i < MR; ++i) acc[i] = V::zero_i();
+          [[maybe_unused]] typename V::vi fifth = V::zero_i();
+          for (int g = 0; g < 8; ++g) {
+            const typename V::vi v = V::load_i(qv + g * 64);
+            typename V::vi w = V::and_i(sub % 2 == 0 ? v : V::template srli16<4>(v), low4);
+            if constexpr (Five) {
+              if (g % 4 == 0) fifth = V::load_i(u + q5_k_h + ((sub / 2) * 2 + g / 4) * 64 + h * V::lanes * 4);
+              w = V::or_i(w, V::and_i(sub % 2 == 0 ? V::template slli16<4>(fifth) : fifth, V::set1_i8(0x10)));
+              fifth = V::template srli16<1>(fifth);
+            }
+            for (int i = 0; i < MR; ++i) acc[i] = V::dot_u8s8(acc[i], w, V::bcast4(x[i].q + 256 * b + 32 * sub + 4 * g));
           }
-          for (int i = 0; i < MR; ++i) acc[i] = V::dot_u8s8(acc[i], w, V::bcast4(x[i].q + 256 * b + 32 * sub + 4 * g));
+          const typename V::vi s = V::load_i(sc[sub]);
+          for (int i = 0; i < MR; ++i) isum[i] = V::add_i32(isum[i], V::mullo_i32(acc[i], s));
         }
-        const typename V::vi s = V::load_i(sc[sub]);
-        for (int i = 0; i < MR; ++i) isum[i] = V::add_i32(isum[i], V::mullo_i32(acc[i], s));
-      }
-      const typename V::vf dw = V::load_f16(u + h * V::lanes * 2);
-      const typename V::vf dm = V::load_f16(u + q4_k_dmin + h * V::lanes * 2);
-      const typename V::vi mn0 = V::load_i(u + q4_k_min + h * V::lanes * 4);
-      const typename V::vi mn1 = V::load_i(u + q4_k_min + 64 + h * V::lanes * 4);
-      for (int i = 0; i < MR; ++i) {
-        // sum over sub-blocks of min * (128 h + l): two byte dots per half of the split.
-        const std::int8_t* hl = x[i].hl + 16 * b;
-        typename V::vi mh = V::dot_u8s8(V::zero_i(), mn0, V::bcast4(hl));
-        mh = V::dot_u8s8(mh, mn1, V::bcast4(hl + 4));
-        typename V::vi ml = V::dot_u8s8(V::zero_i(), mn0, V::bcast4(hl + 8));
-        ml = V::dot_u8s8(ml, mn1, V::bcast4(hl + 12));
-        const typename V::vi msum = V::add_i32(V::template slli32<7>(mh), ml);
-        const typename V::vf t = V::fmsub(dw, V::cvt_f(isum[i]), V::mul_f(dm, V::cvt_f(msum)));
-        f[i] = V::fmadd(t, V::set1_f(x[i].d[b]), f[i]);
+        const typename V::vf dw = V::load_f16(u + h * V::lanes * 2);
+        const typename V::vf dm = V::load_f16(u + q4_k_dmin + h * V::lanes * 2);
+        const typename V::vi mn0 = V::load_i(u + q4_k_min + h * V::lanes * 4);
+        const typename V::vi mn1 = V::load_i(u + q4_k_min + 64 + h * V::lanes * 4);
+        for (int i = 0; i < MR; ++i) {
+          // sum over sub-blocks of min * (128 h + l): two byte dots per half of the split.
+          const std::int8_t* hl = x[i].hl + 16 * b;
+          typename V::vi mh = V::dot_u8s8(V::zero_i(), mn0, V::bcast4(hl));
+          mh = V::dot_u8s8(mh, mn1, V::bcast4(hl + 4));
+          typename V::vi ml = V::dot_u8s8(V::zero_i(), mn0, V::bcast4(hl + 8));
+          ml = V::dot_u8s8(ml, mn1, V::bcast4(hl + 12));
+          const typename V::vi msum = V::add_i32(V::template slli32<7>(mh), ml);
+          const typename V::vf t = V::fmsub(dw, V::cvt_f(isum[i]), V::mul_f(dm, V::cvt_f(msum)));
+          f[i] = V::fmadd(t, V::set1_f(x[i].d[b]), f[i]);
+        }
       }
     }
-    for (int i = 0; i < MR; ++i) store_rows<V>(a, m + i, p, h, f[i]);
+    store_halves<V>(a, m, p, h0, fs);
   }
 }
 

@@ -1,14 +1,61 @@
 #include "families/components/decoder_config.hpp"
 
 #include <cmath>
+#include <cstring>
 
 namespace troupe::families {
 
 namespace {
 
-result<void, config_error> read_rope_scaling(const config_reader& r, decoder_basics& d) {
+// LongRoPE's divisors: dims / 2 finite positive values (HF's long_factor / short_factor lists, or
+// llama.cpp's rope_factors_long / rope_factors_short f32 tensors).
+result<void, config_error> check_rope_factors(const config_reader& r, const std::string& field, const std::vector<double>& f, std::int64_t dims) {
+  if (static_cast<std::int64_t>(f.size()) != dims / 2)
+    return unexpected(r.error(field, std::to_string(f.size()) + " values for a rotary width of " + std::to_string(dims) + " (one per pair)"));
+  for (const double v : f)
+    if (!(std::isfinite(v) && v > 0)) return unexpected(r.error(field, "every divisor must be finite and positive"));
+  return {};
+}
+
+result<std::vector<double>, config_error> gguf_rope_factors(const config_reader& r, const load::weight_store& store, const char* name, std::int64_t dims) {
+  const auto t = store.find(name);
+  if (!t) return unexpected(r.error(name, "missing: llama.cpp's LongRoPE stores rope_factors_long and rope_factors_short together"));
+  if (t->type() != dtype::f32 || t->shape().rank() != 1)
+    return unexpected(r.error(name, "expected an f32 vector, found " + std::string(troupe::name(t->type())) + " " + t->shape().str()));
+  std::vector<double> out;
+  for (std::int64_t i = 0; i < t->numel() && i <= dims; ++i) {
+    float v;
+    std::memcpy(&v, t->data() + 4 * i, 4);
+    out.push_back(v);
+  }
+  if (auto ok = check_rope_factors(r, name, out, dims); !ok) return unexpected(ok.error());
+  return out;
+}
+
+result<void, config_error> read_rope_scaling(const config_reader& r, decoder_basics& d, const load::weight_store& store) {
   rope_config& rope = d.rope;
   if (r.gguf()) {
+    // LongRoPE (llama.cpp's phi3 converter): no rope.scaling.type, but the two factor tensors, the
+    // trained context as original_context_length and the cos/sin factor as rope.scaling.attn_factor
+    // (absent: 1, as llama.cpp reads it).
+    if (store.find("rope_factors_long.weight") || store.find("rope_factors_short.weight")) {
+      auto lf = gguf_rope_factors(r, store, "rope_factors_long.weight", rope.dims);
+      if (!lf) return unexpected(lf.error());
+      auto sf = gguf_rope_factors(r, store, "rope_factors_short.weight", rope.dims);
+      if (!sf) return unexpected(sf.error());
+      auto orig = r.positive_or("", "rope.scaling.original_context_length", d.max_positions);
+      if (!orig) return unexpected(orig.error());
+      auto attn = r.number_or("", "rope.scaling.attn_factor", 1.0);
+      if (!attn) return unexpected(attn.error());
+      if (!(*attn > 0)) return unexpected(r.error(r.key("", "rope.scaling.attn_factor"), "must be positive"));
+      rope.kind = rope_kind::longrope;
+      rope.long_factor = std::move(*lf);
+      rope.short_factor = std::move(*sf);
+      rope.original_max_positions = *orig;
+      rope.factor = static_cast<double>(d.max_positions) / static_cast<double>(*orig);
+      rope.attention_factor = *attn;
+      return {};
+    }
     const auto type = r.text("", "rope.scaling.type").value_or("none");
     auto factor = r.number_or("", "rope.scaling.factor", 1.0);
     if (!factor) return unexpected(factor.error());
@@ -54,6 +101,32 @@ result<void, config_error> read_rope_scaling(const config_reader& r, decoder_bas
     if (*hi <= *lo) return unexpected(r.error("rope_scaling.high_freq_factor", "must exceed low_freq_factor"));
     rope.low_freq_factor = *lo;
     rope.high_freq_factor = *hi;
+  } else if (t == "longrope" || t == "su") {
+    // transformers' _compute_longrope_parameters: a trained context given beside max_position_embeddings
+    // (Phi-3 keeps original_max_position_embeddings at the top level) makes the factor their ratio;
+    // without one, the trained context is max_position_embeddings and the factor rope_scaling's.
+    rope.kind = rope_kind::longrope;
+    for (auto [key, field] : {std::pair{"long_factor", &rope.long_factor}, {"short_factor", &rope.short_factor}}) {
+      const std::string k = std::string("rope_scaling.") + key;
+      if (!r.raw().has(k)) return unexpected(r.error(k, "missing: LongRoPE needs long_factor and short_factor"));
+      auto v = r.raw().get_float_array(k);
+      if (!v) return unexpected(r.error(k, "expected a list of numbers"));
+      if (auto ok = check_rope_factors(r, k, *v, rope.dims); !ok) return unexpected(ok.error());
+      *field = std::move(*v);
+    }
+    const bool top = r.raw().has("original_max_position_embeddings"), inner = r.raw().has("rope_scaling.original_max_position_embeddings");
+    if (top || inner) {
+      auto o = top ? r.positive_or("original_max_position_embeddings", "", d.max_positions) : orig;
+      if (!o) return unexpected(o.error());
+      rope.original_max_positions = *o;
+      rope.factor = static_cast<double>(d.max_positions) / static_cast<double>(*o);
+    } else {
+      rope.original_max_positions = d.max_positions;
+    }
+    auto attn = num("attention_factor", 0.0);
+    if (!attn) return unexpected(attn.error());
+    if (*attn < 0) return unexpected(r.error("rope_scaling.attention_factor", "must be positive"));
+    rope.attention_factor = *attn;
   } else {
     return unexpected(r.error("rope_scaling.rope_type", "unsupported rope scaling '" + t + "'"));
   }
@@ -116,7 +189,7 @@ result<decoder_basics, config_error> read_decoder_basics(const config_reader& r,
     return unexpected(r.error(r.key("partial_rotary_factor", "rope.dimension_count"), "the rotary width must be even and at most head_dim"));
   if (!(d.norm_eps >= 0)) return unexpected(r.error(r.key("rms_norm_eps", "attention.layer_norm_rms_epsilon"), "must be non-negative"));
   if (!(d.rope.theta > 0)) return unexpected(r.error(r.key("rope_theta", "rope.freq_base"), "must be positive"));
-  if (auto s = read_rope_scaling(r, d); !s) return unexpected(s.error());
+  if (auto s = read_rope_scaling(r, d, store); !s) return unexpected(s.error());
   return d;
 }
 

@@ -55,6 +55,16 @@ rope_table make_rope_table(const rope_config& c, std::int64_t capacity) {
       }
       break;
     }
+    case rope_kind::longrope: {
+      const bool extended = capacity > c.original_max_positions;
+      const auto& ext = extended ? c.long_factor : c.short_factor;
+      for (std::size_t i = 0; i < inv.size() && i < ext.size(); ++i) inv[i] /= ext[i];
+      t.scale = c.attention_factor > 0 ? c.attention_factor
+                : c.factor > 1.0 && c.original_max_positions > 1
+                    ? std::sqrt(1.0 + std::log(c.factor) / std::log(static_cast<double>(c.original_max_positions)))
+                    : 1.0;
+      break;
+    }
   }
   t.inv_freq.assign(inv.begin(), inv.end());
   return t;

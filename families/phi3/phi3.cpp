@@ -1,6 +1,6 @@
 // Phi-3 and Phi-3.5 (and Phi-4-mini's partial rotary width): fused projections, one qkv_proj for Q, K
 // and V and one gate_up_proj for the SwiGLU halves (gate first), NEOX-style RoPE, an optional sliding
-// window. LongRoPE scaling (the 128k variants) is refused by the shared rope reader.
+// window. LongRoPE scaling (the 128k variants, Phi-3.5, Phi-4-mini) is read by the shared rope reader.
 #include "families/components/decoder_config.hpp"
 #include "families/components/name_tables.hpp"
 #include "families/families.hpp"

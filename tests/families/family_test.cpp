@@ -280,6 +280,45 @@ TEST(deepseek_v3_groups, a_group_of_one_expert_is_refused_naming_n_group) {
   EXPECT_TRUE(ok) << message(ok.error());
 }
 
+// Phi-3's LongRoPE from either form loads; in the HF form the divisor lists must hold one value per
+// rotated pair, finite and positive, and come in pairs: each mistake is refused naming the field.
+TEST(phi3_longrope, malformed_divisors_are_refused_naming_the_field) {
+  auto d = small_dims("phi3");
+  d.rope_scaling = "longrope";
+  d.rope_original = 64;
+  d.max_positions = 256;
+  const auto gguf = scratch("phi3-longrope.gguf");
+  ASSERT_TRUE(write_fixture("phi3", d, gguf, true));
+  auto g = model_handle::load(gguf, registry::builtin());
+  ASSERT_TRUE(g) << message(g.error());
+  const auto dir = scratch("phi3-longrope-hf");
+  ASSERT_TRUE(write_fixture("phi3", d, dir, false));
+  auto good = model_handle::load(dir, registry::builtin());
+  ASSERT_TRUE(good) << message(good.error());
+  const nlohmann::json c = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+  for (const auto& [path, value, field] : std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"/rope_scaling/long_factor", nlohmann::json::array({1.0, 2.0}), "rope_scaling.long_factor"},
+           {"/rope_scaling/short_factor/0", -1.0, "rope_scaling.short_factor"},
+           {"/rope_scaling/short_factor/1", 0.0, "rope_scaling.short_factor"},
+           {"/rope_scaling/long_factor/0", "x", "rope_scaling.long_factor"},
+           {"/rope_scaling/attention_factor", -2.0, "rope_scaling.attention_factor"}}) {
+    auto bad = c;
+    bad[nlohmann::json::json_pointer(path)] = value;
+    std::ofstream(dir / "config.json") << bad.dump();
+    auto h = model_handle::load(dir, registry::builtin());
+    ASSERT_FALSE(h) << path;
+    const auto* e = std::get_if<config_error>(&h.error());
+    ASSERT_NE(e, nullptr) << message(h.error());
+    EXPECT_EQ(e->field, field) << message(h.error());
+  }
+  auto bad = c;
+  bad["rope_scaling"].erase("short_factor");
+  std::ofstream(dir / "config.json") << bad.dump();
+  auto h = model_handle::load(dir, registry::builtin());
+  ASSERT_FALSE(h);
+  EXPECT_EQ(std::get<config_error>(h.error()).field, "rope_scaling.short_factor") << message(h.error());
+}
+
 INSTANTIATE_TEST_SUITE_P(shipped, family_test, ::testing::ValuesIn(fixture_families()),
                          [](const auto& info) { return std::string(info.param); });
 

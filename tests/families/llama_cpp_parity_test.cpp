@@ -455,7 +455,8 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_routed_quantized,
                          [](const auto& info) { return cpu_case_name(info.param); });
 
 // Rotary scaling as llama.cpp reads it from a GGUF (linear and YaRN from rope.scaling.*, Llama 3's from
-// the rope_freqs divisors) and as troupe reads it from either form (the HF form's rope_scaling): a
+// the rope_freqs divisors, Phi-3's LongRoPE from rope_factors_long / _short and attn_factor) and as troupe
+// reads it from either form (the HF form's rope_scaling): a
 // 180-token prompt over a trained context of 64 positions, so most positions lie past it, then 16
 // greedy tokens. The oracle on both forms against llama.cpp (f32 cache): greedy ids and top-5 within
 // the dense bound, 1e-3. (Dynamic NTK has no GGUF form: llama.cpp's converter drops it; its table is
@@ -463,9 +464,11 @@ INSTANTIATE_TEST_SUITE_P(formats, llama_cpp_routed_quantized,
 struct rope_case {
   std::string_view family, kind;
   double factor;
+  std::int64_t original = 64;  // the trained context
 };
 std::string rope_case_name(const rope_case& c) {
-  return std::string(c.family) + "_" + std::string(c.kind) + "_x" + std::to_string(static_cast<int>(c.factor));
+  return std::string(c.family) + "_" + std::string(c.kind) + "_x" + std::to_string(static_cast<int>(c.factor)) +
+         (c.original != 64 ? "_from" + std::to_string(c.original) : "");
 }
 void PrintTo(const rope_case& c, std::ostream* os) { *os << rope_case_name(c); }
 
@@ -476,7 +479,9 @@ TEST_P(llama_cpp_rope_scaling, long_positions_match_llama_cpp) {
   auto d = dims_for({c.family, 64});
   d.rope_scaling = std::string(c.kind);
   d.rope_factor = c.factor;
-  d.rope_original = 64;
+  d.rope_original = c.original;
+  // LongRoPE's extension is max_position_embeddings over the trained context (Phi-3's 131072 / 4096).
+  if (c.kind == "longrope") d.max_positions = c.original * static_cast<std::int64_t>(c.factor);
   const auto dir = fs::temp_directory_path() / ("troupe-parity-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const auto gguf = dir / ("rope-" + rope_case_name(c) + ".gguf");
@@ -501,7 +506,11 @@ TEST_P(llama_cpp_rope_scaling, long_positions_match_llama_cpp) {
 
 INSTANTIATE_TEST_SUITE_P(rules, llama_cpp_rope_scaling,
                          ::testing::Values(rope_case{"llama", "linear", 4.0}, rope_case{"llama", "yarn", 4.0},
-                                           rope_case{"llama", "llama3", 8.0}, rope_case{"qwen2", "yarn", 4.0}),
+                                           rope_case{"llama", "llama3", 8.0}, rope_case{"qwen2", "yarn", 4.0},
+                                           // Phi-3's LongRoPE: llama.cpp's 256-position context and troupe's
+                                           // 256-position step are past a trained 64 (the long divisors), and
+                                           // within a trained 4096 (the short ones).
+                                           rope_case{"phi3", "longrope", 4.0}, rope_case{"phi3", "longrope", 32.0, 4096}),
                          [](const auto& info) { return rope_case_name(info.param); });
 
 // KV cache types against llama.cpp's own (--cache-type-k/-v, flash attention on): on a 200-token

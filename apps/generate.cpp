@@ -186,7 +186,10 @@ int run_generate(const generate_options& o) {
     std::fprintf(stderr, "troupe generate: the prompt is empty\n");
     return 2;
   }
-  const std::int64_t capacity = static_cast<std::int64_t>(prompt_ids.size()) + std::max<std::int64_t>(o.max_tokens, 1);
+  // Each image's mark grows into the tower's rows and an end token (driver::with_images), so the
+  // sequence is that much longer than the ids given.
+  const std::int64_t image_rows = (*h)->vision() ? static_cast<std::int64_t>(images.size()) * ((*h)->vision()->spec.tokens() + 1) : 0;
+  const std::int64_t capacity = static_cast<std::int64_t>(prompt_ids.size()) + image_rows + std::max<std::int64_t>(o.max_tokens, 1);
   std::vector<std::int32_t> out;
   nlohmann::json logprobs = nlohmann::json::array();
   nlohmann::json beams = nlohmann::json::array();

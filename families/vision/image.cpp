@@ -5,12 +5,98 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numbers>
 #include <optional>
 #include <string_view>
 
 namespace troupe::families {
+
+namespace {
+
+// A PNG as stb_image (llama.cpp's reader) gives it: 8-bit RGB with the stored values as they are. No
+// gamma or colour-space conversion (gAMA, sRGB, iCCP and cHRM are ignored; libpng's simplified reader
+// converted a gAMA 1.0 or 16-bit file to sRGB, 0.17 of log-probability away from llama.cpp), 16-bit
+// samples cut to their high byte, palettes and low-depth grey expanded, grey replicated, alpha (and
+// tRNS) dropped without compositing. libpng reports errors by longjmp: nothing with a destructor is
+// created between setjmp and the last libpng call, and the output buffer is sized before it.
+struct png_read_state {
+  std::span<const std::uint8_t> bytes;
+  std::size_t at = 8;  // past the signature, which the caller checked
+  char message[160] = {};
+};
+
+void png_read_bytes(png_structp p, png_bytep out, png_size_t n) {
+  auto* st = static_cast<png_read_state*>(png_get_io_ptr(p));
+  if (n > st->bytes.size() - st->at) png_error(p, "the file ends early");
+  std::memcpy(out, st->bytes.data() + st->at, n);
+  st->at += n;
+}
+
+void png_fail(png_structp p, png_const_charp msg) {
+  auto* st = static_cast<png_read_state*>(png_get_error_ptr(p));
+  std::snprintf(st->message, sizeof st->message, "%s", msg);
+  png_longjmp(p, 1);
+}
+
+void png_quiet(png_structp, png_const_charp) {}
+
+// Reads the header (setjmp scope 1), then the rows into `rgb`, sized from the header (scope 2).
+bool png_read_header(png_structp p, png_infop info, png_uint_32& w, png_uint_32& h) {
+  if (setjmp(png_jmpbuf(p))) return false;
+  png_set_sig_bytes(p, 8);
+  png_read_info(p, info);
+  w = png_get_image_width(p, info);
+  h = png_get_image_height(p, info);
+  const int type = png_get_color_type(p, info);
+  png_set_expand(p);  // palette -> RGB, grey below 8 bits -> 8, tRNS -> alpha
+  png_set_strip_16(p);
+  png_set_strip_alpha(p);
+  if (type == PNG_COLOR_TYPE_GRAY || type == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(p);
+  png_set_interlace_handling(p);
+  png_read_update_info(p, info);
+  return png_get_rowbytes(p, info) == static_cast<png_size_t>(w) * 3;
+}
+
+bool png_read_rows(png_structp p, png_bytepp rows) {
+  if (setjmp(png_jmpbuf(p))) return false;
+  png_read_image(p, rows);
+  png_read_end(p, nullptr);
+  return true;
+}
+
+result<std::vector<std::uint8_t>, image_error> decode_png_rgb8(std::span<const std::uint8_t> bytes, std::int64_t max_pixels,
+                                                                std::int64_t& width, std::int64_t& height) {
+  png_read_state st{bytes};
+  png_structp p = png_create_read_struct(PNG_LIBPNG_VER_STRING, &st, png_fail, png_quiet);
+  if (!p) return unexpected(image_error{"PNG: cannot start the decoder"});
+  png_infop info = png_create_info_struct(p);
+  if (!info) {
+    png_destroy_read_struct(&p, nullptr, nullptr);
+    return unexpected(image_error{"PNG: cannot start the decoder"});
+  }
+  png_set_read_fn(p, &st, png_read_bytes);
+  png_uint_32 w = 0, h = 0;
+  const bool header = png_read_header(p, info, w, h);
+  auto fail = [&](std::string why) {
+    png_destroy_read_struct(&p, &info, nullptr);
+    return unexpected(image_error{"PNG: " + std::move(why)});
+  };
+  if (!header) return fail(st.message[0] ? st.message : "an unsupported pixel layout");
+  const auto W = static_cast<std::int64_t>(w), H = static_cast<std::int64_t>(h);
+  if (W < 1 || H < 1 || W * H > max_pixels)
+    return fail(std::to_string(W) + " x " + std::to_string(H) + " pixels: none, or more than " + std::to_string(max_pixels));
+  std::vector<std::uint8_t> rgb(static_cast<std::size_t>(W * H * 3));
+  std::vector<png_bytep> rows(static_cast<std::size_t>(H));
+  for (std::int64_t y = 0; y < H; ++y) rows[static_cast<std::size_t>(y)] = rgb.data() + y * W * 3;
+  if (!png_read_rows(p, rows.data())) return fail(st.message[0] ? st.message : "unreadable rows");
+  png_destroy_read_struct(&p, &info, nullptr);
+  width = W, height = H;
+  return rgb;
+}
+
+}  // namespace
 
 result<image_u8, image_error> decode_image(std::span<const std::uint8_t> bytes, std::int64_t max_pixels) {
   if (bytes.empty() || bytes.size() > (std::size_t{1} << 30)) return unexpected(image_error{"no bytes, or more than 1 GiB"});
@@ -24,25 +110,9 @@ result<image_u8, image_error> decode_image(std::span<const std::uint8_t> bytes, 
   };
   image_u8 img;
   if (starts("\x89PNG\r\n\x1a\n")) {
-    // libpng's simplified reader: 8-bit RGBA without compositing, the alpha then dropped (as stb_image,
-    // llama.cpp's reader, keeps the colour channels as stored).
-    png_image p{};
-    p.version = PNG_IMAGE_VERSION;
-    if (!png_image_begin_read_from_memory(&p, bytes.data(), bytes.size())) return unexpected(image_error{std::string("PNG: ") + p.message});
-    if (auto e = too_big(p.width, p.height)) {
-      png_image_free(&p);
-      return unexpected(*e);
-    }
-    p.format = PNG_FORMAT_RGBA;
-    std::vector<std::uint8_t> rgba(PNG_IMAGE_SIZE(p));
-    if (!png_image_finish_read(&p, nullptr, rgba.data(), 0, nullptr)) {
-      png_image_free(&p);
-      return unexpected(image_error{std::string("PNG: ") + p.message});
-    }
-    img.width = p.width, img.height = p.height;
-    img.rgb.resize(static_cast<std::size_t>(img.width * img.height * 3));
-    for (std::size_t i = 0, n = static_cast<std::size_t>(img.width * img.height); i < n; ++i)
-      std::memcpy(&img.rgb[i * 3], &rgba[i * 4], 3);
+    auto rgb = decode_png_rgb8(bytes, max_pixels, img.width, img.height);
+    if (!rgb) return unexpected(rgb.error());
+    img.rgb = std::move(*rgb);
     return img;
   }
   if (starts("\xff\xd8\xff")) {

@@ -168,6 +168,18 @@ struct driver_state {
   // pool, max_rows of them; the prefix cache is off (the table's recurrent_state x prefix_cache).
   bool recurrent = false;
   std::vector<std::int32_t> free_state_rows;
+  // With a draft policy, a recurrent model's pools hold a second max_rows rows: row r + max_rows keeps
+  // the state of the sequence in row r from before a verify window, so that a rejected draft can be
+  // taken back out of it (restore, then run the accepted tokens again). `row_states` names the per-row
+  // states (not the KV pools, whose rows are slots).
+  bool snapshots = false;
+  std::vector<std::string> row_states;
+  // Copies state rows (pairs of rows of every per-row state) on rank 0 and every other rank.
+  result<void, driver_error> copy_row_states(std::span<const std::pair<std::int64_t, std::int64_t>> pairs);
+  // A verify window's tokens again, from the pending token through `accepted` drafts, for rows whose
+  // state was restored from its snapshot: their state advances by exactly what was committed.
+  result<void, driver_error> replay_accepted(const std::vector<std::tuple<sequence*, std::int64_t, std::vector<std::int32_t>>>& rows,
+                                             step_report& report);
   // LoRA adapters (adapters.cpp): loaded by name, slot_owner[s] the one resident in slot s.
   std::map<std::string, loaded_adapter> adapters;
   std::vector<std::string> slot_owner;
@@ -179,7 +191,7 @@ struct driver_state {
   result<bool, driver_error> acquire_adapter(sequence& s);
   void release_adapter(sequence& s);
   std::uint64_t root_of(const sequence& s) const;  // the prefix cache's root hash: per adapter
-  std::int64_t state_pool_rows() const { return recurrent ? options.max_rows : 0; }
+  std::int64_t state_pool_rows() const { return recurrent ? options.max_rows * (snapshots ? 2 : 1) : 0; }
   // The model's draft program (MTP) over `rows` x `tokens`, its KV in the target's blocks.
   entry_key draft_key(std::int64_t rows, std::int64_t tokens) const {
     entry_key k;

@@ -48,6 +48,12 @@ result<void, driver_error> driver_state::validate() {
   if (recurrent) {
     // The table refuses the prefix cache with recurrent state: it is off for this model, not an error.
     options.prefix_cache = false;
+    for (const auto& d : st)
+      if (d.per_row) row_states.push_back(d.name);
+    snapshots = sp.kind != draft_kind::none;
+    if (snapshots)
+      for (const auto& r : o.other_ranks)
+        if (!r.ex) return bad("drafts over recurrent state need every rank in this process (a rank's state snapshot is taken by its executor)");
   }
   const auto& ad = o.adapters;
   if (ad.slots < 0 || ad.slots > 64) return bad("adapters.slots must lie in [0, 64]");
@@ -285,7 +291,7 @@ result<void, driver_error> driver_state::prepare() {
   }
   pool.emplace(static_cast<std::int32_t>(pool_blocks), static_cast<std::int32_t>(block_size));
   free_state_rows.clear();
-  for (auto r = state_pool_rows(); r-- > 0;) free_state_rows.push_back(static_cast<std::int32_t>(r));
+  for (auto r = recurrent ? options.max_rows : 0; r-- > 0;) free_state_rows.push_back(static_cast<std::int32_t>(r));  // snapshots: r + max_rows
   counters.pool_blocks = pool_blocks;
   if (speculate) {
     if (options.speculation.kind == draft_kind::ngram) {

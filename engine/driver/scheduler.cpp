@@ -395,6 +395,25 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
     for (std::int64_t j = 0; j <= p + k; ++j) rp[r * C + j] = slot_of(s, j);
     maps.row_of(r, s);
   }
+  auto fail = [&](const std::string& why) {
+    for (auto* s : rows) {
+      finish(*s, finish_reason::error);
+      updates[s->id].id = s->id;
+      updates[s->id].finished = finish_reason::error;
+    }
+    return unexpected(driver_error{driver_error_code::step_failed, "verify step " + key.str() + ": " + why});
+  };
+  // Recurrent state: the window advances it past every draft, so each drafting row's state is kept
+  // first (row r + max_rows) for a rejection to return to.
+  if (snapshots) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> keep;
+    for (std::int64_t r = 0; r < D; ++r)
+      if (!drafted[static_cast<std::size_t>(r)].empty()) {
+        const auto row = rows[static_cast<std::size_t>(r)]->state_row;
+        keep.emplace_back(row, row + options.max_rows);
+      }
+    if (auto c = copy_row_states(keep); !c) return fail(c.error().message());
+  }
   const auto in = bind(key, maps.values());
   std::optional<others_run> others;
   if (!ranks.empty()) others.emplace(rank_threads(), key, in);
@@ -406,20 +425,13 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
     if (auto e = others->wait(); e && out) out = unexpected(*e);
   ++report.executor_steps;
   ++counters.verify_steps;
-  auto fail = [&](const std::string& why) {
-    for (auto* s : rows) {
-      finish(*s, finish_reason::error);
-      updates[s->id].id = s->id;
-      updates[s->id].finished = finish_reason::error;
-    }
-    return unexpected(driver_error{driver_error_code::step_failed, "verify step " + key.str() + ": " + why});
-  };
   if (!out) return fail(out.error().message());
   const auto it = out->outputs.find("logits");
   if (it == out->outputs.end() || it->second.shape().rank() != 2 || it->second.shape()[0] != R * T) return fail("no logits for every token of the window");
   const auto V = it->second.shape()[1];
   const float* logits = it->second.as<float>();
   const auto K = options.speculation.tokens;
+  std::vector<std::tuple<sequence*, std::int64_t, std::vector<std::int32_t>>> replay;  // rows whose state must come back
   for (std::int64_t r = 0; r < D; ++r) {
     auto& s = *rows[static_cast<std::size_t>(r)];
     const auto& d = drafted[static_cast<std::size_t>(r)];
@@ -451,6 +463,11 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
     counters.accepted_tokens += m;
     counters.decode_tokens += m + 1;
     if (options.speculation.adaptive) s.window = m == k ? std::min(K, k + 1) : std::max<std::int64_t>(1, m + 1);
+    if (snapshots && m < k) {
+      std::vector<std::int32_t> kept{s.tokens[static_cast<std::size_t>(s.computed)]};
+      kept.insert(kept.end(), d.begin(), d.begin() + m);
+      replay.emplace_back(&s, s.computed, std::move(kept));
+    }
     // Commit: the pending token's and the accepted drafts' KV is in place; the rest is overwritten later.
     hand_hidden(*out, s, r * T, s.computed, 1 + m);
     s.computed += 1 + m;
@@ -464,6 +481,69 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
     if (!s.finished) publish_full_blocks(s);
   }
   report.decode_rows += D;
+  // A finished sequence's state goes with it; the others return to their state before the window and
+  // take the committed tokens again.
+  std::erase_if(replay, [](const auto& t) { return std::get<0>(t)->phase != seq_phase::running || std::get<0>(t)->state_row < 0; });
+  if (!replay.empty())
+    if (auto r = replay_accepted(replay, report); !r) {
+      for (auto& [s, p, toks] : replay) {
+        finish(*s, finish_reason::error);
+        updates[s->id].id = s->id;
+        updates[s->id].finished = finish_reason::error;
+      }
+      return r;
+    }
+  return {};
+}
+
+result<void, driver_error> driver_state::copy_row_states(std::span<const std::pair<std::int64_t, std::int64_t>> pairs) {
+  if (pairs.empty()) return {};
+  auto failed = [](std::size_t rank, const exec::exec_error& e) {
+    return unexpected(driver_error{driver_error_code::step_failed, "state rows on rank " + std::to_string(rank) + ": " + e.message()});
+  };
+  if (auto c = ex->copy_state_rows(exe, pairs, row_states); !c) return failed(0, c.error());
+  for (std::size_t i = 0; i < ranks.size(); ++i)
+    if (ranks[i].ex)
+      if (auto c = ranks[i].ex->copy_state_rows(ranks[i].exe, pairs, row_states); !c) return failed(i + 1, c.error());
+  return {};
+}
+
+result<void, driver_error> driver_state::replay_accepted(const std::vector<std::tuple<sequence*, std::int64_t, std::vector<std::int32_t>>>& rows,
+                                                         step_report& report) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> back;
+  std::size_t longest = 0;
+  for (const auto& [s, p, toks] : rows) {
+    back.emplace_back(s->state_row + options.max_rows, s->state_row);
+    longest = std::max(longest, toks.size());
+  }
+  if (auto c = copy_row_states(back); !c) return c;
+  const auto D = static_cast<std::int64_t>(rows.size());
+  const auto R = *std::lower_bound(row_buckets.begin(), row_buckets.end(), D);
+  const auto T = *std::lower_bound(verify_widths.begin(), verify_widths.end(), static_cast<std::int64_t>(longest)), C = options.capacity;
+  const auto key = verify_key(R, T);
+  step_maps maps(R, T, C);
+  for (std::int64_t r = 0; r < D; ++r) {
+    const auto& [s, p, toks] = rows[static_cast<std::size_t>(r)];
+    const auto n = static_cast<std::int64_t>(toks.size());
+    for (std::int64_t t = 0; t < T; ++t) {  // padding repeats the last position and writes nothing
+      maps.ids.as<std::int32_t>()[r * T + t] = t < n ? toks[static_cast<std::size_t>(t)] : 0;
+      maps.pos.as<std::int32_t>()[r * T + t] = static_cast<std::int32_t>(p + std::min(t, n - 1));
+      maps.write.as<std::int32_t>()[r * T + t] = t < n ? slot_of(*s, p + t) : -1;
+    }
+    for (std::int64_t j = 0; j < p + n; ++j) maps.read.as<std::int32_t>()[r * C + j] = slot_of(*s, j);
+    maps.row_of(r, *s);
+  }
+  const auto in = bind(key, maps.values());
+  std::optional<others_run> others;
+  if (!ranks.empty()) others.emplace(rank_threads(), key, in);
+  auto out = [&] {
+    timed t{counters.executor_seconds};
+    return ex->step(entries.at(key), in);
+  }();
+  if (others)
+    if (auto e = others->wait(); e && out) out = unexpected(*e);
+  ++report.executor_steps;
+  if (!out) return unexpected(driver_error{driver_error_code::step_failed, "replay of accepted drafts " + key.str() + ": " + out.error().message()});
   return {};
 }
 

@@ -175,6 +175,9 @@ result<std::unique_ptr<drafter>, driver_error> make_model_drafter(const driver_o
   o.limits = target.limits;
   d->options = o;
   if (auto p = d->prepare(); !p) return fail(p.error().message());
+  // A mirror is cut back to the target's tokens by truncating its KV; a recurrent state has no earlier
+  // position to cut back to.
+  if (d->recurrent) return fail("a recurrent draft model cannot roll its state back to the target's tokens (the target may be recurrent; its draft may not)");
   return std::unique_ptr<drafter>(std::make_unique<model_drafter>(std::move(d)));
 }
 

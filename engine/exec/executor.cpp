@@ -90,7 +90,7 @@ result<std::vector<std::vector<sampled_row>>, exec_error> executor::step_chain(e
   return out;
 }
 
-result<void, exec_error> executor::copy_state_rows(executable_id, std::span<const std::pair<std::int64_t, std::int64_t>>) {
+result<void, exec_error> executor::copy_state_rows(executable_id, std::span<const std::pair<std::int64_t, std::int64_t>>, std::span<const std::string>) {
   return unexpected(exec_error{exec_error_code::unsupported, "copy_state_rows", "this executor does not copy state rows"});
 }
 

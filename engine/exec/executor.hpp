@@ -147,8 +147,11 @@ class executor {
   // Copies, in every state of an executable, row `from` to row `to` for each pair (a row: one index of
   // the state's first dimension, one KV slot of a paged pool), in order. Beam search forks a partly
   // filled block this way. A pair outside a state's rows refuses the whole call (bad_binding) before
-  // anything is copied. The base executor has no states to copy and answers unsupported.
-  virtual result<void, exec_error> copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows);
+  // anything is copied. With `only`, just the states it names (a recurrent model's per-row states,
+  // which speculation snapshots, and not its KV pools, whose rows are slots). The base executor has no
+  // states to copy and answers unsupported.
+  virtual result<void, exec_error> copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows,
+                                                   std::span<const std::string> only = {});
 
   // Reads expert `index` of the stacked weight `role` (a linear_id weight [E, N, K]) again from the
   // executable's weight source, whose bytes for it changed (a LoRA adapter loaded into a slot of the

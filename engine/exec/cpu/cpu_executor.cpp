@@ -111,12 +111,16 @@ result<void, exec_error> cpu_executor::reset_states(executable_id exe) {
   return {};
 }
 
-result<void, exec_error> cpu_executor::copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows) {
+result<void, exec_error> cpu_executor::copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows,
+                                                       std::span<const std::string> only) {
   if (exe.value >= impl_->exes.size()) return unexpected(exec_error{exec_error_code::unknown_id, "executable", "not loaded here"});
   auto& st = impl_->exes[exe.value]->states;
+  auto chosen = [&](const std::string& name) { return only.empty() || std::find(only.begin(), only.end(), name) != only.end(); };
   for (const auto& [name, t] : st)
-    if (auto e = check_state_rows(name, t.shape().rank() > 0 ? t.shape()[0] : 0, rows)) return unexpected(*e);
+    if (chosen(name))
+      if (auto e = check_state_rows(name, t.shape().rank() > 0 ? t.shape()[0] : 0, rows)) return unexpected(*e);
   for (auto& [name, t] : st) {
+    if (!chosen(name)) continue;
     const auto n = t.shape()[0];
     const auto row = n > 0 ? t.bytes() / static_cast<std::size_t>(n) : 0;
     for (const auto& [from, to] : rows)

@@ -53,7 +53,8 @@ class cpu_executor final : public executor {
  public:
   result<void, exec_error> reset_states(executable_id exe) override;
   result<tensor, exec_error> read_state(executable_id exe, const std::string& name) const override;
-  result<void, exec_error> copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows) override;
+  result<void, exec_error> copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows,
+                                           std::span<const std::string> only = {}) override;
   result<void, exec_error> reload_expert(executable_id exe, const graph::weight_role& role, std::int64_t index) override;
   memory_report memory() const override;
 

@@ -4,6 +4,8 @@
 #include "engine/exec/cuda/cuda_executor.hpp"
 #include "engine/exec/cuda/cuda_internal.hpp"
 
+#include <algorithm>
+
 namespace troupe::exec::cuda {
 
 
@@ -87,13 +89,17 @@ result<void, exec_error> cuda_executor::reset_states(executable_id exe) {
   return {};
 }
 
-result<void, exec_error> cuda_executor::copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows) {
+result<void, exec_error> cuda_executor::copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows,
+                                                        std::span<const std::string> only) {
   if (exe.value >= exes_.size()) return unexpected(exec_error{exec_error_code::unknown_id, "executable", "not loaded here"});
   if (auto e = refused_if_poisoned()) return unexpected(*e);
   auto& st = exes_[exe.value]->states;
+  auto chosen = [&](const std::string& name) { return only.empty() || std::find(only.begin(), only.end(), name) != only.end(); };
   for (const auto& [name, t] : st)
-    if (auto e = check_state_rows(name, t.dims.rank() > 0 ? t.dims[0] : 0, rows)) return unexpected(*e);
+    if (chosen(name))
+      if (auto e = check_state_rows(name, t.dims.rank() > 0 ? t.dims[0] : 0, rows)) return unexpected(*e);
   for (auto& [name, t] : st) {
+    if (!chosen(name)) continue;
     const auto n = t.dims[0];
     const auto row = n > 0 ? t.bytes / static_cast<std::size_t>(n) : 0;
     auto* base = t.ptr;

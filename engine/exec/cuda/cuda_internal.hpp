@@ -215,7 +215,8 @@ class cuda_executor final : public executor {
   result<step_outputs, exec_error> step(entry_id entry, const step_inputs& in) override;
   result<void, exec_error> reset_states(executable_id exe) override;
   result<tensor, exec_error> read_state(executable_id exe, const std::string& name) const override;
-  result<void, exec_error> copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows) override;
+  result<void, exec_error> copy_state_rows(executable_id exe, std::span<const std::pair<std::int64_t, std::int64_t>> rows,
+                                           std::span<const std::string> only = {}) override;
   result<void, exec_error> reload_expert(executable_id exe, const graph::weight_role& role, std::int64_t index) override;
   memory_report memory() const override;
   result<std::vector<sampled_row>, exec_error> step_sample(entry_id entry, const step_inputs& in,

@@ -1,7 +1,8 @@
 // Recurrent models through the driver (engine/driver: state rows; families/mamba2, nemotron_h, qwen3_next): each sequence
 // owns a row of every state pool while it holds blocks, so sequences batched together, queued behind
 // a full batch (their rows reused), preempted and recomputed, chained, or resumed from prior output
-// give the tokens each gives alone; the table turns the prefix cache off and refuses drafts and beams.
+// give the tokens each gives alone; drafts are taken back out of the state; the table turns the prefix
+// cache off and refuses beams.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -142,17 +143,70 @@ TEST_P(recurrent, chained_decode_and_resumed_output_continue_the_same_state) {
   }
 }
 
-TEST_P(recurrent, the_table_refuses_drafts_and_beams) {
+// Drafts over recurrent state: before a verify window each drafting row's state is kept in a spare row,
+// and a rejection restores it and runs the committed tokens again, so prompt lookup and a draft model
+// (a dense one of the same vocabulary: its drafts are mostly wrong, which exercises the restore) give
+// the tokens, log-probabilities and finishes of the model without drafts, greedy and seeded-sampled,
+// with several sequences sharing the rounds.
+std::vector<std::int32_t> looping(std::int32_t salt, std::int64_t n) {
+  std::vector<std::int32_t> p;
+  for (std::int64_t i = 0; i < n; ++i) p.push_back(static_cast<std::int32_t>(5 + ((i % 5) * 37 + salt * 11) % 500));
+  return p;
+}
+
+TEST_P(recurrent, drafts_are_taken_back_out_of_the_state_and_change_nothing) {
+  auto h = recurrent_model(GetParam());
+  const auto draft = [] {
+    families::fixture_dims d;
+    d.vocab = 512, d.hidden = 64, d.ffn = 128, d.heads = 2, d.kv_heads = 1, d.head_dim = 32, d.layers = 1;
+    const auto path = fs::temp_directory_path() / ("troupe-recurrent-test-" + std::to_string(::getpid())) / "draft.gguf";
+    if (!fs::exists(path)) {
+      EXPECT_TRUE(families::write_fixture("llama", d, path, true));
+    }
+    auto m = families::model_handle::load(path, families::registry::builtin());
+    EXPECT_TRUE(m);
+    return m ? *m : nullptr;
+  }();
+  std::vector<seq_request> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(test::request(looping(i, 12 + 5 * i), 20 + 2 * i, i % 2 ? 0.8f : 0.0f, 31 + static_cast<std::uint64_t>(i)));
+  exec::cpu::cpu_executor plain_ex;
+  auto plain = test::serve(h, plain_ex, options());
+  const auto want = test::run_all(plain, reqs);
+  for (const auto kind : {draft_kind::ngram, draft_kind::model}) {
+    SCOPED_TRACE(kind == draft_kind::ngram ? "ngram" : "draft model");
+    exec::cpu::cpu_executor ex;
+    auto o = options();
+    o.speculation.kind = kind;
+    o.speculation.tokens = 3;
+    if (kind == draft_kind::model) o.speculation.draft_model = draft;
+    auto spec = test::serve(h, ex, o);
+    const auto got = test::run_all(spec, reqs);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      SCOPED_TRACE("sequence " + std::to_string(i));
+      EXPECT_EQ(got[i].tokens, want[i].tokens);
+      EXPECT_EQ(got[i].finished, want[i].finished);
+      ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size());
+      for (std::size_t t = 0; t < want[i].logprobs.size(); ++t) EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 1e-4);
+    }
+    const auto c = spec.counters();
+    EXPECT_GT(c.verify_steps, 0);
+    EXPECT_GT(c.draft_tokens, c.accepted_tokens);  // some drafts were rejected: the restore ran
+  }
+}
+
+// A recurrent draft model has no earlier state to cut its mirror back to: refused at prepare, by name.
+// Beams stay a pair of the table.
+TEST_P(recurrent, a_recurrent_draft_model_and_beams_are_refused) {
   auto h = recurrent_model(GetParam());
   exec::cpu::cpu_executor ex;
   auto o = options();
-  o.speculation.kind = draft_kind::ngram;
+  o.speculation.kind = draft_kind::model;
+  o.speculation.draft_model = h;
   auto spec = driver<unprepared>(h, ex, o).prepare();
   ASSERT_FALSE(spec);
-  EXPECT_EQ(spec.error().second.code, driver_error_code::incompatible);
-  ASSERT_TRUE(spec.error().second.pair);
-  EXPECT_EQ(spec.error().second.pair->a, feature::recurrent_state);
-  EXPECT_EQ(spec.error().second.pair->b, feature::draft_policy);
+  EXPECT_EQ(spec.error().second.code, driver_error_code::prepare_failed);
+  EXPECT_NE(spec.error().second.message().find("recurrent draft model"), std::string::npos) << spec.error().second.message();
 
   auto d = test::serve(h, ex, options());
   auto r = test::request(prompt(1, 5), 4);

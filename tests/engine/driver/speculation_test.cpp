@@ -91,6 +91,30 @@ TEST(speculation, every_family_gives_its_own_tokens_with_prompt_lookup) {
   }
 }
 
+// A verify window's tokens are computed as decode tokens (the CPU attention runs steps of up to 17
+// tokens a row per token, over key ranges fixed by the capacity), and every other op is row-wise or
+// batch-invariant, so drafts change no bit of the log-probabilities. That matters most for block
+// formats: their activations are rounded to 8 bits before each product, and a one-ulp difference in
+// an attention sum became 0.05 of log-probability and a different greedy token on a q8_0 file.
+TEST(speculation, drafts_change_no_bit_of_a_quantized_models_log_probabilities) {
+  for (const dtype format : {dtype::q8_0, dtype::q4_0}) {
+    SCOPED_TRACE(std::string(troupe::name(format)));
+    auto h = fixture("llama", format);
+    exec::cpu::cpu_executor plain_ex, spec_ex;
+    auto plain = serve(h, plain_ex, options());
+    auto spec = serve(h, spec_ex, options(draft_kind::ngram));
+    const auto reqs = workload(0.0f);
+    const auto want = run_all(plain, reqs);
+    const auto got = run_all(spec, reqs);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
+      EXPECT_EQ(got[i].logprobs, want[i].logprobs) << "sequence " << i;
+    }
+    EXPECT_GT(spec.counters().accepted_tokens, 0);
+  }
+}
+
 TEST(speculation, a_draft_model_is_rolled_back_with_the_target_and_changes_nothing) {
   for (auto family : families::fixture_families()) {
     SCOPED_TRACE(std::string(family));

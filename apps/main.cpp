@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
   fx->add_flag("--gguf", fix.gguf, "write the GGUF form");
   fx->add_option("--type", fix.type, "matrix storage: f32, f16, bf16, or (GGUF) q8_0, q4_0, q4_k, q6_k, ...");
   fx->add_flag("--tied", fix.tied, "no separate output head (logits reuse the embedding)");
-  fx->add_flag("--mtp", fix.mtp, "deepseek_v3: a multi-token-prediction layer (the model's draft program; --speculative mtp)");
+  fx->add_flag("--mtp", fix.mtp, "deepseek_v3, qwen3_next: a multi-token-prediction layer (the model's draft program; --speculative mtp)");
   fx->add_flag("--legacy-gguf", fix.legacy_gguf, "routed families: the GGUF layout of older converters (a tensor per expert; DeepSeek's attn_kv_b)");
   fx->add_option("--dims", fix.dims, "vocab hidden ffn layers heads kv_heads head_dim max_positions (any prefix)")->delimiter(',');
   fx->add_option("--experts", fix.experts, "routed families: experts, experts per token, expert width, shared width (any prefix)")

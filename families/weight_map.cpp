@@ -1,5 +1,6 @@
 #include "families/weight_map.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace troupe::families {
@@ -100,13 +101,22 @@ result<weight_map, weight_error> weight_map::build(const load::weight_store& sto
     m.entries_.push_back({role, key, *v, stored, perm});
     return {};
   };
+  auto overridden = [&](role ro, std::int32_t l) {
+    return std::any_of(rules.begin(), rules.end(), [&](const name_rule& q) { return q.per_layer && q.layer_only == l && q.role == ro; });
+  };
   for (const auto& r : rules) {
     if (!r.per_layer) {
       if (auto e = resolve(r, -1); !e) return unexpected(e.error());
       continue;
     }
+    if (r.layer_only >= 0) {
+      if (r.layer_only < layers)
+        if (auto e = resolve(r, r.layer_only); !e) return unexpected(e.error());
+      continue;
+    }
     for (std::int32_t l = 0; l < layers; ++l)
-      if (auto e = resolve(r, l); !e) return unexpected(e.error());
+      if (!overridden(r.role, l))
+        if (auto e = resolve(r, l); !e) return unexpected(e.error());
   }
   return m;
 }

@@ -47,6 +47,10 @@ struct name_rule {
   // of one type and shape become the role's [experts, ...] view, without a copy when they lie in order
   // in the file, else as one owned copy. 0: a single tensor.
   std::int64_t experts = 0;
+  // A per-layer rule for this layer alone, in place of the rules of the same role for every layer (a
+  // layer stored elsewhere: Qwen3-Next's MTP layer at mtp.layers.0.* rather than model.layers.{L}.*).
+  // -1: every layer.
+  std::int32_t layer_only = -1;
 };
 
 // The shape a role must have (outermost first), or nullopt when the family does not know it ahead.

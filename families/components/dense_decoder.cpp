@@ -66,7 +66,7 @@ void dense_decoder::trace_into(const step_spec& spec, graph::builder& b) const {
     return d.feed_forward(x, l, spec_.ffn);
   };
   if (spec.program == program::draft) {
-    mtp_stack(t, spec_.stack, static_cast<std::int32_t>(spec_.stack.layers), mixer, ffn);
+    mtp_stack(t, spec_.stack, static_cast<std::int32_t>(spec_.stack.layers), mixer, ffn, spec_.mtp);
     return;
   }
   if (!spec_.kinds.empty()) {

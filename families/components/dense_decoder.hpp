@@ -13,6 +13,7 @@
 #include "families/components/gated_delta.hpp"
 #include "families/components/mamba2.hpp"
 #include "families/components/moe.hpp"
+#include "families/components/mtp.hpp"
 #include "families/components/shortconv.hpp"
 #include "families/family_error.hpp"
 #include "families/model.hpp"
@@ -32,6 +33,7 @@ struct dense_decoder_spec {
   // keeps at layers [layers, layers + mtp_layers); `attention` and `moe` then hold their entries too.
   // The first is the model's draft program. Splits (shards, stages) leave them out.
   std::int64_t mtp_layers = 0;
+  mtp_options mtp;
   // What each layer is (the seed's per-layer kind that chooses the mixer); empty: every layer
   // attention + feed-forward. The others are one block each behind the layer's attn_norm: a Mamba2
   // mixer (with `mamba2`'s sizes), attention alone, or the feed-forward alone (Nemotron-H's M, * and -);

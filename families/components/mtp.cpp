@@ -5,7 +5,7 @@ namespace troupe::families {
 using graph::op;
 
 void mtp_stack(decoder_trace& d, const stack_params& p, std::int32_t layer, const decoder_trace::block_fn& mixer,
-               const decoder_trace::block_fn& ffn) {
+               const decoder_trace::block_fn& ffn, const mtp_options& o) {
   auto& ctx = d.ctx();
   auto& b = ctx.b;
   const auto& s = ctx.shape();
@@ -16,8 +16,10 @@ void mtp_stack(decoder_trace& d, const stack_params& p, std::int32_t layer, cons
   if (b.type_of(e).type != dtype::f32) e = b.cast(e, dtype::f32);
   if (p.embed_scale != 1.0) e = b.mul(e, b.scalar(p.embed_scale));
   // vLLM masks the embedding at position 0 (no token precedes it in the MTP's training).
-  const auto first = b.reshape(b.binary(op::equal, ctx.positions(), b.scalar(0, dtype::i32)), {N, 1});
-  e = b.where(first, b.scalar(0.0), e);
+  if (o.zero_first_embedding) {
+    const auto first = b.reshape(b.binary(op::equal, ctx.positions(), b.scalar(0, dtype::i32)), {N, 1});
+    e = b.where(first, b.scalar(0.0), e);
+  }
   const auto h = ctx.hidden_states(H);
   b.push_scope("mtp");
   const auto en = b.rms_norm(e, ctx.vector_f32(role::nextn_enorm, layer), p.norm_eps);
@@ -27,8 +29,8 @@ void mtp_stack(decoder_trace& d, const stack_params& p, std::int32_t layer, cons
   b.pop_scope();
   x = d.standard_layer(x, layer, p, mixer, ffn);
   if (!b.ok()) return;
-  b.output("hidden", x);
   auto y = b.rms_norm(x, ctx.vector_f32(role::nextn_shared_head_norm, layer), p.norm_eps);
+  b.output("hidden", o.hidden_after_norm ? y : x);
   if (s.logits() == logit_rows::last) y = b.reshape(b.slice(b.reshape(y, {rows, T, H}), 1, T - 1, T), {rows, H});
   const auto head = ctx.has(role::nextn_shared_head_head, layer) ? ctx.weight(role::nextn_shared_head_head, layer)
                     : ctx.has(role::output)                     ? ctx.weight(role::output)

@@ -17,8 +17,17 @@
 
 namespace troupe::families {
 
+// Where the families' MTP layers differ. DeepSeek-V3 (vLLM's DeepSeekMTP): the embedding zeroed at
+// position 0, `hidden` taken before the final norm. Qwen3-Next (vLLM's Qwen3NextMTP: fc over
+// [pre_fc_norm_embedding(e), pre_fc_norm_hidden(h)], one full-attention layer, then mtp.norm): no
+// zeroing, and the normed state is both the head's input and the next draft step's `hidden`.
+struct mtp_options {
+  bool zero_first_embedding = true;
+  bool hidden_after_norm = false;
+};
+
 void mtp_stack(decoder_trace& d, const stack_params& p, std::int32_t layer, const decoder_trace::block_fn& mixer,
-               const decoder_trace::block_fn& ffn);
+               const decoder_trace::block_fn& ffn, const mtp_options& o = {});
 
 // The expected shape of a nextn role (hidden size H, vocabulary V), or nullopt for others.
 std::optional<troupe::shape> mtp_shape(role r, std::int64_t H, std::int64_t V);

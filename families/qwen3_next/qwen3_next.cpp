@@ -4,7 +4,10 @@
 // (Qwen 2 MoE's, its top k renormalized). The full attention has q/k RMSNorm per head, a partial NEOX
 // rope and an output gate (q_proj yields [q | gate] per head). HF's norms scale by 1 + w (stored as w;
 // llama.cpp's converter adds the 1), except the gated norm of the linear attention. The multi-token-
-// prediction layer some checkpoints carry is not read.
+// prediction layer the released checkpoints carry (HF mtp_num_hidden_layers: mtp.fc, the two pre-fc
+// norms, mtp.layers.0 as a full-attention routed layer, mtp.norm; GGUF nextn_predict_layers counted in
+// block_count, its block blk.N with blk.N.nextn.* as llama.cpp names GLM-4.5's) is the model's draft
+// program (components/mtp.hpp, with vLLM's Qwen3NextMTP conventions) when its tensors are there.
 #include <cmath>
 
 #include "families/components/decoder_config.hpp"
@@ -16,13 +19,16 @@ namespace {
 
 using kind = dense_decoder_spec::layer_kind;
 
-std::vector<name_rule> names(bool gguf, std::int64_t experts) {
+// The MTP layer at index `mtp_layer` (HF: mtp.layers.0.* for every per-layer key, and its own
+// fc / norms; -1: none).
+std::vector<name_rule> names(bool gguf, std::int64_t experts, std::int32_t mtp_layer) {
   name_table_options o;
   o.gguf = gguf;
   o.qk_norm = true;
   o.norms_minus_one = !gguf;
   o.experts = experts;
   o.shared_expert = true;
+  o.mtp = gguf && mtp_layer >= 0;  // blk.{L}.nextn.*
   auto t = decoder_name_table(o);
   // Attention roles exist on the full-attention layers only: checked per layer below.
   for (auto& rule : t) {
@@ -48,6 +54,24 @@ std::vector<name_rule> names(bool gguf, std::int64_t experts) {
                           {role::ssm_dt_bias, "dt_bias"}, {role::ssm_a_log, "A_log"}, {role::ssm_norm, "norm.weight"},
                           {role::ssm_out, "out_proj.weight"}})
       layer(r, std::string("model.layers.{L}.linear_attn.") + key);
+    if (mtp_layer >= 0) {
+      const std::string from = "model.layers.{L}.";
+      std::vector<name_rule> moved;
+      for (const auto& rule : t)
+        if (rule.per_layer && rule.key.starts_with(from)) {
+          auto m = rule;
+          m.key = "mtp.layers.0." + rule.key.substr(from.size());
+          m.layer_only = mtp_layer;
+          moved.push_back(std::move(m));
+        }
+      t.insert(t.end(), moved.begin(), moved.end());
+      for (auto [r, key] : {std::pair{role::nextn_eh_proj, "mtp.fc.weight"}, {role::nextn_enorm, "mtp.pre_fc_norm_embedding.weight"},
+                            {role::nextn_hnorm, "mtp.pre_fc_norm_hidden.weight"}, {role::nextn_shared_head_norm, "mtp.norm.weight"}}) {
+        name_rule n{r, true, key, presence::required, role::none, r == role::nextn_eh_proj ? stored_as::as_is : stored_as::minus_one};
+        n.layer_only = mtp_layer;
+        t.push_back(std::move(n));
+      }
+    }
   }
   return t;
 }
@@ -57,7 +81,16 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
   auto fail = [](config_error e) { return unexpected(model_error{std::move(e)}); };
   auto basics = read_decoder_basics(r, store);
   if (!basics) return fail(basics.error());
+  // Multi-token prediction: GGUF counts the nextn block in block_count, HF does not.
+  auto nextn = r.count_or(r.raw().has("mtp_num_hidden_layers") ? "mtp_num_hidden_layers" : "num_nextn_predict_layers", "nextn_predict_layers", 0);
+  if (!nextn) return fail(nextn.error());
+  if (r.gguf() && *nextn > 0) {
+    if (*nextn >= basics->layers) return fail(r.error(r.key("", "nextn_predict_layers"), "leaves no layer for the model"));
+    basics->layers -= *nextn;
+  }
   const std::int64_t L = basics->layers;
+  const std::string fc = r.gguf() ? "blk." + std::to_string(L) + ".nextn.eh_proj.weight" : "mtp.fc.weight";
+  const std::int64_t mtp = *nextn > 0 && store.find(fc) ? 1 : 0;  // the first; a checkpoint may drop them
 
   // Which layers are linear attention.
   std::vector<kind> kinds(static_cast<std::size_t>(L), kind::gated_delta);
@@ -108,7 +141,7 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
   keys.shared_width_hf = "shared_expert_intermediate_size";
   keys.sparse_step_hf = "decoder_sparse_step";
   keys.dense_layers_hf = "mlp_only_layers";
-  auto moe = read_moe(r, keys, L, basics->ffn);
+  auto moe = read_moe(r, keys, L + mtp, basics->ffn);
   if (!moe) return fail(moe.error());
 
   auto spec = uniform_spec("qwen3_next", *basics, r);
@@ -117,13 +150,16 @@ result<std::unique_ptr<model>, model_error> build(const load::raw_config& cfg, c
     a.output_gate = true;
   }
   spec.moe = std::move(*moe);
-  spec.kinds = kinds;
+  spec.kinds = kinds;  // the MTP layer, past them, is a full-attention layer
   spec.gated_delta = g;
+  if (mtp > 0) spec.attention.push_back(spec.attention.back());
+  spec.mtp_layers = mtp;
+  spec.mtp = {.zero_first_embedding = false, .hidden_after_norm = true};
   const auto experts = routed_experts(spec.moe);
-  auto m = make_dense_decoder(std::move(spec), store, names(r.gguf(), experts));
+  auto m = make_dense_decoder(std::move(spec), store, names(r.gguf(), experts, mtp > 0 ? static_cast<std::int32_t>(L) : -1));
   if (!m) return m;
-  for (std::int64_t l = 0; l < L; ++l) {
-    if (kinds[static_cast<std::size_t>(l)] != kind::attention_ffn) continue;  // linear attention: checked by the decoder
+  for (std::int64_t l = 0; l < L + mtp; ++l) {
+    if (l < L && kinds[static_cast<std::size_t>(l)] != kind::attention_ffn) continue;  // linear attention: checked by the decoder
     for (const auto rr : {role::attn_q, role::attn_k, role::attn_v, role::attn_output, role::attn_q_norm, role::attn_k_norm})
       if (!(*m)->weights().has({rr, static_cast<std::int32_t>(l)}))
         return unexpected(model_error{weight_error{weight_error_code::missing, {rr, static_cast<std::int32_t>(l)}, "(layer " + std::to_string(l) + ")", "", ""}});

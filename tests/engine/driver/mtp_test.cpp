@@ -1,9 +1,10 @@
-// MTP speculation (engine/driver/mtp.cpp; families/components/mtp.hpp): a DeepSeek-V3 fixture with a
-// multi-token-prediction layer offers the draft program, from HF and GGUF alike; drafting with it
-// gives the target's own tokens (greedy and seeded-sampled, through prefill catch-ups, verify
-// rollbacks, preemption and the prefix cache); and after every round the drafts the drafter holds
-// are the ones a from-scratch pass of the model's step and draft programs over the sequence gives,
-// so its KV catch-up and rollback lose nothing.
+// MTP speculation (engine/driver/mtp.cpp; families/components/mtp.hpp): DeepSeek-V3 and Qwen3-Next
+// fixtures with a multi-token-prediction layer offer the draft program, from HF and GGUF alike;
+// drafting with it gives the target's own tokens (greedy and seeded-sampled, through prefill
+// catch-ups, verify rollbacks, preemption and the prefix cache; Qwen3-Next's recurrent state through
+// its snapshots); and after every round the drafts the drafter holds are the ones a from-scratch pass
+// of the model's step and draft programs over the sequence gives, so its KV catch-up and rollback lose
+// nothing (DeepSeek-V3: the reference below binds no recurrent state).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -22,14 +23,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::shared_ptr<const families::model_handle> mtp_fixture(bool gguf) {
+constexpr std::string_view mtp_families[] = {"deepseek_v3", "qwen3_next"};
+
+std::shared_ptr<const families::model_handle> mtp_fixture(bool gguf, std::string_view family = "deepseek_v3") {
   auto d = test::small_dims();
   d.mtp_layers = 1;
+  if (family == "qwen3_next") d.ssm_groups = 2;
   const auto dir = fs::temp_directory_path() / ("troupe-mtp-test-" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  const auto path = dir / (gguf ? "ds3.gguf" : "ds3");
+  const auto path = dir / (std::string(family) + (gguf ? ".gguf" : ""));
   if (!fs::exists(path)) {
-    auto w = families::write_fixture("deepseek_v3", d, path, gguf);
+    auto w = families::write_fixture(family, d, path, gguf);
     EXPECT_TRUE(w) << (w ? "" : w.error().message());
   }
   auto h = families::model_handle::load(path, families::registry::builtin());
@@ -58,12 +62,13 @@ std::vector<std::int32_t> prompt(std::int32_t salt, std::int64_t n) {
 }
 
 TEST(mtp, the_draft_program_is_offered_from_both_forms_and_only_with_its_layer) {
-  for (bool gguf : {false, true}) {
-    auto h = mtp_fixture(gguf);
-    ASSERT_TRUE(h);
-    EXPECT_TRUE(h->model().schema().offers(families::program::draft)) << (gguf ? "gguf" : "hf");
-    EXPECT_EQ(h->model().config().layers, 2);  // the MTP layer is not one of the stack's
-  }
+  for (const auto family : mtp_families)
+    for (bool gguf : {false, true}) {
+      auto h = mtp_fixture(gguf, family);
+      ASSERT_TRUE(h);
+      EXPECT_TRUE(h->model().schema().offers(families::program::draft)) << family << (gguf ? " gguf" : " hf");
+      EXPECT_EQ(h->model().config().layers, 2);  // the MTP layer is not one of the stack's
+    }
   auto plain = test::small_fixture("deepseek_v3");
   EXPECT_FALSE(plain->model().schema().offers(families::program::draft));
   exec::cpu::cpu_executor ex;
@@ -73,9 +78,10 @@ TEST(mtp, the_draft_program_is_offered_from_both_forms_and_only_with_its_layer) 
 }
 
 TEST(mtp, greedy_and_seeded_output_is_the_targets_own) {
+  for (const auto family : mtp_families)
   for (bool gguf : {false, true}) {
-    SCOPED_TRACE(gguf ? "gguf" : "hf");
-    auto h = mtp_fixture(gguf);
+    SCOPED_TRACE(std::string(family) + (gguf ? " gguf" : " hf"));
+    auto h = mtp_fixture(gguf, family);
     exec::cpu::cpu_executor plain_ex, spec_ex;
     auto plain = test::serve(h, plain_ex, options(false));
     auto spec = test::serve(h, spec_ex, options(true));
@@ -97,7 +103,9 @@ TEST(mtp, greedy_and_seeded_output_is_the_targets_own) {
 }
 
 TEST(mtp, a_small_pool_preempts_and_the_output_stays_the_same) {
-  auto h = mtp_fixture(true);
+  for (const auto family : mtp_families) {
+  SCOPED_TRACE(std::string(family));
+  auto h = mtp_fixture(true, family);
   auto o = options(true);
   o.pool_blocks = 24;  // 192 slots for 4 rows of up to ~90 tokens: preemption
   exec::cpu::cpu_executor plain_ex, spec_ex;
@@ -109,6 +117,7 @@ TEST(mtp, a_small_pool_preempts_and_the_output_stays_the_same) {
   const auto got = test::run_all(spec, reqs);
   for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
   EXPECT_GT(spec.counters().preemptions, 0);
+  }
 }
 
 // ---- the drafts against a from-scratch pass ----------------------------------------------------------
@@ -129,10 +138,15 @@ reference_drafts from_scratch(const families::model_handle& h, std::span<const s
   weight_map_source src(m.weights());
   auto exe = ex.load(src);
   EXPECT_TRUE(exe);
+  // A recurrent target (Qwen3-Next) runs its step program over state row 0 of a one-row pool.
+  const auto& states = m.schema().states(families::program::step);
+  const bool recurrent = std::any_of(states.begin(), states.end(), [](const families::state_decl& d) { return d.per_row; });
+  tensor row0(dtype::i32, {1});
   auto run = [&](families::program prog, std::int64_t T, std::int64_t first, const std::int32_t* ids, const float* hidden) {
     families::step_spec spec;
     spec.program = prog;
     spec.shape = families::step_shape(1, T, C).with_hidden_carry(prog == families::program::step);
+    if (recurrent && prog == families::program::step) spec.shape.with_state_rows(1);
     auto g = m.trace(spec, {});
     EXPECT_TRUE(g) << (g ? "" : g.error().message());
     auto e = ex.add_entry(*exe, *g);
@@ -152,6 +166,7 @@ reference_drafts from_scratch(const families::model_handle& h, std::span<const s
     in.slots["kv_write_map"] = wr.view();
     in.slots["kv_read_map"] = rd.view();
     if (prog == families::program::draft) in.slots["hidden_states"] = hid.view();
+    if (recurrent && prog == families::program::step) in.slots["state_rows"] = row0.view();
     auto out = ex.step(*e, in);
     EXPECT_TRUE(out) << (out ? "" : out.error().message());
     return std::move(out->outputs);
@@ -179,7 +194,9 @@ reference_drafts from_scratch(const families::model_handle& h, std::span<const s
 }
 
 TEST(mtp, the_drafters_drafts_after_every_round_are_a_from_scratch_pass_over_the_sequence) {
-  auto h = mtp_fixture(true);
+  for (const auto family : mtp_families) {
+  SCOPED_TRACE(std::string(family));
+  auto h = mtp_fixture(true, family);
   constexpr std::int64_t K = 3;
   exec::cpu::cpu_executor ex;
   driver_state st;
@@ -226,6 +243,21 @@ TEST(mtp, the_drafters_drafts_after_every_round_are_a_from_scratch_pass_over_the
   }
   EXPECT_GT(compared, 60);
   EXPECT_GT(st.counters.verify_steps, 0);
+  }
+}
+
+// The HF and GGUF forms of one MTP layer (the names each keeps it under, HF's 1 + w norms against the
+// GGUF's stored sums) give the same from-scratch drafts, logit margins included.
+TEST(mtp, both_forms_give_the_same_draft_logits) {
+  for (const auto family : mtp_families) {
+    SCOPED_TRACE(std::string(family));
+    const auto seq = prompt(9, 21);
+    const auto hf = from_scratch(*mtp_fixture(false, family), seq, 3, 64);
+    const auto gg = from_scratch(*mtp_fixture(true, family), seq, 3, 64);
+    EXPECT_EQ(hf.tokens, gg.tokens);
+    ASSERT_EQ(hf.margins.size(), gg.margins.size());
+    for (std::size_t k = 0; k < hf.margins.size(); ++k) EXPECT_NEAR(hf.margins[k], gg.margins[k], 1e-4f) << "draft " << k;
+  }
 }
 
 }  // namespace

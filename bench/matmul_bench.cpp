@@ -295,7 +295,7 @@ constexpr shape_case shapes[] = {
 int register_all() {
   benchmark::RegisterBenchmark("memory_read_bandwidth", memory_read_bandwidth)->UseManualTime()->Iterations(1);
   const dtype formats[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k};
-  for (const std::int64_t M : {1, 16, 512}) {
+  for (const std::int64_t M : {1, 5, 16, 512}) {  // 5: a verify window of 4 drafts
     for (const dtype t : formats) {
       for (const auto& s : shapes) {
         if (s.k % static_cast<std::int64_t>(troupe::info(t).block_elems) != 0) continue;

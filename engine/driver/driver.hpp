@@ -179,7 +179,9 @@ struct speculation_options {
   std::int64_t tokens = 4;        // drafts per verify window at most (K)
   std::int64_t ngram_min = 1;     // ngram: the shortest suffix matched
   std::int64_t ngram_max = 3;     // ngram: the longest suffix matched (tried first)
-  bool adaptive = true;           // the window follows each sequence's acceptance (grow on a full accept)
+  bool adaptive = true;           // the window follows each sequence's acceptance (grow on a full accept; after
+                                  // three windows in a row with nothing accepted, decode 1, 2, 4 ... 32 steps
+                                  // without drafting before trying again)
   std::shared_ptr<const families::model_handle> draft_model;  // model: the draft checkpoint
   std::string draft_path;  // model: where it lies, when a deployment sends it to nodes that load it there
   exec::executor* draft_executor = nullptr;                    // model: its executor (null: the target's)

@@ -43,6 +43,9 @@ struct sequence {
   std::int64_t admitted = 0;         // admission order (latest is preempted first)
   std::vector<std::int32_t> stop_ids;
   std::int64_t window = 0;           // speculation: drafts asked next (adaptive; 0: options.speculation.tokens)
+  // Adaptive speculation's back-off: verify windows in a row whose drafts were all rejected, and the
+  // decode steps still to run without drafting (1, 2, 4 ... 32 after the third such window).
+  std::int64_t misses = 0, pause = 0;
   std::int64_t limit = -1;           // a draft model's mirror: does not grow past this many tokens (-1: no bound)
   seq_id group = 0;                  // a beam of the beam search of sequence `group` (itself for the first beam)
   std::int32_t state_row = -1;       // a recurrent model: its row of every state pool while it holds blocks

@@ -334,6 +334,10 @@ result<std::vector<std::vector<std::int32_t>>, driver_error> driver_state::draft
     const auto& s = *rows[i];
     // Guided rows need a mask per position and logits rows every row's logits: they decode one token.
     if (!s.req.speculate || s.req.guide || s.req.head != head_kind::sample) continue;
+    if (s.pause > 0) {  // the back-off of adaptive speculation
+      --rows[i]->pause;
+      continue;
+    }
     const auto n = static_cast<std::int64_t>(s.tokens.size());
     const std::int64_t want = std::min({s.window > 0 ? s.window : K, s.req.max_tokens - s.generated - 1, options.capacity - n});
     if (want < 1) continue;
@@ -462,7 +466,13 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
     counters.draft_tokens += k;
     counters.accepted_tokens += m;
     counters.decode_tokens += m + 1;
-    if (options.speculation.adaptive) s.window = m == k ? std::min(K, k + 1) : std::max<std::int64_t>(1, m + 1);
+    if (options.speculation.adaptive) {
+      s.window = m == k ? std::min(K, k + 1) : std::max<std::int64_t>(1, m + 1);
+      // Drafts that never land cost a verify window each (and a state replay on a recurrent model):
+      // after three such windows in a row, decode without drafting for a while, longer each time.
+      if (k > 0) s.misses = m == 0 ? s.misses + 1 : 0;
+      if (s.misses >= 3) s.pause = std::int64_t{1} << std::min<std::int64_t>(s.misses - 3, 5);
+    }
     if (snapshots && m < k) {
       std::vector<std::int32_t> kept{s.tokens[static_cast<std::size_t>(s.computed)]};
       kept.insert(kept.end(), d.begin(), d.begin() + m);

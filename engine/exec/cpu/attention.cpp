@@ -8,6 +8,7 @@
 // sequence), each row's keys are split into ranges whose partial softmax states are merged here.
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -23,14 +24,14 @@ namespace {
 constexpr std::int64_t queries_per_task = 32;
 // The fewest keys worth a task of their own when a row's keys are split.
 constexpr std::int64_t min_keys_per_split = 256;
-// Steps of at most this many tokens a row (decode, speculation's verify windows of up to 17 tokens,
-// short prefill tails) run every token as a decode token: the per-query form, over key ranges that
-// depend on the capacity and the pool alone. A token's output is then the same bits whatever else the
-// step holds (how many tokens a row verifies, how many rows are batched), so a verify window gives
-// the logits decode would have given. (The block form sums in another order: on a q8_0 file, whose
-// activations are rounded to 8 bits before each product, that one-ulp difference grew to 0.05 of
-// log-probability and changed a greedy token 49 steps on.)
-constexpr std::int64_t batch_invariant_tokens = 17;
+// Decode tokens and the tokens of a verify window (attention_args::per_token) run the per-query form
+// over key ranges that depend on the capacity alone (not on the pool's threads or the other rows). A
+// token's output is then the same bits whatever else the step holds (how many tokens a row verifies,
+// how many rows are batched) and however many threads run it, so a verify window gives the logits
+// decode would have given. (The block form sums in another order: on a q8_0 file, whose activations
+// are rounded to 8 bits before each product, that one-ulp difference grew to 0.05 of log-probability
+// and changed a greedy token 49 steps on.) Prefill chunks keep the block form, which gives a prompt
+// token the same bits in any chunk, so a prefix-cache hit and a miss agree.
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
@@ -66,7 +67,7 @@ void attention(const attention_args& a, thread_pool& pool, isa level) {
   const std::int64_t lanes = 16 / std::gcd<std::int64_t>(G, 16);  // tokens that make G x tokens a multiple of 16
   bq = std::clamp<std::int64_t>(ceil_div(bq, lanes) * lanes, 1, a.T);
   bq = std::min(bq, std::max<std::int64_t>(1, a.T / ceil_div(2 * threads, a.R * a.Hkv)));
-  if (a.T <= batch_invariant_tokens) bq = 1;
+  if (a.per_token) bq = 1;
   const std::int64_t blocks = ceil_div(a.T, bq);
   // One token per task (decode): the task takes every kv head, so that it streams whole K and V rows
   // (all heads of a key are adjacent) rather than every Hkv-th piece of them.
@@ -76,8 +77,8 @@ void attention(const attention_args& a, thread_pool& pool, isa level) {
   const std::int64_t gq = heads_per_task * G;  // queries per token of a task
 
   std::int64_t splits = 1;
-  if (bq == 1)  // the same ranges for a token alone or among others (batch_invariant_tokens)
-    splits = std::clamp<std::int64_t>(2 * threads, 1, std::max<std::int64_t>(1, a.C / min_keys_per_split));
+  if (bq == 1)  // the same ranges for a token alone or among others, on any pool
+    splits = static_cast<std::int64_t>(std::bit_floor(static_cast<std::uint64_t>(std::clamp<std::int64_t>(a.C / min_keys_per_split, 1, 64))));
   else if (units < 2 * threads)
     splits = std::clamp<std::int64_t>(ceil_div(2 * threads, units), 1, std::max<std::int64_t>(1, a.C / min_keys_per_split));
   const std::int64_t span = std::max<std::int64_t>(1, ceil_div(a.C, splits));

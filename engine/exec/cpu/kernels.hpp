@@ -33,6 +33,10 @@ struct attention_args {
   // head h's score of key c gains slopes[h] * distance.
   const float* alibi_slopes = nullptr;
   const float* alibi_dist = nullptr;
+  // Every token as a decode token (the per-query form over key ranges fixed by the capacity): a
+  // speculation verify window, whose logits must be the bits decode would have given. Prefill chunks
+  // keep the block form, which gives a token the same bits whatever chunk it is in.
+  bool per_token = false;
 };
 void attention(const attention_args& a, thread_pool& pool, isa level);
 

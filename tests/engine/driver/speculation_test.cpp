@@ -91,8 +91,8 @@ TEST(speculation, every_family_gives_its_own_tokens_with_prompt_lookup) {
   }
 }
 
-// A verify window's tokens are computed as decode tokens (the CPU attention runs steps of up to 17
-// tokens a row per token, over key ranges fixed by the capacity), and every other op is row-wise or
+// A verify window's tokens are computed as decode tokens (the CPU attention runs an all-token-logits
+// entry per token, over key ranges fixed by the capacity), and every other op is row-wise or
 // batch-invariant, so drafts change no bit of the log-probabilities. That matters most for block
 // formats: their activations are rounded to 8 bits before each product, and a one-ulp difference in
 // an attention sum became 0.05 of log-probability and a different greedy token on a q8_0 file.

@@ -64,6 +64,10 @@ instr lower_attention(lower_ctx& c) {
       a.R = geo.R, a.T = geo.T, a.C = geo.C;
       a.scale = geo.scale;
       a.softcap = geo.softcap;
+      // An entry with every token's logits (a verify window; Head::Logits) computes each token as decode
+      // does (attention_args::per_token).
+      for (const auto& o : g.outputs())
+        if (o.name == "logits" && a.T > 1 && g.info(o.value).type.dims.rank() == 2 && g.info(o.value).type.dims[0] == a.R * a.T) a.per_token = true;
       const std::int64_t S = geo.S;
       const auto* index = P(e.inputs[3]);
       const auto index_type = T(e.inputs[3]).type;

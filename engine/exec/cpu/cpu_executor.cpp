@@ -16,6 +16,7 @@
 #include "engine/compile/passes.hpp"
 #include "engine/exec/cpu/kernels.hpp"
 #include "engine/exec/cpu/matmul.hpp"
+#include "engine/exec/cpu/matmul_detail.hpp"
 #include "engine/exec/cpu/lowering/lower.hpp"
 #include "engine/exec/cpu/thread_pool.hpp"
 
@@ -245,6 +246,7 @@ result<entry_id, exec_error> cpu_executor::add_entry(executable_id exe, const gr
   // The small packed weights are held in their own form now; drop the file pages they were read from,
   // those they share with neighbours included.
   for (const auto& view : held) ex.weights->release(view, true);
+  detail::trim_weight_slabs();  // the unused end of the weight slab being carved (matmul.cpp)
   impl_->entries.push_back(std::move(en));
   return entry_id{static_cast<std::uint32_t>(impl_->entries.size() - 1)};
 }

@@ -73,6 +73,9 @@ aligned_bytes allocate_aligned(std::size_t bytes);
 // The same for packed weights, which decode streams from memory: on transparent huge pages, small
 // ones sharing slabs of them.
 aligned_bytes allocate_weights(std::size_t bytes);
+// Hands back the pages of the slab being carved past its last matrix (a later matrix faults them in
+// again): an executor calls it once an entry's weights are packed.
+void trim_weight_slabs();
 
 inline constexpr std::size_t round64(std::size_t n) { return (n + 63) / 64 * 64; }
 

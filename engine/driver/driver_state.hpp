@@ -179,10 +179,19 @@ struct driver_state {
   std::vector<std::string> row_states;
   // Copies state rows (pairs of rows of every per-row state) on rank 0 and every other rank.
   result<void, driver_error> copy_row_states(std::span<const std::pair<std::int64_t, std::int64_t>> pairs);
-  // A verify window's tokens again, from the pending token through `accepted` drafts, for rows whose
-  // state was restored from its snapshot: their state advances by exactly what was committed.
-  result<void, driver_error> replay_accepted(const std::vector<std::tuple<sequence*, std::int64_t, std::vector<std::int32_t>>>& rows,
-                                             step_report& report);
+  // A row of a verify window (or its replay): position p's token, then `drafts`; padding repeats the
+  // last position and writes nothing.
+  void window_row(step_maps& m, std::int64_t r, const sequence& s, std::int64_t p, std::span<const std::int32_t> drafts) const;
+  // Entry `key` on rank 0 and every other rank, timed as executor work.
+  result<exec::step_outputs, exec::exec_error> step_everywhere(const entry_key& key, const exec::step_inputs& in);
+  // A verify window again, the pending token at p and the accepted drafts, for rows whose state was
+  // restored from its snapshot: their state advances by exactly what was committed.
+  struct replay_row {
+    sequence* s;
+    std::int64_t p;
+    std::vector<std::int32_t> accepted;
+  };
+  result<void, driver_error> replay_accepted(const std::vector<replay_row>& rows, step_report& report);
   // LoRA adapters (adapters.cpp): loaded by name, slot_owner[s] the one resident in slot s.
   std::map<std::string, loaded_adapter> adapters;
   std::vector<std::string> slot_owner;

@@ -378,26 +378,12 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
   const auto R = *std::lower_bound(row_buckets.begin(), row_buckets.end(), D);
   std::size_t longest = 0;
   for (const auto& d : drafted) longest = std::max(longest, d.size());
-  const auto T = *std::lower_bound(verify_widths.begin(), verify_widths.end(), static_cast<std::int64_t>(longest) + 1), C = options.capacity;
+  const auto T = *std::lower_bound(verify_widths.begin(), verify_widths.end(), static_cast<std::int64_t>(longest) + 1);
   const auto key = verify_key(R, T);
-  const auto entry = entries.at(key);
-  step_maps maps(R, T, C);
-  auto* idp = maps.ids.as<std::int32_t>();
-  auto* pp = maps.pos.as<std::int32_t>();
-  auto* wp = maps.write.as<std::int32_t>();
-  auto* rp = maps.read.as<std::int32_t>();
+  step_maps maps(R, T, options.capacity);
   for (std::int64_t r = 0; r < D; ++r) {
     const auto& s = *rows[static_cast<std::size_t>(r)];
-    const auto& d = drafted[static_cast<std::size_t>(r)];
-    const std::int64_t p = s.computed, k = static_cast<std::int64_t>(d.size());
-    for (std::int64_t t = 0; t < T; ++t) {
-      const bool real = t <= k;  // the pending token, then the drafts; padding repeats the last position and writes nothing
-      idp[r * T + t] = !real ? 0 : t == 0 ? s.tokens[static_cast<std::size_t>(p)] : d[static_cast<std::size_t>(t - 1)];
-      pp[r * T + t] = static_cast<std::int32_t>(p + std::min(t, k));
-      wp[r * T + t] = real ? slot_of(s, p + t) : -1;
-    }
-    for (std::int64_t j = 0; j <= p + k; ++j) rp[r * C + j] = slot_of(s, j);
-    maps.row_of(r, s);
+    window_row(maps, r, s, s.computed, drafted[static_cast<std::size_t>(r)]);
   }
   auto fail = [&](const std::string& why) {
     for (auto* s : rows) {
@@ -418,15 +404,7 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
       }
     if (auto c = copy_row_states(keep); !c) return fail(c.error().message());
   }
-  const auto in = bind(key, maps.values());
-  std::optional<others_run> others;
-  if (!ranks.empty()) others.emplace(rank_threads(), key, in);
-  auto out = [&] {
-    timed t{counters.executor_seconds};
-    return ex->step(entry, in);
-  }();
-  if (others)
-    if (auto e = others->wait(); e && out) out = unexpected(*e);
+  auto out = step_everywhere(key, bind(key, maps.values()));
   ++report.executor_steps;
   ++counters.verify_steps;
   if (!out) return fail(out.error().message());
@@ -435,7 +413,7 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
   const auto V = it->second.shape()[1];
   const float* logits = it->second.as<float>();
   const auto K = options.speculation.tokens;
-  std::vector<std::tuple<sequence*, std::int64_t, std::vector<std::int32_t>>> replay;  // rows whose state must come back
+  std::vector<replay_row> replay;  // rows whose state must come back
   for (std::int64_t r = 0; r < D; ++r) {
     auto& s = *rows[static_cast<std::size_t>(r)];
     const auto& d = drafted[static_cast<std::size_t>(r)];
@@ -473,11 +451,7 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
       if (k > 0) s.misses = m == 0 ? s.misses + 1 : 0;
       if (s.misses >= 3) s.pause = std::int64_t{1} << std::min<std::int64_t>(s.misses - 3, 5);
     }
-    if (snapshots && m < k) {
-      std::vector<std::int32_t> kept{s.tokens[static_cast<std::size_t>(s.computed)]};
-      kept.insert(kept.end(), d.begin(), d.begin() + m);
-      replay.emplace_back(&s, s.computed, std::move(kept));
-    }
+    if (snapshots && m < k) replay.push_back({&s, s.computed, {d.begin(), d.begin() + m}});
     // Commit: the pending token's and the accepted drafts' KV is in place; the rest is overwritten later.
     hand_hidden(*out, s, r * T, s.computed, 1 + m);
     s.computed += 1 + m;
@@ -493,10 +467,10 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
   report.decode_rows += D;
   // A finished sequence's state goes with it; the others return to their state before the window and
   // take the committed tokens again.
-  std::erase_if(replay, [](const auto& t) { return std::get<0>(t)->phase != seq_phase::running || std::get<0>(t)->state_row < 0; });
+  std::erase_if(replay, [](const replay_row& x) { return x.s->phase != seq_phase::running || x.s->state_row < 0; });
   if (!replay.empty())
     if (auto r = replay_accepted(replay, report); !r) {
-      for (auto& [s, p, toks] : replay) {
+      for (auto& [s, p, accepted] : replay) {
         finish(*s, finish_reason::error);
         updates[s->id].id = s->id;
         updates[s->id].finished = finish_reason::error;
@@ -518,32 +492,19 @@ result<void, driver_error> driver_state::copy_row_states(std::span<const std::pa
   return {};
 }
 
-result<void, driver_error> driver_state::replay_accepted(const std::vector<std::tuple<sequence*, std::int64_t, std::vector<std::int32_t>>>& rows,
-                                                         step_report& report) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> back;
-  std::size_t longest = 0;
-  for (const auto& [s, p, toks] : rows) {
-    back.emplace_back(s->state_row + options.max_rows, s->state_row);
-    longest = std::max(longest, toks.size());
+void driver_state::window_row(step_maps& m, std::int64_t r, const sequence& s, std::int64_t p, std::span<const std::int32_t> drafts) const {
+  const std::int64_t C = m.read.shape()[1], T = m.ids.shape()[0] / m.read.shape()[0], k = static_cast<std::int64_t>(drafts.size());
+  for (std::int64_t t = 0; t < T; ++t) {
+    const bool real = t <= k;
+    m.ids.as<std::int32_t>()[r * T + t] = !real ? 0 : t == 0 ? s.tokens[static_cast<std::size_t>(p)] : drafts[static_cast<std::size_t>(t - 1)];
+    m.pos.as<std::int32_t>()[r * T + t] = static_cast<std::int32_t>(p + std::min(t, k));
+    m.write.as<std::int32_t>()[r * T + t] = real ? slot_of(s, p + t) : -1;
   }
-  if (auto c = copy_row_states(back); !c) return c;
-  const auto D = static_cast<std::int64_t>(rows.size());
-  const auto R = *std::lower_bound(row_buckets.begin(), row_buckets.end(), D);
-  const auto T = *std::lower_bound(verify_widths.begin(), verify_widths.end(), static_cast<std::int64_t>(longest)), C = options.capacity;
-  const auto key = verify_key(R, T);
-  step_maps maps(R, T, C);
-  for (std::int64_t r = 0; r < D; ++r) {
-    const auto& [s, p, toks] = rows[static_cast<std::size_t>(r)];
-    const auto n = static_cast<std::int64_t>(toks.size());
-    for (std::int64_t t = 0; t < T; ++t) {  // padding repeats the last position and writes nothing
-      maps.ids.as<std::int32_t>()[r * T + t] = t < n ? toks[static_cast<std::size_t>(t)] : 0;
-      maps.pos.as<std::int32_t>()[r * T + t] = static_cast<std::int32_t>(p + std::min(t, n - 1));
-      maps.write.as<std::int32_t>()[r * T + t] = t < n ? slot_of(*s, p + t) : -1;
-    }
-    for (std::int64_t j = 0; j < p + n; ++j) maps.read.as<std::int32_t>()[r * C + j] = slot_of(*s, j);
-    maps.row_of(r, *s);
-  }
-  const auto in = bind(key, maps.values());
+  for (std::int64_t j = 0; j <= p + k; ++j) m.read.as<std::int32_t>()[r * C + j] = slot_of(s, j);
+  m.row_of(r, s);
+}
+
+result<exec::step_outputs, exec::exec_error> driver_state::step_everywhere(const entry_key& key, const exec::step_inputs& in) {
   std::optional<others_run> others;
   if (!ranks.empty()) others.emplace(rank_threads(), key, in);
   auto out = [&] {
@@ -552,6 +513,24 @@ result<void, driver_error> driver_state::replay_accepted(const std::vector<std::
   }();
   if (others)
     if (auto e = others->wait(); e && out) out = unexpected(*e);
+  return out;
+}
+
+result<void, driver_error> driver_state::replay_accepted(const std::vector<replay_row>& rows, step_report& report) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> back;
+  std::size_t longest = 0;
+  for (const auto& x : rows) {
+    back.emplace_back(x.s->state_row + options.max_rows, x.s->state_row);
+    longest = std::max(longest, x.accepted.size());
+  }
+  if (auto c = copy_row_states(back); !c) return c;
+  const auto D = static_cast<std::int64_t>(rows.size());
+  const auto R = *std::lower_bound(row_buckets.begin(), row_buckets.end(), D);
+  const auto T = *std::lower_bound(verify_widths.begin(), verify_widths.end(), static_cast<std::int64_t>(longest) + 1);
+  const auto key = verify_key(R, T);
+  step_maps maps(R, T, options.capacity);
+  for (std::int64_t r = 0; r < D; ++r) window_row(maps, r, *rows[static_cast<std::size_t>(r)].s, rows[static_cast<std::size_t>(r)].p, rows[static_cast<std::size_t>(r)].accepted);
+  auto out = step_everywhere(key, bind(key, maps.values()));
   ++report.executor_steps;
   if (!out) return unexpected(driver_error{driver_error_code::step_failed, "replay of accepted drafts " + key.str() + ": " + out.error().message()});
   return {};

@@ -22,11 +22,13 @@ result<std::vector<double>, config_error> gguf_rope_factors(const config_reader&
   if (!t) return unexpected(r.error(name, "missing: llama.cpp's LongRoPE stores rope_factors_long and rope_factors_short together"));
   if (t->type() != dtype::f32 || t->shape().rank() != 1)
     return unexpected(r.error(name, "expected an f32 vector, found " + std::string(troupe::name(t->type())) + " " + t->shape().str()));
-  std::vector<double> out;
-  for (std::int64_t i = 0; i < t->numel() && i <= dims; ++i) {
+  if (t->numel() != dims / 2)
+    return unexpected(r.error(name, std::to_string(t->numel()) + " values for a rotary width of " + std::to_string(dims) + " (one per pair)"));
+  std::vector<double> out(static_cast<std::size_t>(t->numel()));
+  for (std::size_t i = 0; i < out.size(); ++i) {
     float v;
     std::memcpy(&v, t->data() + 4 * i, 4);
-    out.push_back(v);
+    out[i] = v;
   }
   if (auto ok = check_rope_factors(r, name, out, dims); !ok) return unexpected(ok.error());
   return out;

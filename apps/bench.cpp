@@ -52,6 +52,21 @@ double measure_read_bandwidth(std::size_t bytes, int threads) {
 
 namespace {
 
+// What the products run on at `level`: the AMX units in use, or why none is (the avx512 level only).
+std::string amx_text(exec::cpu::isa level) {
+  if (level != exec::cpu::isa::avx512) return "off: the " + std::string(exec::cpu::isa_name(level)) + " level";
+  const auto& a = exec::cpu::amx();
+  std::string on = std::string(a.bf16 ? "bf16" : "") + (a.bf16 && a.int8 ? "," : "") + (a.int8 ? "int8" : "");
+  if (on.empty()) return "off: " + a.why_not;
+  return on;
+}
+std::string isa_text(exec::cpu::isa level) {
+  const auto& a = exec::cpu::amx();
+  std::string s(exec::cpu::isa_name(level));
+  if (level == exec::cpu::isa::avx512 && (a.bf16 || a.int8)) s += " with AMX (" + amx_text(level) + ")";
+  return s;
+}
+
 double median_of(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -164,6 +179,7 @@ int run_batch_bench(const bench_options& o, std::shared_ptr<const families::mode
     j["model"] = o.model;
     j["threads"] = ex.threads();
     j["isa"] = std::string(exec::cpu::isa_name(ex.level()));
+    j["amx"] = amx_text(ex.level());
     j["batch"] = o.batch;
     j["prompt_len"] = o.prompt_len;
     j["gen"] = o.gen;
@@ -174,7 +190,7 @@ int run_batch_bench(const bench_options& o, std::shared_ptr<const families::mode
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("model %s, %d threads, %s, driver with %lld rows\n", o.model.c_str(), ex.threads(),
-                std::string(exec::cpu::isa_name(ex.level())).c_str(), static_cast<long long>(o.batch));
+                isa_text(ex.level()).c_str(), static_cast<long long>(o.batch));
     std::printf("decode_tok_s %.2f aggregate over %lld sequences (batch 1: %.2f): %.2fx\n", many->decode_tok_s,
                 static_cast<long long>(o.batch), one->decode_tok_s, ratio);
     std::printf("prefill_tok_s %.1f aggregate (prompt %lld each)\n", many->prefill_tok_s, static_cast<long long>(o.prompt_len));
@@ -639,6 +655,7 @@ int run_bench(const bench_options& o) {
     j["model"] = o.model;
     j["threads"] = ex.threads();
     j["isa"] = std::string(exec::cpu::isa_name(ex.level()));
+    j["amx"] = amx_text(ex.level());
     j["prompt_len"] = o.prompt_len;
     j["gen"] = o.gen;
     j["prefill_tok_s"] = p;
@@ -659,7 +676,7 @@ int run_bench(const bench_options& o) {
     j["bandwidth_gb_s_max"] = *std::max_element(bandwidth.begin(), bandwidth.end()) / 1e9;
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("model %s, %d threads, %s\n", o.model.c_str(), ex.threads(), std::string(exec::cpu::isa_name(ex.level())).c_str());
+    std::printf("model %s, %d threads, %s\n", o.model.c_str(), ex.threads(), isa_text(ex.level()).c_str());
     std::printf("prefill_tok_s %.1f (prompt %lld)\ndecode_tok_s %.2f (%lld tokens)\n", p, static_cast<long long>(o.prompt_len), d,
                 static_cast<long long>(o.gen));
     std::printf("bandwidth %.1f GB/s (median of a sample after each run, %.1f-%.1f), weights %.1f MB: decode bound %.2f tok/s, "

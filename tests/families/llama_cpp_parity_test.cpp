@@ -554,12 +554,20 @@ INSTANTIATE_TEST_SUITE_P(types, llama_cpp_kv_types,
 // powers of two, 1 to 3 layers where the family's layer pattern allows, and other expert counts,
 // experts per token and state sizes. Each case runs the oracle on both forms and the CPU executor on
 // the f32 GGUF against llama.cpp, with the dense bounds of the suites above. TROUPE_PARITY_SWEEP=N
-// runs N seeds per family instead of the one the suite keeps (an exploration knob, not a CI one; 6 seeds
-// of every family and 4 of the quantized sweep below ran clean on 2026-12-07).
+// runs N seeds per family instead of the one the suite keeps, from TROUPE_PARITY_SWEEP_FROM (default 1)
+// on (an exploration knob, not a CI one; 6 seeds of every family and 4 of the quantized sweep below ran
+// clean on 2026-12-07).
 struct sweep_case {
   std::string_view family;
   std::uint64_t seed;
 };
+// The sweeps' seeds: [TROUPE_PARITY_SWEEP_FROM, FROM + TROUPE_PARITY_SWEEP), [1, 1] by default.
+std::pair<std::uint64_t, std::uint64_t> sweep_seeds() {
+  std::uint64_t n = 1, from = 1;
+  if (const char* v = std::getenv("TROUPE_PARITY_SWEEP")) n = std::strtoull(v, nullptr, 10);
+  if (const char* v = std::getenv("TROUPE_PARITY_SWEEP_FROM")) from = std::max<std::uint64_t>(1, std::strtoull(v, nullptr, 10));
+  return {from, from + n - 1};
+}
 std::string sweep_case_name(const sweep_case& c) { return std::string(c.family) + "_seed" + std::to_string(c.seed); }
 void PrintTo(const sweep_case& c, std::ostream* os) { *os << sweep_case_name(c); }
 
@@ -666,14 +674,13 @@ TEST_P(llama_cpp_shape_sweep, unseen_shapes_match_llama_cpp) {
 }
 
 std::vector<sweep_case> sweep_cases() {
-  std::uint64_t seeds = 1;
-  if (const char* n = std::getenv("TROUPE_PARITY_SWEEP")) seeds = std::strtoull(n, nullptr, 10);
+  const auto [first, last] = sweep_seeds();
   std::vector<sweep_case> out;
   auto families = fixture_families();
   for (const auto f : recurrent_fixture_families())
     if (std::find(families.begin(), families.end(), f) == families.end()) families.push_back(f);
   for (const auto f : families)
-    for (std::uint64_t s = 1; s <= seeds; ++s) out.push_back({f, s});
+    for (std::uint64_t s = first; s <= last; ++s) out.push_back({f, s});
   return out;
 }
 
@@ -748,15 +755,14 @@ TEST_P(llama_cpp_quantized_shape_sweep, unseen_shapes_match_llama_cpp) {
 }
 
 std::vector<quant_sweep_case> quant_sweep_cases() {
-  std::uint64_t seeds = 1;
-  if (const char* n = std::getenv("TROUPE_PARITY_SWEEP")) seeds = std::strtoull(n, nullptr, 10);
+  const auto [first, last] = sweep_seeds();
   static constexpr dtype types[] = {dtype::q8_0, dtype::q4_0, dtype::q4_1, dtype::q5_0, dtype::q5_1, dtype::q2_k,
                                     dtype::q3_k, dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::iq4_nl, dtype::iq4_xs};
   std::vector<quant_sweep_case> out;
   std::size_t k = 0;
   for (const auto f : fixture_families()) {
     if (f.ends_with("moe") || f == "mixtral" || f.starts_with("deepseek") || f == "gpt_oss") continue;  // llama_cpp_routed_quantized's
-    for (std::uint64_t s = 1; s <= seeds; ++s) out.push_back({f, s, types[(std::hash<std::string_view>{}(f) + 7 * s + k++) % std::size(types)]});
+    for (std::uint64_t s = first; s <= last; ++s) out.push_back({f, s, types[(std::hash<std::string_view>{}(f) + 7 * s + k++) % std::size(types)]});
   }
   return out;
 }

@@ -4,6 +4,7 @@
 // lower level on a machine that has a higher one.
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace troupe::exec::cpu {
@@ -39,5 +40,17 @@ isa apply_isa_request(isa detected, std::string_view requested);
 
 // Whether the avx512 kernels may use vdpbf16ps (bf16 weights against bf16-rounded activations).
 bool has_bf16_dot();
+
+// The AMX tiles (Sapphire Rapids and later), which the avx512 level uses for products of 16 rows and
+// more: tdpbf16ps for bf16 weights (with has_bf16_dot's bf16 activations), tdpbssd for q8_0. Each is
+// used where the CPU has it (CPUID), the OS saves the tile state (XCR0), the kernel permits it
+// (arch_prctl(ARCH_REQ_XCOMP_PERM)) and its products equal the emulation's on a check product
+// (engine/exec/cpu/amx.cpp), decided once; `why_not` says what stopped one. TROUPE_CPU_AMX=0 turns
+// both off, as TROUPE_CPU_ISA below avx512 does.
+struct amx_status {
+  bool bf16 = false, int8 = false;
+  std::string why_not;
+};
+const amx_status& amx();
 
 }  // namespace troupe::exec::cpu

@@ -154,6 +154,30 @@ void compute_bf16_dot(const gemm_args& a) {
       [&]<int R>(std::int64_t p, std::int64_t m) { bf16_dot_tile<R, NV>(a, p, m); });
 }
 
+// With AMX: a task's rows in whole tiles (16 for bf16, 8 for q8_0) run on the tiles, the rest (decode,
+// a prefill's last rows) on the vector tiles; a bf16 K that is not a multiple of 32 stays on vectors.
+void split_rows(const gemm_args& a, std::int64_t whole, void (*tiles)(const gemm_args&), void (*vectors)(const gemm_args&)) {
+  gemm_args t = a;
+  if (whole > 0) {
+    t.m1 = a.m0 + whole;
+    tiles(t);
+  }
+  if (a.m0 + whole < a.m1) {
+    t.m0 = a.m0 + whole;
+    t.m1 = a.m1;
+    vectors(t);
+  }
+}
+template <int MR, int NV>
+void compute_bf16_amx(const gemm_args& a) {
+  split_rows(a, a.w->cols % 32 == 0 ? (a.m1 - a.m0) / 16 * 16 : 0, amx_bf16_rows_hardware, compute_bf16_dot<MR, NV>);
+}
+template <int MR>
+void compute_q8_0_amx(const gemm_args& a) {
+  const std::int64_t rows = a.m1 - a.m0;
+  split_rows(a, a.m0 % act32_group == 0 && rows >= 16 ? rows / act32_group * act32_group : 0, amx_q8_0_rows_hardware, compute_q8_0<v512, MR>);
+}
+
 kernel_table make_table() {
   kernel_table t{
       .f32 = {nullptr, nullptr, compute_f32<v512, 6, 4>},
@@ -177,6 +201,8 @@ kernel_table make_table() {
       .q2_k = {bytes256, prepare_q6_k<v512, 1>, compute_q6_k<v512, 10, k16::q2>},
   };
   if (has_bf16_dot()) t.bf16 = {bf16_act_bytes, prepare_bf16, compute_bf16_dot<8, 2>};
+  if (amx().bf16) t.bf16.compute = compute_bf16_amx<8, 2>;
+  if (amx().int8) t.q8_0.compute = compute_q8_0_amx<8>;
   return t;
 }
 

@@ -217,6 +217,15 @@ struct kernel_table {
   format_kernel f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, mxfp4, iq4_nl, iq4_xs, q4_a32, q8_a32, fp8_s32, q4_1, q5_0, q5_1, q5_k, q3_k, q2_k;
 };
 
+// The AMX products of detail/amx_tiles.hpp over rows [m0, m1) of a task: bf16 (K a multiple of 32,
+// rows a multiple of 16, bf16 activations in rows) and q8_0 (m0 and m1 multiples of 8, block-major
+// activations). The hardware's run only where amx_usable() says so (matmul_amx.cpp); the emulation's
+// anywhere (amx.cpp), for tests and for the check that admits the hardware.
+void amx_bf16_rows_hardware(const gemm_args& a);
+void amx_q8_0_rows_hardware(const gemm_args& a);
+void amx_bf16_rows_emulated(const gemm_args& a);
+void amx_q8_0_rows_emulated(const gemm_args& a);
+
 const kernel_table& scalar_kernels();
 const kernel_table& avx2_kernels();
 const kernel_table& avx512_kernels();

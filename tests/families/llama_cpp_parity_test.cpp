@@ -618,6 +618,10 @@ fixture_dims sweep_dims(const sweep_case& c) {
     d.ssm_state = pick({8, 16, 32});
     d.ssm_conv = pick({2, 3, 4});
     d.ssm_groups = f == "granite_hybrid" ? 1 : pick({1, 2});
+    // The Mamba2 heads (expand x hidden over head_dim) must split into the groups: a 64-wide model of
+    // 128-wide heads has one (nemotron_h_moe seed 10 drew two groups for it).
+    const auto mamba_heads = d.ssm_expand * d.hidden / d.head_dim;
+    if (mamba_heads % d.ssm_groups != 0) d.ssm_groups = 1;
   }
   return d;
 }

@@ -1,7 +1,9 @@
 // Beam search over the serving surface: a group's live beams decode as ordinary rows; after each
 // step the group keeps its `beams` best continuations, forks share their parent's KV blocks (a
 // partly filled block is copied, copy-on-write, through executor::copy_state_rows), and a beam
-// that draws an end token becomes a hypothesis.
+// that draws an end token becomes a hypothesis. A recurrent model's beams each own a state row: a
+// continuation takes its parent's state, copied row to row in an order that never overwrites a row
+// still to be read (a cycle goes through one spare row the search holds).
 #include <algorithm>
 #include <cmath>
 
@@ -13,6 +15,40 @@ namespace {
 
 double score_of(double logprob, std::int64_t length, float penalty) {
   return logprob / std::pow(static_cast<double>(std::max<std::int64_t>(length, 1)), static_cast<double>(penalty));
+}
+
+// The copies that give row dst[i] the state of row src[i] (every dst distinct), in an order that
+// reads each row before it is overwritten: a copy whose destination no pending copy reads goes first;
+// when every pending destination is still to be read (a cycle), one source moves to `spare` first.
+std::vector<std::pair<std::int64_t, std::int64_t>> reorder_copies(std::vector<std::int64_t> src, const std::vector<std::int64_t>& dst, std::int64_t spare) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  std::vector<bool> done(dst.size(), false);
+  for (std::size_t i = 0; i < dst.size(); ++i) done[i] = src[i] == dst[i];
+  auto read_later = [&](std::int64_t row) {
+    for (std::size_t j = 0; j < dst.size(); ++j)
+      if (!done[j] && src[j] == row) return true;
+    return false;
+  };
+  for (;;) {
+    bool progress = false, left = false;
+    for (std::size_t i = 0; i < dst.size(); ++i) {
+      if (done[i]) continue;
+      left = true;
+      if (read_later(dst[i])) continue;
+      out.emplace_back(src[i], dst[i]);
+      done[i] = true;
+      progress = true;
+    }
+    if (!left) return out;
+    if (progress) continue;
+    // A cycle: the first pending copy's source goes to the spare row, and its readers read it there.
+    std::size_t first = 0;
+    while (done[first]) ++first;
+    const auto from = src[first];
+    out.emplace_back(from, spare);
+    for (std::size_t j = 0; j < dst.size(); ++j)
+      if (!done[j] && src[j] == from) src[j] = spare;
+  }
 }
 
 void keep_best(std::vector<beam_result>& done, std::size_t width) {
@@ -126,6 +162,10 @@ result<void, driver_error> driver_state::beam_step(seq_id head_id, const std::ve
     std::int64_t computed, generated;
   };
   std::vector<state> states;
+  // A recurrent model: the state row of each live beam now, which its continuations start from.
+  std::vector<std::int64_t> parent_rows;
+  if (recurrent)
+    for (auto id : g.live) parent_rows.push_back(seqs.at(id).state_row);
   for (const auto& c : next) {
     const auto& p = seqs.at(g.live[c.parent]);
     state s{p.tokens, p.blocks, p.chain, p.computed, p.generated + 1};
@@ -152,16 +192,35 @@ result<void, driver_error> driver_state::beam_step(seq_id head_id, const std::ve
     f.cached = 0;
     if (auto h = ex->open_history(f.id, vocab, std::span(head.tokens.data(), static_cast<std::size_t>(head.prompt_len)), head.req.logit_bias); !h)
       return unexpected(driver_error{driver_error_code::step_failed, "beam fork: " + h.error().message()});
+    if (recurrent) {  // its rows were reserved with the search: one is free
+      if (free_state_rows.empty()) return unexpected(driver_error{driver_error_code::step_failed, "beam fork: no recurrent state row is free"});
+      f.state_row = free_state_rows.back();
+      free_state_rows.pop_back();
+    }
     running.push_back(f.id);
     g.live.push_back(f.id);
-    if (g.reserved > 0) --g.reserved;
+    if (g.reserved > (recurrent ? 1 : 0)) --g.reserved;  // a recurrent search keeps its staging row
     seqs.emplace(f.id, std::move(f));
+  }
+  if (recurrent) {  // each continuation's state row takes its parent's state, before any beam leaves
+    std::vector<std::int64_t> src, dst;
+    for (std::size_t i = 0; i < next.size(); ++i) {
+      src.push_back(parent_rows[next[i].parent]);
+      dst.push_back(seqs.at(g.live[i]).state_row);
+    }
+    if (free_state_rows.empty()) return unexpected(driver_error{driver_error_code::step_failed, "beam reorder: no recurrent state row is free"});
+    const auto order = reorder_copies(src, dst, free_state_rows.back());
+    if (auto c = copy_row_states(order); !c) {
+      end_beams(head, updates);
+      return unexpected(driver_error{driver_error_code::step_failed, "beam reorder: " + c.error().message()});
+    }
   }
   while (g.live.size() > next.size()) {  // fewer continuations than beams (a tiny vocabulary)
     auto f = seqs.find(g.live.back());
     if (f != seqs.end() && f->first != head.id) {
       finish(f->second, finish_reason::cancelled);
       seqs.erase(f);
+      ++g.reserved;  // its row stays the search's, for a later fork
     }
     g.live.pop_back();
   }
@@ -191,8 +250,9 @@ result<void, driver_error> driver_state::beam_step(seq_id head_id, const std::ve
     g.logprob.resize(next.size());
     g.logprob[i] = next[i].logprob;
   }
-  if (!copies.empty())
-    if (auto c = ex->copy_state_rows(exe, copies); !c) {
+  // The KV pools' slots only (a recurrent model's per-row states are not indexed by slot), on every rank.
+  if (!copies.empty() && (!recurrent || !kv_states.empty()))
+    if (auto c = copy_rows(copies, kv_states); !c) {
       end_beams(head, updates);
       return unexpected(driver_error{driver_error_code::step_failed, "beam fork: " + c.error().message()});
     }

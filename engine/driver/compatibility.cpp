@@ -38,7 +38,6 @@ constexpr refused_pair compatibility_table[] = {
     {feature::request_inputs, feature::draft_policy, "a draft (and a verify window) cannot read the target's request inputs"},
     {feature::beam_search, feature::request_inputs, "beams would have to copy per-row request inputs on every fork"},
     {feature::recurrent_state, feature::prefix_cache, "recurrent state is not a function of a block of tokens, so it cannot be shared by prefix"},
-    {feature::recurrent_state, feature::beam_search, "a beam fork would have to copy and reorder its recurrent state rows"},
     {feature::adapter, feature::placement, "adapters are loaded per executable, not split across a placement"},
     {feature::adapter, feature::beam_search, "beams fork rows of one adapter slot; not offered together yet"},
     {feature::adapter, feature::recurrent_state, "adapters target attention and feed-forward linears; recurrent models are not offered with them yet"},

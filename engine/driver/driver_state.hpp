@@ -73,7 +73,7 @@ struct beam_group {
   std::vector<seq_id> live;
   std::vector<double> logprob;
   std::vector<beam_result> done;
-  std::int64_t reserved = 0;  // rows held for forks not made yet
+  std::int64_t reserved = 0;  // rows held for forks not made yet (and, for a recurrent model, one to stage its state rows' reorder)
 };
 
 inline std::vector<std::int64_t> buckets(std::int64_t first, std::int64_t last) {
@@ -176,9 +176,12 @@ struct driver_state {
   // taken back out of it (restore, then run the accepted tokens again). `row_states` names the per-row
   // states (not the KV pools, whose rows are slots).
   bool snapshots = false;
-  std::vector<std::string> row_states;
+  std::vector<std::string> row_states, kv_states;  // the per-row states; the others (KV pools)
+  // Copies rows, in order, of the states `names` names (all of them when empty) on rank 0 and every
+  // other rank in this process.
+  result<void, driver_error> copy_rows(std::span<const std::pair<std::int64_t, std::int64_t>> pairs, const std::vector<std::string>& names);
   // Copies state rows (pairs of rows of every per-row state) on rank 0 and every other rank.
-  result<void, driver_error> copy_row_states(std::span<const std::pair<std::int64_t, std::int64_t>> pairs);
+  result<void, driver_error> copy_row_states(std::span<const std::pair<std::int64_t, std::int64_t>> pairs) { return copy_rows(pairs, row_states); }
   // A row of a verify window (or its replay): position p's token, then `drafts`; padding repeats the
   // last position and writes nothing.
   void window_row(step_maps& m, std::int64_t r, const sequence& s, std::int64_t p, std::span<const std::int32_t> drafts) const;

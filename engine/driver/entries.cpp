@@ -48,8 +48,7 @@ result<void, driver_error> driver_state::validate() {
   if (recurrent) {
     // The table refuses the prefix cache with recurrent state: it is off for this model, not an error.
     options.prefix_cache = false;
-    for (const auto& d : st)
-      if (d.per_row) row_states.push_back(d.name);
+    for (const auto& d : st) (d.per_row ? row_states : kv_states).push_back(d.name);
     snapshots = sp.kind != draft_kind::none;
     if (snapshots)
       for (const auto& r : o.other_ranks)

@@ -480,15 +480,15 @@ result<void, driver_error> driver_state::run_verify(std::vector<sequence*>& rows
   return {};
 }
 
-result<void, driver_error> driver_state::copy_row_states(std::span<const std::pair<std::int64_t, std::int64_t>> pairs) {
+result<void, driver_error> driver_state::copy_rows(std::span<const std::pair<std::int64_t, std::int64_t>> pairs, const std::vector<std::string>& names) {
   if (pairs.empty()) return {};
   auto failed = [](std::size_t rank, const exec::exec_error& e) {
     return unexpected(driver_error{driver_error_code::step_failed, "state rows on rank " + std::to_string(rank) + ": " + e.message()});
   };
-  if (auto c = ex->copy_state_rows(exe, pairs, row_states); !c) return failed(0, c.error());
+  if (auto c = ex->copy_state_rows(exe, pairs, names); !c) return failed(0, c.error());
   for (std::size_t i = 0; i < ranks.size(); ++i)
     if (ranks[i].ex)
-      if (auto c = ranks[i].ex->copy_state_rows(ranks[i].exe, pairs, row_states); !c) return failed(i + 1, c.error());
+      if (auto c = ranks[i].ex->copy_state_rows(ranks[i].exe, pairs, names); !c) return failed(i + 1, c.error());
   return {};
 }
 
@@ -610,7 +610,9 @@ result<step_report, driver_error> driver_state::round() {
   while (!waiting.empty() && static_cast<std::int64_t>(running.size()) + reserved_rows() < options.max_rows) {
     auto& s = seqs.at(waiting.front());
     // A beam search takes its width in rows: the forks it makes after its prompt.
-    if (s.req.beams > 1 && static_cast<std::int64_t>(running.size()) + reserved_rows() + s.req.beams > options.max_rows) break;
+    // A recurrent model's search holds one row more, to stage the reorder of its beams' state rows.
+    const std::int64_t width = s.req.beams > 1 ? s.req.beams + (recurrent ? 1 : 0) : 0;
+    if (width > 0 && static_cast<std::int64_t>(running.size()) + reserved_rows() + width > options.max_rows) break;
     const auto need = (static_cast<std::int64_t>(s.tokens.size()) + block_size) / block_size;
     if (!running.empty() && pool->available() < need) break;
     // Its adapter resident first: with every slot held by running sequences it waits for one.
@@ -619,7 +621,7 @@ result<step_report, driver_error> driver_state::round() {
     if (!*ready) break;
     waiting.pop_front();
     if (auto a = admit(s); !a) return unexpected(a.error());
-    if (auto g = groups.find(s.id); g != groups.end()) g->second.reserved = s.req.beams - 1;
+    if (auto g = groups.find(s.id); g != groups.end()) g->second.reserved = width - 1;
   }
 
   // Decode rows: running sequences with exactly their last pick pending.

@@ -154,6 +154,10 @@ using troupe::testing::log_softmax;
 double tolerance(const parity_case& c) {
   return c.family == "gemma" || c.family == "gemma2" || c.family == "gemma3" || c.family == "starcoder2" || c.family == "bloom" || c.family == "mpt" ? 3e-3 : 1e-3;
 }
+// A checkpoint form's bound against llama.cpp: MPT's two forms follow two definitions of its MLP's GELU
+// (families/mpt: HF's MptMLP the exact erf form, llama.cpp's the tanh form), so against llama.cpp the
+// HF form carries that gap too (3.7e-3 over three layers at sweep seed 13, against 2.9e-3 for the GGUF).
+double form_tolerance(std::string_view family, bool hf, double tol) { return family == "mpt" && hf ? tol + 2e-3 : tol; }
 
 // A runner (the oracle's or an executor's) greedily along llama.cpp's run `ref` of `prompt`: every top-5
 // log-probability within `tol`, the greedy ids equal until a near-tie (llama.cpp's top-2 gap under 0.05,
@@ -215,7 +219,7 @@ TEST_P(llama_cpp_parity, greedy_ids_and_top5_logprobs_match) {
     SCOPED_TRACE(form.string());
     auto h = model_handle::load(form, registry::builtin());
     ASSERT_TRUE(h) << message(h.error());
-    const auto [compared, worst] = follow_llama_cpp(*h, prompt, ref, tolerance(c), 128);
+    const auto [compared, worst] = follow_llama_cpp(*h, prompt, ref, form_tolerance(c.family, form == hf, tolerance(c)), 128);
     std::printf("[ parity ] %s %s: %d/%d greedy positions identical, worst top-5 |dlogprob| %.2e\n", case_name(c).c_str(),
                 form.extension() == ".gguf" ? "gguf" : "safetensors", compared, steps, worst);
     EXPECT_GE(compared, 8) << "too few positions compared to mean anything";
@@ -659,7 +663,7 @@ TEST_P(llama_cpp_shape_sweep, unseen_shapes_match_llama_cpp) {
     SCOPED_TRACE(form.string());
     auto h = model_handle::load(form, registry::builtin());
     ASSERT_TRUE(h) << message(h.error());
-    const auto [compared, worst] = follow_llama_cpp(*h, prompt, ref, tol, 128);
+    const auto [compared, worst] = follow_llama_cpp(*h, prompt, ref, form_tolerance(c.family, form == hf, tol), 128);
     std::printf("[ sweep ] %s oracle %s: %d/%d greedy positions identical, worst top-5 |dlogprob| %.2e\n", sweep_case_name(c).c_str(),
                 form.extension() == ".gguf" ? "gguf" : "safetensors", compared, steps, worst);
     EXPECT_GE(compared, 4);

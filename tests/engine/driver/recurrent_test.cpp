@@ -1,8 +1,8 @@
 // Recurrent models through the driver (engine/driver: state rows; families/mamba2, nemotron_h, qwen3_next): each sequence
 // owns a row of every state pool while it holds blocks, so sequences batched together, queued behind
 // a full batch (their rows reused), preempted and recomputed, chained, or resumed from prior output
-// give the tokens each gives alone; drafts are taken back out of the state; the table turns the prefix
-// cache off and refuses beams.
+// give the tokens each gives alone; drafts are taken back out of the state; beams each carry their own
+// state row, reordered with the beams; the table turns the prefix cache off.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +12,7 @@
 #include "engine/exec/cpu/cpu_executor.hpp"
 #include "families/fixtures/fixture.hpp"
 #include "families/registry.hpp"
+#include "tests/support/beam_reference.hpp"
 #include "tests/support/driver_fixture.hpp"
 
 namespace troupe::driver {
@@ -196,8 +197,7 @@ TEST_P(recurrent, drafts_are_taken_back_out_of_the_state_and_change_nothing) {
 }
 
 // A recurrent draft model has no earlier state to cut its mirror back to: refused at prepare, by name.
-// Beams stay a pair of the table.
-TEST_P(recurrent, a_recurrent_draft_model_and_beams_are_refused) {
+TEST_P(recurrent, a_recurrent_draft_model_is_refused) {
   auto h = recurrent_model(GetParam());
   exec::cpu::cpu_executor ex;
   auto o = options();
@@ -207,13 +207,37 @@ TEST_P(recurrent, a_recurrent_draft_model_and_beams_are_refused) {
   ASSERT_FALSE(spec);
   EXPECT_EQ(spec.error().second.code, driver_error_code::prepare_failed);
   EXPECT_NE(spec.error().second.message().find("recurrent draft model"), std::string::npos) << spec.error().second.message();
+}
 
-  auto d = test::serve(h, ex, options());
-  auto r = test::request(prompt(1, 5), 4);
-  r.beams = 2;
-  auto id = d.open(r);
-  ASSERT_FALSE(id);
-  EXPECT_EQ(id.error().code, driver_error_code::incompatible);
+// Beam search over state rows: each beam owns a row, a continuation takes its parent's state (copied in
+// an order that never overwrites a row still to be read, a cycle through the search's spare row), and
+// the beams, scores and finish reasons equal the definition's over full recomputation of every prefix
+// (tests/support/beam_reference.hpp), widths 2 to 4, alone and beside a plain sequence, whose tokens do
+// not move. A reorder that skips the copies, or copies in place without the order, fails it.
+TEST_P(recurrent, beams_carry_their_state_rows_and_equal_the_definition) {
+  auto h = recurrent_model(GetParam());
+  exec::cpu::cpu_executor ex;
+  auto o = options();
+  o.max_rows = 6;  // four beams, the staging row, and a plain sequence
+  auto d = test::serve(h, ex, o);
+  for (int W : {2, 4}) {
+    SCOPED_TRACE("width " + std::to_string(W));
+    auto r = test::request(prompt(W, 9), 6);
+    r.beams = W;
+    auto g = d.generate(r);
+    ASSERT_TRUE(g) << g.error().message();
+    const auto want = test::reference(h, prompt(W, 9), W, 6, {}, 1.0, false);
+    test::expect_same(g->beams, want);
+    EXPECT_EQ(g->tokens, want.front().tokens);
+  }
+  auto beams = test::request(prompt(7, 9), 6);
+  beams.beams = 3;
+  const std::vector<seq_request> reqs = {test::request(prompt(8, 12), 10), beams};
+  std::vector<std::vector<std::int32_t>> alone;
+  for (const auto& r : reqs) alone.push_back(d.generate(r)->tokens);
+  const auto together = test::run_all(d, reqs);
+  for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(together[i].tokens, alone[i]) << "request " << i;
+  EXPECT_TRUE(d.idle());
 }
 
 INSTANTIATE_TEST_SUITE_P(families, recurrent, ::testing::ValuesIn(families::recurrent_fixture_families()),

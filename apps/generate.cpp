@@ -236,7 +236,8 @@ int run_generate(const generate_options& o) {
       ex = &replica->head_executor();
       rank0 = replica->head();
     }
-    opt.max_rows = std::max(1, o.beams);  // a beam search decodes its beams as rows
+    // A beam search decodes its beams as rows, and a recurrent model's search holds one row more.
+    opt.max_rows = o.beams > 1 ? o.beams + 1 : 1;
     // The paged pool holds whole blocks: the capacity rounds up to one (max_tokens still bounds the output).
     opt.block_size = std::min<std::int64_t>(16, capacity);
     opt.capacity = (capacity + opt.block_size - 1) / opt.block_size * opt.block_size;

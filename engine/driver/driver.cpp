@@ -134,9 +134,12 @@ result<seq_id, driver_error> driver<serving>::open(seq_request req) {
   if (req.beams < 1) return refuse(driver_error_code::bad_request, "beams must be at least 1");
   if (req.beams > 1) {
     const auto& sp = req.sampling;
-    if (req.beams > exec::max_top_logprobs / 2 || req.beams > st.options.max_rows)
-      return refuse(driver_error_code::bad_request, "beams must be at most " + std::to_string(std::min<std::int64_t>(exec::max_top_logprobs / 2, st.options.max_rows)) +
-                                                        " (half the top log-probabilities a step reports, and the driver's rows)");
+    // A recurrent model's search holds one row more than its beams (the spare its state reorder uses).
+    const std::int64_t rows = st.options.max_rows - (st.recurrent ? 1 : 0);
+    if (req.beams > exec::max_top_logprobs / 2 || req.beams > rows)
+      return refuse(driver_error_code::bad_request, "beams must be at most " + std::to_string(std::min<std::int64_t>(exec::max_top_logprobs / 2, rows)) +
+                                                        " (half the top log-probabilities a step reports, and the driver's rows" +
+                                                        (st.recurrent ? " less the spare a recurrent model's search holds)" : ")"));
     if (sp.temperature != 0.0f || sp.repetition_penalty != 1.0f || sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f)
       return refuse(driver_error_code::bad_request, "beam search ranks by log-probability: temperature 0 and no penalties");
     if (req.guided.kind != guide::guide_kind::none || req.guide || !req.stop.empty() || !req.prior_output.empty() || req.head != head_kind::sample)

@@ -238,6 +238,12 @@ TEST_P(recurrent, beams_carry_their_state_rows_and_equal_the_definition) {
   const auto together = test::run_all(d, reqs);
   for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(together[i].tokens, alone[i]) << "request " << i;
   EXPECT_TRUE(d.idle());
+  // As many beams as rows leaves no spare: refused when opened, never left waiting for a row.
+  auto all = test::request(prompt(9, 9), 4);
+  all.beams = static_cast<int>(o.max_rows);
+  auto id = d.open(all);
+  ASSERT_FALSE(id);
+  EXPECT_EQ(id.error().code, driver_error_code::bad_request) << id.error().message();
 }
 
 INSTANTIATE_TEST_SUITE_P(families, recurrent, ::testing::ValuesIn(families::recurrent_fixture_families()),

@@ -1,5 +1,5 @@
-// Whether the avx512 level may use the AMX tiles, decided once: the CPU has them (CPUID), the OS saves
-// them (XCR0), the kernel lets this process use them (arch_prctl(ARCH_REQ_XCOMP_PERM)), and the
+// Whether the avx512 level may use the AMX tiles, decided once: the CPU has them and the OS saves them
+// (isa.cpp's features()), the kernel lets this process use them (arch_prctl(ARCH_REQ_XCOMP_PERM)), and the
 // hardware's products equal the emulation's on a check product, run under a SIGILL guard. Also the
 // emulated products (detail/amx_tiles.hpp over amx_emulated), compiled here for any CPU.
 #include <csetjmp>
@@ -15,7 +15,6 @@
 #include "engine/exec/cpu/matmul.hpp"
 
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -30,26 +29,6 @@ void amx_q8_0_rows_emulated(const gemm_args& a) { amx_q8_0_rows<amx_emulated>(a)
 namespace {
 
 #if defined(__x86_64__)
-struct amx_cpu {
-  bool tile = false, bf16 = false, int8 = false, os = false;
-};
-amx_cpu amx_cpuid() {
-  amx_cpu c;
-  unsigned a = 0, b = 0, cx = 0, d = 0;
-  if (!__get_cpuid_count(0, 0, &a, &b, &cx, &d) || a < 7) return c;
-  if (!__get_cpuid_count(7, 0, &a, &b, &cx, &d)) return c;
-  c.bf16 = (d >> 22) & 1u;
-  c.tile = (d >> 24) & 1u;
-  c.int8 = (d >> 25) & 1u;
-  unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
-  if (__get_cpuid_count(1, 0, &a1, &b1, &c1, &d1) && ((c1 >> 27) & 1u)) {
-    unsigned lo = 0, hi = 0;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    const std::uint64_t xcr0 = (static_cast<std::uint64_t>(hi) << 32) | lo;
-    c.os = (xcr0 & (std::uint64_t{3} << 17)) == (std::uint64_t{3} << 17);  // XTILECFG, XTILEDATA
-  }
-  return c;
-}
 bool amx_permitted() {
   constexpr long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
   return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
@@ -153,12 +132,12 @@ amx_status decide() {
     s.why_not = "the CPU lacks the avx512 level";
     return s;
   }
-  const auto c = amx_cpuid();
-  if (!c.tile || (!c.bf16 && !c.int8)) {
+  const auto& c = features();
+  if (!c.amx_cpu) {
     s.why_not = "this CPU lacks AMX";
     return s;
   }
-  if (!c.os) {
+  if (!c.amx_tile || (!c.amx_bf16 && !c.amx_int8)) {
     s.why_not = "the OS does not enable the tile state (XCR0)";
     return s;
   }
@@ -166,11 +145,11 @@ amx_status decide() {
     s.why_not = "the kernel refused AMX's permission (arch_prctl)";
     return s;
   }
-  if (c.bf16 && has_bf16_dot()) {
+  if (c.amx_bf16 && has_bf16_dot()) {
     s.bf16 = check(dtype::bf16, detail::amx_bf16_rows_hardware, detail::amx_bf16_rows_emulated);
     if (!s.bf16) s.why_not = "AMX-BF16 products differ from the emulation's";
   }
-  if (c.int8) {
+  if (c.amx_int8) {
     s.int8 = check(dtype::q8_0, detail::amx_q8_0_rows_hardware, detail::amx_q8_0_rows_emulated);
     if (!s.int8) s.why_not += std::string(s.why_not.empty() ? "" : "; ") + "AMX-INT8 products differ from the emulation's";
   }

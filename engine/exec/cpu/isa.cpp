@@ -46,6 +46,12 @@ cpu_features detect() {
   if (max_leaf < 7) return f;
   const regs l7 = cpuid(7, 0);
   f.avx2 = bit(l7.b, 5);
+  if ((xcr0 & (std::uint64_t{3} << 17)) == (std::uint64_t{3} << 17)) {  // XTILECFG and XTILEDATA saved
+    f.amx_bf16 = bit(l7.d, 22);
+    f.amx_tile = bit(l7.d, 24);
+    f.amx_int8 = bit(l7.d, 25);
+  }
+  f.amx_cpu = bit(l7.d, 24);
   if (os_avx512) {
     f.avx512f = bit(l7.b, 16);
     f.avx512dq = bit(l7.b, 17);

@@ -23,6 +23,9 @@ struct cpu_features {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512_vnni = false, avx512_bf16 = false;
   bool avx512dq = false;
+  // AMX: amx_cpu when CPUID lists the tiles; the tile, int8 and bf16 bits only when the OS also saves
+  // the tile state (XCR0). The kernel's permission is asked for separately (amx()).
+  bool amx_cpu = false, amx_tile = false, amx_int8 = false, amx_bf16 = false;
 };
 const cpu_features& features();
 

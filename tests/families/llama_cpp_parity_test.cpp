@@ -793,7 +793,10 @@ INSTANTIATE_TEST_SUITE_P(quantized_shapes, llama_cpp_quantized_shape_sweep, ::te
 // The routed and recurrent families on the sweep's shapes, stored in q8_0: as close to the f32 truth as
 // llama.cpp's own run of the file (llama_cpp_routed_quantized's rule). The suite keeps one seed of the
 // families the issues name for unseen shapes (qwen3_moe, mixtral, mamba2, qwen3_next);
-// TROUPE_PARITY_SWEEP=N runs N seeds of every routed and recurrent family.
+// TROUPE_PARITY_SWEEP=N runs N seeds of every routed and recurrent family. On one drawn shape the rule
+// is a draw, not a bound: a top expert that flips on a near tie in either run moves that run's distance
+// by 1.3x-4x, and the exact oracle itself loses to llama.cpp on 6 to 8 of 180 drawn shapes (12 seeds of 15
+// families, bench/results/routed-quantized-accuracy.md); the seeds kept here hold with room.
 class llama_cpp_routed_quantized_sweep : public ::testing::TestWithParam<sweep_case> {};
 
 TEST_P(llama_cpp_routed_quantized_sweep, unseen_shapes_are_as_close_to_the_truth_as_llama_cpp) {

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
+
+#include "engine/core/quant.hpp"
 
 namespace troupe::exec::cpu::lowering {
 
@@ -24,11 +27,26 @@ const packed_matrix* packed_weight(lower_ctx& c, const graph::equation& le) {
     }
     return std::move(*pk);
   };
+  // A mixture-of-experts router stored in a block format: its scores decide which experts a token runs,
+  // and a near tie between two experts turns on the last bits of those scores. Its product with 8-bit
+  // rounded activations (what every other block-format linear runs) would move them by up to a few
+  // thousandths, so the router is decoded once to f32 (its rows are E x H, a small share of a routed
+  // model) and takes the activations unrounded: the scores are the stored router's, to f32 rounding.
+  auto router_exactly = [&](const tensor_view& stored) -> std::optional<packed_matrix> {
+    if (stored.shape().rank() != 2 || stored.data() == nullptr) return pack(stored, true);
+    const std::int64_t n = stored.shape()[0], k = stored.shape()[1];
+    std::vector<float> rows(static_cast<std::size_t>(n * k));
+    for (std::int64_t r = 0; r < n; ++r)  // a form without a row decoder keeps its own packing
+      if (!dequantize_row(stored.type(), stored.data() + static_cast<std::size_t>(r) * stored.row_bytes(), rows.data() + r * k, k)) return pack(stored, true);
+    ex.weights->release(stored);  // the stored bytes' pages, as packing gives them back
+    return pack(tensor_view(dtype::f32, stored.shape(), reinterpret_cast<const std::byte*>(rows.data())));
+  };
   if (wb != g.weights().end()) {
     const auto key = wb->role.str();
     auto it = ex.packed.find(key);
     if (it == ex.packed.end()) {
-      auto pk = pack(*ex.weights->find(wb->role), true);
+      const auto stored = *ex.weights->find(wb->role);
+      auto pk = wb->role.kind == graph::tensor_role::ffn_gate_inp && is_quantized(stored.type()) ? router_exactly(stored) : pack(stored, true);
       if (!pk) return nullptr;
       it = ex.packed.emplace(key, std::move(*pk)).first;
     }

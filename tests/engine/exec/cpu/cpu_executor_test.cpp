@@ -573,6 +573,75 @@ TEST(cpu_executor, routing_ops_match_the_oracle_and_refuse_bad_selections) {
   EXPECT_EQ(ro.error().code, eval::eval_error_code::index_out_of_range);
 }
 
+// Runs f(executor, executable) on a 2-thread executor of every isa level this CPU has, `ws` loaded.
+template <class F>
+void on_every_level(const weight_source& ws, F&& f) {
+  for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
+    if (!usable(level)) continue;
+    SCOPED_TRACE(std::string(isa_name(level)));
+    cpu_executor ex(cpu_options{.threads = 2, .level = level});
+    auto exe = ex.load(ws);
+    ASSERT_TRUE(exe);
+    f(ex, *exe);
+  }
+}
+
+// A router stored in a block format (ffn_gate_inp in q8_0 or q4_k) scores the experts from unrounded
+// activations: its output is the exact product with the stored router's values, to f32 rounding, on
+// every isa level, while the same bytes as any other linear take the 8-bit activation rounding (which
+// moves the scores by a thousand times more here: what turns a near tie the other way).
+TEST(cpu_executor, a_quantized_router_scores_from_unrounded_activations) {
+  constexpr std::int64_t M = 7, E = 16, K = 512;
+  std::uint64_t state = 11;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<double>(state >> 40) / static_cast<double>(1ull << 24) - 0.5);
+  };
+  tensor x(dtype::f32, {M, K});
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.as<float>()[i] = next() * (i % 97 == 0 ? 40.0f : 1.0f);  // outliers set the block scales
+  for (dtype wt : {dtype::q8_0, dtype::q4_k}) {
+    SCOPED_TRACE(std::string(troupe::name(wt)));
+    tensor q(wt, {E, K});
+    std::vector<float> f(static_cast<std::size_t>(E * K)), back(static_cast<std::size_t>(E * K));
+    for (auto& v : f) v = next() * 0.1f;
+    for (std::int64_t r = 0; r < E; ++r) {
+      ASSERT_TRUE(quantize_row(wt, f.data() + r * K, q.data() + r * q.view().row_bytes(), K));
+      ASSERT_TRUE(dequantize_row(wt, q.data() + r * q.view().row_bytes(), back.data() + r * K, K));
+    }
+    eval::map_const_source src;
+    src.add({troupe::graph::tensor_role::ffn_gate_inp, 0}, tensor(q));
+    src.add({troupe::graph::tensor_role::ffn_up, 0}, tensor(q));
+    const map_weights ws(src);
+    graph::builder b;
+    const auto xv = b.slot(graph::slot_kind::request_input, {dtype::f32, {M, K}}, "x");
+    b.output("router", b.linear(xv, b.weight({troupe::graph::tensor_role::ffn_gate_inp, 0}, {wt, {E, K}})));
+    b.output("other", b.linear(xv, b.weight({troupe::graph::tensor_role::ffn_up, 0}, {wt, {E, K}})));
+    auto g = std::move(b).finish();
+    ASSERT_TRUE(g) << g.error().message();
+    on_every_level(ws, [&](cpu_executor& ex, executable_id exe) {
+      auto e = ex.add_entry(exe, *g);
+      ASSERT_TRUE(e) << e.error().message();
+      step_inputs in;
+      in.slots = {{"x", x.view()}};
+      auto o = ex.step(*e, in);
+      ASSERT_TRUE(o) << o.error().message();
+      double router_err = 0, other_err = 0;
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t n = 0; n < E; ++n) {
+          double want = 0, scale = 0;
+          for (std::int64_t k = 0; k < K; ++k) {
+            want += static_cast<double>(x.as<float>()[m * K + k]) * back[static_cast<std::size_t>(n * K + k)];
+            scale += std::fabs(static_cast<double>(x.as<float>()[m * K + k]) * back[static_cast<std::size_t>(n * K + k)]);
+          }
+          router_err = std::max(router_err, std::fabs(o->outputs.at("router").as<float>()[m * E + n] - want) / scale);
+          other_err = std::max(other_err, std::fabs(o->outputs.at("other").as<float>()[m * E + n] - want) / scale);
+        }
+      EXPECT_LT(router_err, 1e-5);  // f32 sums of exact products
+      EXPECT_GT(other_err, 1e-4);   // the 8-bit activations' rounding
+    });
+  }
+}
+
 TEST(cpu_executor, refuses_at_prepare_what_it_cannot_lower) {
   graph::builder b;
   const auto x = b.slot(graph::slot_kind::request_input, {dtype::f16, {4}}, "x");
@@ -613,19 +682,14 @@ TEST(cpu_executor, fuses_a_residual_add_into_the_preceding_linear) {
     if (form == 2) b.output("l", l);
     return std::move(b).finish();
   };
-  for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
-    if (!usable(level)) continue;
-    SCOPED_TRACE(std::string(isa_name(level)));
-    cpu_executor ex(cpu_options{.threads = 2, .level = level});
-    auto exe = ex.load(ws);
-    ASSERT_TRUE(exe);
+  on_every_level(ws, [&](cpu_executor& ex, executable_id exe) {
     step_inputs in;
     in.slots = {{"x", x.view()}, {"r", r.view()}};
     std::vector<tensor> ys;
     for (int form = 0; form < 3; ++form) {
       auto g = build(form);
       ASSERT_TRUE(g);
-      auto e = ex.add_entry(*exe, *g);
+      auto e = ex.add_entry(exe, *g);
       ASSERT_TRUE(e) << e.error().message();
       EXPECT_EQ(ex.kernel_calls(*e), form == 2 ? 2u : 1u) << "form " << form;
       auto o = ex.step(*e, in);
@@ -639,7 +703,7 @@ TEST(cpu_executor, fuses_a_residual_add_into_the_preceding_linear) {
       for (std::int64_t k = 0; k < K; ++k) want += static_cast<double>(x.as<float>()[(i / N) * K + k]) * w.as<float>()[(i % N) * K + k];
       EXPECT_NEAR(ys[0].as<float>()[i], want, 1e-4) << i;
     }
-  }
+  });
 }
 
 // Consecutive linears of one input (a layer's q, k and v) run as one batch of products with one
@@ -687,19 +751,14 @@ TEST(cpu_executor, runs_sibling_linears_of_one_input_as_one_batch) {
       for (int j = 0; j < 3; ++j) b.output("y" + std::to_string(j), ys[static_cast<std::size_t>(j)]);
       return std::move(b).finish();
     };
-    for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
-      if (!usable(level)) continue;
-      SCOPED_TRACE(std::string(isa_name(level)));
-      cpu_executor ex(cpu_options{.threads = 2, .level = level});
-      auto exe = ex.load(src);
-      ASSERT_TRUE(exe);
+    on_every_level(src, [&](cpu_executor& ex, executable_id exe) {
       step_inputs in;
       in.slots = {{"x", x.view()}};
       std::vector<step_outputs> outs;
       for (const bool together : {true, false}) {
         auto g = build(together);
         ASSERT_TRUE(g);
-        auto e = ex.add_entry(*exe, *g);
+        auto e = ex.add_entry(exe, *g);
         ASSERT_TRUE(e) << e.error().message();
         // together: one batch; apart: the first linear, the add, then the other two as one batch.
         EXPECT_EQ(ex.kernel_calls(*e), together ? 1u : 3u);
@@ -722,7 +781,7 @@ TEST(cpu_executor, runs_sibling_linears_of_one_input_as_one_batch) {
             EXPECT_NEAR(a.as<float>()[m * Ns[j] + n], want, 0.05 + 0.02 * std::fabs(want)) << "linear " << j << " m " << m << " n " << n;
           }
       }
-    }
+    });
   }
 }
 
@@ -747,12 +806,7 @@ TEST(cpu_executor, fuses_a_gated_feed_forward_middle_without_running_the_activat
     if (unfused) b.output("a", a);
     return std::move(b).finish();
   };
-  for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
-    if (!usable(level)) continue;
-    SCOPED_TRACE(std::string(isa_name(level)));
-    cpu_executor ex(cpu_options{.threads = 2, .level = level});
-    auto exe = ex.load(ws);
-    ASSERT_TRUE(exe);
+  on_every_level(ws, [&](cpu_executor& ex, executable_id exe) {
     step_inputs in;
     in.slots = {{"x", x.view()}, {"u", u.view()}};
     for (auto act : {graph::op::silu, graph::op::gelu_tanh}) {
@@ -762,7 +816,7 @@ TEST(cpu_executor, fuses_a_gated_feed_forward_middle_without_running_the_activat
       for (bool unfused : {false, true}) {
         auto g = build(act, unfused);
         ASSERT_TRUE(g);
-        auto e = ex.add_entry(*exe, *g);
+        auto e = ex.add_entry(exe, *g);
         ASSERT_TRUE(e) << e.error().message();
         calls.push_back(ex.kernel_calls(*e));
         auto o = ex.step(*e, in);
@@ -781,7 +835,7 @@ TEST(cpu_executor, fuses_a_gated_feed_forward_middle_without_running_the_activat
         EXPECT_NEAR(ys[0].as<float>()[i], want, tol) << i;
       }
     }
-  }
+  });
 }
 
 }  // namespace

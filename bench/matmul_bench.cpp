@@ -212,10 +212,11 @@ void decode_figures(benchmark::State& st, double call_bytes, std::int64_t passes
   st.counters["of_bw"] = median(ratios);
 }
 
-void matmul_run(benchmark::State& st, dtype t, std::int64_t n, std::int64_t k, std::int64_t M) {
+void matmul_run(benchmark::State& st, dtype t, std::int64_t n, std::int64_t k, std::int64_t M, bool cached) {
   const std::size_t one = *troupe::storage_bytes(t, static_cast<std::uint64_t>(n * k));
-  // Decode shapes (M = 1, and the batched decode of M = 16) stream their weights from memory.
-  const bool streams = M <= 16;
+  // Decode shapes (M = 1, and the batched decode of M = 16) stream their weights from memory, unless
+  // the case is a small model's, whose weights stay in the caches between steps.
+  const bool streams = M <= 16 && !cached;
   const int copies = streams ? static_cast<int>(std::max<std::size_t>(2, rotate_bytes / one)) : 1;
   const auto w = make_weights(t, n, k, copies);
   std::mt19937 rng(7);
@@ -227,7 +228,7 @@ void matmul_run(benchmark::State& st, dtype t, std::int64_t n, std::int64_t k, s
   cpu::matmul(w[0], x.data(), k, M, y.data(), n, pool(), level);
 
   st.SetLabel(std::string(cpu::isa_name(level)));
-  if (M > 1) {
+  if (M > 1 || cached) {
     const auto t0 = std::chrono::steady_clock::now();
     std::int64_t runs = 0;
     std::size_t next = 0;
@@ -301,12 +302,19 @@ int register_all() {
         if (s.k % static_cast<std::int64_t>(troupe::info(t).block_elems) != 0) continue;
         if (M > 16 && s.n > 10000) continue;  // the LM head runs for one position in prefill
         const std::string label = "matmul/" + std::string(troupe::name(t)) + "/" + s.name + "/M=" + std::to_string(M);
-        benchmark::RegisterBenchmark(label.c_str(), matmul_run, t, s.n, s.k, M)
+        benchmark::RegisterBenchmark(label.c_str(), matmul_run, t, s.n, s.k, M, false)
             ->Unit(benchmark::kMicrosecond)
             ->MinTime(M == 1 ? 0.5 : 1.0);
       }
     }
   }
+  // troupe-kjv's products (hidden 256, ffn 768, f16), its weights cache-resident: decode (M = 1) against
+  // the verify windows of 1 to 5 drafts, whose products are arithmetic-bound here.
+  for (const std::int64_t M : {1, 2, 3, 4, 5, 6})
+    for (const auto& [n, k] : {std::pair<std::int64_t, std::int64_t>{768, 256}, {256, 768}}) {
+      const std::string label = "cached/f16/" + std::to_string(n) + "x" + std::to_string(k) + "/M=" + std::to_string(M);
+      benchmark::RegisterBenchmark(label.c_str(), matmul_run, dtype::f16, n, k, M, true)->Unit(benchmark::kMicrosecond)->MinTime(0.3);
+    }
   // A Qwen3-MoE-shaped decode step: 8 experts of width 512 over hidden 1024 (gate/up, then down).
   for (const dtype t : {dtype::f16, dtype::q8_0, dtype::q4_0})
     for (const auto& [n, k] : {std::pair<std::int64_t, std::int64_t>{512, 1024}, {1024, 512}}) {

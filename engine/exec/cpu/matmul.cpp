@@ -502,25 +502,31 @@ bool packable(dtype t) {
   }
 }
 
+result<packed_matrix, std::string> packed_matrix::pack_decoded(const tensor_view& w, dtype as, const std::function<void(const tensor_view&)>& consumed) {
+  const dtype t = w.type();
+  if (!supports_dequantize(t) || w.shape().rank() != 2 || w.data() == nullptr || (as != dtype::f16 && as != dtype::f32))
+    return unexpected("matmul: a " + std::string(name(t)) + " weight " + w.shape().str() + " cannot be decoded to " + std::string(name(as)));
+  const std::int64_t n = w.shape()[0], k = w.shape()[1];
+  const auto block = static_cast<std::int64_t>(info(t).block_elems);
+  if (n < 0 || k < 0 || k % block != 0)
+    return unexpected("matmul: a " + std::string(name(t)) + " weight " + w.shape().str() + " is not whole blocks per row");
+  std::vector<float> rows(static_cast<std::size_t>(n * k));
+  for (std::int64_t r = 0; r < n; ++r)
+    if (auto d = dequantize_row(t, w.data() + static_cast<std::size_t>(r) * w.row_bytes(), rows.data() + r * k, k); !d)
+      return unexpected("matmul: " + d.error().message());
+  if (consumed) consumed(w);
+  if (as == dtype::f32) return pack(tensor_view(dtype::f32, w.shape(), reinterpret_cast<const std::byte*>(rows.data())));
+  std::vector<std::uint16_t> half(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) half[i] = f32_to_f16(rows[i]);
+  return pack(tensor_view(dtype::f16, w.shape(), reinterpret_cast<const std::byte*>(half.data())));
+}
+
 result<packed_matrix, std::string> packed_matrix::pack(const tensor_view& w, const std::function<void(const tensor_view&)>& consumed) {
   const dtype t = w.type();
-  if (!packable(t) && supports_dequantize(t) && w.shape().rank() == 2 && w.data() != nullptr) {
-    // A block format without its own kernel (q8_1, q8_k: activation formats no checkpoint stores as
-    // weights): decoded once to f16 and run by the f16 kernel. f16 keeps every decoded value to 2^-11
-    // relative, far inside the error of the 8-bit activations the block kernels use.
-    const std::int64_t n = w.shape()[0], k = w.shape()[1];
-    const auto block = static_cast<std::int64_t>(info(t).block_elems);
-    if (n < 0 || k < 0 || k % block != 0)
-      return unexpected("matmul: a " + std::string(name(t)) + " weight " + w.shape().str() + " is not whole blocks per row");
-    std::vector<float> row(static_cast<std::size_t>(k));
-    std::vector<std::uint16_t> half(static_cast<std::size_t>(n * k));
-    for (std::int64_t r = 0; r < n; ++r) {
-      if (auto d = dequantize_row(t, w.data() + static_cast<std::size_t>(r) * w.row_bytes(), row.data(), k); !d)
-        return unexpected("matmul: " + d.error().message());
-      for (std::int64_t c = 0; c < k; ++c) half[static_cast<std::size_t>(r * k + c)] = f32_to_f16(row[static_cast<std::size_t>(c)]);
-    }
-    return pack(tensor_view(dtype::f16, w.shape(), reinterpret_cast<const std::byte*>(half.data())));
-  }
+  // A block format without its own kernel (q8_1, q8_k: activation formats no checkpoint stores as
+  // weights): decoded once to f16 and run by the f16 kernel. f16 keeps every decoded value to 2^-11
+  // relative, far inside the error of the 8-bit activations the block kernels use.
+  if (!packable(t) && supports_dequantize(t) && w.shape().rank() == 2 && w.data() != nullptr) return pack_decoded(w, dtype::f16);
   if (!packable(t)) return unexpected(std::string("matmul: no packed layout for ") + std::string(name(t)));
   if (w.shape().rank() != 2) {
     return unexpected("matmul: a weight must be 2-D [N, K], got " + w.shape().str());

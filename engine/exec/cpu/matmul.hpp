@@ -39,6 +39,9 @@ class packed_matrix {
   // bytes are a file mapping drops their pages: packing then holds the packed form plus one panel of
   // the file, not both in full).
   static result<packed_matrix, std::string> pack(const tensor_view& w, const std::function<void(const tensor_view&)>& consumed = {});
+  // A 2-D block-format weight decoded once to `as` (f16 or f32) and packed in that type's panels; then
+  // `consumed`, when given, is told of all of `w`.
+  static result<packed_matrix, std::string> pack_decoded(const tensor_view& w, dtype as, const std::function<void(const tensor_view&)>& consumed = {});
 
   dtype type() const;
   std::int64_t rows() const;  // N

@@ -3,9 +3,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
-
-#include "engine/core/quant.hpp"
 
 namespace troupe::exec::cpu::lowering {
 
@@ -32,14 +29,10 @@ const packed_matrix* packed_weight(lower_ctx& c, const graph::equation& le) {
   // rounded activations (what every other block-format linear runs) would move them by up to a few
   // thousandths, so the router is decoded once to f32 (its rows are E x H, a small share of a routed
   // model) and takes the activations unrounded: the scores are the stored router's, to f32 rounding.
+  // A form without a row decoder keeps its own packing.
   auto router_exactly = [&](const tensor_view& stored) -> std::optional<packed_matrix> {
-    if (stored.shape().rank() != 2 || stored.data() == nullptr) return pack(stored, true);
-    const std::int64_t n = stored.shape()[0], k = stored.shape()[1];
-    std::vector<float> rows(static_cast<std::size_t>(n * k));
-    for (std::int64_t r = 0; r < n; ++r)  // a form without a row decoder keeps its own packing
-      if (!dequantize_row(stored.type(), stored.data() + static_cast<std::size_t>(r) * stored.row_bytes(), rows.data() + r * k, k)) return pack(stored, true);
-    ex.weights->release(stored);  // the stored bytes' pages, as packing gives them back
-    return pack(tensor_view(dtype::f32, stored.shape(), reinterpret_cast<const std::byte*>(rows.data())));
+    auto pk = packed_matrix::pack_decoded(stored, dtype::f32, [&](const tensor_view& rows) { ex.weights->release(rows); });
+    return pk ? std::optional<packed_matrix>(std::move(*pk)) : pack(stored, true);
   };
   if (wb != g.weights().end()) {
     const auto key = wb->role.str();

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/core/half.hpp"
 #include "engine/exec/cpu/kernels.hpp"
 
 namespace {
@@ -131,16 +132,19 @@ void batched_decode_attention(benchmark::State& st) {
   st.SetItemsProcessed(st.iterations());
 }
 
-// Causal prefill of T tokens from scratch, Qwen layout; GFLOP/s counts 4 D flops per (query head,
-// allowed key): the score and the P.V product.
+// Causal prefill of T tokens from scratch, Qwen layout, the cache f32 or f16 (the fourth argument: 0,
+// 1); GFLOP/s counts 4 D flops per (query head, allowed key): the score and the P.V product.
 void prefill_attention(benchmark::State& st) {
   const std::int64_t T = st.range(0);
   isa level;
   if (!level_or_skip(st, st.range(1), level)) return;
   const int threads = static_cast<int>(st.range(2));
+  const bool half = st.range(3) == 1;
   const auto q = random_floats(static_cast<std::size_t>(T * hq * head_dim), 1);
   const auto k = random_floats(static_cast<std::size_t>(T * hkv * head_dim), 2);
   const auto v = random_floats(static_cast<std::size_t>(T * hkv * head_dim), 3);
+  std::vector<std::uint16_t> k16(half ? k.size() : 0), v16(half ? v.size() : 0);
+  for (std::size_t i = 0; i < k16.size(); ++i) k16[i] = troupe::f32_to_f16(k[i]), v16[i] = troupe::f32_to_f16(v[i]);
   std::vector<std::int32_t> index(static_cast<std::size_t>(T));
   std::iota(index.begin(), index.end(), 0);
   std::vector<std::uint8_t> allow(static_cast<std::size_t>(T * T));
@@ -148,7 +152,9 @@ void prefill_attention(benchmark::State& st) {
     for (std::int64_t c = 0; c <= t; ++c) allow[t * T + c] = 1;
   std::vector<float> out(static_cast<std::size_t>(T * hq * head_dim));
   attention_args a;
-  a.q = q.data(), a.k = k.data(), a.v = v.data(), a.index = index.data(), a.allow = allow.data(), a.out = out.data();
+  a.q = q.data(), a.index = index.data(), a.allow = allow.data(), a.out = out.data();
+  if (half) a.k = k16.data(), a.v = v16.data(), a.kv = kv_elem::f16;
+  else a.k = k.data(), a.v = v.data();
   a.R = 1, a.T = T, a.C = T, a.Hq = hq, a.Hkv = hkv, a.D = head_dim, a.Dv = head_dim;
   a.scale = 0.125f;
   auto& p = pool(threads);
@@ -218,7 +224,8 @@ void levels_keys_threads(benchmark::internal::Benchmark* b) {
 BENCHMARK(decode_attention_cold)->Apply(levels_keys_threads)->UseRealTime();
 BENCHMARK(decode_attention_hot)->Apply(levels_keys_threads)->UseRealTime();
 BENCHMARK(batched_decode_attention)->ArgsProduct({{16, 64}, {2}, {1, 2}})->UseRealTime();
-BENCHMARK(prefill_attention)->ArgsProduct({{128, 512}, {1, 2}, {1, 2}})->UseRealTime();
+BENCHMARK(prefill_attention)->ArgsProduct({{128, 512}, {1, 2}, {1, 2}, {0}})->UseRealTime();
+BENCHMARK(prefill_attention)->ArgsProduct({{2048, 8192}, {1, 2}, {2}, {0, 1}})->UseRealTime();
 BENCHMARK(rms_norm_rows)->ArgsProduct({{1, 512}, {0, 1, 2}});
 BENCHMARK(rope_tokens)->ArgsProduct({{1, 512}, {0, 1, 2}});
 BENCHMARK(silu_gated)->ArgsProduct({{4864}, {0, 1, 2}});

@@ -851,8 +851,67 @@ void attention_task_block(const attention_args& a, const attention_task& tk) {
       }
     }
 
-    // Scores: key j against every query, eight keys at a time (eight independent FMA chains).
-    for (std::int64_t qb = 0; qb < nqp; qb += W) {
+    // Scores: key j against every query. Two query vectors by NK keys in registers (AVX2: 12 chains
+    // from 2 loads and 6 broadcasts a step of d; the one-vector form below needed 9 loads for 8 FMAs and
+    // ran at the load ports' rate); each score is the same FMA chain over d either way.
+    constexpr int NK = W >= 16 ? 12 : 6;
+    std::int64_t qb = 0;
+    for (; qb + 2 * W <= nqp; qb += 2 * W) {
+      std::int64_t j = 0;
+      for (; j + NK <= n; j += NK) {
+        R s0[NK], s1[NK];
+#pragma GCC unroll 12
+        for (int u = 0; u < NK; ++u) s0[u] = V::zero(), s1[u] = V::zero();
+        const float* kj[NK];
+#pragma GCC unroll 12
+        for (int u = 0; u < NK; ++u) kj[u] = kr[j + u];
+        for (std::int64_t d = 0; d < D; ++d) {
+          const R q0 = V::load(qt + d * nqp + qb), q1 = V::load(qt + d * nqp + qb + W);
+#pragma GCC unroll 12
+          for (int u = 0; u < NK; ++u) {
+            const R kv = V::set1(kj[u][d]);
+            s0[u] = V::fma(q0, kv, s0[u]);
+            s1[u] = V::fma(q1, kv, s1[u]);
+          }
+        }
+#pragma GCC unroll 12
+        for (int u = 0; u < NK; ++u) {
+          V::store(st + (j + u) * nqp + qb, capped ? V::mul(cap, v_tanh<V>(s0[u])) : s0[u]);
+          V::store(st + (j + u) * nqp + qb + W, capped ? V::mul(cap, v_tanh<V>(s1[u])) : s1[u]);
+        }
+      }
+      for (; j + 4 <= n; j += 4) {  // a tile's last keys (64 = 10 x 6 + 4 on AVX2)
+        R s0[4], s1[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) s0[u] = V::zero(), s1[u] = V::zero();
+        const float* kj[4] = {kr[j], kr[j + 1], kr[j + 2], kr[j + 3]};
+        for (std::int64_t d = 0; d < D; ++d) {
+          const R q0 = V::load(qt + d * nqp + qb), q1 = V::load(qt + d * nqp + qb + W);
+#pragma GCC unroll 4
+          for (int u = 0; u < 4; ++u) {
+            const R kv = V::set1(kj[u][d]);
+            s0[u] = V::fma(q0, kv, s0[u]);
+            s1[u] = V::fma(q1, kv, s1[u]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) {
+          V::store(st + (j + u) * nqp + qb, capped ? V::mul(cap, v_tanh<V>(s0[u])) : s0[u]);
+          V::store(st + (j + u) * nqp + qb + W, capped ? V::mul(cap, v_tanh<V>(s1[u])) : s1[u]);
+        }
+      }
+      for (; j < n; ++j) {
+        R s0 = V::zero(), s1 = V::zero();
+        for (std::int64_t d = 0; d < D; ++d) {
+          const R kv = V::set1(kr[j][d]);
+          s0 = V::fma(V::load(qt + d * nqp + qb), kv, s0);
+          s1 = V::fma(V::load(qt + d * nqp + qb + W), kv, s1);
+        }
+        V::store(st + j * nqp + qb, capped ? V::mul(cap, v_tanh<V>(s0)) : s0);
+        V::store(st + j * nqp + qb + W, capped ? V::mul(cap, v_tanh<V>(s1)) : s1);
+      }
+    }
+    for (; qb < nqp; qb += W) {
       std::int64_t j = 0;
       for (; j + 8 <= n; j += 8) {
         R s[8];
@@ -873,10 +932,14 @@ void attention_task_block(const attention_args& a, const attention_task& tk) {
       }
     }
     // ALiBi's slope times each key's distance from the token, then the masked (token, key) pairs (a
-    // causal diagonal, a window's edge, a verify window's own future).
+    // causal diagonal, a window's edge, a verify window's own future). A token that may read every key
+    // of the tile (below a causal diagonal: most tiles of a long prefill) has nothing to mask; where the
+    // tile's keys are consecutive, its mask row is one contiguous run to check.
+    const bool consecutive = n > 0 && keys[base + n - 1] - keys[base] == n - 1;
     for (std::int64_t tt = 0; tt < tokens; ++tt) {
       const std::uint8_t* at = allow0 + tt * C;
       const float* drow = a.alibi_slopes ? a.alibi_dist + (tk.r * a.T + tk.t0 + tt) * C : nullptr;
+      if (!drow && consecutive && std::memchr(at + keys[base], 0, static_cast<std::size_t>(n)) == nullptr) continue;
       for (std::int64_t j = 0; j < n; ++j) {
         float* sj = st + j * nqp + tt * G;
         if (at[keys[base + j]] == 0) {
@@ -916,6 +979,33 @@ void attention_task_block(const attention_args& a, const attention_task& tk) {
         for (std::int64_t e = 0; e < Dv; ++e) acc[i * Dv + e] *= c;
       }
       std::int64_t d = 0;
+      // Four queries by NV value vectors in registers (AVX2 three: 12 chains from 3 loads and 4
+      // broadcasts a key; AVX-512 four), then two, then the rest; each output the same chain over keys.
+      auto block = [&]<int NV>(std::int64_t d0) {
+        R r[4][NV];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q)
+#pragma GCC unroll 4
+          for (int b = 0; b < NV; ++b) r[q][b] = V::load(acc + (i0 + q) * Dv + d0 + b * W);
+        for (std::int64_t j = 0; j < n; ++j) {
+          R v[NV];
+#pragma GCC unroll 4
+          for (int b = 0; b < NV; ++b) v[b] = V::load(vr[j] + d0 + b * W);
+          const float* pj = st + j * nqp + i0;
+#pragma GCC unroll 4
+          for (int q = 0; q < 4; ++q) {
+            const R p = V::set1(pj[q]);
+#pragma GCC unroll 4
+            for (int b = 0; b < NV; ++b) r[q][b] = V::fma(p, v[b], r[q][b]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q)
+#pragma GCC unroll 4
+          for (int b = 0; b < NV; ++b) V::store(acc + (i0 + q) * Dv + d0 + b * W, r[q][b]);
+      };
+      constexpr int NVmax = W >= 16 ? 4 : 3;
+      for (; d + NVmax * W <= Dv; d += NVmax * W) block.template operator()<NVmax>(d);
       for (; d + 2 * W <= Dv; d += 2 * W) {
         R r[4][2];
 #pragma GCC unroll 4

@@ -78,16 +78,28 @@ instr lower_attention(lower_ctx& c) {
         a.alibi_dist = reinterpret_cast<const float*>(P(e.inputs[6]));
       }
       std::vector<std::int32_t> ix(static_cast<std::size_t>(a.R * a.C));
+      std::vector<std::uint8_t> used(static_cast<std::size_t>(a.R * a.C));
       return [=]() mutable -> std::optional<exec_error> {
-        // An index is checked where some query may read it; elsewhere it is replaced by row 0.
+        // An index is checked where some query may read it; elsewhere it is replaced by row 0. Which keys
+        // some token reads: the OR of the row's T mask rows, taken row by row (contiguous: a prefill's
+        // mask is T x C bytes), over column ranges split across the pool.
+        split_range(*pool_ptr, a.C, 4096, 64, [&](std::int64_t c0, std::int64_t c1) {
+          for (std::int64_t r = 0; r < a.R; ++r) {
+            std::uint8_t* u = used.data() + r * a.C;
+            std::memcpy(u + c0, a.allow + r * a.T * a.C + c0, static_cast<std::size_t>(c1 - c0));
+            for (std::int64_t t = 1; t < a.T; ++t) {
+              const std::uint8_t* row = a.allow + (r * a.T + t) * a.C;
+              for (std::int64_t c = c0; c < c1; ++c) u[c] |= row[c];
+            }
+          }
+        });
         for (std::int64_t r = 0; r < a.R; ++r)
           for (std::int64_t c = 0; c < a.C; ++c) {
             const double v = load_any(index_type, index, r * a.C + c);
-            bool used = false;
-            for (std::int64_t t = 0; t < a.T && !used; ++t) used = a.allow[(r * a.T + t) * a.C + c] != 0;
-            if (used && (v < 0 || v >= static_cast<double>(S)))
+            const bool u = used[static_cast<std::size_t>(r * a.C + c)] != 0;
+            if (u && (v < 0 || v >= static_cast<double>(S)))
               return fail(exec_error_code::index_out_of_range, where, "kv row " + std::to_string(static_cast<std::int64_t>(v)) + " outside [0, " + std::to_string(S) + ")");
-            ix[static_cast<std::size_t>(r * a.C + c)] = used ? static_cast<std::int32_t>(v) : 0;
+            ix[static_cast<std::size_t>(r * a.C + c)] = u ? static_cast<std::int32_t>(v) : 0;
           }
         attention_args b = a;
         b.index = ix.data();

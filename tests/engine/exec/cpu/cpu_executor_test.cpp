@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -352,6 +353,18 @@ TEST(cpu_executor, broadcast_columns_and_nan_extremes_match_the_oracle) {
     }
 }
 
+// The graph run by the executor on every isa level this CPU has (2 threads), its outputs given to f.
+template <class F>
+void outputs_on_every_level(const graph::graph& g, const std::map<std::string, tensor_view>& slots, F&& f) {
+  for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
+    if (!usable(level)) continue;
+    SCOPED_TRACE(std::string(isa_name(level)));
+    const auto got = cpu_outputs(g, slots, {2, level});
+    ASSERT_TRUE(got);
+    f(*got);
+  }
+}
+
 // The vector elementwise paths against the oracle on every isa level, with 2 threads so the long ones
 // split: every binary kind over broadcasts that collapse to runs of a contiguous side and one value
 // ([N, H, P] with [H, 1], [N, 1, P], [P], [1], the broadcast on the left side too, a same-shape pair),
@@ -397,13 +410,9 @@ TEST(cpu_executor, vector_elementwise_broadcasts_reductions_and_copies_match_the
   const std::map<std::string, tensor_view> slots = {{"x", xt.view()},   {"y", yt.view()},   {"col", ct.view()},
                                                      {"mid", mt.view()}, {"row", rt.view()}, {"one", ot.view()}};
   const auto want = oracle_outputs(*g, slots);
-  for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
-    if (!usable(level)) continue;
-    SCOPED_TRACE(std::string(isa_name(level)));
-    const auto got = cpu_outputs(*g, slots, {2, level});
-    ASSERT_TRUE(got);
+  outputs_on_every_level(*g, slots, [&](const step_outputs& got) {
     for (const auto& [name, t] : want.outputs) {
-      const auto& o = got->outputs.at(name);
+      const auto& o = got.outputs.at(name);
       ASSERT_EQ(o.numel(), t.numel()) << name;
       const bool summed = name == "sum_mid" || name == "mean_mid";
       int bad = 0;
@@ -414,7 +423,60 @@ TEST(cpu_executor, vector_elementwise_broadcasts_reductions_and_copies_match_the
         EXPECT_TRUE(same) << name << "[" << i << "]: oracle " << a << ", cpu " << b2;
       }
     }
-  }
+  });
+}
+
+// Comparisons and minimum/maximum over i32, i64 and boolean operands (a causal mask's ops: positions
+// against key positions, then AND with the present keys) take the typed path over broadcast runs, with
+// 2 threads so the long ones split; every output equals the oracle's, including booleans stored as a
+// byte other than 1 and the extremes of each integer type.
+TEST(cpu_executor, integer_and_boolean_compares_and_extremes_match_the_oracle) {
+  const std::int64_t T = 300, C = 310;
+  graph::builder b;
+  const auto qpos = b.slot(graph::slot_kind::request_input, {dtype::i32, {1, T, 1}}, "qpos");
+  const auto kpos = b.slot(graph::slot_kind::request_input, {dtype::i32, {C}}, "kpos");
+  const auto valid = b.slot(graph::slot_kind::request_input, {dtype::boolean, {1, 1, C}}, "valid");
+  const auto wide = b.slot(graph::slot_kind::request_input, {dtype::i64, {T, 1}}, "wide");
+  const auto wrow = b.slot(graph::slot_kind::request_input, {dtype::i64, {C}}, "wrow");
+  const auto le = b.binary(graph::op::less_equal, kpos, qpos);
+  b.output("le", le);
+  b.output("lt", b.binary(graph::op::less, qpos, kpos));
+  b.output("eq", b.binary(graph::op::equal, kpos, qpos));
+  b.output("gt", b.binary(graph::op::greater, kpos, qpos));
+  b.output("and", b.binary(graph::op::minimum, le, valid));
+  b.output("or", b.binary(graph::op::maximum, valid, le));
+  b.output("min32", b.binary(graph::op::minimum, qpos, kpos));
+  b.output("max32", b.binary(graph::op::maximum, kpos, qpos));
+  b.output("min64", b.binary(graph::op::minimum, wide, wrow));
+  b.output("gt64", b.binary(graph::op::greater, wrow, wide));
+  auto g = std::move(b).finish();
+  ASSERT_TRUE(g);
+  std::mt19937 rng(11);
+  tensor qt(dtype::i32, {1, T, 1}), kt(dtype::i32, {C}), vt(dtype::boolean, {1, 1, C}), wt(dtype::i64, {T, 1}), rt(dtype::i64, {C});
+  for (std::int64_t t = 0; t < T; ++t) qt.as<std::int32_t>()[t] = static_cast<std::int32_t>(rng() % 400) - 50;
+  qt.as<std::int32_t>()[0] = std::numeric_limits<std::int32_t>::min();
+  qt.as<std::int32_t>()[1] = std::numeric_limits<std::int32_t>::max();
+  for (std::int64_t c = 0; c < C; ++c) kt.as<std::int32_t>()[c] = static_cast<std::int32_t>(c) - 5;
+  for (std::int64_t c = 0; c < C; ++c) reinterpret_cast<std::uint8_t*>(vt.data())[c] = static_cast<std::uint8_t>(c % 7 == 3 ? 0 : c % 5 == 1 ? 2 : 1);
+  for (std::int64_t t = 0; t < T; ++t) wt.as<std::int64_t>()[t] = (static_cast<std::int64_t>(rng()) << 20) - (std::int64_t{1} << 40);
+  for (std::int64_t c = 0; c < C; ++c) rt.as<std::int64_t>()[c] = (static_cast<std::int64_t>(rng()) << 20) - (std::int64_t{1} << 40);
+  const std::map<std::string, tensor_view> slots = {{"qpos", qt.view()}, {"kpos", kt.view()}, {"valid", vt.view()}, {"wide", wt.view()}, {"wrow", rt.view()}};
+  const auto want = oracle_outputs(*g, slots);
+  outputs_on_every_level(*g, slots, [&](const step_outputs& got) {
+    for (const auto& [name, t] : want.outputs) {
+      const auto& o = got.outputs.at(name);
+      ASSERT_EQ(o.type(), t.type()) << name;
+      ASSERT_EQ(o.numel(), t.numel()) << name;
+      int bad = 0;
+      for (std::int64_t i = 0; i < t.numel() && bad < 5; ++i) {
+        const double a = load_element(t.type(), t.data(), i), c = load_element(o.type(), o.data(), i);
+        if (t.type() == dtype::boolean ? (a != 0) != (c != 0) : a != c) {
+          ++bad;
+          ADD_FAILURE() << name << "[" << i << "]: oracle " << a << ", cpu " << c;
+        }
+      }
+    }
+  });
 }
 
 // The executor's weights from an oracle const source.

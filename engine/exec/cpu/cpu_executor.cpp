@@ -264,12 +264,15 @@ result<void, exec_error> cpu_executor::impl::lower(entry& en, executable& ex) {
   for (std::size_t k = 0; k < order.size();) {
     const std::size_t i = order[k];
     std::size_t end = k + 1;
-    while (end < order.size() && lowering::linear_siblings(g, g.equations()[i], g.equations()[order[end]])) ++end;
+    const bool experts = g.equations()[i].code == graph::op::linear_id;
+    auto siblings = experts ? lowering::linear_id_siblings : lowering::linear_siblings;
+    while (end < order.size() && siblings(g, g.equations()[i], g.equations()[order[end]])) ++end;
     std::optional<exec_error> err;
     instr f;
     if (end - k > 1) {
       lowering::lower_ctx c{en, ex, i, residual_of, gated_of, err, level, &pool, opt};
-      f = lowering::lower_linear_group(c, std::span(order).subspan(k, end - k));
+      const auto group = std::span(order).subspan(k, end - k);
+      f = experts ? lowering::lower_linear_id_group(c, group) : lowering::lower_linear_group(c, group);
     } else {
       f = lower_eqn(en, ex, i, residual_of, gated_of, err);
     }

@@ -192,5 +192,9 @@ instr lower_linear_into(lower_ctx& c, const graph::equation& le, float* y, const
 instr lower_linear_group(lower_ctx& c, std::span<const std::size_t> eqns);
 // Whether equation b may join a group whose first linear is a.
 bool linear_siblings(const graph::graph& g, const graph::equation& a, const graph::equation& b);
+// The same for expert products: linear_ids of one x and one set of picks (a routed layer's gate and
+// up), run over one grouping of the picks in one dispatch.
+instr lower_linear_id_group(lower_ctx& c, std::span<const std::size_t> eqns);
+bool linear_id_siblings(const graph::graph& g, const graph::equation& a, const graph::equation& b);
 
 }  // namespace troupe::exec::cpu::lowering

@@ -63,101 +63,142 @@ instr lower_moe(lower_ctx& c) {
       };
     }
     case op::linear_id: {
-      const auto wv = e.inputs[1];
-      const auto& wt = T(wv);
-      const auto wb = std::find_if(g.weights().begin(), g.weights().end(), [&](const auto& w) { return w.value == wv; });
-      if (wb == g.weights().end()) {
-        err = exec_error{exec_error_code::unsupported, where, "an expert weight must be a stored weight"};
-        return nullptr;
-      }
-      const std::int64_t E = wt.dims[0], N = wt.dims[1], K = wt.dims[2];
-      const auto key = wb->role.str();
-      auto it = ex.experts.find(key);
-      if (it == ex.experts.end()) {
-        // Each expert's [N, K] matrix is packed on its own, from its bytes in the stored tensor.
-        const auto full = *ex.weights->find(wb->role);
-        const auto per = *storage_bytes(wt.type, static_cast<std::uint64_t>(N * K));
-        std::vector<packed_matrix> mats;
-        mats.reserve(static_cast<std::size_t>(E));
-        for (std::int64_t x = 0; x < E; ++x) {
-          auto pk = packed_matrix::pack(tensor_view(wt.type, troupe::shape{N, K}, full.data() + static_cast<std::size_t>(x) * per),
-                                        [&](const tensor_view& rows) { ex.weights->release(rows); });
-          if (!pk) {
-            err = exec_error{exec_error_code::unsupported, where, "cannot pack expert " + std::to_string(x) + ": " + pk.error()};
-            return nullptr;
-          }
-          mats.push_back(std::move(*pk));
-        }
-        it = ex.experts.emplace(key, std::move(mats)).first;
-      }
-      const std::vector<packed_matrix>* mats = &it->second;
-      const std::int64_t Tn = ot.dims[0], k = ot.dims[1];
-      const bool shared = T(e.inputs[0]).dims.rank() == 2;
-      const auto* x = reinterpret_cast<const float*>(P(e.inputs[0]));
-      const auto* ids = P(e.inputs[2]);
-      const auto id_type = T(e.inputs[2]).type;
-      auto* y = reinterpret_cast<float*>(out);
-      // Picks grouped by expert: each selected expert runs one product over all its tokens, so a
-      // prefill reads each expert's weights once and a decode reads only the selected experts'.
-      std::vector<std::int32_t> chosen(static_cast<std::size_t>(Tn * k));
-      std::vector<std::int64_t> start(static_cast<std::size_t>(E + 1)), fill(static_cast<std::size_t>(E)), order(static_cast<std::size_t>(Tn * k));
-      std::vector<matmul_job> jobs;
-      return [=]() mutable -> std::optional<exec_error> {
-        std::fill(start.begin(), start.end(), 0);
-        for (std::int64_t p = 0; p < Tn * k; ++p) {
-          const double id = load_any(id_type, ids, p);
-          if (id >= static_cast<double>(E))
-            return fail(exec_error_code::index_out_of_range, where, "expert " + std::to_string(static_cast<std::int64_t>(id)) + " outside [0, " + std::to_string(E) + ")");
-          chosen[p] = id < 0 ? -1 : static_cast<std::int32_t>(id);
-          if (chosen[p] < 0) {
-            std::fill_n(y + p * N, N, 0.0f);  // another rank's expert
-            continue;
-          }
-          ++start[chosen[p] + 1];
-        }
-        for (std::int64_t x2 = 0; x2 < E; ++x2) start[x2 + 1] += start[x2];
-        std::copy(start.begin(), start.end() - 1, fill.begin());
-        for (std::int64_t p = 0; p < Tn * k; ++p)
-          if (chosen[p] >= 0) order[fill[chosen[p]]++] = p;
-        // One product per selected expert, all in one dispatch. A lone pick (decode) reads its row in
-        // place and writes its output directly; an expert with several gathers them first.
-        std::int64_t gathered = 0;
-        for (std::int64_t x2 = 0; x2 < E; ++x2)
-          if (start[x2 + 1] - start[x2] > 1) gathered += start[x2 + 1] - start[x2];
-        float* xs = expert_scratch(0, gathered * K);
-        float* ys = expert_scratch(1, gathered * N);
-        jobs.clear();
-        std::int64_t at = 0;
-        for (std::int64_t x2 = 0; x2 < E; ++x2) {
-          const std::int64_t m = start[x2 + 1] - start[x2];
-          if (m == 0) continue;
-          const std::int64_t* picks = order.data() + start[x2];
-          if (m == 1) {
-            const std::int64_t p = picks[0];
-            jobs.push_back({&(*mats)[x2], x + (shared ? p / k : p) * K, K, 1, y + p * N, N});
-            continue;
-          }
-          for (std::int64_t i = 0; i < m; ++i)
-            std::memcpy(xs + (at + i) * K, x + (shared ? picks[i] / k : picks[i]) * K, K * sizeof(float));
-          jobs.push_back({&(*mats)[x2], xs + at * K, K, m, ys + at * N, N});
-          at += m;
-        }
-        matmul_batch(jobs, *pool_ptr, lv);
-        at = 0;
-        for (std::int64_t x2 = 0; x2 < E; ++x2) {
-          const std::int64_t m = start[x2 + 1] - start[x2];
-          if (m <= 1) continue;
-          const std::int64_t* picks = order.data() + start[x2];
-          for (std::int64_t i = 0; i < m; ++i) std::memcpy(y + picks[i] * N, ys + (at + i) * N, N * sizeof(float));
-          at += m;
-        }
-        return std::nullopt;
-      };
+      const std::size_t one[] = {i};
+      return lower_linear_id_group(c, one);
     }
     default: break;
   }
   err = exec_error{exec_error_code::unsupported, where, "no CPU lowering"};
   return nullptr;
+}
+
+bool linear_id_siblings(const graph::graph& g, const graph::equation& a, const graph::equation& b) {
+  if (a.code != op::linear_id || b.code != op::linear_id || a.inputs.size() != 3 || b.inputs.size() != 3) return false;
+  if (a.inputs[0] != b.inputs[0] || a.inputs[2] != b.inputs[2]) return false;
+  const auto& wa = g.info(a.inputs[1]).type;
+  const auto& wb = g.info(b.inputs[1]).type;
+  // One stored type: matmul_batch runs one format's kernel (a k-quant file may store gate and up apart).
+  return wa.type == wb.type && wa.dims.rank() == 3 && wb.dims.rank() == 3 && wa.dims[0] == wb.dims[0] && wa.dims[2] == wb.dims[2] &&
+         g.info(a.out).type.type == dtype::f32 && g.info(b.out).type.type == dtype::f32;
+}
+
+instr lower_linear_id_group(lower_ctx& c, std::span<const std::size_t> eqns) {
+  TROUPE_CPU_LOWERING_LOCALS(c);
+  // Each member's experts: every expert's [N, K] matrix packed on its own, from its bytes in the stored
+  // tensor (once per executable), and where the member writes.
+  struct member {
+    const std::vector<packed_matrix>* mats;
+    std::int64_t N;
+    float* y;
+  };
+  std::vector<member> members;
+  for (const std::size_t q : eqns) {
+    const auto& qe = g.equations()[q];
+    const auto wv = qe.inputs[1];
+    const auto& wt = T(wv);
+    const auto wb = std::find_if(g.weights().begin(), g.weights().end(), [&](const auto& w) { return w.value == wv; });
+    if (wb == g.weights().end()) {
+      err = exec_error{exec_error_code::unsupported, where, "an expert weight must be a stored weight"};
+      return nullptr;
+    }
+    const std::int64_t E = wt.dims[0], N = wt.dims[1], K = wt.dims[2];
+    const auto key = wb->role.str();
+    auto it = ex.experts.find(key);
+    if (it == ex.experts.end()) {
+      const auto full = *ex.weights->find(wb->role);
+      const auto per = *storage_bytes(wt.type, static_cast<std::uint64_t>(N * K));
+      std::vector<packed_matrix> mats;
+      mats.reserve(static_cast<std::size_t>(E));
+      for (std::int64_t x = 0; x < E; ++x) {
+        auto pk = packed_matrix::pack(tensor_view(wt.type, troupe::shape{N, K}, full.data() + static_cast<std::size_t>(x) * per),
+                                      [&](const tensor_view& rows) { ex.weights->release(rows); });
+        if (!pk) {
+          err = exec_error{exec_error_code::unsupported, where, "cannot pack expert " + std::to_string(x) + ": " + pk.error()};
+          return nullptr;
+        }
+        mats.push_back(std::move(*pk));
+      }
+      it = ex.experts.emplace(key, std::move(mats)).first;
+    }
+    members.push_back({&it->second, N, reinterpret_cast<float*>(P(qe.out))});
+  }
+  const auto& wt0 = T(e.inputs[1]);
+  const std::int64_t E = wt0.dims[0], K = wt0.dims[2];
+  const std::int64_t Tn = ot.dims[0], k = ot.dims[1];
+  std::int64_t sumN = 0;
+  for (const auto& mb : members) sumN += mb.N;
+  const bool shared = T(e.inputs[0]).dims.rank() == 2;
+  const auto* x = reinterpret_cast<const float*>(P(e.inputs[0]));
+  const auto* ids = P(e.inputs[2]);
+  const auto id_type = T(e.inputs[2]).type;
+  // Picks grouped by expert: each selected expert runs one product over all its tokens, so a prefill
+  // reads each expert's weights once and a decode reads only the selected experts'. Siblings (a
+  // layer's gate and up over the same x and picks) share the grouping, the gathered rows and one
+  // dispatch: one preparation of each row and one end-of-dispatch wait instead of one per member.
+  std::vector<std::int32_t> chosen(static_cast<std::size_t>(Tn * k));
+  std::vector<std::int64_t> start(static_cast<std::size_t>(E + 1)), fill(static_cast<std::size_t>(E)), order(static_cast<std::size_t>(Tn * k));
+  std::vector<matmul_job> jobs;
+  return [=]() mutable -> std::optional<exec_error> {
+    std::fill(start.begin(), start.end(), 0);
+    for (std::int64_t p = 0; p < Tn * k; ++p) {
+      const double id = load_any(id_type, ids, p);
+      if (id >= static_cast<double>(E))
+        return fail(exec_error_code::index_out_of_range, where, "expert " + std::to_string(static_cast<std::int64_t>(id)) + " outside [0, " + std::to_string(E) + ")");
+      chosen[p] = id < 0 ? -1 : static_cast<std::int32_t>(id);
+      if (chosen[p] < 0) {
+        for (const auto& mb : members) std::fill_n(mb.y + p * mb.N, mb.N, 0.0f);  // another rank's expert
+        continue;
+      }
+      ++start[chosen[p] + 1];
+    }
+    for (std::int64_t x2 = 0; x2 < E; ++x2) start[x2 + 1] += start[x2];
+    std::copy(start.begin(), start.end() - 1, fill.begin());
+    for (std::int64_t p = 0; p < Tn * k; ++p)
+      if (chosen[p] >= 0) order[fill[chosen[p]]++] = p;
+    // One product per selected expert and member, all in one dispatch. A lone pick (decode) reads its
+    // row in place and writes its output directly; an expert with several gathers them first.
+    std::int64_t gathered = 0;
+    for (std::int64_t x2 = 0; x2 < E; ++x2)
+      if (start[x2 + 1] - start[x2] > 1) gathered += start[x2 + 1] - start[x2];
+    float* xs = expert_scratch(0, gathered * K);
+    float* ys = expert_scratch(1, gathered * sumN);
+    jobs.clear();
+    std::int64_t at = 0;
+    for (std::int64_t x2 = 0; x2 < E; ++x2) {
+      const std::int64_t m = start[x2 + 1] - start[x2];
+      if (m == 0) continue;
+      const std::int64_t* picks = order.data() + start[x2];
+      if (m == 1) {
+        const std::int64_t p = picks[0];
+        for (const auto& mb : members) jobs.push_back({&(*mb.mats)[x2], x + (shared ? p / k : p) * K, K, 1, mb.y + p * mb.N, mb.N});
+        continue;
+      }
+      for (std::int64_t r = 0; r < m; ++r)
+        std::memcpy(xs + (at + r) * K, x + (shared ? picks[r] / k : picks[r]) * K, K * sizeof(float));
+      std::int64_t col = 0;  // the member's columns within a gathered output row of sumN
+      for (const auto& mb : members) {
+        jobs.push_back({&(*mb.mats)[x2], xs + at * K, K, m, ys + at * sumN + col, sumN});
+        col += mb.N;
+      }
+      at += m;
+    }
+    matmul_batch(jobs, *pool_ptr, lv);
+    at = 0;
+    for (std::int64_t x2 = 0; x2 < E; ++x2) {
+      const std::int64_t m = start[x2 + 1] - start[x2];
+      if (m <= 1) continue;
+      const std::int64_t* picks = order.data() + start[x2];
+      for (std::int64_t r = 0; r < m; ++r) {
+        std::int64_t col = 0;
+        for (const auto& mb : members) {
+          std::memcpy(mb.y + picks[r] * mb.N, ys + (at + r) * sumN + col, mb.N * sizeof(float));
+          col += mb.N;
+        }
+      }
+      at += m;
+    }
+    return std::nullopt;
+  };
 }
 
 }  // namespace troupe::exec::cpu::lowering

@@ -772,6 +772,40 @@ TEST(cpu_executor, fuses_a_residual_add_into_the_preceding_linear) {
 // preparation of x; a k-quant file may store one of them in another format, which the batch runs on
 // its own. The batch must give exactly what the products give one by one (here: separated by another
 // equation, which keeps them apart).
+// Three weights of the given roles, for the sibling tests.
+struct three_weights : weight_source {
+  three_weights(const std::vector<tensor>* t, const troupe::graph::tensor_role* r) : ts(t), rs(r) {}
+  const std::vector<tensor>* ts;
+  const troupe::graph::tensor_role* rs;
+  std::optional<tensor_view> find(const graph::weight_role& r) const override {
+    for (int j = 0; j < 3; ++j)
+      if (r.kind == rs[j]) return (*ts)[static_cast<std::size_t>(j)].view();
+    return std::nullopt;
+  }
+};
+
+// The graph build(together) and build(apart) as entries of exe, each checked for its instruction count
+// and stepped on `in`: their outputs, together's first (fewer than two where a step failed).
+template <class Build>
+std::vector<step_outputs> together_and_apart(cpu_executor& ex, executable_id exe, Build& build, const step_inputs& in,
+                                             std::size_t calls_together, std::size_t calls_apart) {
+  std::vector<step_outputs> outs;
+  for (const bool together : {true, false}) {
+    auto g = build(together);
+    EXPECT_TRUE(g);
+    if (!g) return outs;
+    auto e = ex.add_entry(exe, *g);
+    EXPECT_TRUE(e) << e.error().message();
+    if (!e) return outs;
+    EXPECT_EQ(ex.kernel_calls(*e), together ? calls_together : calls_apart);
+    auto o = ex.step(*e, in);
+    EXPECT_TRUE(o) << o.error().message();
+    if (!o) return outs;
+    outs.push_back(std::move(*o));
+  }
+  return outs;
+}
+
 TEST(cpu_executor, runs_sibling_linears_of_one_input_as_one_batch) {
   constexpr std::int64_t K = 96;
   const std::int64_t Ns[3] = {37, 20, 33};  // partial panels
@@ -786,17 +820,7 @@ TEST(cpu_executor, runs_sibling_linears_of_one_input_as_one_batch) {
     ASSERT_TRUE(quantize_row(types[j], f.data(), t.data(), static_cast<std::int64_t>(f.size())));
     ws.push_back(std::move(t));
   }
-  struct three : weight_source {
-    const std::vector<tensor>* ts;
-    const troupe::graph::tensor_role* rs;
-    std::optional<tensor_view> find(const graph::weight_role& r) const override {
-      for (int j = 0; j < 3; ++j)
-        if (r.kind == rs[j]) return (*ts)[static_cast<std::size_t>(j)].view();
-      return std::nullopt;
-    }
-  } src;
-  src.ts = &ws;
-  src.rs = roles;
+  const three_weights src{&ws, roles};
   for (const std::int64_t M : {1, 3, 16, 70}) {
     SCOPED_TRACE("M=" + std::to_string(M));
     tensor x(dtype::f32, {M, K});
@@ -816,18 +840,9 @@ TEST(cpu_executor, runs_sibling_linears_of_one_input_as_one_batch) {
     on_every_level(src, [&](cpu_executor& ex, executable_id exe) {
       step_inputs in;
       in.slots = {{"x", x.view()}};
-      std::vector<step_outputs> outs;
-      for (const bool together : {true, false}) {
-        auto g = build(together);
-        ASSERT_TRUE(g);
-        auto e = ex.add_entry(exe, *g);
-        ASSERT_TRUE(e) << e.error().message();
-        // together: one batch; apart: the first linear, the add, then the other two as one batch.
-        EXPECT_EQ(ex.kernel_calls(*e), together ? 1u : 3u);
-        auto o = ex.step(*e, in);
-        ASSERT_TRUE(o) << o.error().message();
-        outs.push_back(std::move(*o));
-      }
+      // together: one batch; apart: the first linear, the add, then the other two as one batch.
+      const auto outs = together_and_apart(ex, exe, build, in, 1, 3);
+      ASSERT_EQ(outs.size(), 2u);
       for (int j = 0; j < 3; ++j) {
         const auto& a = outs[0].outputs.at("y" + std::to_string(j));
         const auto& c = outs[1].outputs.at("y" + std::to_string(j));
@@ -842,6 +857,73 @@ TEST(cpu_executor, runs_sibling_linears_of_one_input_as_one_batch) {
             for (std::int64_t k = 0; k < K; ++k) want += static_cast<double>(x.as<float>()[m * K + k]) * wf[static_cast<std::size_t>(n * K + k)];
             EXPECT_NEAR(a.as<float>()[m * Ns[j] + n], want, 0.05 + 0.02 * std::fabs(want)) << "linear " << j << " m " << m << " n " << n;
           }
+      }
+    });
+  }
+}
+
+// Expert products of one x and one set of picks (a routed layer's gate and up) run as one batch over
+// one grouping of the picks; a third of another stored type runs on its own. Picks repeat (an expert
+// with several tokens gathers them) and include -1 (another rank's expert: zeros). Together and apart
+// (an add between them) give the same bits, near the products of the decoded weights.
+TEST(cpu_executor, runs_sibling_expert_products_of_one_input_as_one_batch) {
+  constexpr std::int64_t K = 64, E = 5, k = 2;
+  const std::int64_t Ns[3] = {40, 24, 33};
+  const dtype types[3] = {dtype::q8_0, dtype::q8_0, dtype::q4_0};
+  const troupe::graph::tensor_role roles[3] = {troupe::graph::tensor_role::ffn_gate_exps, troupe::graph::tensor_role::ffn_up_exps,
+                                              troupe::graph::tensor_role::ffn_down_exps};
+  std::vector<tensor> ws;
+  std::vector<std::vector<float>> decoded;
+  for (int j = 0; j < 3; ++j) {
+    std::vector<float> f(static_cast<std::size_t>(E * Ns[j] * K));
+    for (std::size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(std::sin(0.29 * static_cast<double>(i) + 3 * j));
+    tensor t(types[j], {E, Ns[j], K});
+    ASSERT_TRUE(quantize_row(types[j], f.data(), t.data(), static_cast<std::int64_t>(f.size())));
+    std::vector<float> back(f.size());
+    ASSERT_TRUE(dequantize_row(types[j], t.data(), back.data(), static_cast<std::int64_t>(back.size())));
+    decoded.push_back(std::move(back));
+    ws.push_back(std::move(t));
+  }
+  const three_weights src{&ws, roles};
+  for (const std::int64_t Tn : {1, 7}) {
+    SCOPED_TRACE("tokens " + std::to_string(Tn));
+    tensor x(dtype::f32, {Tn, K}), ids(dtype::i32, {Tn, k});
+    for (std::int64_t i = 0; i < x.numel(); ++i) x.as<float>()[i] = static_cast<float>(std::cos(0.13 * static_cast<double>(i)));
+    for (std::int64_t p = 0; p < Tn * k; ++p) ids.as<std::int32_t>()[p] = p % 5 == 4 ? -1 : static_cast<std::int32_t>((p * 3) % E);
+    auto build = [&](bool together) {
+      graph::builder b;
+      const auto xv = b.slot(graph::slot_kind::request_input, {dtype::f32, {Tn, K}}, "x");
+      const auto iv = b.slot(graph::slot_kind::request_input, {dtype::i32, {Tn, k}}, "ids");
+      std::vector<graph::value_id> ys;
+      for (int j = 0; j < 3; ++j) {
+        ys.push_back(b.linear_id(xv, b.weight({roles[j]}, {types[j], {E, Ns[j], K}}), iv));
+        if (!together && j == 0) b.output("extra", b.add(ys[0], ys[0]));
+      }
+      for (int j = 0; j < 3; ++j) b.output("y" + std::to_string(j), ys[static_cast<std::size_t>(j)]);
+      return std::move(b).finish();
+    };
+    on_every_level(src, [&](cpu_executor& ex, executable_id exe) {
+      step_inputs in;
+      in.slots = {{"x", x.view()}, {"ids", ids.view()}};
+      // together: gate and up as one batch, the q4_0 product alone; apart: each on its own, the add.
+      const auto outs = together_and_apart(ex, exe, build, in, 2, 4);
+      ASSERT_EQ(outs.size(), 2u);
+      for (int j = 0; j < 3; ++j) {
+        const auto& a = outs[0].outputs.at("y" + std::to_string(j));
+        const auto& c = outs[1].outputs.at("y" + std::to_string(j));
+        ASSERT_EQ(a.bytes(), c.bytes());
+        EXPECT_EQ(std::memcmp(a.data(), c.data(), a.bytes()), 0) << "product " << j;
+        const auto& wf = decoded[static_cast<std::size_t>(j)];
+        for (std::int64_t p = 0; p < Tn * k; ++p) {
+          const std::int32_t id = ids.as<std::int32_t>()[p];
+          for (std::int64_t n = 0; n < Ns[j]; ++n) {
+            double want = 0;
+            if (id >= 0)
+              for (std::int64_t q = 0; q < K; ++q)
+                want += static_cast<double>(x.as<float>()[(p / k) * K + q]) * wf[static_cast<std::size_t>((id * Ns[j] + n) * K + q)];
+            EXPECT_NEAR(a.as<float>()[p * Ns[j] + n], want, 0.05 + 0.02 * std::fabs(want)) << "product " << j << " pick " << p << " n " << n;
+          }
+        }
       }
     });
   }

@@ -284,22 +284,33 @@ void float_compute(const gemm_args& a, Tile1&& one_panel, Tile2&& tile) {
   }
 }
 
+// A task of one or two rows takes eight column vectors a tile (AVX2: four panels), so that eight FMA
+// chains are in flight: a one-row tile over one panel had two, and ran at the FMA latency, a quarter of
+// the units' rate, wherever its weights were in cache (a small model's decode: troupe_matmul_bench
+// cached/f16/768x256 at M = 1). Each output is the same chain over K in any tile, so the bits do not
+// depend on the width (a verify window's rows equal decode's).
+template <class V, class Load, int MR, int NV>
+void compute_float(const gemm_args& a, std::size_t col) {
+  constexpr int H = halves_of(V::lanes);
+  auto run = [&]<int M, int N>() {
+    float_compute<V, M, N>(
+        a, [&]<int R>(std::int64_t p, std::int64_t m) { float_tile<V, Load, R, H>(a, p, m, col); },
+        [&]<int R>(std::int64_t p, std::int64_t m) { float_tile<V, Load, R, N>(a, p, m, col); });
+  };
+  const std::int64_t rows = a.m1 - a.m0;
+  if (rows == 1 && NV < 8) return run.template operator()<1, 8>();
+  if (rows == 2 && NV < 4) return run.template operator()<2, 4>();
+  run.template operator()<MR, NV>();
+}
+
 template <class V, int MR, int NV>
 void compute_f32(const gemm_args& a) {
-  constexpr int H = halves_of(V::lanes);
-  constexpr std::size_t col = panel_rows * 4;
-  float_compute<V, MR, NV>(
-      a, [&]<int R>(std::int64_t p, std::int64_t m) { float_tile<V, load_f32<V>, R, H>(a, p, m, col); },
-      [&]<int R>(std::int64_t p, std::int64_t m) { float_tile<V, load_f32<V>, R, NV>(a, p, m, col); });
+  compute_float<V, load_f32<V>, MR, NV>(a, panel_rows * 4);
 }
 
 template <class V, int MR, int NV>
 void compute_f16(const gemm_args& a) {
-  constexpr int H = halves_of(V::lanes);
-  constexpr std::size_t col = panel_rows * 2;
-  float_compute<V, MR, NV>(
-      a, [&]<int R>(std::int64_t p, std::int64_t m) { float_tile<V, load_f16<V>, R, H>(a, p, m, col); },
-      [&]<int R>(std::int64_t p, std::int64_t m) { float_tile<V, load_f16<V>, R, NV>(a, p, m, col); });
+  compute_float<V, load_f16<V>, MR, NV>(a, panel_rows * 2);
 }
 
 // bf16 without a bf16 dot product: a column pair is one vector of (even, odd) bf16 per lane, widened

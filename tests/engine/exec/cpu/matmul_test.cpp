@@ -360,8 +360,9 @@ TEST(matmul, any_pool_size) {
 }
 
 // A row's result must not depend on the rest of the batch: row r of an M-row product (M = 16 is
-// batched decode; the others put rows in every position of a row tile, a remainder tile and a second
-// row chunk) equals the product of that row alone, bit for bit, on every level.
+// batched decode; 2 and 5 are verify windows, whose float tiles are wider than others; the others put
+// rows in every position of a row tile, a remainder tile and a second row chunk) equals the product of
+// that row alone, bit for bit, on every level.
 TEST(matmul, rows_do_not_depend_on_the_batch) {
   std::mt19937 rng(2024);
   constexpr std::int64_t n = 257, k = 768;
@@ -371,7 +372,7 @@ TEST(matmul, rows_do_not_depend_on_the_batch) {
     ASSERT_TRUE(pm.has_value()) << pm.error();
     for (const isa level : all_levels) {
       if (!usable(level)) continue;
-      for (const std::int64_t M : {16, 5, 130}) {
+      for (const std::int64_t M : {16, 5, 2, 130}) {
         const std::int64_t ldx = k + 3, ldy = n + 5;
         const std::vector<float> x = make_activations(M, k, ldx, rng);
         std::vector<float> y(static_cast<std::size_t>(M * ldy)), one(static_cast<std::size_t>(n));

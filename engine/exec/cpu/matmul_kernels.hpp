@@ -354,12 +354,19 @@ void bf16_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   }
 }
 
+// One- and two-row tasks widen their tiles as compute_float's do (the same chains, the same bits).
 template <class V, int MR, int NV>
 void compute_bf16(const gemm_args& a) {
   constexpr int H = halves_of(V::lanes);
-  float_compute<V, MR, NV>(
-      a, [&]<int R>(std::int64_t p, std::int64_t m) { bf16_tile<V, R, H>(a, p, m); },
-      [&]<int R>(std::int64_t p, std::int64_t m) { bf16_tile<V, R, NV>(a, p, m); });
+  auto run = [&]<int M, int N>() {
+    float_compute<V, M, N>(
+        a, [&]<int R>(std::int64_t p, std::int64_t m) { bf16_tile<V, R, H>(a, p, m); },
+        [&]<int R>(std::int64_t p, std::int64_t m) { bf16_tile<V, R, N>(a, p, m); });
+  };
+  const std::int64_t rows = a.m1 - a.m0;
+  if (rows == 1 && NV < 8) return run.template operator()<1, 8>();
+  if (rows == 2 && NV < 4) return run.template operator()<2, 4>();
+  run.template operator()<MR, NV>();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -366,7 +366,8 @@ TEST(matmul, any_pool_size) {
 TEST(matmul, rows_do_not_depend_on_the_batch) {
   std::mt19937 rng(2024);
   constexpr std::int64_t n = 257, k = 768;
-  for (const dtype t : {dtype::q8_0, dtype::q4_0, dtype::f32, dtype::f16, dtype::bf16, dtype::q4_k, dtype::q6_k, dtype::q5_1, dtype::q5_k, dtype::q3_k, dtype::q2_k}) {
+  for (const dtype t : {dtype::q8_0, dtype::q4_0, dtype::f32, dtype::f16, dtype::bf16, dtype::q4_k, dtype::q6_k, dtype::q5_1, dtype::q5_k, dtype::q3_k, dtype::q2_k,
+                        dtype::fp8_s32}) {
     const weights w = make_weights(t, n, k, rng);
     auto pm = packed_matrix::pack(w.view());
     ASSERT_TRUE(pm.has_value()) << pm.error();

@@ -33,6 +33,16 @@ struct v256 {
     const __m128i mag = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7);
     return _mm256_cvtph_ps(_mm_or_si128(sign, mag));
   }
+  // 16 E4M3 bytes as two vectors (the first 8, the last 8), each exactly as e4m3_f gives them: the
+  // sign and magnitude moves done once in 256 bits for both (a one-row FP8 product's two halves).
+  static void e4m3_f2(const std::byte* p, vf& lo, vf& hi) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
+    const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7);
+    const __m256i h = _mm256_or_si256(sign, mag);
+    lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+  }
   static vi load_i(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
   static void store_i(std::int32_t* p, vi v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
   static void storeu_f(float* p, vf v) { _mm256_storeu_ps(p, v); }

@@ -654,12 +654,18 @@ void fp8_row(const gemm_args& a, std::int64_t p, std::int64_t m) {
     for (int j = 0; j < 32; ++j) {
       const typename V::vf xb = V::set1_f(x[32 * b + j]);
 #pragma GCC unroll 8
-      for (int q = 0; q < NP; ++q)
+      for (int q = 0; q < NP; ++q) {
+        const std::byte* codes = u[q] + 64 + j * panel_rows;
+        if constexpr (H == 2) {  // AVX2: both halves' 16 codes widened together
+          typename V::vf w0, w1;
+          V::e4m3_f2(codes, w0, w1);
+          f[q][0] = V::fmadd(V::mul_f(w0, sv[q][0]), xb, f[q][0]);
+          f[q][1] = V::fmadd(V::mul_f(w1, sv[q][1]), xb, f[q][1]);
+        } else {
 #pragma GCC unroll 2
-        for (int h = 0; h < H; ++h) {
-          const typename V::vf w = V::mul_f(V::e4m3_f(u[q] + 64 + j * panel_rows + h * V::lanes), sv[q][h]);
-          f[q][h] = V::fmadd(w, xb, f[q][h]);
+          for (int h = 0; h < H; ++h) f[q][h] = V::fmadd(V::mul_f(V::e4m3_f(codes + h * V::lanes), sv[q][h]), xb, f[q][h]);
         }
+      }
     }
   }
   for (int q = 0; q < NP; ++q)

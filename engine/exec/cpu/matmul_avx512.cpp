@@ -149,9 +149,7 @@ void bf16_dot_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
 
 template <int MR, int NV>
 void compute_bf16_dot(const gemm_args& a) {
-  float_compute<v512, MR, NV>(
-      a, [&]<int R>(std::int64_t p, std::int64_t m) { bf16_dot_tile<R, 1>(a, p, m); },
-      [&]<int R>(std::int64_t p, std::int64_t m) { bf16_dot_tile<R, NV>(a, p, m); });
+  float_compute<v512, MR, NV>(a, [&]<int R, int N>(std::int64_t p, std::int64_t m) { bf16_dot_tile<R, N>(a, p, m); });
 }
 
 // With AMX: a task's rows in whole tiles (16 for bf16, 8 for q8_0) run on the tiles, the rest (decode,

@@ -269,48 +269,42 @@ struct load_f16 {
   static typename V::vf load(const std::byte* p) { return V::load_f16(p); }
 };
 
-// Runs a tile function over the task's panels, NV column vectors at a time (fewer for a last odd
-// panel), and its rows MR at a time.
-template <class V, int MR, int NV, class Tile1, class Tile2>
-void float_compute(const gemm_args& a, Tile1&& one_panel, Tile2&& tile) {
+// Runs a tile function, tile<R, N>(p, m) over N column vectors from panel p and R rows from m, over the
+// task's panels NV column vectors at a time (a last odd panel alone) and its rows MR at a time.
+template <class V, int MR, int NV, class Tile>
+void float_compute(const gemm_args& a, Tile&& tile) {
   constexpr int H = halves_of(V::lanes);
   constexpr int per = NV / H;  // panels per tile
   std::int64_t p = a.p0;
   for (; p + per <= a.p1; p += per) {
-    each_tile<MR>(a.m0, a.m1, [&]<int R>(std::int64_t m) { tile.template operator()<R>(p, m); });
+    each_tile<MR>(a.m0, a.m1, [&]<int R>(std::int64_t m) { tile.template operator()<R, NV>(p, m); });
   }
   for (; p < a.p1; ++p) {
-    each_tile<MR>(a.m0, a.m1, [&]<int R>(std::int64_t m) { one_panel.template operator()<R>(p, m); });
+    each_tile<MR>(a.m0, a.m1, [&]<int R>(std::int64_t m) { tile.template operator()<R, H>(p, m); });
   }
 }
 
-// A task of one or two rows takes eight column vectors a tile (AVX2: four panels), so that eight FMA
-// chains are in flight: a one-row tile over one panel had two, and ran at the FMA latency, a quarter of
-// the units' rate, wherever its weights were in cache (a small model's decode: troupe_matmul_bench
-// cached/f16/768x256 at M = 1). Each output is the same chain over K in any tile, so the bits do not
-// depend on the width (a verify window's rows equal decode's).
-template <class V, class Load, int MR, int NV>
-void compute_float(const gemm_args& a, std::size_t col) {
-  constexpr int H = halves_of(V::lanes);
-  auto run = [&]<int M, int N>() {
-    float_compute<V, M, N>(
-        a, [&]<int R>(std::int64_t p, std::int64_t m) { float_tile<V, Load, R, H>(a, p, m, col); },
-        [&]<int R>(std::int64_t p, std::int64_t m) { float_tile<V, Load, R, N>(a, p, m, col); });
-  };
+// float_compute, except that a task of one or two rows takes eight column vectors a tile (AVX2: four
+// panels), so that eight FMA chains are in flight: a one-row tile over one panel had two, and ran at
+// the FMA latency, a quarter of the units' rate, wherever its weights were in cache (a small model's
+// decode: troupe_matmul_bench cached/f16/768x256 at M = 1). Each output is the same chain over K in
+// any tile, so the bits do not depend on the width (a verify window's rows equal decode's).
+template <class V, int MR, int NV, class Tile>
+void float_compute_wide(const gemm_args& a, Tile&& tile) {
   const std::int64_t rows = a.m1 - a.m0;
-  if (rows == 1 && NV < 8) return run.template operator()<1, 8>();
-  if (rows == 2 && NV < 4) return run.template operator()<2, 4>();
-  run.template operator()<MR, NV>();
+  if (rows == 1 && NV < 8) return float_compute<V, 1, 8>(a, tile);
+  if (rows == 2 && NV < 4) return float_compute<V, 2, 4>(a, tile);
+  float_compute<V, MR, NV>(a, tile);
 }
 
 template <class V, int MR, int NV>
 void compute_f32(const gemm_args& a) {
-  compute_float<V, load_f32<V>, MR, NV>(a, panel_rows * 4);
+  float_compute_wide<V, MR, NV>(a, [&]<int R, int N>(std::int64_t p, std::int64_t m) { float_tile<V, load_f32<V>, R, N>(a, p, m, panel_rows * 4); });
 }
 
 template <class V, int MR, int NV>
 void compute_f16(const gemm_args& a) {
-  compute_float<V, load_f16<V>, MR, NV>(a, panel_rows * 2);
+  float_compute_wide<V, MR, NV>(a, [&]<int R, int N>(std::int64_t p, std::int64_t m) { float_tile<V, load_f16<V>, R, N>(a, p, m, panel_rows * 2); });
 }
 
 // bf16 without a bf16 dot product: a column pair is one vector of (even, odd) bf16 per lane, widened
@@ -354,19 +348,9 @@ void bf16_tile(const gemm_args& a, std::int64_t p, std::int64_t m) {
   }
 }
 
-// One- and two-row tasks widen their tiles as compute_float's do (the same chains, the same bits).
 template <class V, int MR, int NV>
 void compute_bf16(const gemm_args& a) {
-  constexpr int H = halves_of(V::lanes);
-  auto run = [&]<int M, int N>() {
-    float_compute<V, M, N>(
-        a, [&]<int R>(std::int64_t p, std::int64_t m) { bf16_tile<V, R, H>(a, p, m); },
-        [&]<int R>(std::int64_t p, std::int64_t m) { bf16_tile<V, R, N>(a, p, m); });
-  };
-  const std::int64_t rows = a.m1 - a.m0;
-  if (rows == 1 && NV < 8) return run.template operator()<1, 8>();
-  if (rows == 2 && NV < 4) return run.template operator()<2, 4>();
-  run.template operator()<MR, NV>();
+  float_compute_wide<V, MR, NV>(a, [&]<int R, int N>(std::int64_t p, std::int64_t m) { bf16_tile<V, R, N>(a, p, m); });
 }
 
 // ---------------------------------------------------------------------------------------------

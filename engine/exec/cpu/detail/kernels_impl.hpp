@@ -857,59 +857,30 @@ void attention_task_block(const attention_args& a, const attention_task& tk) {
     constexpr int NK = W >= 16 ? 12 : 6;
     std::int64_t qb = 0;
     for (; qb + 2 * W <= nqp; qb += 2 * W) {
+      auto keys_block = [&]<int U>(std::int64_t j) {  // keys j .. j + U - 1 against the two query vectors
+        R s0[U], s1[U];
+        const float* kj[U];
+#pragma GCC unroll 12
+        for (int u = 0; u < U; ++u) s0[u] = V::zero(), s1[u] = V::zero(), kj[u] = kr[j + u];
+        for (std::int64_t d = 0; d < D; ++d) {
+          const R q0 = V::load(qt + d * nqp + qb), q1 = V::load(qt + d * nqp + qb + W);
+#pragma GCC unroll 12
+          for (int u = 0; u < U; ++u) {
+            const R kv = V::set1(kj[u][d]);
+            s0[u] = V::fma(q0, kv, s0[u]);
+            s1[u] = V::fma(q1, kv, s1[u]);
+          }
+        }
+#pragma GCC unroll 12
+        for (int u = 0; u < U; ++u) {
+          V::store(st + (j + u) * nqp + qb, capped ? V::mul(cap, v_tanh<V>(s0[u])) : s0[u]);
+          V::store(st + (j + u) * nqp + qb + W, capped ? V::mul(cap, v_tanh<V>(s1[u])) : s1[u]);
+        }
+      };
       std::int64_t j = 0;
-      for (; j + NK <= n; j += NK) {
-        R s0[NK], s1[NK];
-#pragma GCC unroll 12
-        for (int u = 0; u < NK; ++u) s0[u] = V::zero(), s1[u] = V::zero();
-        const float* kj[NK];
-#pragma GCC unroll 12
-        for (int u = 0; u < NK; ++u) kj[u] = kr[j + u];
-        for (std::int64_t d = 0; d < D; ++d) {
-          const R q0 = V::load(qt + d * nqp + qb), q1 = V::load(qt + d * nqp + qb + W);
-#pragma GCC unroll 12
-          for (int u = 0; u < NK; ++u) {
-            const R kv = V::set1(kj[u][d]);
-            s0[u] = V::fma(q0, kv, s0[u]);
-            s1[u] = V::fma(q1, kv, s1[u]);
-          }
-        }
-#pragma GCC unroll 12
-        for (int u = 0; u < NK; ++u) {
-          V::store(st + (j + u) * nqp + qb, capped ? V::mul(cap, v_tanh<V>(s0[u])) : s0[u]);
-          V::store(st + (j + u) * nqp + qb + W, capped ? V::mul(cap, v_tanh<V>(s1[u])) : s1[u]);
-        }
-      }
-      for (; j + 4 <= n; j += 4) {  // a tile's last keys (64 = 10 x 6 + 4 on AVX2)
-        R s0[4], s1[4];
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; ++u) s0[u] = V::zero(), s1[u] = V::zero();
-        const float* kj[4] = {kr[j], kr[j + 1], kr[j + 2], kr[j + 3]};
-        for (std::int64_t d = 0; d < D; ++d) {
-          const R q0 = V::load(qt + d * nqp + qb), q1 = V::load(qt + d * nqp + qb + W);
-#pragma GCC unroll 4
-          for (int u = 0; u < 4; ++u) {
-            const R kv = V::set1(kj[u][d]);
-            s0[u] = V::fma(q0, kv, s0[u]);
-            s1[u] = V::fma(q1, kv, s1[u]);
-          }
-        }
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; ++u) {
-          V::store(st + (j + u) * nqp + qb, capped ? V::mul(cap, v_tanh<V>(s0[u])) : s0[u]);
-          V::store(st + (j + u) * nqp + qb + W, capped ? V::mul(cap, v_tanh<V>(s1[u])) : s1[u]);
-        }
-      }
-      for (; j < n; ++j) {
-        R s0 = V::zero(), s1 = V::zero();
-        for (std::int64_t d = 0; d < D; ++d) {
-          const R kv = V::set1(kr[j][d]);
-          s0 = V::fma(V::load(qt + d * nqp + qb), kv, s0);
-          s1 = V::fma(V::load(qt + d * nqp + qb + W), kv, s1);
-        }
-        V::store(st + j * nqp + qb, capped ? V::mul(cap, v_tanh<V>(s0)) : s0);
-        V::store(st + j * nqp + qb + W, capped ? V::mul(cap, v_tanh<V>(s1)) : s1);
-      }
+      for (; j + NK <= n; j += NK) keys_block.template operator()<NK>(j);
+      for (; j + 4 <= n; j += 4) keys_block.template operator()<4>(j);  // a tile's last keys (64 = 10 x 6 + 4 on AVX2)
+      for (; j < n; ++j) keys_block.template operator()<1>(j);
     }
     for (; qb < nqp; qb += W) {
       std::int64_t j = 0;

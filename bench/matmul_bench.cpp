@@ -291,6 +291,10 @@ constexpr shape_case shapes[] = {
     {"576x576", 576, 576},
     {"1536x576", 1536, 576},
     {"576x1536", 576, 1536},
+    // A 1024-wide llama's (the speculative-decoding target of bench/results/speculative.md): rows of
+    // x exactly 4 KiB apart, so a verify window's rows fall in the same L1 sets.
+    {"2816x1024", 2816, 1024},
+    {"1024x2816", 1024, 2816},
 };
 
 int register_all() {

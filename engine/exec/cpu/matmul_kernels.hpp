@@ -269,8 +269,23 @@ struct load_f16 {
   static typename V::vf load(const std::byte* p) { return V::load_f16(p); }
 };
 
+// The `left` (< NP) panels from p as one tile of left x H column vectors (tried from NP down).
+template <int H, int MR, int NP, class Tile>
+void last_panels(const gemm_args& a, std::int64_t p, std::int64_t left, Tile& tile) {
+  if constexpr (NP >= 1) {
+    if (left == NP) {
+      each_tile<MR>(a.m0, a.m1, [&]<int R>(std::int64_t m) { tile.template operator()<R, NP * H>(p, m); });
+    } else {
+      last_panels<H, MR, NP - 1>(a, p, left, tile);
+    }
+  }
+}
+
 // Runs a tile function, tile<R, N>(p, m) over N column vectors from panel p and R rows from m, over the
-// task's panels NV column vectors at a time (a last odd panel alone) and its rows MR at a time.
+// task's panels NV column vectors at a time and its rows MR at a time. The panels left over (fewer than
+// a tile's) make one narrower tile, not a tile each: a one-row tile of one panel has two FMA chains on
+// AVX2, and decode's small tasks (the last shares of a split, a small model's products) are mostly
+// such leftovers: on troupe-kjv a third of the product time ran in one-panel tiles.
 template <class V, int MR, int NV, class Tile>
 void float_compute(const gemm_args& a, Tile&& tile) {
   constexpr int H = halves_of(V::lanes);
@@ -279,9 +294,7 @@ void float_compute(const gemm_args& a, Tile&& tile) {
   for (; p + per <= a.p1; p += per) {
     each_tile<MR>(a.m0, a.m1, [&]<int R>(std::int64_t m) { tile.template operator()<R, NV>(p, m); });
   }
-  for (; p < a.p1; ++p) {
-    each_tile<MR>(a.m0, a.m1, [&]<int R>(std::int64_t m) { tile.template operator()<R, H>(p, m); });
-  }
+  if (p < a.p1) last_panels<H, MR, per - 1>(a, p, a.p1 - p, tile);
 }
 
 // float_compute, except that a task of one or two rows takes eight column vectors a tile (AVX2: four

@@ -67,17 +67,19 @@ void attention(const attention_args& a, thread_pool& pool, isa level) {
   const std::int64_t lanes = 16 / std::gcd<std::int64_t>(G, 16);  // tokens that make G x tokens a multiple of 16
   bq = std::clamp<std::int64_t>(ceil_div(bq, lanes) * lanes, 1, a.T);
   bq = std::min(bq, std::max<std::int64_t>(1, a.T / ceil_div(2 * threads, a.R * a.Hkv)));
-  if (a.per_token) bq = 1;
+  // A verify window: a row's tokens in one task a kv head (each token computed as decode computes it,
+  // the keys read once for all of them; kernels_impl.hpp attention_task_typed).
+  if (a.per_token) bq = a.T;
   const std::int64_t blocks = ceil_div(a.T, bq);
   // One token per task (decode): the task takes every kv head, so that it streams whole K and V rows
   // (all heads of a key are adjacent) rather than every Hkv-th piece of them.
-  const std::int64_t heads_per_task = bq == 1 ? a.Hkv : 1;
+  const std::int64_t heads_per_task = bq == 1 && !a.per_token ? a.Hkv : 1;
   const std::int64_t head_groups = a.Hkv / heads_per_task;
   const std::int64_t units = a.R * head_groups * blocks;
   const std::int64_t gq = heads_per_task * G;  // queries per token of a task
 
   std::int64_t splits = 1;
-  if (bq == 1)  // the same ranges for a token alone or among others, on any pool
+  if (bq == 1 || a.per_token)  // the same ranges for a token alone or among others, on any pool
     splits = static_cast<std::int64_t>(std::bit_floor(static_cast<std::uint64_t>(std::clamp<std::int64_t>(a.C / min_keys_per_split, 1, 64))));
   else if (units < 2 * threads)
     splits = std::clamp<std::int64_t>(ceil_div(2 * threads, units), 1, std::max<std::int64_t>(1, a.C / min_keys_per_split));

@@ -625,25 +625,64 @@ inline std::int64_t compact_keys(const attention_args& a, const attention_task& 
   return nk;
 }
 
+// The most tokens a per-query task takes together (a verify window of 16 drafts and its pending token).
+inline constexpr std::int64_t per_query_tokens = 32;
+
 // A decode task (one token; see attention_task): flash attention over tiles of the compacted keys, the
 // token's queries of every kv head of the task against each tile's K and V rows, which are read from
 // memory once (all heads of a key are adjacent). Every compacted key is allowed: no mask.
+//
+// A verify window's tokens (attention_args::per_token) come as one task over their row's keys, each
+// token computed exactly as a decode task of its own would compute it: token t reads the first
+// reach[t] of the window's keys (each token's keys a prefix of the next one's, as a causal mask makes
+// them), so its tiles are the decode task's tiles, cut short where its keys end; its padding lanes are
+// dropped as decode's are, and its P.V blocks stop where decode's would. What the tokens share is the
+// reading: each tile's K and V rows come from memory once for the whole window, where tasks of one token
+// each read them once per token. Tokens whose keys are not prefixes of each other (a sliding window
+// that moves within the window) run one after the other.
 template <class V, kv_elem E>
 void attention_task_typed(const attention_args& a, const attention_task& tk) {
   using K = kv_rows<V, E>;
   constexpr int W = V::width;
   constexpr std::int64_t tile = attention_tile;
   using R = typename V::reg;
-  const std::int64_t G = a.Hq / a.Hkv, heads = tk.kh1 - tk.kh0, nq = heads * G;
+  const std::int64_t G = a.Hq / a.Hkv, heads = tk.kh1 - tk.kh0, gq = heads * G, tokens = tk.t1 - tk.t0, nq = tokens * gq;
   const std::int64_t D = a.D, Dv = a.Dv, C = a.C, Vw = a.Vw > 0 ? a.Vw : a.Dv;
   const std::int32_t* index = a.index + tk.r * C;
   const std::uint8_t* allow0 = a.allow + (tk.r * a.T + tk.t0) * C;
-  // Query i is query head kh0 G + i, of kv head kh0 + i / G.
-  auto q_row = [&](std::int64_t i) { return (tk.r * a.T + tk.t0) * a.Hq + tk.kh0 * G + i; };
+  // Query i is token t0 + i / gq's query head kh0 G + i % gq, of kv head kh0 + i % gq / G.
+  auto q_row = [&](std::int64_t i) { return (tk.r * a.T + tk.t0 + i / gq) * a.Hq + tk.kh0 * G + i % gq; };
 
-  // The keys the token may read, in order.
+  // The keys some token of the task may read, in order, and how many of them each token reads.
   const std::int32_t* keys = tk.keys;
-  const std::int64_t nk = compact_keys(a, tk, 1, allow0);
+  const std::int64_t nk = compact_keys(a, tk, tokens, allow0);
+  std::int64_t reach[per_query_tokens];
+  bool prefixes = tokens <= per_query_tokens;
+  if (tokens == 1) {
+    reach[0] = nk;
+  } else {
+    for (std::int64_t t = 0; t < tokens && prefixes; ++t) {
+      const std::uint8_t* row = allow0 + t * C;
+      std::int64_t n = 0;
+      for (std::int64_t j = 0; j < nk; ++j) {
+        if (row[keys[j]] == 0) continue;
+        prefixes = prefixes && n == j;
+        ++n;
+      }
+      reach[t] = n;
+    }
+  }
+  if (!prefixes) {
+    for (std::int64_t t = tk.t0; t < tk.t1; ++t) {
+      attention_task one = tk;
+      one.t0 = t;
+      one.t1 = t + 1;
+      one.ahead = nullptr;
+      if (tk.part) one.part = tk.part + (t - tk.t0) * gq * (Dv + 2);
+      attention_task_typed<V, E>(a, one);
+    }
+    return;
+  }
 
   // Scratch (layout in kernels_table.hpp): queries pre-scaled (by scale / softcap under a softcap,
   // whose tanh then takes the dot product as is), output accumulators, running max and sum, and the
@@ -722,24 +761,33 @@ void attention_task_typed(const attention_args& a, const attention_task& tk) {
                               : tk.ahead ? locate_ahead(*tk.ahead, rows[cur ^ 1][0], rows[cur ^ 1][1]) : 0;
     for (std::int64_t j = n; j < nw; ++j) kp[j] = kp[0];  // padding lanes read a real row, then are dropped
 
+    // Token t's keys in this tile: its first n_of(t) (none once its keys are done).
+    auto n_of = [&](std::int64_t t) { return reach[t] - base < n ? (reach[t] > base ? reach[t] - base : 0) : n; };
+
     // Scores, key block outer: the block's rows of K stay in L1 for every query.
-    const float* drow = a.alibi_slopes ? a.alibi_dist + (tk.r * a.T + tk.t0) * C : nullptr;
     for (std::int64_t jb = 0; jb < nw; jb += W) {
       prefetch(rows[cur ^ 1][0], jb < next ? jb : next, jb + W < next ? jb + W : next, k_lines);
-      // ALiBi: the block's key-minus-query distances (padding lanes 0, dropped later).
-      alignas(64) float dist[W] = {};
-      if (drow)
-        for (std::int64_t l = 0; l < W; ++l) dist[l] = jb + l < n ? drow[keys[base + jb + l]] : 0.0f;
-      for (std::int64_t i = 0; i < nq; ++i) {
-        R sc = score_block<V, K>(qs + i * D, kp + jb, i / G * D, D);
-        if (capped) sc = V::mul(cap, v_tanh<V>(sc));
-        if (drow) sc = V::add(sc, V::mul(V::set1(a.alibi_slopes[tk.kh0 * G + i]), V::load(dist)));
-        V::store(sp + i * tile + jb, sc);
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        const std::int64_t nt = n_of(t);
+        if (jb >= nt) continue;  // past the token's keys (its padding lanes are dropped below)
+        const float* drow = a.alibi_slopes ? a.alibi_dist + (tk.r * a.T + tk.t0 + t) * C : nullptr;
+        // ALiBi: the block's key-minus-query distances (padding lanes 0, dropped later).
+        alignas(64) float dist[W] = {};
+        if (drow)
+          for (std::int64_t l = 0; l < W; ++l) dist[l] = jb + l < nt ? drow[keys[base + jb + l]] : 0.0f;
+        for (std::int64_t i = t * gq; i < (t + 1) * gq; ++i) {
+          R sc = score_block<V, K>(qs + i * D, kp + jb, i % gq / G * D, D);
+          if (capped) sc = V::mul(cap, v_tanh<V>(sc));
+          if (drow) sc = V::add(sc, V::mul(V::set1(a.alibi_slopes[tk.kh0 * G + i % gq]), V::load(dist)));
+          V::store(sp + i * tile + jb, sc);
+        }
       }
     }
 
     // The online-softmax update of each query: new max, rescale of what was accumulated, weights.
     for (std::int64_t i = 0; i < nq; ++i) {
+      const std::int64_t n = n_of(i / gq), nw = (n + W - 1) / W * W;
+      if (n == 0) continue;
       float* si = sp + i * tile;
       for (std::int64_t j = n; j < nw; ++j) si[j] = -INFINITY;
       R mv = V::set1(-INFINITY);
@@ -769,11 +817,15 @@ void attention_task_typed(const attention_args& a, const attention_task& tk) {
       }
     }
 
-    // P.V, key block outer, every query per block.
+    // P.V, key block outer, every query per block (each token's blocks cut where its keys end).
     for (std::int64_t jb = 0; jb < n; jb += pv_block) {
       const std::int64_t kb = n - jb < pv_block ? n - jb : pv_block;
       prefetch(rows[cur ^ 1][1], jb < next ? jb : next, jb + kb < next ? jb + kb : next, v_lines);
-      for (std::int64_t i = 0; i < nq; ++i) accumulate_pv<V, K>(acc + i * Dv, sp + i * tile + jb, vp + jb, i / G * Vw, kb, Dv);
+      for (std::int64_t i = 0; i < nq; ++i) {
+        const std::int64_t nt = n_of(i / gq);
+        if (jb >= nt) continue;
+        accumulate_pv<V, K>(acc + i * Dv, sp + i * tile + jb, vp + jb, i % gq / G * Vw, nt - jb < kb ? nt - jb : kb, Dv);
+      }
     }
   }
 
@@ -1018,7 +1070,7 @@ void attention_task_block(const attention_args& a, const attention_task& tk) {
 // gives a multi-token task one) as the block form, a decode token as the per-query form.
 template <class V>
 void attention_task_run(const attention_args& a, const attention_task& tk) {
-  if (tk.t1 - tk.t0 > 1) {
+  if (tk.t1 - tk.t0 > 1 && !a.per_token) {
     switch (a.kv) {
       case kv_elem::f32: return attention_task_block<V, kv_elem::f32>(a, tk);
       case kv_elem::f16: return attention_task_block<V, kv_elem::f16>(a, tk);

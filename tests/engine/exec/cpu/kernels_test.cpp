@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -301,6 +302,30 @@ TEST_P(kernels, attention_values_as_a_prefix_of_the_keys_match_oracle) {
   }
 }
 
+// n draws of N(0, 1).
+std::vector<float> draws(std::mt19937& rng, std::int64_t n) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
+// x as rows of `row` values in a KV cache of type t: the bytes the kernel reads, and their values.
+std::pair<std::vector<std::byte>, std::vector<float>> stored(dtype t, const std::vector<float>& x, std::int64_t row) {
+  std::vector<std::byte> bytes(*storage_bytes(t, x.size()));
+  if (t == dtype::f32) {
+    std::memcpy(bytes.data(), x.data(), bytes.size());
+    return {bytes, x};
+  }
+  std::vector<float> back(x.size());
+  const auto rb = *storage_bytes(t, static_cast<std::uint64_t>(row));
+  for (std::size_t r = 0; r * row < x.size(); ++r) {
+    EXPECT_TRUE(quantize_row(t, x.data() + r * row, bytes.data() + r * rb, row));
+    EXPECT_TRUE(dequantize_row(t, bytes.data() + r * rb, back.data() + r * row, row));
+  }
+  return {bytes, back};
+}
+
 // A KV cache stored as f16, bf16 or q8_0 (an f16 scale per 32 values of a head): the kernel decodes the
 // keys and values in registers; the oracle casts the same f32 rows to the type (the same rounding) and
 // reads them back. Decode over a long paged cache, a batch of rows, a chunked prefill with head dim 96,
@@ -317,26 +342,10 @@ TEST_P(kernels, attention_over_stored_kv_types_matches_oracle) {
                           shape_case{2, 20, 150, 8, 4, 96, 96, false}, shape_case{1, 7, 90, 8, 1, 96, 64, true}}) {
       const std::int64_t S = c.C + 9, N = c.R * c.T, Vw = c.prefix ? c.D : c.Dv, G = c.Hq / c.Hkv;
       std::mt19937 rng(static_cast<std::uint32_t>(c.C * 31 + c.D + static_cast<int>(t)));
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      auto fill = [&](std::int64_t n) {
-        std::vector<float> v(static_cast<std::size_t>(n));
-        for (auto& x : v) x = normal(rng);
-        return v;
-      };
-      const auto q = fill(N * c.Hq * c.D), k = fill(S * c.Hkv * c.D), v = c.prefix ? k : fill(S * c.Hkv * c.Dv);
+      const auto q = draws(rng, N * c.Hq * c.D), k = draws(rng, S * c.Hkv * c.D), v = c.prefix ? k : draws(rng, S * c.Hkv * c.Dv);
       // The stored bytes the kernel reads, and their values (for the bound).
-      auto store = [&](const std::vector<float>& x, std::int64_t row) {
-        std::vector<std::byte> bytes(*storage_bytes(t, x.size()));
-        std::vector<float> back(x.size());
-        const auto rb = *storage_bytes(t, static_cast<std::uint64_t>(row));
-        for (std::size_t r = 0; r * row < x.size(); ++r) {
-          EXPECT_TRUE(quantize_row(t, x.data() + r * row, bytes.data() + r * rb, row));
-          EXPECT_TRUE(dequantize_row(t, bytes.data() + r * rb, back.data() + r * row, row));
-        }
-        return std::pair{bytes, back};
-      };
-      const auto [kb, kd] = store(k, c.D);
-      const auto [vb, vd] = store(v, Vw);
+      const auto [kb, kd] = stored(t, k, c.D);
+      const auto [vb, vd] = stored(t, v, Vw);
       std::vector<std::uint8_t> allow(static_cast<std::size_t>(N * c.C));
       std::vector<std::int32_t> index(static_cast<std::size_t>(c.R * c.C));
       for (std::int64_t r = 0; r < c.R; ++r)
@@ -389,6 +398,88 @@ TEST_P(kernels, attention_over_stored_kv_types_matches_oracle) {
       expect_close(out, want, tol,
                    tag(std::string(troupe::name(t)) + " R" + std::to_string(c.R) + " T" + std::to_string(c.T) + " D" + std::to_string(c.D)));
     }
+}
+
+// A verify window's tokens (attention_args::per_token) run as one task a kv head that reads the keys
+// once for the whole window, and each token must still be the bits it is as a decode token of its own
+// (a step of one token over the same capacity): with splits merged (C past 256), holes in the read
+// map, every stored type, sinks, ALiBi, a softcap, values as a prefix of the keys, one and two
+// threads, and a sliding window that moves inside the window (whose tokens' keys are not prefixes of
+// each other: they run one after the other).
+TEST_P(kernels, a_verify_windows_tokens_are_decode_tokens_bit_for_bit) {
+  const isa level = GetParam();
+  struct window_case {
+    std::int64_t R, T, C, Hq, Hkv, D, Dv;
+    bool prefix = false, sinks = false, alibi = false, softcap = false;
+    std::int64_t slide = 0;  // > 0: token t reads only its last `slide` positions
+  };
+  const window_case cases[] = {
+      {2, 5, 1100, 8, 2, 64, 64},
+      {1, 9, 300, 14, 2, 64, 64, false, true},
+      {2, 3, 200, 6, 3, 32, 32, false, false, true},
+      {1, 5, 90, 4, 4, 80, 80, false, false, false, true},
+      {1, 4, 130, 8, 1, 96, 64, true},
+      {2, 5, 120, 4, 2, 64, 64, false, false, false, false, 40},
+  };
+  for (const dtype t : {dtype::f32, dtype::f16, dtype::q8_0})
+    for (const auto& c : cases)
+      for (const int threads : {1, 2}) {
+        if (t == dtype::q8_0 && (c.D % 32 != 0 || c.Dv % 32 != 0)) continue;  // q8_0 rows are whole blocks
+        const std::int64_t S = c.C + 11, N = c.R * c.T, Vw = c.prefix ? c.D : c.Dv;
+        std::mt19937 rng(static_cast<std::uint32_t>(c.C * 7 + c.T + static_cast<int>(t)));
+        const auto q = draws(rng, N * c.Hq * c.D), k = draws(rng, S * c.Hkv * c.D), v = c.prefix ? k : draws(rng, S * c.Hkv * c.Dv);
+        const auto kb = stored(t, k, c.D).first;
+        const auto vb = stored(t, v, Vw).first;
+        std::vector<std::uint8_t> allow(static_cast<std::size_t>(N * c.C));
+        std::vector<std::int32_t> index(static_cast<std::size_t>(c.R * c.C));
+        std::vector<float> dist(static_cast<std::size_t>(N * c.C));
+        for (std::int64_t r = 0; r < c.R; ++r)
+          for (std::int64_t j = 0; j < c.C; ++j) {
+            index[r * c.C + j] = static_cast<std::int32_t>((j * 17 + r * 3) % S);
+            for (std::int64_t tt = 0; tt < c.T; ++tt) {
+              const std::int64_t pos = c.C - c.T + tt;  // the token's own position: the window is the last T
+              const bool hole = r == 1 && j % 7 == 3;
+              const bool in = j <= pos && (c.slide == 0 || j > pos - c.slide);
+              allow[(r * c.T + tt) * c.C + j] = in && !hole;
+              dist[(r * c.T + tt) * c.C + j] = static_cast<float>(j - pos);
+            }
+          }
+        const auto sinks = draws(rng, c.Hq);
+        std::vector<float> slopes(static_cast<std::size_t>(c.Hq));
+        for (std::int64_t h = 0; h < c.Hq; ++h) slopes[h] = std::pow(2.0f, -static_cast<float>(h + 1));
+        thread_pool pool(threads);
+        attention_args a;
+        a.k = kb.data();
+        a.v = c.prefix ? kb.data() : vb.data();
+        a.kv = t == dtype::f32 ? kv_elem::f32 : t == dtype::f16 ? kv_elem::f16 : kv_elem::q8_0;
+        a.Hq = c.Hq, a.Hkv = c.Hkv, a.D = c.D, a.Dv = c.Dv, a.Vw = c.prefix ? c.D : 0, a.C = c.C;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+        if (c.softcap) a.softcap = 3.0f;
+        if (c.sinks) a.sinks = sinks.data();
+        if (c.alibi) a.alibi_slopes = slopes.data();
+        std::vector<float> window(static_cast<std::size_t>(N * c.Hq * c.Dv), std::numeric_limits<float>::quiet_NaN());
+        attention_args w = a;
+        w.q = q.data(), w.index = index.data(), w.allow = allow.data(), w.out = window.data();
+        w.alibi_dist = c.alibi ? dist.data() : nullptr;
+        w.R = c.R, w.T = c.T, w.per_token = true;
+        attention(w, pool, level);
+        const std::string what = tag(std::string(troupe::name(t)) + " R" + std::to_string(c.R) + " T" + std::to_string(c.T) + " C" +
+                                     std::to_string(c.C) + " threads " + std::to_string(threads));
+        for (std::int64_t n = 0; n < N; ++n) {
+          std::vector<float> one(static_cast<std::size_t>(c.Hq * c.Dv), std::numeric_limits<float>::quiet_NaN());
+          attention_args d = a;
+          d.q = q.data() + n * c.Hq * c.D;
+          d.index = index.data() + n / c.T * c.C;
+          d.allow = allow.data() + n * c.C;
+          d.alibi_dist = c.alibi ? dist.data() + n * c.C : nullptr;
+          d.out = one.data();
+          d.R = 1, d.T = 1;
+          attention(d, pool, level);
+          for (std::int64_t e = 0; e < c.Hq * c.Dv; ++e)
+            ASSERT_EQ(std::bit_cast<std::uint32_t>(window[n * c.Hq * c.Dv + e]), std::bit_cast<std::uint32_t>(one[e]))
+                << what << ": token " << n << " element " << e << " " << window[n * c.Hq * c.Dv + e] << " vs " << one[e];
+        }
+      }
 }
 
 TEST_P(kernels, to_f16_rounds_as_core_does) {

@@ -266,6 +266,11 @@ struct driver_state {
                                         step_report& report, std::map<seq_id, seq_update>& updates);
   // Drafts for the decode rows that speculate (empty where a row does not), or none at all.
   result<std::vector<std::vector<std::int32_t>>, driver_error> draft_for(const std::vector<sequence*>& rows);
+  // Whether a sequence's decode rows take drafts (guided rows need a mask per position, logits rows
+  // every row's logits: they decode one token at a time).
+  static bool drafts_for(const sequence& s);
+  // Sequences whose prompt this round finished prefilling: the draft policy catches up with it now.
+  void prime_drafts(const std::vector<sequence*>& prefilled);
   // Cuts a sequence back to its first `length` tokens (a draft model's mirror): KV past them is
   // overwritten by the next step, full blocks past them leave its chain.
   void truncate(sequence& s, std::int64_t length);

@@ -106,6 +106,10 @@ class model_drafter final : public drafter {
     return out;
   }
 
+  // The prompt's KV and the draft of the first token: the next propose keeps them as the common
+  // prefix with the target's tokens (all of them when the draft guessed the first token).
+  void prime(std::span<const draft_row> rows) override { (void)propose(rows); }
+
   void forget(seq_id id) override {
     const auto it = of_.find(id);
     if (it == of_.end()) return;

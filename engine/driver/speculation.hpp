@@ -24,6 +24,10 @@ class drafter {
   virtual ~drafter() = default;
   // Drafts for each row, at most its `want` (possibly none).
   virtual result<std::vector<std::vector<std::int32_t>>, driver_error> propose(std::span<const draft_row> rows) = 0;
+  // Rows whose prompt the target has just prefilled (`tokens` the prompt, `want` 1): a policy with a
+  // prefill of its own (a draft model) runs it now, beside the target's, so that the first decode
+  // round's drafts do not wait for it. Nothing is committed; a failure only costs the head start.
+  virtual void prime(std::span<const draft_row> /*rows*/) {}
   // The sequence ended: drop what the policy keeps for it.
   virtual void forget(seq_id) {}
   // Steps the policy ran on its own executor (a draft model), for the counters.

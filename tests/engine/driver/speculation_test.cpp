@@ -142,6 +142,33 @@ TEST(speculation, a_draft_model_is_rolled_back_with_the_target_and_changes_nothi
   }
 }
 
+// A draft model prefills a prompt in the round the target does, before the first token is reported,
+// so the first decode round drafts by decoding alone (a long prompt's draft prefill stalled the first
+// verify, counted as decode time).
+TEST(speculation, a_draft_model_prefills_the_prompt_with_the_target) {
+  auto target = fixture("llama");
+  exec::cpu::cpu_executor ex;
+  auto o = options(draft_kind::model);
+  o.speculation.draft_model = fixture("llama", dtype::q8_0);
+  auto spec = serve(target, ex, o);
+  ASSERT_TRUE(spec.open(request(repetitive(3, 30), 12, 0.0f, 5)));
+  // The prompt (30 tokens) fits one chunk: the first round prefills it and reports the first token.
+  auto first = spec.step();
+  ASSERT_TRUE(first) << first.error().message();
+  ASSERT_EQ(first->updates.size(), 1u);
+  ASSERT_EQ(first->updates[0].tokens.size(), 1u);
+  const auto primed = spec.counters();
+  EXPECT_GT(primed.draft_steps, 0) << "the draft model ran no step beside the target's prefill";
+  EXPECT_EQ(primed.verify_steps, 0);
+  // The first decode round: its drafts cost the draft model decode steps only (at most K of them, and
+  // the catch-up of the first token), not a prefill of the 30-token prompt in chunks.
+  auto second = spec.step();
+  ASSERT_TRUE(second) << second.error().message();
+  const auto after = spec.counters();
+  EXPECT_EQ(after.verify_steps, 1);
+  EXPECT_LE(after.draft_steps - primed.draft_steps, o.speculation.tokens);
+}
+
 TEST(speculation, seeded_sampling_draws_the_same_tokens_with_drafts_on_or_off) {
   // The sampled distribution is unchanged because every seed's draw is: 40 seeds, each the same
   // tokens with and without drafts (a stronger statement than equal histograms).

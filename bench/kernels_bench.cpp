@@ -44,30 +44,34 @@ bool level_or_skip(benchmark::State& st, std::int64_t arg, isa& level) {
   return false;
 }
 
-void decode_attention(benchmark::State& st, bool cold) {
+// T > 1: a verify window of T tokens (attention_args::per_token), the last T positions of the C keys,
+// each token computed as decode computes it.
+void decode_attention(benchmark::State& st, bool cold, std::int64_t T, bool paged) {
   const std::int64_t C = st.range(0);
   isa level;
   if (!level_or_skip(st, st.range(1), level)) return;
   const int threads = static_cast<int>(st.range(2));
-  const bool paged = st.range(3) != 0;
   const std::int64_t row_floats = hkv * head_dim;
   const std::int64_t layer_bytes = 2 * C * row_floats * 4;
   // 256 MiB of cache in all when cold: well past the last-level cache.
   const std::int64_t layers = cold ? std::max<std::int64_t>(2, (256LL << 20) / layer_bytes) : 1;
   const auto k = random_floats(static_cast<std::size_t>(layers * C * row_floats), 1);
   const auto v = random_floats(static_cast<std::size_t>(layers * C * row_floats), 2);
-  const auto q = random_floats(static_cast<std::size_t>(hq * head_dim), 3);
+  const auto q = random_floats(static_cast<std::size_t>(T * hq * head_dim), 3);
   std::vector<std::int32_t> index(static_cast<std::size_t>(C));
   std::iota(index.begin(), index.end(), 0);
   if (paged) std::shuffle(index.begin(), index.end(), std::mt19937(4));
-  const std::vector<std::uint8_t> allow(static_cast<std::size_t>(C), 1);
-  std::vector<float> out(static_cast<std::size_t>(hq * head_dim));
+  std::vector<std::uint8_t> allow(static_cast<std::size_t>(T * C), 1);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t c = C - T + t + 1; c < C; ++c) allow[static_cast<std::size_t>(t * C + c)] = 0;
+  std::vector<float> out(static_cast<std::size_t>(T * hq * head_dim));
   attention_args a;
   a.q = q.data();
   a.index = index.data();
   a.allow = allow.data();
   a.out = out.data();
-  a.R = 1, a.T = 1, a.C = C, a.Hq = hq, a.Hkv = hkv, a.D = head_dim, a.Dv = head_dim;
+  a.R = 1, a.T = T, a.C = C, a.Hq = hq, a.Hkv = hkv, a.D = head_dim, a.Dv = head_dim;
+  a.per_token = T > 1;
   a.scale = 0.125f;
   auto& p = pool(threads);
   std::int64_t layer = 0;
@@ -81,8 +85,11 @@ void decode_attention(benchmark::State& st, bool cold) {
   st.counters["kv_GBps"] = benchmark::Counter(static_cast<double>(layer_bytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void decode_attention_cold(benchmark::State& st) { decode_attention(st, true); }
-void decode_attention_hot(benchmark::State& st) { decode_attention(st, false); }
+void decode_attention_cold(benchmark::State& st) { decode_attention(st, true, 1, st.range(3) != 0); }
+void decode_attention_hot(benchmark::State& st) { decode_attention(st, false, 1, st.range(3) != 0); }
+// A verify window of st.range(3) tokens over a cold contiguous cache (1: a decode token, for
+// comparison; the window reads the keys once for all its tokens).
+void verify_attention_cold(benchmark::State& st) { decode_attention(st, true, st.range(3), false); }
 
 // Batched decode over short contexts, as 16 sequences decoding together do: R rows of one token each,
 // SmolLM2-135M's heads (9 query heads over 3 kv heads of 64), an f16 cache of C slots paged in blocks
@@ -223,6 +230,7 @@ void levels_keys_threads(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(decode_attention_cold)->Apply(levels_keys_threads)->UseRealTime();
 BENCHMARK(decode_attention_hot)->Apply(levels_keys_threads)->UseRealTime();
+BENCHMARK(verify_attention_cold)->ArgsProduct({{512, 4096, 16384}, {1, 2}, {2}, {1, 5}})->UseRealTime();
 BENCHMARK(batched_decode_attention)->ArgsProduct({{16, 64}, {2}, {1, 2}})->UseRealTime();
 BENCHMARK(prefill_attention)->ArgsProduct({{128, 512}, {1, 2}, {1, 2}, {0}})->UseRealTime();
 BENCHMARK(prefill_attention)->ArgsProduct({{2048, 8192}, {1, 2}, {2}, {0, 1}})->UseRealTime();

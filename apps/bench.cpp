@@ -501,6 +501,7 @@ int run_spec_bench(const bench_options& o, const std::shared_ptr<const families:
   }
   struct figures {
     std::vector<double> tok_s;
+    std::vector<double> first_ms;  // the prompt's time to the first token (a draft model prefills it too)
     std::vector<std::int32_t> tokens;
   } off, on;
   auto once = [&](driver::driver<driver::serving>& d, figures& f, bool keep) -> result<void, std::string> {
@@ -510,12 +511,16 @@ int run_spec_bench(const bench_options& o, const std::shared_ptr<const families:
     r.ignore_eos = true;
     std::vector<std::int32_t> toks;
     std::optional<std::chrono::steady_clock::time_point> first;
+    const auto start = std::chrono::steady_clock::now();
     auto g = d.generate(std::move(r), [&](const driver::seq_update& u) {
       if (!u.tokens.empty() && !first) first = std::chrono::steady_clock::now();
     });
     if (!g) return unexpected(g.error().message());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - *first).count();
-    if (keep) f.tok_s.push_back(static_cast<double>(g->tokens.size() - 1) / s);
+    if (keep) {
+      f.tok_s.push_back(static_cast<double>(g->tokens.size() - 1) / s);
+      f.first_ms.push_back(1e3 * std::chrono::duration<double>(*first - start).count());
+    }
     f.tokens = g->tokens;
     return {};
   };
@@ -545,6 +550,8 @@ int run_spec_bench(const bench_options& o, const std::shared_ptr<const families:
     j["decode_tok_s_off"] = t_off;
     j["decode_tok_s_on"] = t_on;
     j["speedup"] = t_on / t_off;
+    j["first_token_ms_off"] = median_of(off.first_ms);
+    j["first_token_ms_on"] = median_of(on.first_ms);
     j["acceptance"] = drafted > 0 ? accepted / drafted : 0.0;
     j["tokens_per_verify"] = verifies > 0 ? (accepted + verifies) / verifies : 0.0;
     j["identical_tokens"] = same;
@@ -553,6 +560,7 @@ int run_spec_bench(const bench_options& o, const std::shared_ptr<const families:
     std::printf("model %s, %s prompt of %lld tokens, %lld generated, %d threads, speculation %s\n", o.model.c_str(), o.prompt.c_str(),
                 static_cast<long long>(o.prompt_len), static_cast<long long>(o.gen), ex.threads(), policy.c_str());
     std::printf("decode without drafts %.1f tok/s, with drafts %.1f tok/s: %.2fx\n", t_off, t_on, t_on / t_off);
+    std::printf("first token after %.1f ms without drafts, %.1f ms with\n", median_of(off.first_ms), median_of(on.first_ms));
     std::printf("drafts accepted %.0f of %.0f (%.1f%%), %.2f tokens per verify step, tokens identical: %s\n", accepted, drafted,
                 drafted > 0 ? 100.0 * accepted / drafted : 0.0, verifies > 0 ? (accepted + verifies) / verifies : 0.0, same ? "yes" : "NO");
   }

@@ -947,11 +947,8 @@ void compute_q8_a32(const gemm_args& a) {
 template <class V, int MR>
 void compute_fp8_s32(const gemm_args& a) {
   if (a.m1 - a.m0 == 1) {  // decode: eight chains (AVX2: two panels of two halves; AVX-512: four panels)
-    constexpr int NP = halves_of(V::lanes) == 1 ? 4 : 2;
-    std::int64_t p = a.p0;
-    for (; p + NP <= a.p1; p += NP) fp8_row<V, NP>(a, p, a.m0);
-    for (; p < a.p1; ++p) fp8_row<V, 1>(a, p, a.m0);
-    return;
+    constexpr int H = halves_of(V::lanes), NP = H == 1 ? 4 : 2;
+    return float_compute<V, 1, NP * H>(a, [&]<int R, int N>(std::int64_t p, std::int64_t m) { fp8_row<V, N / H>(a, p, m); });
   }
   quant_compute<MR>(a, [&]<int R>(std::int64_t p, std::int64_t m) { fp8_tile<V, R>(a, p, m); });
 }

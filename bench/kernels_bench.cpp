@@ -46,18 +46,26 @@ bool level_or_skip(benchmark::State& st, std::int64_t arg, isa& level) {
 
 // T > 1: a verify window of T tokens (attention_args::per_token), the last T positions of the C keys,
 // each token computed as decode computes it.
-void decode_attention(benchmark::State& st, bool cold, std::int64_t T, bool paged) {
+void decode_attention(benchmark::State& st, bool cold, std::int64_t T, bool paged, kv_elem kv = kv_elem::f32) {
   const std::int64_t C = st.range(0);
   isa level;
   if (!level_or_skip(st, st.range(1), level)) return;
   const int threads = static_cast<int>(st.range(2));
   const std::int64_t row_floats = hkv * head_dim;
-  const std::int64_t layer_bytes = 2 * C * row_floats * 4;
+  const std::int64_t elem_bytes = kv == kv_elem::f16 ? 2 : 4;
+  const std::int64_t layer_bytes = 2 * C * row_floats * elem_bytes;
   // 256 MiB of cache in all when cold: well past the last-level cache.
   const std::int64_t layers = cold ? std::max<std::int64_t>(2, (256LL << 20) / layer_bytes) : 1;
   const auto k = random_floats(static_cast<std::size_t>(layers * C * row_floats), 1);
   const auto v = random_floats(static_cast<std::size_t>(layers * C * row_floats), 2);
   const auto q = random_floats(static_cast<std::size_t>(T * hq * head_dim), 3);
+  std::vector<std::uint16_t> k16, v16;  // the f16 cache (kv_elem::f16)
+  if (kv == kv_elem::f16) {
+    k16.resize(k.size());
+    v16.resize(v.size());
+    to_f16(k.data(), static_cast<std::int64_t>(k.size()), k16.data(), level);
+    to_f16(v.data(), static_cast<std::int64_t>(v.size()), v16.data(), level);
+  }
   std::vector<std::int32_t> index(static_cast<std::size_t>(C));
   std::iota(index.begin(), index.end(), 0);
   if (paged) std::shuffle(index.begin(), index.end(), std::mt19937(4));
@@ -73,11 +81,17 @@ void decode_attention(benchmark::State& st, bool cold, std::int64_t T, bool page
   a.R = 1, a.T = T, a.C = C, a.Hq = hq, a.Hkv = hkv, a.D = head_dim, a.Dv = head_dim;
   a.per_token = T > 1;
   a.scale = 0.125f;
+  a.kv = kv;
   auto& p = pool(threads);
   std::int64_t layer = 0;
   for (auto _ : st) {
-    a.k = k.data() + layer * C * row_floats;
-    a.v = v.data() + layer * C * row_floats;
+    if (kv == kv_elem::f16) {
+      a.k = k16.data() + layer * C * row_floats;
+      a.v = v16.data() + layer * C * row_floats;
+    } else {
+      a.k = k.data() + layer * C * row_floats;
+      a.v = v.data() + layer * C * row_floats;
+    }
     attention(a, p, level);
     benchmark::DoNotOptimize(out.data());
     layer = (layer + 1) % layers;
@@ -87,6 +101,9 @@ void decode_attention(benchmark::State& st, bool cold, std::int64_t T, bool page
 
 void decode_attention_cold(benchmark::State& st) { decode_attention(st, true, 1, st.range(3) != 0); }
 void decode_attention_hot(benchmark::State& st) { decode_attention(st, false, 1, st.range(3) != 0); }
+// The same over an f16 cache (the default KV type), contiguous.
+void decode_attention_f16_cold(benchmark::State& st) { decode_attention(st, true, 1, false, kv_elem::f16); }
+void decode_attention_f16_hot(benchmark::State& st) { decode_attention(st, false, 1, false, kv_elem::f16); }
 // A verify window of st.range(3) tokens over a cold contiguous cache (1: a decode token, for
 // comparison; the window reads the keys once for all its tokens).
 void verify_attention_cold(benchmark::State& st) { decode_attention(st, true, st.range(3), false); }
@@ -230,6 +247,8 @@ void levels_keys_threads(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(decode_attention_cold)->Apply(levels_keys_threads)->UseRealTime();
 BENCHMARK(decode_attention_hot)->Apply(levels_keys_threads)->UseRealTime();
+BENCHMARK(decode_attention_f16_cold)->ArgsProduct({{512, 4096}, {1, 2}, {1, 2}})->UseRealTime();
+BENCHMARK(decode_attention_f16_hot)->ArgsProduct({{512, 4096}, {1, 2}, {1, 2}})->UseRealTime();
 BENCHMARK(verify_attention_cold)->ArgsProduct({{512, 4096, 16384}, {1, 2}, {2}, {1, 5}})->UseRealTime();
 BENCHMARK(batched_decode_attention)->ArgsProduct({{16, 64}, {2}, {1, 2}})->UseRealTime();
 BENCHMARK(prefill_attention)->ArgsProduct({{128, 512}, {1, 2}, {1, 2}, {0}})->UseRealTime();

@@ -529,6 +529,41 @@ template <class V, class K>
   return V::sum_lanes(acc);
 }
 
+// The raw scores of Q queries (rows q, q + D, ...) against the W keys kp[0..W) (rows + off), stored at
+// out + r * ostride, each exactly score_block's: the same FMA chain over the head dimension and the same
+// lane sums (V::sum_quad, four keys at a time). The Q queries (one kv head's, which read the same keys)
+// share each loaded key vector, so a step of d loads Q + 4 vectors for 4 Q FMAs where score_block loads
+// 9 for 8; on AVX2 a query's eight keys otherwise cost more loads than its FMAs could issue
+// (troupe_kernels_bench decode_attention_hot). Needs V::sum_quad (W = 8) and D a multiple of 8: with a
+// masked last step in the same function GCC 12 kept the twelve sums in memory, storing them every step.
+template <class V, class K, int Q>
+[[gnu::always_inline]] inline void score_queries(const float* q, const unsigned char* const* kp, std::int64_t off, std::int64_t D,
+                                                 float* out, std::int64_t ostride) {
+  using R = typename V::reg;
+  static_assert(V::width == 8);
+  for (int h = 0; h < 2; ++h) {
+    const unsigned char* k[4];
+    for (int j = 0; j < 4; ++j) k[j] = kp[4 * h + j] + K::bytes(off);
+    R acc[Q][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < Q; ++r)
+      for (int j = 0; j < 4; ++j) acc[r][j] = V::zero();
+    for (std::int64_t d = 0; d < D; d += 8) {
+      R x[Q];
+#pragma GCC unroll 4
+      for (int r = 0; r < Q; ++r) x[r] = V::load(q + r * D + d);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const R kv = K::load(k[j], d);
+#pragma GCC unroll 4
+        for (int r = 0; r < Q; ++r) acc[r][j] = V::fma(x[r], kv, acc[r][j]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < Q; ++r) V::store_quad(out + r * ostride + 4 * h, V::sum_quad(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+  }
+}
+
 // acc[d0, d0 + width) (or its first `part` lanes) += sum_j p[j] * (vp[j] + off)[d0...], in four
 // interleaved accumulators so the FMA latency does not serialize the keys.
 template <class V, class K, bool Partial>
@@ -775,11 +810,43 @@ void attention_task_typed(const attention_args& a, const attention_task& tk) {
         alignas(64) float dist[W] = {};
         if (drow)
           for (std::int64_t l = 0; l < W; ++l) dist[l] = jb + l < nt ? drow[keys[base + jb + l]] : 0.0f;
-        for (std::int64_t i = t * gq; i < (t + 1) * gq; ++i) {
-          R sc = score_block<V, K>(qs + i * D, kp + jb, i % gq / G * D, D);
-          if (capped) sc = V::mul(cap, v_tanh<V>(sc));
-          if (drow) sc = V::add(sc, V::mul(V::set1(a.alibi_slopes[tk.kh0 * G + i % gq]), V::load(dist)));
-          V::store(sp + i * tile + jb, sc);
+        bool grouped = false;
+        if constexpr (requires { V::sum_quad; }) grouped = D % W == 0;
+        if (grouped) {
+          if constexpr (requires { V::sum_quad; }) {
+            // A kv head's queries three (or two) at a time over the block's keys, then the softcap
+            // and ALiBi on what they stored: each score the one score_block gives.
+            for (std::int64_t h = 0; h < heads; ++h) {
+              const std::int64_t i0 = t * gq + h * G;
+              std::int64_t g = 0;
+              while (G - g >= 2) {
+                float* out = sp + (i0 + g) * tile + jb;
+                if (G - g == 2 || G - g == 4) {
+                  score_queries<V, K, 2>(qs + (i0 + g) * D, kp + jb, h * D, D, out, tile);
+                  g += 2;
+                } else {
+                  score_queries<V, K, 3>(qs + (i0 + g) * D, kp + jb, h * D, D, out, tile);
+                  g += 3;
+                }
+              }
+              if (g < G) V::store(sp + (i0 + g) * tile + jb, score_block<V, K>(qs + (i0 + g) * D, kp + jb, h * D, D));
+            }
+            if (capped || drow) {
+              for (std::int64_t i = t * gq; i < (t + 1) * gq; ++i) {
+                R sc = V::load(sp + i * tile + jb);
+                if (capped) sc = V::mul(cap, v_tanh<V>(sc));
+                if (drow) sc = V::add(sc, V::mul(V::set1(a.alibi_slopes[tk.kh0 * G + i % gq]), V::load(dist)));
+                V::store(sp + i * tile + jb, sc);
+              }
+            }
+          }
+        } else {
+          for (std::int64_t i = t * gq; i < (t + 1) * gq; ++i) {
+            R sc = score_block<V, K>(qs + i * D, kp + jb, i % gq / G * D, D);
+            if (capped) sc = V::mul(cap, v_tanh<V>(sc));
+            if (drow) sc = V::add(sc, V::mul(V::set1(a.alibi_slopes[tk.kh0 * G + i % gq]), V::load(dist)));
+            V::store(sp + i * tile + jb, sc);
+          }
         }
       }
     }

@@ -155,6 +155,18 @@ struct simd_avx2 {
     const reg c1 = _mm256_add_ps(_mm256_shuffle_ps(b2, b3, 0x44), _mm256_shuffle_ps(b2, b3, 0xEE));
     return _mm256_add_ps(_mm256_permute2f128_ps(c0, c1, 0x20), _mm256_permute2f128_ps(c0, c1, 0x31));
   }
+  // sum_lanes over four accumulators (its a[0..3] or a[4..7]) to their four sums, summed in the order
+  // sum_lanes sums them (pairs, quads within each half, then the halves), so each equals its lane of
+  // sum_lanes bit for bit. Lets several queries share a block's key loads (kernels_impl.hpp
+  // score_queries) with twelve accumulators, where eight keys a query would need 24.
+  using quad = __m128;
+  static quad sum_quad(reg a0, reg a1, reg a2, reg a3) {
+    const reg b0 = _mm256_add_ps(_mm256_unpacklo_ps(a0, a1), _mm256_unpackhi_ps(a0, a1));
+    const reg b1 = _mm256_add_ps(_mm256_unpacklo_ps(a2, a3), _mm256_unpackhi_ps(a2, a3));
+    const reg c0 = _mm256_add_ps(_mm256_shuffle_ps(b0, b1, 0x44), _mm256_shuffle_ps(b0, b1, 0xEE));
+    return _mm_add_ps(_mm256_castps256_ps128(c0), _mm256_extractf128_ps(c0, 1));
+  }
+  static void store_quad(float* p, quad v) { _mm_storeu_ps(p, v); }
   static reg swap_pairs(reg a) { return _mm256_permute_ps(a, 0xB1); }
 };
 #endif

@@ -482,6 +482,69 @@ TEST_P(kernels, a_verify_windows_tokens_are_decode_tokens_bit_for_bit) {
       }
 }
 
+// A kv head's query heads share its keys' loads (AVX2 scores two or three of them at once), and each
+// still gets the bits it would get alone: decode over G query heads a kv head equals, bit for bit, decode
+// over the same queries with the kv heads copied so that each query head has its own.
+TEST_P(kernels, a_kv_heads_queries_get_the_bits_they_would_get_alone) {
+  const isa level = GetParam();
+  struct group_case {
+    std::int64_t C, Hkv, G, D;
+    bool softcap = false, alibi = false;
+  };
+  const group_case cases[] = {
+      {700, 2, 7, 64}, {300, 2, 2, 64}, {300, 1, 3, 128}, {520, 2, 4, 64, true}, {260, 2, 5, 32, false, true},
+      {300, 1, 6, 64}, {300, 2, 8, 96}, {200, 2, 3, 80}, {150, 1, 4, 36},
+  };
+  for (const dtype t : {dtype::f32, dtype::f16, dtype::q8_0})
+    for (const auto& c : cases)
+      for (const int threads : {1, 2}) {
+        if (t == dtype::q8_0 && c.D % 32 != 0) continue;  // q8_0 rows are whole blocks
+        const std::int64_t S = c.C + 5, Hq = c.Hkv * c.G;
+        std::mt19937 rng(static_cast<std::uint32_t>(c.C * 13 + c.G + static_cast<int>(t)));
+        const auto q = draws(rng, Hq * c.D), k = draws(rng, S * c.Hkv * c.D), v = draws(rng, S * c.Hkv * c.D);
+        // The copies: query head h reads kv head h / G of the same row.
+        std::vector<float> k1(static_cast<std::size_t>(S * Hq * c.D)), v1(k1.size());
+        for (std::int64_t r = 0; r < S; ++r)
+          for (std::int64_t h = 0; h < Hq; ++h)
+            for (std::int64_t d = 0; d < c.D; ++d) {
+              k1[(r * Hq + h) * c.D + d] = k[(r * c.Hkv + h / c.G) * c.D + d];
+              v1[(r * Hq + h) * c.D + d] = v[(r * c.Hkv + h / c.G) * c.D + d];
+            }
+        const auto kb = stored(t, k, c.D).first, vb = stored(t, v, c.D).first;
+        const auto kb1 = stored(t, k1, c.D).first, vb1 = stored(t, v1, c.D).first;
+        std::vector<std::int32_t> index(static_cast<std::size_t>(c.C));
+        std::vector<std::uint8_t> allow(static_cast<std::size_t>(c.C));
+        std::vector<float> dist(static_cast<std::size_t>(c.C));
+        for (std::int64_t j = 0; j < c.C; ++j) {
+          index[j] = static_cast<std::int32_t>((j * 7 + 2) % S);
+          allow[j] = j % 11 != 4;
+          dist[j] = static_cast<float>(j - c.C);
+        }
+        std::vector<float> slopes(static_cast<std::size_t>(Hq));
+        for (std::int64_t h = 0; h < Hq; ++h) slopes[h] = std::pow(2.0f, -0.5f * static_cast<float>(h + 1));
+        thread_pool pool(threads);
+        attention_args a;
+        a.q = q.data(), a.index = index.data(), a.allow = allow.data();
+        a.kv = t == dtype::f32 ? kv_elem::f32 : t == dtype::f16 ? kv_elem::f16 : kv_elem::q8_0;
+        a.R = 1, a.T = 1, a.C = c.C, a.Hq = Hq, a.D = c.D, a.Dv = c.D;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+        if (c.softcap) a.softcap = 2.5f;
+        if (c.alibi) a.alibi_slopes = slopes.data(), a.alibi_dist = dist.data();
+        std::vector<float> shared(static_cast<std::size_t>(Hq * c.D), std::numeric_limits<float>::quiet_NaN()), alone(shared);
+        attention_args g = a;
+        g.k = kb.data(), g.v = vb.data(), g.Hkv = c.Hkv, g.out = shared.data();
+        attention(g, pool, level);
+        attention_args m = a;
+        m.k = kb1.data(), m.v = vb1.data(), m.Hkv = Hq, m.out = alone.data();
+        attention(m, pool, level);
+        const std::string what = tag(std::string(troupe::name(t)) + " C" + std::to_string(c.C) + " G" + std::to_string(c.G) + " D" +
+                                     std::to_string(c.D) + " threads " + std::to_string(threads));
+        for (std::size_t e = 0; e < shared.size(); ++e)
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(shared[e]), std::bit_cast<std::uint32_t>(alone[e]))
+              << what << ": element " << e << " " << shared[e] << " vs " << alone[e];
+      }
+}
+
 TEST_P(kernels, to_f16_rounds_as_core_does) {
   auto x = normal(1000, 3.0f);
   x[3] = 65520.0f;   // rounds up to infinity

@@ -71,17 +71,20 @@ void attention(const attention_args& a, thread_pool& pool, isa level) {
   // the keys read once for all of them; kernels_impl.hpp attention_task_typed).
   if (a.per_token) bq = a.T;
   const std::int64_t blocks = ceil_div(a.T, bq);
+  std::int64_t splits = 1;
+  if (bq == 1 || a.per_token)  // the same ranges for a token alone or among others, on any pool
+    splits = static_cast<std::int64_t>(std::bit_floor(static_cast<std::uint64_t>(std::clamp<std::int64_t>(a.C / min_keys_per_split, 1, 64))));
   // One token per task (decode): the task takes every kv head, so that it streams whole K and V rows
-  // (all heads of a key are adjacent) rather than every Hkv-th piece of them.
-  const std::int64_t heads_per_task = bq == 1 && !a.per_token ? a.Hkv : 1;
+  // (all heads of a key are adjacent) rather than every Hkv-th piece of them; unless that leaves
+  // threads idle (one row of fewer than 512 keys: a single task), when each kv head is a task. A query's
+  // bits do not depend on which heads share its task, only on its key ranges.
+  const bool whole_rows = bq == 1 && !a.per_token && a.R * splits >= threads;
+  const std::int64_t heads_per_task = whole_rows ? a.Hkv : 1;
   const std::int64_t head_groups = a.Hkv / heads_per_task;
   const std::int64_t units = a.R * head_groups * blocks;
   const std::int64_t gq = heads_per_task * G;  // queries per token of a task
 
-  std::int64_t splits = 1;
-  if (bq == 1 || a.per_token)  // the same ranges for a token alone or among others, on any pool
-    splits = static_cast<std::int64_t>(std::bit_floor(static_cast<std::uint64_t>(std::clamp<std::int64_t>(a.C / min_keys_per_split, 1, 64))));
-  else if (units < 2 * threads)
+  if (bq > 1 && !a.per_token && units < 2 * threads)
     splits = std::clamp<std::int64_t>(ceil_div(2 * threads, units), 1, std::max<std::int64_t>(1, a.C / min_keys_per_split));
   const std::int64_t span = std::max<std::int64_t>(1, ceil_div(a.C, splits));
   splits = std::max<std::int64_t>(1, ceil_div(a.C, span));

@@ -484,7 +484,8 @@ TEST_P(kernels, a_verify_windows_tokens_are_decode_tokens_bit_for_bit) {
 
 // A kv head's query heads share its keys' loads (AVX2 scores two or three of them at once), and each
 // still gets the bits it would get alone: decode over G query heads a kv head equals, bit for bit, decode
-// over the same queries with the kv heads copied so that each query head has its own.
+// over the same queries with the kv heads copied so that each query head has its own; and on one thread
+// (a task over every kv head) what it gets on two (a task a kv head, when one row has under 512 keys).
 TEST_P(kernels, a_kv_heads_queries_get_the_bits_they_would_get_alone) {
   const isa level = GetParam();
   struct group_case {
@@ -496,7 +497,8 @@ TEST_P(kernels, a_kv_heads_queries_get_the_bits_they_would_get_alone) {
       {300, 1, 6, 64}, {300, 2, 8, 96}, {200, 2, 3, 80}, {150, 1, 4, 36},
   };
   for (const dtype t : {dtype::f32, dtype::f16, dtype::q8_0})
-    for (const auto& c : cases)
+    for (const auto& c : cases) {
+      std::vector<float> one_thread;  // threads 1 (one task over every kv head) against 2 (a task a kv head under 512 keys)
       for (const int threads : {1, 2}) {
         if (t == dtype::q8_0 && c.D % 32 != 0) continue;  // q8_0 rows are whole blocks
         const std::int64_t S = c.C + 5, Hq = c.Hkv * c.G;
@@ -542,7 +544,13 @@ TEST_P(kernels, a_kv_heads_queries_get_the_bits_they_would_get_alone) {
         for (std::size_t e = 0; e < shared.size(); ++e)
           ASSERT_EQ(std::bit_cast<std::uint32_t>(shared[e]), std::bit_cast<std::uint32_t>(alone[e]))
               << what << ": element " << e << " " << shared[e] << " vs " << alone[e];
+        if (threads == 1) one_thread = shared;
+        else
+          for (std::size_t e = 0; e < shared.size(); ++e)
+            ASSERT_EQ(std::bit_cast<std::uint32_t>(shared[e]), std::bit_cast<std::uint32_t>(one_thread[e]))
+                << what << ": element " << e << " differs from one thread's";
       }
+    }
 }
 
 TEST_P(kernels, to_f16_rounds_as_core_does) {

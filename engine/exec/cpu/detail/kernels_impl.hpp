@@ -799,73 +799,56 @@ void attention_task_typed(const attention_args& a, const attention_task& tk) {
     // Token t's keys in this tile: its first n_of(t) (none once its keys are done).
     auto n_of = [&](std::int64_t t) { return reach[t] - base < n ? (reach[t] > base ? reach[t] - base : 0) : n; };
 
-    // Scores, key block outer: the block's rows of K stay in L1 for every query.
+    // Scores, key block outer: the block's rows of K stay in L1 for every query. On AVX2 (V::sum_quad)
+    // the queries of one kv head go three (or two) at a time over the block's keys: a token's query
+    // heads of a kv head, and in a verify window (one kv head a task) the query heads of every token
+    // still reading keys here; each score is the one score_block gives. Then the softcap and ALiBi on
+    // what they stored.
     bool grouped = false;
     if constexpr (requires { V::sum_quad; }) grouped = D % W == 0;
     for (std::int64_t jb = 0; jb < nw; jb += W) {
       prefetch(rows[cur ^ 1][0], jb < next ? jb : next, jb + W < next ? jb + W : next, k_lines);
-      if (grouped) {
+      // Queries [i, end), all reading kv head off / D.
+      auto score_run = [&](std::int64_t i, std::int64_t end, std::int64_t off) {
         if constexpr (requires { V::sum_quad; }) {
-          // Queries of one kv head three (or two) at a time over the block's keys: a token's query
-          // heads of a kv head, and in a verify window (one kv head a task) the query heads of every
-          // token still reading keys here. Then the softcap and ALiBi on what they stored: each score
-          // the one score_block gives.
-          auto score_run = [&](std::int64_t i, std::int64_t end, std::int64_t off) {
-            while (end - i >= 2) {
-              if (end - i == 2 || end - i == 4) {
-                score_queries<V, K, 2>(qs + i * D, kp + jb, off, D, sp + i * tile + jb, tile);
-                i += 2;
-              } else {
-                score_queries<V, K, 3>(qs + i * D, kp + jb, off, D, sp + i * tile + jb, tile);
-                i += 3;
-              }
-            }
-            if (i < end) V::store(sp + i * tile + jb, score_block<V, K>(qs + i * D, kp + jb, off, D));
-          };
-          for (std::int64_t t = 0; t < tokens;) {
-            if (jb >= n_of(t)) {  // past the token's keys (its padding lanes are dropped below)
-              ++t;
-              continue;
-            }
-            if (heads == 1) {  // the run of tokens reading this block: their queries are consecutive
-              std::int64_t te = t + 1;
-              while (te < tokens && jb < n_of(te)) ++te;
-              score_run(t * gq, te * gq, 0);
-              t = te;
+          while (grouped && end - i >= 2) {
+            if (end - i == 2 || end - i == 4) {
+              score_queries<V, K, 2>(qs + i * D, kp + jb, off, D, sp + i * tile + jb, tile);
+              i += 2;
             } else {
-              for (std::int64_t h = 0; h < heads; ++h) score_run(t * gq + h * G, t * gq + h * G + G, h * D);
-              ++t;
-            }
-          }
-          if (capped || a.alibi_slopes) {
-            for (std::int64_t t = 0; t < tokens; ++t) {
-              const std::int64_t nt = n_of(t);
-              if (jb >= nt) continue;
-              const float* drow = a.alibi_slopes ? a.alibi_dist + (tk.r * a.T + tk.t0 + t) * C : nullptr;
-              alignas(64) float dist[W] = {};
-              if (drow)
-                for (std::int64_t l = 0; l < W; ++l) dist[l] = jb + l < nt ? drow[keys[base + jb + l]] : 0.0f;
-              for (std::int64_t i = t * gq; i < (t + 1) * gq; ++i) {
-                R sc = V::load(sp + i * tile + jb);
-                if (capped) sc = V::mul(cap, v_tanh<V>(sc));
-                if (drow) sc = V::add(sc, V::mul(V::set1(a.alibi_slopes[tk.kh0 * G + i % gq]), V::load(dist)));
-                V::store(sp + i * tile + jb, sc);
-              }
+              score_queries<V, K, 3>(qs + i * D, kp + jb, off, D, sp + i * tile + jb, tile);
+              i += 3;
             }
           }
         }
-        continue;
+        for (; i < end; ++i) V::store(sp + i * tile + jb, score_block<V, K>(qs + i * D, kp + jb, off, D));
+      };
+      for (std::int64_t t = 0; t < tokens;) {
+        if (jb >= n_of(t)) {  // past the token's keys (its padding lanes are dropped below)
+          ++t;
+          continue;
+        }
+        if (heads == 1) {  // the run of tokens reading this block: their queries are consecutive
+          std::int64_t te = t + 1;
+          while (te < tokens && jb < n_of(te)) ++te;
+          score_run(t * gq, te * gq, 0);
+          t = te;
+        } else {
+          for (std::int64_t h = 0; h < heads; ++h) score_run(t * gq + h * G, t * gq + h * G + G, h * D);
+          ++t;
+        }
       }
+      if (!capped && !a.alibi_slopes) continue;
       for (std::int64_t t = 0; t < tokens; ++t) {
         const std::int64_t nt = n_of(t);
-        if (jb >= nt) continue;  // past the token's keys (its padding lanes are dropped below)
+        if (jb >= nt) continue;
         const float* drow = a.alibi_slopes ? a.alibi_dist + (tk.r * a.T + tk.t0 + t) * C : nullptr;
         // ALiBi: the block's key-minus-query distances (padding lanes 0, dropped later).
         alignas(64) float dist[W] = {};
         if (drow)
           for (std::int64_t l = 0; l < W; ++l) dist[l] = jb + l < nt ? drow[keys[base + jb + l]] : 0.0f;
         for (std::int64_t i = t * gq; i < (t + 1) * gq; ++i) {
-          R sc = score_block<V, K>(qs + i * D, kp + jb, i % gq / G * D, D);
+          R sc = V::load(sp + i * tile + jb);
           if (capped) sc = V::mul(cap, v_tanh<V>(sc));
           if (drow) sc = V::add(sc, V::mul(V::set1(a.alibi_slopes[tk.kh0 * G + i % gq]), V::load(dist)));
           V::store(sp + i * tile + jb, sc);
